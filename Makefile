@@ -1,0 +1,56 @@
+# The book's two set-up commands are `make book` and `make test`; the rest serve authors.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# On a machine without an NVIDIA driver, install the CPU build of torch first so that the
+# project's `torch>=2.4` is already satisfied and pip never downloads CUDA wheels.
+TORCH_CPU ?= torch==2.13.0
+CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
+
+.PHONY: help book test check export sync execute venv browser clean
+
+help:
+	@echo "make book     build the HTML book into _build/html (creates .venv first)"
+	@echo "make test     pytest over tests/ and nbval over every chapter"
+	@echo "make check    fast static checks: ruff, export in sync, notebooks clean"
+	@echo "make export   regenerate transformer/ from the chapters' #| export cells"
+	@echo "make sync     sync each chapter's .ipynb with its py:percent twin (jupytext)"
+	@echo "make execute  re-run chapters in place (NB=chapters/01_attention.ipynb for one)"
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  echo "no NVIDIA driver found: installing the CPU build ($(TORCH_CPU))"; \
+	  $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
+
+venv: $(BIN)/.installed
+
+book: $(BIN)/.installed
+	$(BIN)/jupyter-book build --warningiserror --keep-going --path-output . .
+	@echo "The book is at file://$(CURDIR)/_build/html/index.html"
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --nbval --nbval-sanitize-with tests/sanitize.cfg \
+	  --nbval-current-env -p no:cacheprovider $(CHAPTERS)
+
+check: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python tools/nb.py check
+
+export: $(BIN)/.installed
+	$(BIN)/python tools/nb.py export
+
+sync: $(BIN)/.installed
+	$(BIN)/jupytext --sync chapters/[0-9][0-9]_*.ipynb chapters/[0-9][0-9]_*.py
+
+execute: $(BIN)/.installed
+	$(BIN)/python tools/nb.py execute $(or $(NB),$(CHAPTERS))
+
+clean:
+	rm -rf _build

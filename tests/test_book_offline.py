@@ -1,0 +1,145 @@
+"""The built book works offline: every page opens in headless Chromium with DNS blocked, every
+Altair chart draws its SVG or canvas, every formula is typeset by MathJax, and no page logs a
+script error or asks the network for anything.
+
+Set BOOK_SCREENSHOTS=<folder> to also save a full-page screenshot of every page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory) -> Path:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail(
+                "Chromium is missing: .ci/run installs Debian's chromium package"
+            )
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    out = tmp_path_factory.mktemp("book")
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    build = subprocess.run(
+        [
+            str(jupyter_book),
+            "build",
+            "--warningiserror",
+            "--path-output",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, (
+        f"jupyter-book build failed:\n{build.stdout[-3000:]}{build.stderr[-3000:]}"
+    )
+    return out / "_build" / "html"
+
+
+def pages(html: Path) -> list[Path]:
+    skip = {"genindex.html", "search.html"}
+    return sorted(
+        p
+        for p in html.rglob("*.html")
+        if p.name not in skip and "_static" not in p.parts
+    )
+
+
+def test_every_page_renders_offline(book: Path):
+    from playwright.sync_api import sync_playwright
+
+    shots = os.environ.get("BOOK_SCREENSHOTS")
+    problems: list[str] = []
+    checked_charts = checked_math = 0
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for page_path in pages(book):
+            name = str(page_path.relative_to(book))
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on(
+                "pageerror",
+                lambda exc, errors=errors: errors.append(f"script error: {exc}"),
+            )
+            page.on(
+                "console",
+                lambda msg, errors=errors: (
+                    errors.append(f"console error: {msg.text}")
+                    if msg.type == "error"
+                    else None
+                ),
+            )
+            page.on(
+                "request",
+                lambda req, errors=errors: (
+                    errors.append(f"network request: {req.url}")
+                    if not req.url.startswith(("file:", "data:", "blob:", "about:"))
+                    else None
+                ),
+            )
+            page.goto(page_path.as_uri(), wait_until="load")
+            charts = page.locator("div[id^='altair-viz']").count()
+            if charts:
+                try:
+                    page.wait_for_function(
+                        """n => [...document.querySelectorAll("div[id^='altair-viz']")]
+                               .filter(d => d.querySelector('svg, canvas')).length === n""",
+                        arg=charts,
+                        timeout=20_000,
+                    )
+                except Exception:
+                    drawn = page.locator(
+                        "div[id^='altair-viz'] :is(svg, canvas)"
+                    ).count()
+                    problems.append(f"{name}: {drawn} of {charts} charts drew")
+                checked_charts += charts
+            formulas = page.locator("div.math, span.math").count()
+            if formulas:
+                try:
+                    page.wait_for_function(
+                        "n => document.querySelectorAll('mjx-container').length >= n",
+                        arg=formulas,
+                        timeout=20_000,
+                    )
+                except Exception:
+                    typeset = page.locator("mjx-container").count()
+                    problems.append(
+                        f"{name}: MathJax typeset {typeset} of {formulas} formulas"
+                    )
+                checked_math += formulas
+            if shots:
+                Path(shots).mkdir(parents=True, exist_ok=True)
+                page.screenshot(
+                    path=str(Path(shots) / (name.replace("/", "_") + ".png")),
+                    full_page=True,
+                )
+            problems += [f"{name}: {e}" for e in errors]
+            page.close()
+        browser.close()
+    assert not problems, "\n".join(problems)
+    assert checked_charts > 0 and checked_math > 0, (
+        "the book should have charts and math to check"
+    )

@@ -1,0 +1,216 @@
+"""Chapter tooling: export the package, check the notebooks, execute them.
+
+    python tools/nb.py export         # transformer/<module>.py from the #| export cells
+    python tools/nb.py check          # export in sync, twins in sync, notebooks clean
+    python tools/nb.py execute NB...  # run chapters in place, storing their outputs
+    python tools/nb.py setup-cells    # rewrite each chapter's Colab cell from _config.yml
+
+The chapters are the source. `export` runs nbdev's `nb_export` (no nbdev project needed) on each
+chapter; `check` exports into a scratch copy of the repository and compares, so a hand edit of a
+generated module, or a chapter changed without `make export`, fails `make check` and the tests.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = ROOT / "chapters"
+PACKAGE = ROOT / "transformer"
+# Modules of the package written by hand rather than exported from a chapter.
+HAND_WRITTEN = {"__init__.py", "__main__.py"}
+SETUP_TAG = "colab-setup"  # the book hides its input: it matters in Colab only
+
+
+def chapter_paths(root: Path = ROOT) -> list[Path]:
+    return sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb"))
+
+
+def export(root: Path = ROOT) -> list[Path]:
+    """Export every chapter into `root/transformer`; return the modules written."""
+    from nbdev.export import nb_export
+
+    lib = root / "transformer"
+    for nb in chapter_paths(root):
+        # nbdev writes "File to edit: <chapter relative to lib>", the same in a scratch copy.
+        nb_export(str(nb), lib_path=str(lib))
+    return sorted(p for p in lib.glob("*.py") if p.name not in HAND_WRITTEN)
+
+
+def export_drift(root: Path = ROOT) -> list[str]:
+    """Names of modules whose committed text differs from a fresh export (or is stale)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        shutil.copytree(root / "chapters", scratch / "chapters")
+        (scratch / "transformer").mkdir()
+        export(scratch)
+        fresh = {p.name for p in (scratch / "transformer").glob("*.py")}
+        committed = {p.name for p in (root / "transformer").glob("*.py")} - HAND_WRITTEN
+        problems = []
+        for name in sorted(fresh | committed):
+            a, b = root / "transformer" / name, scratch / "transformer" / name
+            if name not in committed:
+                problems.append(f"transformer/{name} is missing: run `make export`")
+            elif name not in fresh:
+                problems.append(
+                    f"transformer/{name} is exported by no chapter: delete it"
+                )
+            elif not filecmp.cmp(a, b, shallow=False):
+                problems.append(
+                    f"transformer/{name} differs from its chapter: run `make export`"
+                )
+        return problems
+
+
+def repository_url(root: Path = ROOT) -> str:
+    """The repository's URL, kept in one place: `repository.url` in _config.yml."""
+    import yaml
+
+    config = yaml.safe_load((root / "_config.yml").read_text())
+    return config["repository"]["url"].rstrip("/")
+
+
+def setup_cell_source(url: str) -> str:
+    """The first code cell of every chapter: installs the project in Colab, nothing elsewhere."""
+    return (
+        "# Colab set-up: clone and install the book's package when it is not installed.\n"
+        "# Elsewhere (a local clone after `make book`) this cell does nothing.\n"
+        "import importlib.util\n"
+        "\n"
+        'if importlib.util.find_spec("transformer") is None:\n'
+        "    import subprocess\n"
+        "    import sys\n"
+        "\n"
+        f'    repo = "{url}"\n'
+        '    where = "/content/transformer-book"\n'
+        '    subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)\n'
+        '    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where]\n'
+        "    subprocess.run(pip, check=True)\n"
+        "    sys.path.insert(0, where)  # an editable install is seen only after a restart"
+    )
+
+
+def first_code_cell(nb) -> nbformat.NotebookNode | None:
+    return next((c for c in nb.cells if c.cell_type == "code"), None)
+
+
+def setup_cells(root: Path = ROOT) -> None:
+    source = setup_cell_source(repository_url(root))
+    for path in chapter_paths(root):
+        nb = nbformat.read(path, as_version=4)
+        cell = first_code_cell(nb)
+        if cell is None or SETUP_TAG not in cell.metadata.get("tags", []):
+            cell = nbformat.v4.new_code_cell(
+                source, metadata={"tags": [SETUP_TAG, "hide-input"]}
+            )
+            first_md = next(
+                i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+            )
+            nb.cells.insert(first_md + 1, cell)
+        cell.source = source
+        _write_pair(path, nb)
+
+
+def _write_pair(path: Path, nb) -> None:
+    import jupytext
+
+    nbformat.write(nb, path)
+    jupytext.write(nb, path.with_suffix(".py"), fmt="py:percent")
+
+
+def notebook_problems(path: Path, url: str) -> list[str]:
+    """What is wrong with one stored chapter: errors, out-of-order runs, stale twin or set-up."""
+    import jupytext
+
+    nb = nbformat.read(path, as_version=4)
+    name = path.relative_to(path.parent.parent)
+    problems = []
+    counts = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                problems.append(f"{name}: cell {i} holds an error output ({out.ename})")
+            if (
+                out.output_type == "stream"
+                and out.name == "stderr"
+                and "Traceback" in out.text
+            ):
+                problems.append(f"{name}: cell {i} printed a traceback")
+        if cell.source.strip():
+            counts.append(cell.execution_count)
+    if counts and (None in counts or counts != list(range(1, len(counts) + 1))):
+        problems.append(
+            f"{name}: not executed top to bottom in one run (`make execute NB={name}`)"
+        )
+    setup = first_code_cell(nb)
+    if setup is None or setup.source != setup_cell_source(url):
+        problems.append(
+            f"{name}: first code cell is not the Colab set-up (`tools/nb.py setup-cells`)"
+        )
+    twin = path.with_suffix(".py")
+    if not twin.exists():
+        problems.append(f"{name}: no py:percent twin (`make sync`)")
+    elif twin.read_text() != jupytext.writes(nb, fmt="py:percent"):
+        problems.append(f"{name}: its .py twin is out of sync (`make sync`)")
+    return problems
+
+
+def check(root: Path = ROOT) -> list[str]:
+    url = repository_url(root)
+    problems = export_drift(root)
+    for path in chapter_paths(root):
+        problems += notebook_problems(path, url)
+    return problems
+
+
+def execute(paths: list[Path], timeout: int = 1800) -> None:
+    """Run each chapter top to bottom in a fresh kernel and store its outputs in place."""
+    from nbclient import NotebookClient
+
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        print(f"executing {path} ...", flush=True)
+        NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            record_timing=False,
+            resources={"metadata": {"path": str(path.parent)}},
+        ).execute()
+        _write_pair(path, nb)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"export", "check", "execute", "setup-cells"}:
+        print(__doc__)
+        return 2
+    command, args = argv[0], argv[1:]
+    if command == "export":
+        for module in export():
+            print(f"exported {module.relative_to(ROOT)}")
+    elif command == "setup-cells":
+        setup_cells()
+    elif command == "execute":
+        execute([Path(a).resolve() for a in args] or chapter_paths())
+    elif command == "check":
+        problems = check()
+        for p in problems:
+            print(p, file=sys.stderr)
+        if problems:
+            return 1
+        print(
+            f"{len(chapter_paths())} chapters clean; transformer/ matches a fresh export"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,10 @@
+"""Attention Is All You Need, annotated: the package that the book's chapters build.
+
+Every module except this one and `__main__` is generated from a chapter's `#| export` cells
+(`make export`); edit the chapter, not the module.
+"""
+
+from transformer.attention import scaled_dot_product_attention
+
+__version__ = "0.1.0"
+__all__ = ["scaled_dot_product_attention"]
