@@ -150,9 +150,10 @@ heatmap(
 #   the softmax, so their weights are exactly zero. If *every* key of a query is masked, the softmax
 #   would divide zero by zero; we define the answer instead: that query attends to nothing, its
 #   weights and its output are zero, the same as PyTorch's own function returns.
-# - **Dropout on the weights**, optional. The paper's text mentions dropout only on sublayer
-#   outputs and embeddings, but its reference implementation also drops attention weights during
-#   training; the caller passes a dropout module, or nothing.
+# - **Dropout on the weights**, optional. The paper applies dropout to sublayer outputs and
+#   embedding sums only; later implementations (tensor2tensor's second set of hyperparameters,
+#   the Annotated Transformer) also drop attention weights during training. The caller passes a
+#   dropout module, or nothing; the book's model passes nothing by default, as in the paper.
 
 # %%
 #| export
