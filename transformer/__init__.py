@@ -5,6 +5,14 @@ Every module except this one and `__main__` is generated from a chapter's `#| ex
 """
 
 from transformer.attention import scaled_dot_product_attention
+from transformer.masking import causal_mask, padding_mask, target_mask
+from transformer.multihead import MultiHeadAttention
 
 __version__ = "0.1.0"
-__all__ = ["scaled_dot_product_attention"]
+__all__ = [
+    "MultiHeadAttention",
+    "causal_mask",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "target_mask",
+]

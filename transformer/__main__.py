@@ -1,0 +1,36 @@
+"""`python -m transformer COMMAND ...`: the command-line face of the package.
+
+Each command lives in the module its chapter exports and is imported only when asked for, so
+that `train` runs on a GPU machine without the book's plotting dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "train": ("transformer.train", "train a translation model (Part II)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print("usage: python -m transformer COMMAND [options]\n\ncommands:")
+        for name, (_, summary) in COMMANDS.items():
+            print(f"  {name:<10} {summary}")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(
+            f"unknown command {command!r}: choose one of {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
