@@ -5,14 +5,27 @@ Every module except this one and `__main__` is generated from a chapter's `#| ex
 """
 
 from transformer.attention import scaled_dot_product_attention
+from transformer.embedding import (
+    LearnedPositionalEncoding,
+    PositionalEncoding,
+    TokenEmbedding,
+    sinusoidal_encoding,
+)
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.multihead import MultiHeadAttention
+from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 __version__ = "0.1.0"
 __all__ = [
+    "LearnedPositionalEncoding",
     "MultiHeadAttention",
+    "PositionalEncoding",
+    "PositionwiseFeedForward",
+    "SublayerConnection",
+    "TokenEmbedding",
     "causal_mask",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sinusoidal_encoding",
     "target_mask",
 ]
