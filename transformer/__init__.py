@@ -11,12 +11,19 @@ from transformer.embedding import (
     TokenEmbedding,
     sinusoidal_encoding,
 )
+from transformer.loss import LabelSmoothingLoss, TokenStats, token_stats
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.multihead import MultiHeadAttention
+from transformer.schedule import make_optimizer, noam_lr
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 __version__ = "0.1.0"
 __all__ = [
+    "LabelSmoothingLoss",
+    "TokenStats",
+    "make_optimizer",
+    "noam_lr",
+    "token_stats",
     "LearnedPositionalEncoding",
     "MultiHeadAttention",
     "PositionalEncoding",
