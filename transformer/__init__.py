@@ -5,20 +5,31 @@ Every module except this one and `__main__` is generated from a chapter's `#| ex
 """
 
 from transformer.attention import scaled_dot_product_attention
+from transformer.config import TransformerConfig
+from transformer.decoder import Decoder, DecoderLayer
 from transformer.embedding import (
     LearnedPositionalEncoding,
     PositionalEncoding,
     TokenEmbedding,
     sinusoidal_encoding,
 )
+from transformer.encoder import Encoder, EncoderLayer
 from transformer.loss import LabelSmoothingLoss, TokenStats, token_stats
 from transformer.masking import causal_mask, padding_mask, target_mask
+from transformer.model import Generator, Transformer
 from transformer.multihead import MultiHeadAttention
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 __version__ = "0.1.0"
 __all__ = [
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "Generator",
+    "Transformer",
+    "TransformerConfig",
     "LabelSmoothingLoss",
     "TokenStats",
     "make_optimizer",

@@ -1,0 +1,132 @@
+"""TransformerConfig: the paper's values, validation naming the field, and JSON round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from transformer.config import TransformerConfig
+
+
+def test_defaults_are_the_papers_base_model():
+    c = TransformerConfig(src_vocab_size=37_000)
+    assert (c.n_layers, c.d_model, c.d_ff, c.n_heads, c.d_k) == (6, 512, 2048, 8, 64)
+    assert c.dropout == 0.1 and c.attention_dropout == 0.0 and c.ffn_dropout == 0.0
+    assert not c.norm_first and c.positional == "sinusoidal"
+    assert c.share_embeddings and c.tie_output
+    assert c == TransformerConfig.base(37_000)
+
+
+def test_big_and_small_presets():
+    big = TransformerConfig.big(37_000)
+    assert (big.n_layers, big.d_model, big.d_ff, big.n_heads, big.d_k) == (
+        6,
+        1024,
+        4096,
+        16,
+        64,
+    )
+    assert big.dropout == 0.3
+    small = TransformerConfig.small(8_000)
+    assert (small.n_layers, small.d_model, small.n_heads, small.d_ff) == (
+        3,
+        256,
+        8,
+        1024,
+    )
+    assert small.dropout == 0.1
+
+
+def test_overrides_win_over_presets():
+    c = TransformerConfig.big(37_000, dropout=0.1, norm_first=True)
+    assert c.dropout == 0.1 and c.norm_first and c.d_model == 1024
+
+
+def test_target_vocab_size():
+    assert TransformerConfig.small(100).target_vocab_size == 100
+    two = TransformerConfig.small(100, tgt_vocab_size=80, share_embeddings=False)
+    assert two.target_vocab_size == 80 and two.src_vocab_size == 100
+
+
+def test_frozen():
+    c = TransformerConfig.small(100)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.d_model = 128  # type: ignore[misc]
+    # A variant is a new, validated config.
+    with pytest.raises(ValueError, match=r"^d_model"):
+        dataclasses.replace(c, d_model=100)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"d_model": 512, "n_heads": 7}, "d_model"),
+        ({"d_model": 100, "n_heads": 8}, "d_model"),
+        ({"src_vocab_size": 0}, "src_vocab_size"),
+        ({"tgt_vocab_size": -5, "share_embeddings": False}, "tgt_vocab_size"),
+        ({"d_model": 0}, "d_model"),
+        ({"n_heads": -8}, "n_heads"),
+        ({"n_layers": 0}, "n_layers"),
+        ({"d_ff": 0}, "d_ff"),
+        ({"max_len": 0}, "max_len"),
+        ({"n_layers": 2.5}, "n_layers"),
+        ({"n_heads": True}, "n_heads"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"dropout": -0.1}, "dropout"),
+        ({"dropout": "0.1"}, "dropout"),
+        ({"attention_dropout": 1.5}, "attention_dropout"),
+        ({"ffn_dropout": -0.01}, "ffn_dropout"),
+        ({"norm_first": "yes"}, "norm_first"),
+        ({"tie_output": 1}, "tie_output"),
+        ({"positional": "rotary"}, "positional"),
+        ({"tgt_vocab_size": 9_000}, "share_embeddings"),
+        ({"tgt_vocab_size": 8_000}, "share_embeddings"),
+    ],
+    ids=lambda v: "-".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else v,
+)
+def test_bad_configs_name_the_field(overrides: dict, field: str):
+    with pytest.raises(ValueError, match=rf"^{field}\b"):
+        TransformerConfig(**({"src_vocab_size": 8_000} | overrides))
+
+
+def test_valid_edge_values_are_accepted():
+    c = TransformerConfig.base(
+        8_000, dropout=0.0, attention_dropout=0.999, positional="learned"
+    )
+    assert c.positional == "learned"
+    TransformerConfig.base(8_000, tgt_vocab_size=8_000, share_embeddings=False)
+
+
+def test_json_round_trip():
+    c = TransformerConfig.small(
+        8_000, tgt_vocab_size=6_000, share_embeddings=False, norm_first=True
+    )
+    text = json.dumps(c.to_dict())
+    assert TransformerConfig.from_dict(json.loads(text)) == c
+
+
+def test_from_dict_rejects_unknown_keys():
+    d = TransformerConfig.small(8_000).to_dict() | {"n_head": 8, "vocab": 3}
+    with pytest.raises(
+        ValueError, match=r"unknown TransformerConfig field\(s\) n_head, vocab"
+    ):
+        TransformerConfig.from_dict(d)
+
+
+def test_from_dict_rejects_missing_required_keys():
+    d = TransformerConfig.small(8_000).to_dict()
+    del d["src_vocab_size"]
+    with pytest.raises(
+        ValueError, match=r"missing TransformerConfig field\(s\) src_vocab_size"
+    ):
+        TransformerConfig.from_dict(d)
+
+
+def test_from_dict_validates():
+    d = TransformerConfig.small(8_000).to_dict() | {"n_heads": 6}
+    with pytest.raises(
+        ValueError, match=r"^d_model \(256\) must be divisible by n_heads \(6\)"
+    ):
+        TransformerConfig.from_dict(d)
