@@ -10,6 +10,7 @@ import importlib
 import sys
 
 COMMANDS = {
+    "prepare": ("transformer.data", "tokenise Multi30k and cache every split as token ids"),
     "train": ("transformer.train", "train a translation model (Part II)"),
 }
 

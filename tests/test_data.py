@@ -1,0 +1,484 @@
+"""Tokenisation, the encoded cache and batching in transformer.data.
+
+The loader's own tests (checksums, missing files) are in test_data_files.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tokenizers
+import torch
+
+import transformer.data as data
+from transformer.data import (
+    DATA_DIR,
+    MARK,
+    PAIRS,
+    SPECIALS,
+    SPLITS,
+    VOCAB_SIZE,
+    Batch,
+    DataError,
+    EncodedSplit,
+    Tokenizer,
+    cache_problems,
+    collate,
+    iterate_batches,
+    load_encoded,
+    load_pairs,
+    load_split,
+    normalize,
+    prepare,
+    pretokenize,
+    token_batches,
+    train_tokenizer,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_spacy = pytest.mark.skipif(
+    importlib.util.find_spec("spacy") is None, reason="needs spaCy (transformer[data])"
+)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A de-en cache built once for the module; tests that damage it work on a copy."""
+    folder = tmp_path_factory.mktemp("cache")
+    prepare("de-en", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(cache: Path) -> dict[str, Tokenizer]:
+    # spaCy over the training text is the slow part: the de-en cache's tokenizer serves twice.
+    return {
+        "de-en": Tokenizer.load(cache / "de-en" / "tokenizer.json"),
+        "fr-en": train_tokenizer("fr-en"),
+    }
+
+
+@pytest.fixture
+def cache_copy(cache: Path, tmp_path: Path) -> Path:
+    shutil.copytree(cache, tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+# Normalisation and the round trip -------------------------------------------------------------
+
+
+def test_normalize_is_nfc_and_single_spaces():
+    decomposed = "Cafe\u0301  am\u00a0Meer\t "
+    assert normalize(decomposed) == "Café am Meer"
+    assert normalize(normalize(decomposed)) == normalize(decomposed)
+    assert normalize(" \t\n") == ""
+
+
+@needs_spacy
+@pytest.mark.parametrize("pair", list(PAIRS))
+def test_round_trip_holds_for_every_sentence_of_every_split(trained, pair):
+    tokenizer = trained[pair]
+    for language in PAIRS[pair]:
+        for split in SPLITS:
+            sentences = load_split(split, language)
+            encoded = tokenizer.encode_batch(sentences, language)
+            for sentence, ids in zip(sentences, encoded, strict=True):
+                assert tokenizer.unk_id not in ids, sentence
+                assert tokenizer.decode(ids) == normalize(sentence)
+
+
+@pytest.mark.parametrize("language", ["de", "fr", "en"])
+def test_val_and_test_use_only_characters_of_train(language):
+    seen = set("".join(normalize(s) for s in load_split("train", language)))
+    for split in ("val", "test_2016_flickr"):
+        new = set("".join(normalize(s) for s in load_split(split, language))) - seen
+        assert new == set(), f"{split}.{language} has characters unseen in train: {new}"
+
+
+# The vocabulary sees the training split only ---------------------------------------------------
+
+
+@needs_spacy
+def test_train_tokenizer_reads_only_the_training_split(monkeypatch):
+    read = []
+    real = data.load_split
+
+    def spy(split, language, data_dir=DATA_DIR):
+        read.append((split, language))
+        return real(split, language, data_dir)
+
+    monkeypatch.setattr(data, "load_split", spy)
+    train_tokenizer("fr-en", 300)
+    assert sorted(read) == [("train", "en"), ("train", "fr")]
+
+
+@needs_spacy
+def test_every_entry_comes_from_training_words_and_test_only_words_are_not_entries(
+    trained,
+):
+    tokenizer = trained["de-en"]
+    train = pretokenize(load_split("train", "de"), "de") + pretokenize(
+        load_split("train", "en"), "en"
+    )
+    train_words = {w for s in train for w in s}
+    everything = "\n".join(train_words)
+    # A BPE entry is a run of adjacent symbols of some training word.
+    entries = set(tokenizer.bpe.get_vocab()) - set(SPECIALS)
+    assert [e for e in entries if e not in everything] == []
+    # Hence a test word that no training word contains never is one.
+    test = pretokenize(load_split("test_2016_flickr", "de"), "de")
+    test_only = {w for s in test for w in s if len(w) > 4} - train_words
+    test_only = {w for w in test_only if w not in everything}
+    assert len(test_only) > 50 and test_only.isdisjoint(entries)
+
+
+# Special tokens, unknown characters, empty and overlong sentences -------------------------------
+
+
+def test_special_ids_are_read_from_the_vocabulary():
+    vocab = {"a": 0, "<eos>": 1, "<pad>": 2, "<unk>": 3, "b": 4, "<bos>": 5, MARK: 6}
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
+    tokenizer = Tokenizer(bpe, languages=("de", "en"))
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (
+        2,
+        3,
+        5,
+        1,
+    )
+    assert tokenizer.decode([5, 6, 0, 4, 1, 0, 2]) == "ab"
+    del vocab["<bos>"]
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
+    with pytest.raises(DataError, match="lacks the special tokens"):
+        Tokenizer(bpe, languages=("de", "en"))
+
+
+@needs_spacy
+def test_the_trained_vocabulary_has_the_asked_size_and_four_specials(trained):
+    for tokenizer in trained.values():
+        assert tokenizer.vocab_size == VOCAB_SIZE
+        ids = [tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]
+        assert len(set(ids)) == 4 and tokenizer.pieces(ids) == list(SPECIALS)
+
+
+@needs_spacy
+def test_unknown_characters_become_unk_and_do_not_crash(trained):
+    tokenizer = trained["de-en"]
+    ids = tokenizer.encode("Ein Hund 😀 frisst 北京 für 5 €.")
+    assert ids.count(tokenizer.unk_id) == 4
+    assert tokenizer.decode(ids) == "Ein Hund <unk> frisst <unk><unk> für 5 <unk>."
+    # The word mark ▁ is reserved: in the text it is an unknown character, not a space.
+    ids = tokenizer.encode(f"ein{MARK}Hund")
+    assert tokenizer.unk_id in ids and tokenizer.decode(ids) == "ein<unk>Hund"
+
+
+@needs_spacy
+def test_an_empty_sentence_has_no_ids_and_becomes_eos_and_bos(trained):
+    tokenizer = trained["de-en"]
+    assert tokenizer.encode("") == [] and tokenizer.encode(" \t ") == []
+    assert tokenizer.decode([]) == ""
+    specials = dict(
+        pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+    )
+    batch = collate([([], [])], **specials)
+    assert batch.src.tolist() == [[tokenizer.eos_id]]
+    assert batch.tgt_in.tolist() == [[tokenizer.bos_id]]
+    assert batch.tgt_out.tolist() == [[tokenizer.eos_id]]
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (1, 1)
+
+
+@needs_spacy
+def test_an_overlong_sentence_is_encoded_whole_and_refused_by_collate(trained):
+    tokenizer = trained["de-en"]
+    text = " ".join(["Ein Hund läuft über die Wiese."] * 200)
+    ids = tokenizer.encode(text)
+    assert len(ids) > 1_000 and tokenizer.decode(ids) == text  # never truncated
+    specials = dict(
+        pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+    )
+    assert collate([(ids, [5])], **specials).src.shape == (1, len(ids) + 1)
+    with pytest.raises(
+        ValueError, match=r"pair 7 has \d+ source .* more than max_len=512"
+    ):
+        collate([([5], [5]), (ids, [5])], **specials, index=[3, 7], max_len=512)
+    with pytest.raises(ValueError, match="more than max_tokens=1000"):
+        token_batches([3, len(ids) + 1], [3, 2], max_tokens=1_000)
+
+
+@needs_spacy
+def test_decode_stops_at_eos_skips_bos_and_pad_and_checks_ids(trained):
+    tokenizer = trained["de-en"]
+    ids = tokenizer.encode("Ein Hund.")
+    framed = [tokenizer.bos_id, *ids, tokenizer.eos_id, *ids, tokenizer.pad_id]
+    assert tokenizer.decode(framed) == "Ein Hund."
+    assert tokenizer.decode(torch.tensor(framed)) == "Ein Hund."
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tokenizer.decode([tokenizer.vocab_size])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tokenizer.decode([-1])
+
+
+@needs_spacy
+def test_encode_uses_the_source_language_by_default(trained):
+    tokenizer = trained["fr-en"]
+    text = "L'homme regarde l'eau."
+    assert tokenizer.encode(text) == tokenizer.encode(text, "fr")
+    with pytest.raises(ValueError, match="not one of"):
+        tokenizer.encode(text, "de")
+    with pytest.raises(TypeError):
+        pretokenize("one string", "fr")
+
+
+@needs_spacy
+def test_save_and_load_give_the_same_tokenizer(trained, tmp_path):
+    tokenizer = trained["de-en"]
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "tokenizer.json"
+    ]  # no temp left
+    loaded = Tokenizer.load(path)
+    assert loaded.to_json() == tokenizer.to_json()
+    sentences = load_split("val", "en")[:50]
+    assert loaded.encode_batch(sentences, "en") == tokenizer.encode_batch(
+        sentences, "en"
+    )
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(DataError, match="cannot read tokenizer"):
+        Tokenizer.load(path)
+    path.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(DataError, match="cannot read tokenizer"):
+        Tokenizer.load(path)
+
+
+# Batches --------------------------------------------------------------------------------------
+
+
+def lengths(n: int = 3_000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    src = rng.integers(2, 60, n)
+    tgt = np.clip(src + rng.integers(-5, 6, n), 2, None)
+    return src, tgt
+
+
+def test_every_pair_appears_exactly_once_per_epoch():
+    src, tgt = lengths()
+    for epoch in range(3):
+        groups = token_batches(src, tgt, max_tokens=2_000, seed=0, epoch=epoch)
+        assert np.array_equal(np.sort(np.concatenate(groups)), np.arange(len(src)))
+
+
+@pytest.mark.parametrize("max_tokens", [70, 500, 4_000])
+def test_no_batch_exceeds_the_token_budget_on_either_side(max_tokens):
+    src, tgt = lengths()
+    for group in token_batches(src, tgt, max_tokens=max_tokens):
+        assert len(group) * src[group].max() <= max_tokens
+        assert len(group) * tgt[group].max() <= max_tokens
+
+
+def test_batches_are_reproducible_from_seed_and_epoch_and_change_between_epochs():
+    src, tgt = lengths()
+
+    def run(**kw):
+        return [g.tolist() for g in token_batches(src, tgt, max_tokens=2_000, **kw)]
+
+    assert run(seed=3, epoch=5) == run(seed=3, epoch=5)
+    assert run(seed=3, epoch=5) != run(seed=3, epoch=6)
+    assert run(seed=3, epoch=5) != run(seed=4, epoch=5)
+    # Not only the order of the batches changes: their members do too.
+    members = {frozenset(g) for g in run(seed=3, epoch=5)}
+    assert members != {frozenset(g) for g in run(seed=3, epoch=6)}
+    # Without shuffling, batches are sorted by length and the same for any seed and epoch.
+    fixed = run(seed=0, epoch=0, shuffle=False)
+    assert fixed == run(seed=9, epoch=9, shuffle=False)
+    firsts = [max(src[g[0]], tgt[g[0]]) for g in fixed]
+    assert firsts == sorted(firsts)
+
+
+def test_length_batches_pad_far_less_than_random_ones():
+    src, tgt = lengths(10_000)
+    groups = token_batches(src, tgt, max_tokens=4_000)
+    size = round(len(src) / len(groups))
+    order = np.random.default_rng(0).permutation(len(src))
+    random = [order[i : i + size] for i in range(0, len(src), size)]
+
+    def padding(gs):
+        return 1 - tgt.sum() / sum(len(g) * tgt[g].max() for g in gs)
+
+    assert padding(groups) < 0.1 < 0.4 < padding(random)
+
+
+def test_token_batches_edge_cases():
+    assert token_batches([], [], max_tokens=10) == []
+    with pytest.raises(ValueError, match="one source and one target length"):
+        token_batches([1, 2], [1], max_tokens=10)
+    with pytest.raises(ValueError, match="max_tokens must be positive"):
+        token_batches([1], [1], max_tokens=0)
+
+
+def test_collate_shifts_the_target_and_pads():
+    batch = collate(
+        [([11, 12, 13], [21, 22]), ([14], [23, 24, 25, 26])],
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+        index=[40, 41],
+    )
+    assert batch.src.tolist() == [[11, 12, 13, 3], [14, 3, 0, 0]]
+    assert batch.tgt_in.tolist() == [[2, 21, 22, 0, 0], [2, 23, 24, 25, 26]]
+    assert batch.tgt_out.tolist() == [[21, 22, 3, 0, 0], [23, 24, 25, 26, 3]]
+    assert batch.index.tolist() == [40, 41]
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (6, 8)
+    assert batch.src.dtype == torch.long
+    moved = batch.to("cpu")
+    assert isinstance(moved, Batch) and torch.equal(moved.tgt_out, batch.tgt_out)
+    with pytest.raises(ValueError, match="empty batch"):
+        collate([], pad_id=0, bos_id=2, eos_id=3)
+
+
+def test_iterate_batches_covers_the_split_within_budget():
+    rng = np.random.default_rng(0)
+    src = [rng.integers(4, 100, rng.integers(0, 30)).tolist() for _ in range(500)]
+    tgt = [rng.integers(4, 100, rng.integers(0, 30)).tolist() for _ in range(500)]
+    split = EncodedSplit.from_lists(src, tgt)
+    specials = type("Specials", (), {"pad_id": 0, "bos_id": 2, "eos_id": 3})()
+    seen = []
+    for batch in iterate_batches(split, specials, max_tokens=300, epoch=2):
+        assert batch.src.numel() <= 300 and batch.tgt_in.numel() <= 300
+        for row, i in enumerate(batch.index.tolist()):
+            seen.append(i)
+            n = len(src[i])
+            assert batch.src[row, :n].tolist() == src[i] and batch.src[row, n] == 3
+            assert batch.tgt_out[row, : len(tgt[i])].tolist() == tgt[i]
+    assert sorted(seen) == list(range(500))
+
+
+def test_encoded_split_round_trips_through_bytes_and_checks_itself():
+    split = EncodedSplit.from_lists([[1, 2], [], [3]], [[4], [5, 6, 7], []])
+    assert len(split) == 3
+    assert [a.tolist() for a in split[1]] == [[], [5, 6, 7]]
+    assert [a.tolist() for a in split[-1]] == [[3], []]
+    with pytest.raises(IndexError):
+        split[3]
+    again = EncodedSplit.from_bytes(split.to_bytes())
+    assert np.array_equal(again.tgt_offsets, split.tgt_offsets)
+    assert np.array_equal(again.src_ids, split.src_ids)
+    with pytest.raises(DataError, match="inconsistent src"):
+        EncodedSplit(
+            split.src_ids[:-1], split.src_offsets, split.tgt_ids, split.tgt_offsets
+        )
+
+
+# The cache ------------------------------------------------------------------------------------
+
+
+@needs_spacy
+def test_the_cache_holds_the_fresh_encoding(cache):
+    tokenizer = Tokenizer.load(cache / "de-en" / "tokenizer.json")
+    for split in SPLITS:
+        pairs = load_pairs(split, "de-en")
+        fresh = EncodedSplit.from_lists(
+            tokenizer.encode_batch([s for s, _ in pairs], "de"),
+            tokenizer.encode_batch([t for _, t in pairs], "en"),
+        )
+        cached = load_encoded("de-en", split, cache)
+        for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets"):
+            assert np.array_equal(getattr(cached, name), getattr(fresh, name))
+    assert not any(p.name.endswith(".tmp") for p in (cache / "de-en").iterdir())
+
+
+@needs_spacy
+def test_a_current_cache_is_loaded_not_rebuilt(cache, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("prepare rebuilt a current cache")
+
+    monkeypatch.setattr(data, "train_tokenizer", no_training)
+    assert prepare("de-en", cache).vocab_size == VOCAB_SIZE
+
+
+@needs_spacy
+def test_a_corrupt_cache_is_refused_by_load_encoded_and_rebuilt_by_prepare(cache_copy):
+    folder = cache_copy / "de-en"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    damaged = folder / "val.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:-4])
+    with pytest.raises(
+        DataError, match=r"val\.safetensors is corrupt.*prepare --pair de-en"
+    ):
+        load_encoded("de-en", "train", cache_copy)
+    prepare("de-en", cache_copy)
+    assert cache_problems("de-en", cache_copy) == []
+    # The rebuild trained the tokenizer again: training is deterministic, files are identical.
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert len(load_encoded("de-en", "val", cache_copy)) == 1_014
+
+
+@needs_spacy
+def test_stale_and_incomplete_caches_are_named(cache_copy, tmp_path):
+    folder = cache_copy / "de-en"
+    assert cache_problems("de-en", cache_copy, vocab_size=VOCAB_SIZE) == []
+    assert cache_problems("de-en", cache_copy, vocab_size=4_000) == [
+        f"built with vocab_size={VOCAB_SIZE}, asked for 4000"
+    ]
+    # Data that changed since the build (here: a different checksum for one file).
+    data_copy = tmp_path / "multi30k"
+    shutil.copytree(DATA_DIR, data_copy)
+    sums = data_copy / "SHA256SUMS"
+    sums.write_text(sums.read_text().replace("val.de.gz", "old.de.gz"))
+    assert cache_problems("de-en", cache_copy, data_dir=data_copy) == [
+        "val.de.gz has changed since the cache was built"
+    ]
+    with pytest.raises(DataError, match="val.de.gz has changed"):
+        load_encoded("de-en", "test_2016_flickr", cache_copy, data_dir=data_copy)
+    # A missing split file, then a build that never finished (no manifest).
+    (folder / "test_2016_flickr.safetensors").unlink()
+    assert cache_problems("de-en", cache_copy) == [
+        "test_2016_flickr.safetensors is missing"
+    ]
+    (folder / "manifest.json").unlink()
+    with pytest.raises(DataError, match="no manifest.json"):
+        load_encoded("de-en", "val", cache_copy)
+    (folder / "manifest.json").write_text("{not json")
+    assert cache_problems("de-en", cache_copy)[0].startswith(
+        "manifest.json is unreadable"
+    )
+    with pytest.raises(DataError, match="unknown split"):
+        load_encoded("de-en", "test", cache_copy)
+
+
+@needs_spacy
+def test_training_from_the_cache_needs_no_spacy(cache):
+    """On a machine without spaCy (the GPU machine), the cache is all training needs."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["spacy"] = None  # import spacy now raises ImportError
+        from transformer.data import iterate_batches, load_encoded, prepare
+        tokenizer = prepare("de-en", {str(cache)!r})
+        train = load_encoded("de-en", "train", {str(cache)!r})
+        batch = next(iterate_batches(train, tokenizer, max_tokens=1000))
+        print(tokenizer.decode(batch.tgt_out[0]))
+        try:
+            tokenizer.encode("Ein Hund.")
+        except ImportError as err:
+            print("encode:", err)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "encode: tokenising text needs spaCy" in result.stdout
