@@ -130,19 +130,55 @@ assert torch.equal(q.transpose(1, 2).reshape(B, T, d_model), steps["w_q(x)"])
 #
 # Dropout on the attention weights is an option that defaults to 0: the paper applies dropout to
 # the output of each sublayer and to the embedding sums only (see
-# [the sublayers chapter](05_sublayers.ipynb)). The small private methods for splitting and
-# merging heads and for attending are where the decoding chapter will thread its cache of keys
-# and values.
+# [the sublayers chapter](05_sublayers.ipynb)).
+#
+# One keyword serves translation, which writes the output one token at a time: `cache`, a
+# `KVCache` that keeps the layer's keys and values, already projected and split into heads,
+# from one call to the next. A self-attention cache grows by the new position at each call; a
+# cache marked `static` (for attention over the encoder's output, which does not change while a
+# sentence is translated) projects its keys and values at the first call and reuses them. The
+# section [Keys and values kept for decoding](#kv-cache) below checks it, and
+# [the decoding chapter](14_decoding.ipynb) explains why it matters.
 
 # %%
 #| export
 """Multi-head attention, Section 3.2.2 of Vaswani et al. (2017)."""
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.attention import scaled_dot_product_attention
+
+
+@dataclass
+class KVCache:
+    """One attention layer's keys and values, split into heads, kept between decoding steps.
+
+    A self-attention cache (static=False) appends the new positions' keys and values at each
+    call; a static one (encoder-decoder attention) projects the memory at its first call and
+    reuses the result. MultiHeadAttention.forward updates it in place.
+
+    Shapes:
+        key, value: (B, H, L, d_k), None before the first call
+    """
+
+    key: Tensor | None = None
+    value: Tensor | None = None
+    static: bool = False
+
+    @property
+    def length(self) -> int:
+        """L, the number of positions held."""
+        return 0 if self.key is None else self.key.size(2)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (B',), in that order: beam search following its beams."""
+        if self.key is not None:
+            self.key = self.key.index_select(0, index)  # (B', H, L, d_k)
+            self.value = self.value.index_select(0, index)  # (B', H, L, d_k)
 
 
 class MultiHeadAttention(nn.Module):
@@ -201,6 +237,22 @@ class MultiHeadAttention(nn.Module):
         )
         return out.masked_fill(blind, 0.0), None
 
+    def _keys_values(
+        self, key: Tensor, value: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """Project and split the keys and values, through the cache if there is one."""
+        if cache is not None and cache.static and cache.key is not None:
+            return cache.key, cache.value  # the memory's, projected at the first step
+        k = self._split_heads(self.w_k(key))  # (B, H, T_k, d_k)
+        v = self._split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        if cache is not None:
+            if not cache.static and cache.key is not None:
+                # The new positions follow the ones already decoded (dim 2: positions).
+                k = torch.cat([cache.key, k], dim=2)  # (B, H, L + T_k, d_k)
+                v = torch.cat([cache.value, v], dim=2)  # (B, H, L + T_k, d_k)
+            cache.key, cache.value = k, v
+        return k, v
+
     def forward(
         self,
         query: Tensor,
@@ -208,6 +260,8 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         need_weights: bool = False,
+        *,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Multi-head attention of the queries over the keys and values.
 
@@ -218,14 +272,16 @@ class MultiHeadAttention(nn.Module):
             (B, H, T_q, T_k), else None
 
         A query whose keys are all masked gets a zero attention output (before W^O).
+        With a cache, key and value are the new positions only (or, for a static cache, the
+        memory, read at the first call only); the keys are then all L positions cached, and
+        the mask, if any, is broadcastable to (B, H, T_q, L).
         """
         if mask is not None and mask.dtype != torch.bool:
             raise TypeError(
                 f"mask must be boolean (True = may attend), got {mask.dtype}"
             )
         q = self._split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        k = self._split_heads(self.w_k(key))  # (B, H, T_k, d_k)
-        v = self._split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        k, v = self._keys_values(key, value, cache)  # (B, H, T_k or L, d_k)
         out, weights = self._attend(q, k, v, mask, need_weights)
         return self.w_o(self._merge_heads(out)), weights  # (B, T_q, d_model)
 
@@ -324,6 +380,46 @@ try:
     mha(x, x, x, mask=target_mask(tgt_ids, pad_id).float())
 except TypeError as error:
     print("TypeError:", error)
+
+# %% [markdown]
+# (kv-cache)=
+# ## Keys and values kept for decoding
+#
+# When the decoder translates, it produces one token per step, and at step $t$ its
+# self-attention needs the keys and values of positions $1, \dots, t$. Those of positions
+# $1, \dots, t-1$ were already computed at the earlier steps and, thanks to the causal mask,
+# have not changed since. A `KVCache` keeps them: each call projects only the new position, appends
+# its key and value, and lets the new query attend over all of them. The check below feeds the
+# $T$ positions of `x` one at a time through a cache and compares the outputs with one call over
+# the whole sequence under chapter 2's causal mask; a single query at the end of the sequence may
+# see every cached key, so it needs no mask. A static cache, for encoder–decoder attention,
+# projects the memory once: its keys at the last step are the very tensor of the first.
+
+# %%
+from transformer.masking import causal_mask
+from transformer.multihead import KVCache
+
+with torch.no_grad():
+    whole, _ = mha(x, x, x, mask=causal_mask(T))
+    cache = KVCache()
+    outputs = []
+    for t in range(T):
+        new = x[:, t : t + 1]  # (B, 1, d_model): the newest position only
+        outputs.append(mha(new, new, new, cache=cache)[0])
+    one_at_a_time = torch.cat(outputs, dim=1)  # (B, T, d_model)
+    assert cache.key.shape == cache.value.shape == (B, H, T, d_k)
+    difference = (one_at_a_time - whole).abs().max()
+    assert difference < 1e-6
+    print(
+        f"one position at a time vs the whole sequence: largest difference {difference:.1e}"
+    )
+
+    cross = KVCache(static=True)
+    for t in range(T):
+        mha(x[:, t : t + 1], memory, memory, cache=cross)
+        if t == 0:
+            first_keys = cross.key
+    assert cross.key is first_keys and cross.length == S
 
 # %% [markdown]
 # ## What it costs

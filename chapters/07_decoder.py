@@ -91,17 +91,23 @@ torch.set_printoptions(precision=3, sci_mode=False)
 #
 # Each sublayer sits in its own `SublayerConnection`. The two masks are keyword-only arguments:
 # both are boolean tensors, and when $S = T$ a swapped pair would broadcast without complaint and
-# silently let the decoder see the future.
+# silently let the decoder see the future. Two more, `self_cache` and `cross_cache`, serve
+# translation, which feeds the layer one new target position per step: the two attention blocks'
+# `KVCache`s (the multi-head attention chapter) keep the keys and values of the earlier positions
+# and of the memory, so that they are not computed again at every step
+# ([the decoding chapter](14_decoding.ipynb)).
 
 # %%
 #| export
 """The decoder: a stack of identical layers with masked self-attention and attention over the
 encoder's output, Section 3.1 and Figure 1 (right) of Vaswani et al. (2017)."""
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
-from transformer.multihead import MultiHeadAttention
+from transformer.multihead import KVCache, MultiHeadAttention
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
@@ -137,6 +143,8 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
         need_weights: bool = False,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """One decoder layer; the self- and cross-attention weights only when asked for.
 
@@ -146,13 +154,16 @@ class DecoderLayer(nn.Module):
             tgt_mask: boolean (B, 1, T, T), causal and not padding (target_mask)
             returns (B, T, d_model) and, if need_weights, (self weights (B, H, T, T),
             cross weights (B, H, T, S)), else None
+
+        With caches (decoding, chapter 14), x holds only the new positions, and tgt_mask, if
+        any, covers all L cached positions: (B, 1, T, L).
         """
         self_weights = cross_weights = None
 
         def self_attention(h: Tensor) -> Tensor:
             nonlocal self_weights
             out, self_weights = self.self_attn(
-                h, h, h, mask=tgt_mask, need_weights=need_weights
+                h, h, h, mask=tgt_mask, need_weights=need_weights, cache=self_cache
             )
             return out
 
@@ -160,7 +171,12 @@ class DecoderLayer(nn.Module):
             # Queries from the decoder, keys and values from the encoder's memory (3.2.3).
             nonlocal cross_weights
             out, cross_weights = self.cross_attn(
-                h, memory, memory, mask=src_mask, need_weights=need_weights
+                h,
+                memory,
+                memory,
+                mask=src_mask,
+                need_weights=need_weights,
+                cache=cross_cache,
             )
             return out
 
@@ -267,11 +283,43 @@ n_decoder_layer
 #
 # Like the encoder, the decoder is `n_layers` layers built explicitly, each with its own weights
 # (the encoder chapter says why not deep copies), and a final LayerNorm only for a pre-norm stack.
-# Every layer attends to the *same* memory, the output of the encoder's last layer.
+# Every layer attends to the *same* memory, the output of the encoder's last layer. A
+# `DecoderCache` gathers the two caches of every layer for translation, where the stack runs once
+# per output token; [the decoding chapter](14_decoding.ipynb) explains and measures it.
 
 
 # %%
 #| export
+@dataclass
+class DecoderCache:
+    """Each decoder layer's keys and values, kept between decoding steps (chapter 14).
+
+    self_attn[i] grows by one position per step; cross_attn[i] is static: the memory's keys and
+    values, projected at the first step.
+    """
+
+    self_attn: list[KVCache]
+    cross_attn: list[KVCache]
+
+    @classmethod
+    def empty(cls, n_layers: int) -> "DecoderCache":
+        """The cache of an n_layers stack before the first step."""
+        return cls(
+            self_attn=[KVCache() for _ in range(n_layers)],
+            cross_attn=[KVCache(static=True) for _ in range(n_layers)],
+        )
+
+    @property
+    def length(self) -> int:
+        """The number of target positions decoded so far."""
+        return self.self_attn[0].length
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (B',), in that order: beam search following its beams."""
+        for cache in self.self_attn + self.cross_attn:
+            cache.reorder(index)
+
+
 class Decoder(nn.Module):
     """N identical decoder layers, each attending to the same encoder memory (Section 3.1)."""
 
@@ -312,6 +360,7 @@ class Decoder(nn.Module):
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
         need_weights: bool = False,
+        cache: DecoderCache | None = None,
     ) -> tuple[Tensor, list[tuple[Tensor, Tensor]] | None]:
         """Run the stack; with need_weights, also each layer's (self, cross) weights.
 
@@ -320,15 +369,19 @@ class Decoder(nn.Module):
             src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T)
             returns (B, T, d_model) and, if need_weights, a list of n_layers pairs
             (self weights (B, H, T, T), cross weights (B, H, T, S)), else None
+
+        With a cache (decoding, chapter 14), x holds only the new positions.
         """
         all_weights = [] if need_weights else None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x, weights = layer(
                 x,
                 memory,
                 src_mask=src_mask,
                 tgt_mask=tgt_mask,
                 need_weights=need_weights,
+                self_cache=cache.self_attn[i] if cache is not None else None,
+                cross_cache=cache.cross_attn[i] if cache is not None else None,
             )
             if need_weights:
                 all_weights.append(weights)

@@ -100,6 +100,13 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # - LayerNorm gains start at 1 and their biases at 0 (PyTorch's default); learned positional
 #   embeddings, when chosen, at $\mathcal{N}(0, 1)$ (the embeddings chapter);
 # - an untied output matrix, when chosen, is Glorot-uniform too.
+#
+# Besides `forward`, which training calls, the class offers the two halves on their own,
+# `encode` and `decode`, because translation runs them at different rates: the encoder once per
+# sentence, the decoder once per output token. For that, `decode` takes an optional `cache` of
+# the keys and values computed at the earlier steps and then reads only the newest tokens, which
+# it places at the positions after the cached ones; [the decoding chapter](14_decoding.ipynb)
+# explains it.
 
 # %%
 #| export
@@ -110,7 +117,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
-from transformer.decoder import Decoder
+from transformer.decoder import Decoder, DecoderCache
 from transformer.embedding import (
     LearnedPositionalEncoding,
     PositionalEncoding,
@@ -190,8 +197,8 @@ class Transformer(nn.Module):
     def _embed_source(self, src: Tensor) -> Tensor:
         return self.src_pos(self.src_embed(src))  # (B, S, d_model)
 
-    def _embed_target(self, tgt: Tensor) -> Tensor:
-        return self.tgt_pos(self.tgt_embed(tgt))  # (B, T, d_model)
+    def _embed_target(self, tgt: Tensor, start: int = 0) -> Tensor:
+        return self.tgt_pos(self.tgt_embed(tgt), start=start)  # (B, T, d_model)
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         """The encoder's memory of a batch of source sentences.
@@ -210,6 +217,7 @@ class Transformer(nn.Module):
         *,
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
+        cache: DecoderCache | None = None,
     ) -> Tensor:
         """The decoder's output vectors for a batch of (shifted) target sentences.
 
@@ -217,9 +225,17 @@ class Transformer(nn.Module):
             tgt: (B, T) token ids; memory: (B, S, d_model)
             src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T) (target_mask)
             returns (B, T, d_model)
+
+        With a cache (decoding, chapter 14), tgt holds only the new tokens, which take the
+        positions after the cache.length ones already decoded.
         """
+        start = cache.length if cache is not None else 0
         out, _ = self.decoder(
-            self._embed_target(tgt), memory, src_mask=src_mask, tgt_mask=tgt_mask
+            self._embed_target(tgt, start=start),
+            memory,
+            src_mask=src_mask,
+            tgt_mask=tgt_mask,
+            cache=cache,
         )
         return out
 

@@ -1,5 +1,5 @@
 """transformer.multihead: against torch.nn.MultiheadAttention, fast path against explicit path,
-fully masked queries, and bad construction."""
+fully masked queries, bad construction, and the key/value cache of decoding."""
 
 from unittest import mock
 
@@ -10,7 +10,7 @@ from torch import nn
 import transformer.multihead as multihead
 from transformer.attention import scaled_dot_product_attention as explicit_attention
 from transformer.masking import causal_mask, padding_mask, target_mask
-from transformer.multihead import MultiHeadAttention
+from transformer.multihead import KVCache, MultiHeadAttention
 
 PAD = 0
 B, T, S, D_MODEL, H = 3, 5, 6, 16, 4
@@ -260,3 +260,73 @@ def test_a_float_mask_is_refused():
     x = data["x"]
     with pytest.raises(TypeError, match="boolean"):
         mha(x, x, x, mask=causal_mask(T).float())
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_cached_self_attention_equals_causal_attention_over_the_prefix(need_weights):
+    data = batch()
+    mha = MultiHeadAttention(D_MODEL, H).eval()
+    x = data["x"]
+    cache = KVCache()
+    with torch.no_grad():
+        whole, whole_weights = mha(
+            x, x, x, mask=causal_mask(T), need_weights=need_weights
+        )
+        for t in range(T):
+            new = x[:, t : t + 1]
+            out, weights = mha(new, new, new, need_weights=need_weights, cache=cache)
+            assert cache.length == t + 1
+            assert cache.key.shape == cache.value.shape == (B, H, t + 1, D_MODEL // H)
+            assert (out[:, 0] - whole[:, t]).abs().max() < 1e-6
+            if need_weights:
+                assert weights.shape == (B, H, 1, t + 1)
+                assert (
+                    weights[:, :, 0] - whole_weights[:, :, t, : t + 1]
+                ).abs().max() < 1e-6
+
+
+def test_a_cache_fed_several_positions_at_once_appends_them_all():
+    data = batch()
+    mha = MultiHeadAttention(D_MODEL, H).eval()
+    x = data["x"]
+    cache = KVCache()
+    with torch.no_grad():
+        whole, _ = mha(x, x, x, mask=causal_mask(T))
+        first, _ = mha(x[:, :3], x[:, :3], x[:, :3], mask=causal_mask(3), cache=cache)
+        # The last positions see the 3 cached ones and, causally, each other.
+        rest_mask = causal_mask(T)[:, :, 3:]  # (1, 1, T - 3, T)
+        rest, _ = mha(x[:, 3:], x[:, 3:], x[:, 3:], mask=rest_mask, cache=cache)
+    assert cache.length == T
+    assert (torch.cat([first, rest], dim=1) - whole).abs().max() < 1e-6
+
+
+def test_a_static_cache_projects_the_memory_once():
+    data = batch()
+    mha = MultiHeadAttention(D_MODEL, H).eval()
+    x, memory = data["x"], data["memory"]
+    mask = padding_mask(data["src"], PAD)
+    cache = KVCache(static=True)
+    with (
+        torch.no_grad(),
+        mock.patch.object(mha.w_k, "forward", wraps=mha.w_k.forward) as w_k,
+    ):
+        whole, _ = mha(x, memory, memory, mask=mask)
+        assert w_k.call_count == 1
+        for t in range(T):
+            out, _ = mha(x[:, t : t + 1], memory, memory, mask=mask, cache=cache)
+            assert (out[:, 0] - whole[:, t]).abs().max() < 1e-6
+        assert (
+            w_k.call_count == 2
+        )  # the uncached call, then the cache's first step only
+    assert cache.length == S
+
+
+def test_reorder_follows_the_index():
+    cache = KVCache(key=torch.randn(3, H, 2, 4), value=torch.randn(3, H, 2, 4))
+    key, value = cache.key, cache.value
+    index = torch.tensor([2, 2, 0, 1])
+    cache.reorder(index)
+    assert torch.equal(cache.key, key[index]) and torch.equal(cache.value, value[index])
+    empty = KVCache()
+    empty.reorder(index)  # nothing cached yet: nothing to do
+    assert empty.key is None and empty.length == 0

@@ -6,6 +6,7 @@ Every module except this one and `__main__` is generated from a chapter's `#| ex
 
 from transformer.attention import scaled_dot_product_attention
 from transformer.config import TransformerConfig
+from transformer.decode import Hypothesis, beam_search, greedy_decode
 from transformer.decoder import Decoder, DecoderLayer
 from transformer.embedding import (
     LearnedPositionalEncoding,
@@ -23,6 +24,9 @@ from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 __version__ = "0.1.0"
 __all__ = [
+    "Hypothesis",
+    "beam_search",
+    "greedy_decode",
     "Decoder",
     "DecoderLayer",
     "Encoder",

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import TransformerConfig
-from .decoder import Decoder
+from .decoder import Decoder, DecoderCache
 from transformer.embedding import (
     LearnedPositionalEncoding,
     PositionalEncoding,
@@ -91,8 +91,8 @@ class Transformer(nn.Module):
     def _embed_source(self, src: Tensor) -> Tensor:
         return self.src_pos(self.src_embed(src))  # (B, S, d_model)
 
-    def _embed_target(self, tgt: Tensor) -> Tensor:
-        return self.tgt_pos(self.tgt_embed(tgt))  # (B, T, d_model)
+    def _embed_target(self, tgt: Tensor, start: int = 0) -> Tensor:
+        return self.tgt_pos(self.tgt_embed(tgt), start=start)  # (B, T, d_model)
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         """The encoder's memory of a batch of source sentences.
@@ -111,6 +111,7 @@ class Transformer(nn.Module):
         *,
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
+        cache: DecoderCache | None = None,
     ) -> Tensor:
         """The decoder's output vectors for a batch of (shifted) target sentences.
 
@@ -118,9 +119,17 @@ class Transformer(nn.Module):
             tgt: (B, T) token ids; memory: (B, S, d_model)
             src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T) (target_mask)
             returns (B, T, d_model)
+
+        With a cache (decoding, chapter 14), tgt holds only the new tokens, which take the
+        positions after the cache.length ones already decoded.
         """
+        start = cache.length if cache is not None else 0
         out, _ = self.decoder(
-            self._embed_target(tgt), memory, src_mask=src_mask, tgt_mask=tgt_mask
+            self._embed_target(tgt, start=start),
+            memory,
+            src_mask=src_mask,
+            tgt_mask=tgt_mask,
+            cache=cache,
         )
         return out
 

@@ -1,0 +1,900 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Decoding: greedy search, beam search and a key/value cache
+#
+# A trained Transformer does not translate by itself. Given a source sentence $X$ and the first
+# $t-1$ tokens of an output, it gives a probability to every possible next token,
+# $p(y_t \mid y_{<t}, X)$, and the probability of a whole output $Y = (y_1, \dots, y_n)$, whose
+# last token is the end-of-sentence token EOS, is the product of those:
+#
+# $$
+# \log p(Y \mid X) = \sum_{t=1}^{n} \log p(y_t \mid y_{<t}, X).
+# $$
+#
+# Translating means finding an output with a high probability. There are $V^n$ outputs of
+# length $n$, so an exact search is out of the question; *decoding* is the approximate search.
+# The paper's recipe is short (Section 6.1) {cite:p}`vaswani2017attention`: "we used beam search
+# with a beam size of 4 and length penalty $\alpha = 0.6$", the length penalty of Google's
+# neural machine translation system {cite:p}`wu2016google`, and "we set the maximum output
+# length during inference to input length + 50, but terminate early when possible."
+#
+# This chapter writes `transformer.decode`: greedy decoding and beam search with the length
+# penalty, both batched over sentences, and a cache of keys and values that lets each decoding
+# step feed the decoder one token instead of the whole output so far. A translation model takes
+# hours to train, so we try the functions on a tiny model trained here in seconds, on a task whose
+# right answers we know: reversing a string of letters. The results chapter applies the same
+# functions to the trained translation models.
+
+# %% tags=["colab-setup", "hide-input"]
+# Colab set-up: clone and install the book's package when it is not installed.
+# Elsewhere (a local clone after `make book`) this cell does nothing.
+import importlib.util
+
+if importlib.util.find_spec("transformer") is None:
+    import subprocess
+    import sys
+
+    repo = "https://github.com/transformer-book/attention-is-all-you-need"
+    where = "/content/transformer-book"
+    subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where]
+    subprocess.run(pip, check=True)
+    sys.path.insert(0, where)  # an editable install is seen only after a restart
+
+# %% tags=["remove-cell"]
+#| default_exp decode
+
+# %%
+import copy
+import time
+
+import altair as alt
+import pandas as pd
+import torch
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=3, sci_mode=False)
+# The models of this chapter are tiny: one thread runs them fastest, and keeps the timings
+# below free of the noise of threads waiting for each other.
+torch.set_num_threads(1)
+
+# %% [markdown]
+# ## A model to decode
+#
+# The task: the source is a random string of 3 to 10 letters from *a* to *j*, the target is the
+# same string reversed. The vocabulary has $V = 13$ tokens: padding, BOS (the decoder's first
+# input), EOS, and the ten letters. Reversal needs what translation needs, attention from each
+# output position to the right source position, and every answer can be checked.
+#
+# The model is the configuration chapter's `small` preset shrunk to $d_\text{model} = 64$ with
+# $H = 4$ heads, 2 layers and $d_{ff} = 256$, and without dropout: every batch is new random
+# data, so there is nothing to overfit. It trains for 400 steps of 64 strings with Part II's
+# label-smoothed loss and learning-rate schedule (a warm-up of 100 steps, at half the paper's
+# rate). We also keep a copy of the weights at step 150, a *half-trained* model: search matters
+# most when the model is unsure, as a translation model is about many sentences.
+
+# %%
+from transformer.config import TransformerConfig
+from transformer.loss import LabelSmoothingLoss
+from transformer.masking import padding_mask, target_mask
+from transformer.model import Transformer
+from transformer.schedule import make_optimizer
+
+letters = "abcdefghij"
+pad_id, bos_id, eos_id = 0, 1, 2
+ids = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
+V = 3 + len(letters)
+
+
+def reversal_batch(n: int, shortest: int, longest: int, generator=None):
+    """n random strings and their reversals: src (n, S), decoder input and labels (n, S + 1)."""
+    lengths = torch.randint(shortest, longest + 1, (n,), generator=generator)
+    S = int(lengths.max())
+    src = torch.full((n, S), pad_id)
+    tgt_in = torch.full((n, S + 1), pad_id)
+    labels = torch.full((n, S + 1), pad_id)
+    for i, length in enumerate(lengths.tolist()):
+        string = torch.randint(3, V, (length,), generator=generator)
+        src[i, :length] = string
+        tgt_in[i, 0], tgt_in[i, 1 : length + 1] = bos_id, string.flip(0)
+        labels[i, :length], labels[i, length] = string.flip(0), eos_id
+    return src, tgt_in, labels
+
+
+def spell(tokens: list[int]) -> str:
+    return "".join(letters[t - 3] for t in tokens)
+
+
+config = TransformerConfig.small(
+    vocab_size=V, d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, max_len=128
+)
+model = Transformer(config)
+optimizer, scheduler = make_optimizer(model, d_model=64, warmup=100, factor=0.5)
+criterion = LabelSmoothingLoss(pad_id=pad_id, smoothing=0.1)
+losses = []
+started = time.perf_counter()
+for step in range(1, 401):
+    src, tgt_in, labels = reversal_batch(64, 3, 10)
+    log_probs = model(
+        src,
+        tgt_in,
+        src_mask=padding_mask(src, pad_id),
+        tgt_mask=target_mask(tgt_in, pad_id),
+    )  # (B, T, V)
+    loss = criterion(log_probs, labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    losses.append(loss.item())
+    if step == 150:
+        half_trained = copy.deepcopy(model).eval()
+model.eval()
+training_seconds = time.perf_counter() - started
+
+# %% tags=["nbval-ignore-output"]
+print(
+    f"trained in {training_seconds:.0f} s; loss over the last 50 steps {sum(losses[-50:]) / 50:.3f}"
+)
+assert sum(losses[-50:]) < 0.2 * sum(losses[:50])
+
+# %% [markdown]
+# The strings to decode: 200 new ones of the lengths seen in training. (The numbers printed from
+# here on depend on the trained weights, hence on the floating-point details of the CPU that
+# trained them; the book checks them with loose assertions, not digit by digit.)
+
+# %%
+test_src, _, _ = reversal_batch(200, 3, 10, torch.Generator().manual_seed(1))
+references = [spell(s[s != pad_id].flip(0).tolist()) for s in test_src]
+test_src.shape
+
+# %% [markdown]
+# ## Greedy decoding
+#
+# The simplest search takes the most probable token at each step and feeds it back as the next
+# input, until the model outputs EOS:
+#
+# $$
+# y_t = \operatorname*{arg\,max}_{v}\ p(v \mid y_{<t}, X).
+# $$
+#
+# It decodes a batch of $B$ sentences at once, one step for all of them; the details that make
+# that work:
+#
+# - **The length limit.** Each sentence may output at most its source length (its non-padding
+#   tokens) + 50 tokens, as in the paper, EOS included, and never more than the model has
+#   positions (`config.max_len`). A sentence stopped by its limit has no EOS: its `Hypothesis`
+#   says `ended=False`.
+# - **Ended sentences stay ended.** Once a sentence has output EOS it outputs padding, and its
+#   log-probability stops changing, while the rest of the batch goes on; so a sentence decodes to
+#   the same output whatever else is in its batch, and however much padding its source has.
+# - **Padding and BOS are never output.** They are not words; their log-probabilities are set to
+#   $-\infty$ before the choice. The others are not renormalised: `log_prob` stays the model's.
+# - **No dropout.** The model is put in evaluation mode for the search (and back afterwards).
+#
+# Each step needs the decoder's output at the last position of every row, and there are two ways
+# to get it (`use_cache`): run the decoder again on the whole output so far under the causal mask
+# (the decoder chapter showed that the earlier positions' outputs do not change), or feed only the
+# newest token and keep the keys and values of the earlier ones in a cache. The next section is
+# about the second way.
+
+# %%
+#| export
+"""Greedy decoding and beam search with a key/value cache: Section 6.1 of Vaswani et al. (2017),
+with the length penalty of Wu et al. (2016)."""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transformer.decoder import DecoderCache
+from transformer.masking import causal_mask, padding_mask
+from transformer.model import Transformer
+
+EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (Section 6.1)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One decoded sentence.
+
+    tokens: the output ids, without BOS and EOS.
+    log_prob: log p(output | source), summed over the tokens and the final EOS, if any.
+    score: what the search maximised: log_prob / lp(length) for beam search, log_prob for
+        greedy decoding.
+    ended: True if the output ended with EOS, False if the length limit cut it off.
+    """
+
+    tokens: list[int]
+    log_prob: float
+    score: float
+    ended: bool
+
+
+def output_limits(
+    model: Transformer, src: Tensor, *, pad_id: int, max_len: int | None = None
+) -> Tensor:
+    """The most tokens each sentence may output, EOS included: (B, S) -> (B,).
+
+    Each source's length (its non-padding tokens) + 50, as in the paper, or max_len if given;
+    never more than the positions of the model's positional encoding (config.max_len).
+    """
+    if max_len is None:
+        limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
+    else:
+        if max_len < 1:
+            raise ValueError(f"max_len must be at least 1, got {max_len}")
+        limits = torch.full((src.size(0),), max_len, device=src.device)  # (B,)
+    return limits.clamp(max=model.config.max_len)
+
+
+# %%
+#| export
+def _check_ids(*, bos_id: int, eos_id: int, pad_id: int) -> None:
+    if pad_id in (bos_id, eos_id):
+        raise ValueError(
+            f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id ({eos_id}): "
+            "an ended sentence is recognised by its padding"
+        )
+
+
+@contextmanager
+def _inference(model: Transformer) -> Iterator[None]:
+    """No gradients and no dropout; the model's training mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _next_log_probs(
+    model: Transformer,
+    ys: Tensor,
+    memory: Tensor,
+    src_mask: Tensor,
+    cache: DecoderCache | None,
+) -> Tensor:
+    """log p(next token | ys, source) for every row: ys (N, t) -> (N, V)."""
+    if cache is None:
+        # The whole output so far again, under the causal mask: t positions at step t.
+        mask = causal_mask(ys.size(1), device=ys.device)  # (1, 1, t, t)
+        out = model.decode(ys, memory, src_mask=src_mask, tgt_mask=mask)
+    else:
+        # The newest token only: the cache holds the keys and values of the others, and a
+        # single query at the end of the sequence may see all of them, so there is no mask.
+        out = model.decode(
+            ys[:, -1:], memory, src_mask=src_mask, tgt_mask=None, cache=cache
+        )
+    return model.generator(out[:, -1])  # (N, V)
+
+
+def _forbid_specials(
+    log_probs: Tensor, *, bos_id: int, eos_id: int, pad_id: int
+) -> Tensor:
+    """Padding and BOS (unless it doubles as EOS) are not outputs: never choose them."""
+    log_probs[..., pad_id] = float("-inf")
+    if bos_id != eos_id:
+        log_probs[..., bos_id] = float("-inf")
+    return log_probs
+
+
+def _hypothesis(
+    row: Tensor, log_prob: float, score: float, *, eos_id: int, pad_id: int
+) -> Hypothesis:
+    """The output of one decoded row (without its BOS): the tokens before EOS or padding."""
+    tokens = row.tolist()
+    ended = eos_id in tokens
+    for stop in (eos_id, pad_id):
+        if stop in tokens:
+            tokens = tokens[: tokens.index(stop)]
+    return Hypothesis(tokens=tokens, log_prob=log_prob, score=score, ended=ended)
+
+
+def greedy_decode(
+    model: Transformer,
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len: int | None = None,
+    use_cache: bool = True,
+) -> list[Hypothesis]:
+    """The most probable next token at each step, for a batch of sentences at once.
+
+    Shapes:
+        src: (B, S) token ids, padded with pad_id
+        returns B hypotheses, in the order of the batch (their score is their log_prob)
+    """
+    _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    B = src.size(0)
+    with _inference(model):
+        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (B, S, d_model)
+        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)  # (B,)
+        cache = DecoderCache.empty(len(model.decoder.layers)) if use_cache else None
+        ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        log_prob = torch.zeros(B, device=src.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        for t in range(int(limits.max())):
+            step = _next_log_probs(model, ys, memory, src_mask, cache)  # (B, V)
+            step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+            best, token = step.max(dim=-1)  # (B,)
+            # A finished sentence outputs padding, and its log-probability stays as it is.
+            token = token.masked_fill(done, pad_id)
+            log_prob += best.masked_fill(done, 0.0)
+            ys = torch.cat([ys, token[:, None]], dim=1)  # (B, t + 2)
+            done |= (token == eos_id) | (t + 1 >= limits)
+            if done.all():
+                break
+    return [
+        _hypothesis(ys[b, 1:], lp, lp, eos_id=eos_id, pad_id=pad_id)
+        for b, lp in enumerate(log_prob.tolist())
+    ]
+
+
+# %% [markdown]
+# The first few strings, decoded greedily by the trained model:
+
+# %% tags=["nbval-ignore-output"]
+from transformer.decode import greedy_decode
+
+greedy = greedy_decode(model, test_src, **ids)
+pd.DataFrame(
+    {
+        "source": [spell(s[s != pad_id].tolist()) for s in test_src[:6]],
+        "greedy output": [spell(h.tokens) for h in greedy[:6]],
+        "ended with EOS": [h.ended for h in greedy[:6]],
+        "log p(Y | X)": [round(h.log_prob, 4) for h in greedy[:6]],
+    }
+)
+
+# %% [markdown]
+# How many of the 200 outputs are exactly right, for the trained and the half-trained model:
+
+
+# %%
+def exact(hypotheses) -> float:
+    """The share of outputs that are exactly the reversed source."""
+    return sum(
+        spell(h.tokens) == r for h, r in zip(hypotheses, references, strict=True)
+    ) / len(references)
+
+
+greedy_half = greedy_decode(half_trained, test_src, **ids)
+assert exact(greedy) > 0.9
+
+# %% tags=["nbval-ignore-output"]
+print(
+    f"exactly right, greedy: trained {exact(greedy):.1%}, half-trained {exact(greedy_half):.1%}"
+)
+
+# %% [markdown]
+# ## The cache
+#
+# Without a cache, step $t$ runs the decoder over all $t$ positions of the output so far, to use
+# the output of the last one. The other $t - 1$ were computed at the earlier steps already, and
+# the causal mask guarantees that they have not changed, since no position sees the ones after
+# it. What the new position needs from them is, in each self-attention layer, their keys and
+# values. So keep those: the multi-head attention chapter's `KVCache` appends the new position's
+# key and value at each step and lets its query attend over all the cached ones. The new token
+# is embedded at position $t$ (the `start` argument of the positional encoding), and a single
+# query at the end of the sequence may see every earlier position, so the self-attention needs no
+# mask; the source's padding mask still applies in the encoder–decoder attention. That attention
+# has a cache too: its keys and values are projections of the encoder's memory, which does not
+# change while a sentence is decoded, so they are computed at the first step and reused (a
+# *static* cache). The decoder chapter's `DecoderCache` holds both caches of every layer, and
+# `Transformer.decode(..., cache=cache)` (the full-model chapter) then reads only the new
+# tokens.
+#
+# The saving: to output $T$ tokens, the decoder without a cache processes
+# $1 + 2 + \dots + T = T(T+1)/2$ positions, with a cache $T$. Every position costs the same in
+# the projections and feed-forward networks, $O(d_\text{model}^2)$ per layer, which dominate at
+# sentence lengths; so that work per sentence drops from $O(T^2)$ to $O(T)$. (The attention of a
+# new position to the cached ones still grows with $t$: $O(T^2 d_\text{model})$ in all, against
+# $O(T^3 d_\text{model})$ without the cache.) The price is memory: per sentence,
+# $2\, n_\text{layers}\, T\, d_\text{model}$ numbers for the self-attention keys and values and
+# $2\, n_\text{layers}\, S\, d_\text{model}$ for the memory's.
+#
+# First, the two ways give the same outputs:
+
+# %%
+uncached = greedy_decode(model, test_src, **ids, use_cache=False)
+assert [h.tokens for h in uncached] == [h.tokens for h in greedy]
+gap = max(abs(a.log_prob - b.log_prob) for a, b in zip(greedy, uncached, strict=True))
+assert gap < 1e-4
+print("the same 200 outputs with and without the cache")
+
+# %% [markdown]
+# Then the work. A hook on the decoder counts the positions it processes at each step, for the
+# 200 strings at once:
+
+
+# %%
+def decoder_positions(use_cache: bool) -> list[int]:
+    """Positions (rows x length) that the decoder processes at each step of greedy decoding."""
+    counts = []
+    hook = model.decoder.register_forward_pre_hook(
+        lambda module, args: counts.append(args[0].shape[0] * args[0].shape[1])
+    )
+    try:
+        greedy_decode(model, test_src, **ids, use_cache=use_cache)
+    finally:
+        hook.remove()
+    return counts
+
+
+with_cache, without_cache = decoder_positions(True), decoder_positions(False)
+n_steps, B = len(with_cache), test_src.size(0)
+assert with_cache == [B] * n_steps
+assert without_cache == [B * t for t in range(1, n_steps + 1)]
+assert sum(without_cache) == B * n_steps * (n_steps + 1) // 2
+print(
+    f"{n_steps} steps: {sum(with_cache):,} positions with the cache, "
+    f"{sum(without_cache):,} without ({sum(without_cache) / sum(with_cache):.1f} times as many)"
+)
+
+# %% [markdown]
+# And the time: greedy decoding of the same 200 strings, with and without the cache, the best of
+# three runs each, on this machine's CPU (the times vary from run to run and machine to machine;
+# the outputs do not).
+
+
+# %%
+def best_time(function, repeats: int = 3) -> float:
+    """The shortest of `repeats` wall-clock times of function(), in seconds."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+cached_seconds = best_time(lambda: greedy_decode(model, test_src, **ids))
+uncached_seconds = best_time(
+    lambda: greedy_decode(model, test_src, **ids, use_cache=False)
+)
+
+# %% tags=["nbval-ignore-output"]
+print(
+    f"greedy, 200 strings: with the cache {cached_seconds * 1000:.0f} ms, "
+    f"without {uncached_seconds * 1000:.0f} ms"
+)
+print(f"the cache is {uncached_seconds / cached_seconds:.1f} times as fast")
+assert cached_seconds < uncached_seconds
+
+# %% [markdown]
+# These outputs are short, as the number of steps above shows; the longer the outputs, the
+# larger the ratio, as the count of positions says. For a translation model, whose layers are wider, the
+# positions' work dominates even more.
+
+# %% [markdown]
+# ## Beam search
+#
+# Greedy decoding commits to one token at each step; a token that looked best may lead only to
+# poor continuations, and there is no going back. Beam search keeps $K$ hypotheses, *beams*, per
+# sentence: at each step it extends every beam by every token, $K \cdot V$ candidates, and keeps
+# the $K$ best. With $K = 1$ it is greedy decoding.
+#
+# **The length penalty.** Every token multiplies the probability of an output by a number below
+# one, so $\log p(Y \mid X)$ only falls as $Y$ grows. Ranked by log-probability, a hypothesis that
+# ends early beats every longer one whose extra tokens cost anything at all, and beam search
+# prefers short outputs. The paper ranks hypotheses as Google's system does
+# {cite:p}`wu2016google`, by the log-probability divided by a *length penalty*:
+#
+# $$
+# s(Y) = \frac{\log p(Y \mid X)}{lp(Y)}, \qquad lp(Y) = \frac{(5 + |Y|)^\alpha}{(5 + 1)^\alpha},
+# $$
+#
+# where $|Y|$ counts the output tokens, EOS included. With $\alpha = 0$ there is no penalty; with
+# $\alpha = 1$ the score is close to the average log-probability per token (the 5 keeps very
+# short outputs from being divided by too little); the paper uses $\alpha = 0.6$. (Google's
+# system also adds a *coverage* penalty for source words left untranslated; the paper does not
+# mention one, and we do not use it.)
+#
+# **How the search runs**, batched over sentences:
+#
+# - The $K$ beams of sentence $b$ are rows $bK, \dots, bK + K - 1$ of one batch of $BK$ rows. At
+#   the start only the first beam of each sentence is open (the others have $\log p = -\infty$),
+#   so that the beams do not begin as $K$ copies of BOS.
+# - At each step, every open beam is extended by every token and scored by
+#   $\log p / lp(t + 1)$. A beam that has ended is one candidate, itself: it is extended by
+#   padding, and its log-probability and score stay as they are. The $K$ best candidates by
+#   score survive; every row then takes the output so far of the beam it extends (its *parent*),
+#   and `DecoderCache.reorder` does the same with the cached keys and values.
+# - **When to stop.** The paper "terminate[s] early when possible" without saying how. A sentence
+#   is finished when none of its open beams can overtake its best ended one: an open beam's
+#   log-probability can only fall and $lp$ can only grow, up to $lp$ at the length limit, so the
+#   best an open beam can still score is $\log p / lp(\text{limit})$. When the best ended score
+#   is at least that, the result can no longer change; that includes the case where every beam
+#   has ended. The search stops when every sentence of the batch is finished, or at the limit,
+#   where every beam ends. Stopping early therefore returns exactly what searching to the limit
+#   returns (a test checks it).
+# - The result is each sentence's best ended beam by $s(Y)$.
+#
+# The reference implementation, tensor2tensor's, keeps open and finished hypotheses in two
+# separate sets of $K$ and draws $2K$ candidates at each step. Ours keeps the ended hypotheses in
+# the beam, where they compete with the open ones by the same score. Both rank by $s(Y)$; ours
+# makes beam size 1 exactly greedy decoding (a test checks that too) and needs no second set.
+
+
+# %%
+#| export
+def length_penalty(length: Tensor, alpha: float) -> Tensor:
+    """lp(Y) = ((5 + |Y|) / 6)^α of Wu et al. (2016), |Y| counting the final EOS."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@dataclass(frozen=True)
+class BeamStep:
+    """The beams after one step of beam search, for figures and debugging.
+
+    Shapes (B sentences, K beams, best first):
+        tokens: (B, K) the token each beam just output (pad_id once it has ended)
+        parents: (B, K) the beam, at the step before, that each beam extends
+        log_probs, scores: (B, K) log p(beam | source) and log_prob / lp(length)
+        ended: (B, K) True for the beams that output EOS or reached the length limit
+    """
+
+    step: int
+    tokens: Tensor
+    parents: Tensor
+    log_probs: Tensor
+    scores: Tensor
+    ended: Tensor
+
+
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len: int | None = None,
+    use_cache: bool = True,
+    on_step: Callable[[BeamStep], None] | None = None,
+) -> list[Hypothesis]:
+    """Beam search with the length penalty lp(Y) = ((5 + |Y|)/6)^α, for a batch of sentences.
+
+    Each step extends the K beams of every sentence by every token and keeps the K best
+    candidates by log p(Y | X) / lp(|Y|); a beam that has ended stays a candidate as it is.
+    A sentence is finished when none of its open beams can overtake its best ended one; the
+    search stops when every sentence is finished. on_step, if given, sees every step.
+
+    Shapes:
+        src: (B, S) token ids, padded with pad_id
+        returns B hypotheses, each sentence's best, in the order of the batch
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0 (lp must grow with length), got {alpha}")
+    _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    B, K, device = src.size(0), beam_size, src.device
+    V = model.config.target_vocab_size
+    with _inference(model):
+        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (B, S, d_model)
+        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)  # (B,)
+        # The K beams of sentence b are rows b*K ... b*K + K - 1 of one batch of B*K rows.
+        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
+        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+        cache = DecoderCache.empty(len(model.decoder.layers)) if use_cache else None
+        ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
+        # At the start the K beams would be K copies of BOS: keep one, the others at -inf.
+        log_prob = torch.full((B, K), float("-inf"), device=device)
+        log_prob[:, 0] = 0.0
+        length = torch.zeros(B, K, dtype=torch.long, device=device)
+        ended = torch.zeros(B, K, dtype=torch.bool, device=device)
+        # An ended beam has one continuation, padding, which leaves its log-probability alone.
+        stay = torch.full((V,), float("-inf"), device=device)
+        stay[pad_id] = 0.0
+        first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
+        for t in range(int(limits.max())):
+            step = _next_log_probs(model, ys, memory, src_mask, cache).view(B, K, V)
+            step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+            step = torch.where(ended[..., None], stay, step)  # (B, K, V)
+            candidate_log_prob = (log_prob[..., None] + step).view(B, K * V)
+            candidate_length = torch.where(ended, length, t + 1)  # (B, K)
+            lp = length_penalty(candidate_length, alpha).repeat_interleave(V, dim=1)
+            scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (B, K)
+            parents, tokens = best // V, best % V  # (B, K)
+            log_prob = candidate_log_prob.gather(1, best)
+            length = candidate_length.gather(1, parents)
+            ended = ended.gather(1, parents) | (tokens == eos_id)
+            ended |= t + 1 >= limits[:, None]
+            # Every beam continues the row of its parent: reorder the rows, then append.
+            rows = (first_row + parents).view(-1)  # (B*K,)
+            ys = torch.cat([ys[rows], tokens.view(-1, 1)], dim=1)  # (B*K, t + 2)
+            if cache is not None:
+                cache.reorder(rows)
+            if on_step is not None:
+                on_step(BeamStep(t, tokens, parents, log_prob, scores, ended))
+            if _finished(log_prob, length, ended, limits, alpha).all():
+                break
+        # Every sentence now has an ended beam that none of the others can overtake.
+        final = torch.where(ended, log_prob / length_penalty(length, alpha), -torch.inf)
+        best_score, best_beam = final.max(dim=1)  # (B,)
+        best_rows = first_row[:, 0] + best_beam  # (B,)
+        best_log_prob = log_prob.gather(1, best_beam[:, None])[:, 0]  # (B,)
+    return [
+        _hypothesis(ys[row, 1:], lp, score, eos_id=eos_id, pad_id=pad_id)
+        for row, lp, score in zip(
+            best_rows.tolist(), best_log_prob.tolist(), best_score.tolist(), strict=True
+        )
+    ]
+
+
+def _finished(
+    log_prob: Tensor, length: Tensor, ended: Tensor, limits: Tensor, alpha: float
+) -> Tensor:
+    """The sentences whose best ended beam no open beam can overtake: (B, K) -> (B,).
+
+    An open beam's log-probability can only fall as it grows, and lp only rise, up to
+    lp(limit): the best it can still score is log_prob / lp(limit).
+    """
+    best_ended = torch.where(
+        ended, log_prob / length_penalty(length, alpha), -torch.inf
+    ).amax(dim=1)  # (B,)
+    best_open = torch.where(ended, -torch.inf, log_prob).amax(dim=1)  # (B,)
+    reachable = best_open / length_penalty(limits, alpha)  # (B,)
+    return (best_ended >= reachable) | (best_open == -torch.inf)
+
+
+# %% [markdown]
+# Beam search against greedy decoding, for both models. The trained model is sure of almost every
+# answer, so there is little left for a search to find; the half-trained one is not, and there
+# keeping four hypotheses pays.
+
+# %%
+from transformer.decode import beam_search
+
+beam = beam_search(model, test_src, **ids)
+beam_half = beam_search(half_trained, test_src, **ids)
+accuracy = pd.DataFrame(
+    {
+        "greedy": [exact(greedy), exact(greedy_half)],
+        "beam 4, α = 0.6": [exact(beam), exact(beam_half)],
+    },
+    index=pd.Index(["trained (400 steps)", "half-trained (150 steps)"], name="model"),
+)
+assert exact(beam) > 0.9 and exact(beam_half) >= exact(greedy_half)
+
+# %% tags=["nbval-ignore-output"]
+both = list(zip(greedy_half, beam_half, references, strict=True))
+beam_only = sum(spell(b.tokens) == r != spell(g.tokens) for g, b, r in both)
+greedy_only = sum(spell(g.tokens) == r != spell(b.tokens) for g, b, r in both)
+print(
+    f"half-trained: beam search gets {beam_only} strings right that greedy decoding gets "
+    f"wrong, and {greedy_only} wrong that greedy decoding gets right"
+)
+print("% of the 200 strings exactly right:")
+(accuracy * 100).round(1)
+
+# %% [markdown]
+# ### What the length penalty does
+#
+# The same search on the half-trained model with several values of $\alpha$, and the length of
+# its outputs relative to the right answers' (1 means as long as the answers on average). The
+# larger $\alpha$, the less a long hypothesis is held back by its many factors below one, and the
+# longer the outputs; $\alpha = 0$ gives the shortest.
+
+# %%
+rows = []
+for alpha in (0.0, 0.6, 1.0, 2.0):
+    found = beam_search(half_trained, test_src, alpha=alpha, **ids)
+    rows.append(
+        {
+            "α": alpha,
+            "% exactly right": 100 * exact(found),
+            "output length / answer length": sum(len(h.tokens) for h in found)
+            / sum(len(r) for r in references),
+        }
+    )
+by_alpha = pd.DataFrame(rows).set_index("α")
+lengths = by_alpha["output length / answer length"]
+assert lengths[0.0] == lengths.min() and lengths[2.0] == lengths.max()
+assert lengths[0.6] > 1  # too long, on average, rather than too short
+
+# %% tags=["nbval-ignore-output"]
+by_alpha.round({"% exactly right": 1, "output length / answer length": 3})
+
+# %% [markdown]
+# Here the half-trained model's outputs are too long rather than too short on average, so the
+# penalty's push towards length does not help it; its purpose shows in translation, where,
+# without it, "regular beam search will favor shorter results over longer ones on average"
+# {cite:p}`wu2016google`. How BLEU and the output length of the translation models change with
+# $\alpha$ is measured with those models (the last section).
+
+# %% [markdown]
+# ## A beam search tree
+#
+# What beam search does, drawn for one string: the first of the 200 that the half-trained model
+# gets right with beam search and wrong with greedy decoding. Each column is a step, and each
+# point one of the $K = 4$ hypotheses kept at that step, placed by its rank (1 = best score) and
+# labelled with the letter it has just added; a grey line joins it to the hypothesis it extends.
+# Hover over a point for the whole hypothesis, its log-probability and its score. Red points have
+# just output EOS; grey ones ended earlier and are carried along unchanged. Follow the dashed
+# orange path, the one greedy decoding takes, and the black one, which leads to the result of
+# beam search: where they part, the black path takes a token that was *not* the most probable
+# continuation, a runner-up that greedy decoding discards for good, and a few steps later it is
+# ahead.
+
+# %%
+from transformer.decode import BeamStep
+
+fixed = [
+    i
+    for i, (g, b, r) in enumerate(zip(greedy_half, beam_half, references, strict=True))
+    if spell(b.tokens) == r != spell(g.tokens)
+]
+assert fixed, "beam search gets no string right that greedy decoding gets wrong"
+chosen = fixed[0]
+one_src = test_src[chosen : chosen + 1, : int((test_src[chosen] != pad_id).sum())]
+steps: list[BeamStep] = []
+[tree_result] = beam_search(half_trained, one_src, **ids, on_step=steps.append)
+
+
+def beam_tree(steps: list[BeamStep]) -> pd.DataFrame:
+    """One row per kept hypothesis and step (sentence 0), with its parent's rank."""
+    nodes = [
+        {
+            "step": 0,
+            "rank": 1,
+            "parent rank": None,
+            "label": "BOS",
+            "hypothesis": "",
+            "log p": 0.0,
+            "score": 0.0,
+            "state": "open",
+        }
+    ]
+    texts = [""]
+    was_ended = [False]
+    for s in steps:
+        new_texts, new_ended = [], []
+        for k in range(s.tokens.size(1)):
+            parent, token = int(s.parents[0, k]), int(s.tokens[0, k])
+            if s.log_probs[0, k] == float(
+                "-inf"
+            ):  # an empty slot: fewer candidates than K
+                new_texts.append("")
+                new_ended.append(True)
+                continue
+            if was_ended[parent]:
+                text, label, state = texts[parent], "", "ended before"
+            elif token == eos_id:
+                text, label, state = texts[parent] + " EOS", "EOS", "ends here"
+            else:
+                text, label = texts[parent] + letters[token - 3], letters[token - 3]
+                state = "ended by the limit" if s.ended[0, k] else "open"
+            new_texts.append(text)
+            new_ended.append(bool(s.ended[0, k]))
+            nodes.append(
+                {
+                    "step": s.step + 1,
+                    "rank": k + 1,
+                    "parent rank": parent + 1,
+                    "label": label,
+                    "hypothesis": text,
+                    "log p": round(float(s.log_probs[0, k]), 4),
+                    "score": round(float(s.scores[0, k]), 4),
+                    "state": state,
+                }
+            )
+        texts, was_ended = new_texts, new_ended
+    return pd.DataFrame(nodes)
+
+
+tree = beam_tree(steps)
+print(f"source {spell(one_src[0].tolist())}, answer {references[chosen]}")
+print(
+    f"greedy       {spell(greedy_half[chosen].tokens)}  (log p {greedy_half[chosen].log_prob:.3f})"
+)
+print(f"beam search  {spell(tree_result.tokens)}  (score {tree_result.score:.3f})")
+assert spell(tree_result.tokens) == spell(beam_half[chosen].tokens)
+
+# %%
+# A hypothesis's text is its path: prefixes of an output are the points on the way to it.
+result_text = spell(tree_result.tokens) + " EOS"
+greedy_text = spell(greedy_half[chosen].tokens) + " EOS"
+tree["path"] = [
+    "result"
+    if result_text.startswith(h)
+    else "greedy"
+    if greedy_text.startswith(h)
+    else "other"
+    for h in tree["hypothesis"]
+]
+edges = tree.dropna(subset=["parent rank"]).assign(
+    **{"parent step": lambda d: d["step"] - 1}
+)
+colours = alt.Scale(
+    domain=["open", "ends here", "ended before", "ended by the limit"],
+    range=["#1f77b4", "#d62728", "#bbbbbb", "#9467bd"],
+)
+y_rank = alt.Y(
+    "rank:Q",
+    scale=alt.Scale(domain=[0.5, 4.5], reverse=True),
+    axis=alt.Axis(values=[1, 2, 3, 4]),
+    title="rank in the beam",
+)
+x_step = alt.X("step:Q", title="step", axis=alt.Axis(tickMinStep=1))
+edge_encoding = dict(x="parent step:Q", x2="step:Q", y="parent rank:Q", y2="rank:Q")
+lines = alt.Chart(edges).mark_rule(color="#bbbbbb").encode(**edge_encoding)
+greedy_lines = (
+    alt.Chart(edges[edges["path"] == "greedy"])
+    .mark_rule(color="#ff7f0e", strokeWidth=2.5, strokeDash=[5, 3])
+    .encode(**edge_encoding)
+)
+result_lines = (
+    alt.Chart(edges[edges["path"] == "result"])
+    .mark_rule(color="black", strokeWidth=3)
+    .encode(**edge_encoding)
+)
+points = (
+    alt.Chart(tree)
+    .mark_circle(size=140, opacity=1)
+    .encode(
+        x=x_step,
+        y=y_rank,
+        color=alt.Color("state:N", scale=colours, title=None),
+        tooltip=["step", "rank", "hypothesis", "log p", "score", "state"],
+    )
+)
+text = (
+    alt.Chart(tree)
+    .mark_text(dy=-13, fontSize=12)
+    .encode(x=x_step, y=y_rank, text="label:N")
+)
+(lines + greedy_lines + result_lines + points + text).properties(
+    width=560,
+    height=220,
+    title=alt.Title(
+        f"Beam search (K = 4, α = 0.6) for the source {spell(one_src[0].tolist())!r}",
+        subtitle="black: the path to the result; dashed orange: greedy decoding's path",
+    ),
+)
+
+# %% [markdown]
+# ## How fast
+#
+# Sentences per second for beam search with $K = 4$ and for greedy decoding, on the 200 strings
+# with the trained model and the cache, on this machine's CPU (one thread). The figures for the
+# translation models, on the CPU and on a GPU, are in the results chapter.
+
+# %% tags=["nbval-ignore-output"]
+beam_seconds = best_time(lambda: beam_search(model, test_src, **ids))
+print(f"beam 4: {len(test_src) / beam_seconds:,.0f} sentences/s")
+print(f"greedy: {len(test_src) / cached_seconds:,.0f} sentences/s")
+
+# %% [markdown]
+# ## BLEU, beam size and α on Multi30k
+#
+# How BLEU and the output length change with the beam size and with $\alpha$ on the Multi30k
+# validation split needs the trained translation models; those figures come with the shipped
+# models, in the results chapter.

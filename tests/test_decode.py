@@ -1,0 +1,320 @@
+"""transformer.decode: the cache changes nothing, beam search against greedy decoding and
+against brute force, batching and padding change nothing, ended sentences stay ended, and the
+length limit."""
+
+import itertools
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+import transformer.decode as decode
+from transformer.config import TransformerConfig
+from transformer.decode import (
+    BeamStep,
+    beam_search,
+    greedy_decode,
+    length_penalty,
+    output_limits,
+)
+from transformer.masking import causal_mask, padding_mask
+from transformer.model import Transformer
+
+PAD, BOS, EOS = 0, 1, 2
+IDS = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Models this small decode faster on one thread, and much faster on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(vocab_size: int = 11, seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    fields = dict(d_model=16, n_heads=2, n_layers=2, d_ff=32, max_len=128)
+    config = TransformerConfig(src_vocab_size=vocab_size, **(fields | overrides))
+    return Transformer(config).eval()
+
+
+def sources(lengths: list[int], vocab_size: int = 11, seed: int = 0) -> torch.Tensor:
+    """A batch of random sources of the given lengths, padded with PAD: (B, S)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD)
+    for b, n in enumerate(lengths):
+        src[b, :n] = torch.randint(3, vocab_size, (n,), generator=g)
+    return src
+
+
+def sequence_log_prob(
+    model: Transformer, src: torch.Tensor, output: list[int]
+) -> float:
+    """log p(output | src) by teacher forcing: one forward pass over BOS + output[:-1]."""
+    tgt = torch.tensor([[BOS] + output[:-1]])
+    with torch.no_grad():
+        log_probs = model(
+            src,
+            tgt,
+            src_mask=padding_mask(src, PAD),
+            tgt_mask=causal_mask(tgt.size(1)),
+        )  # (1, T, V)
+    return log_probs[0].gather(1, torch.tensor(output)[:, None]).sum().item()
+
+
+def gnmt_penalty(length: int, alpha: float) -> float:
+    """lp(Y) = (5 + |Y|)^α / (5 + 1)^α, written out here as Wu et al. (2016) state it."""
+    return (5 + length) ** alpha / (5 + 1) ** alpha
+
+
+def test_the_length_penalty():
+    lengths = torch.arange(1, 30)
+    for alpha in (0.0, 0.6, 1.0):
+        expected = torch.tensor([gnmt_penalty(n, alpha) for n in range(1, 30)])
+        assert torch.allclose(length_penalty(lengths, alpha), expected)
+    assert length_penalty(torch.tensor(1), 0.6) == 1.0  # one token: no penalty
+    assert length_penalty(torch.tensor(7), 0.6) == pytest.approx(2**0.6)
+
+
+def assert_same(a: list, b: list, atol: float = 1e-4) -> None:
+    """The same outputs, and the same scores up to floating-point noise."""
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+    assert [h.ended for h in a] == [h.ended for h in b]
+    for x, y in zip(a, b, strict=True):
+        assert x.log_prob == pytest.approx(y.log_prob, abs=atol)
+        assert x.score == pytest.approx(y.score, abs=atol)
+
+
+def search(kind: str, model, src, **kwargs):
+    if kind == "greedy":
+        return greedy_decode(model, src, **IDS, **kwargs)
+    return beam_search(model, src, **IDS, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cached_and_uncached_decoding_agree(kind, seed):
+    model = tiny_model(seed=seed)
+    src = sources([7, 3, 12, 1], seed=seed)
+    cached = search(kind, model, src, use_cache=True)
+    uncached = search(kind, model, src, use_cache=False)
+    assert_same(cached, uncached)
+    # The random model outputs sentences of several lengths, some cut at the limit.
+    assert len({len(h.tokens) for h in cached}) > 1
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_cache_agrees_for_a_pre_norm_model_with_learned_positions(norm_first):
+    model = tiny_model(seed=3, norm_first=norm_first, positional="learned")
+    src = sources([5, 9], seed=3)
+    for kind in ("greedy", "beam"):
+        assert_same(search(kind, model, src), search(kind, model, src, use_cache=False))
+
+
+def test_beam_size_1_equals_greedy():
+    model = tiny_model(seed=4)
+    src = sources([6, 2, 9, 4, 11], seed=4)
+    greedy = greedy_decode(model, src, **IDS)
+    beam = beam_search(model, src, beam_size=1, **IDS)
+    assert [h.tokens for h in beam] == [h.tokens for h in greedy]
+    for g, b in zip(greedy, beam, strict=True):
+        assert b.log_prob == pytest.approx(g.log_prob, abs=1e-5)
+        length = len(g.tokens) + g.ended
+        assert b.score == pytest.approx(
+            g.log_prob / gnmt_penalty(length, 0.6), abs=1e-5
+        )
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_wide_beam_finds_the_best_sequence_of_a_brute_force_search(alpha, seed):
+    # V = 5: PAD, BOS, EOS and two words; outputs of at most 4 tokens: 15 that end with EOS
+    # and 16 cut at the limit, 31 in all. A beam of 31 keeps every one of them.
+    vocab_size, max_len, words = 5, 4, [3, 4]
+    model = tiny_model(vocab_size=vocab_size, seed=seed)
+    src = sources([3], vocab_size=vocab_size, seed=seed)
+    candidates = [
+        list(w) + [EOS]
+        for k in range(max_len)
+        for w in itertools.product(words, repeat=k)
+    ]
+    candidates += [list(w) for w in itertools.product(words, repeat=max_len)]
+    assert len(candidates) == 31
+
+    def score(output: list[int]) -> float:
+        lp = gnmt_penalty(len(output), alpha)
+        return sequence_log_prob(model, src, output) / lp
+
+    scores = {tuple(c): score(c) for c in candidates}
+    best = max(scores, key=scores.get)
+    [found] = beam_search(model, src, beam_size=31, alpha=alpha, max_len=max_len, **IDS)
+    assert found.tokens == [t for t in best if t != EOS]
+    assert found.ended == (best[-1] == EOS)
+    assert found.score == pytest.approx(scores[best], abs=1e-5)
+    # The scores differ enough to tell the winner from the runner-up.
+    runner_up = sorted(scores.values())[-2]
+    assert scores[best] - runner_up > 1e-4
+
+
+def test_a_narrow_beam_can_miss_what_a_wide_one_finds():
+    # The reason for the test above: with these sizes, beam 1 (greedy) is not always optimal.
+    missed = 0
+    for seed in range(20):
+        model = tiny_model(vocab_size=5, seed=seed)
+        src = sources([3], vocab_size=5, seed=seed)
+        narrow = beam_search(model, src, beam_size=1, max_len=4, **IDS)[0]
+        wide = beam_search(model, src, beam_size=31, max_len=4, **IDS)[0]
+        assert wide.score >= narrow.score - 1e-6
+        missed += wide.score > narrow.score + 1e-6
+    assert missed > 0
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_batched_decoding_equals_one_by_one(kind):
+    model = tiny_model(seed=5)
+    lengths = [4, 10, 1, 7, 7, 2]
+    src = sources(lengths, seed=5)
+    batched = search(kind, model, src)
+    one_by_one = [
+        search(kind, model, src[b : b + 1, :n])[0] for b, n in enumerate(lengths)
+    ]
+    assert_same(batched, one_by_one)
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_padding_in_the_batch_changes_nothing(kind):
+    model = tiny_model(seed=6)
+    src = sources([5, 8, 3], seed=6)
+    padded = torch.cat([src, torch.full((3, 6), PAD)], dim=1)  # (B, S + 6)
+    assert_same(search(kind, model, src), search(kind, model, padded))
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_scores_are_the_log_probabilities_of_the_outputs(kind):
+    model = tiny_model(seed=7)
+    src = sources([6, 3, 9], seed=7)
+    for b, h in enumerate(search(kind, model, src)):
+        output = h.tokens + [EOS] * h.ended
+        expected = sequence_log_prob(model, src[b : b + 1], output)
+        assert h.log_prob == pytest.approx(expected, abs=1e-4)
+        if kind == "beam":
+            lp = gnmt_penalty(len(output), 0.6)
+            assert h.score == pytest.approx(expected / lp, abs=1e-4)
+        assert PAD not in h.tokens and BOS not in h.tokens and EOS not in h.tokens
+
+
+class ScriptedGenerator(nn.Module):
+    """Log-probabilities from a script (N, steps, V) instead of the model's output layer."""
+
+    def __init__(self, script: torch.Tensor) -> None:
+        super().__init__()
+        self.script, self.step = script, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.script[:, self.step].repeat_interleave(
+            x.size(0) // self.script.size(0), 0
+        )
+        self.step += 1
+        return out
+
+
+def scripted_model(steps: list[list[int]], vocab_size: int = 6) -> Transformer:
+    """A model whose sentence b prefers token steps[b][t] at step t (log-prob log 0.6)."""
+    script = torch.full((len(steps), len(steps[0]), vocab_size), 0.4 / (vocab_size - 1))
+    for b, tokens in enumerate(steps):
+        for t, token in enumerate(tokens):
+            script[b, t, token] = 0.6
+    model = tiny_model(vocab_size=vocab_size)
+    model.generator = ScriptedGenerator(script.log())
+    return model
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_sentence_that_ends_early_stays_ended(use_cache):
+    # Sentence 0 prefers EOS at its second step, then word 3 for ever; sentence 1 goes on.
+    model = scripted_model([[4, EOS, 3, 3, 3, 3], [5, 5, 5, 5, EOS, 3]])
+    src = sources([3, 3], vocab_size=6)
+    greedy = greedy_decode(model, src, **IDS, use_cache=use_cache)
+    assert [h.tokens for h in greedy] == [[4], [5, 5, 5, 5]]
+    assert [h.ended for h in greedy] == [True, True]
+    log_06 = torch.tensor(0.6).log().item()
+    assert greedy[0].log_prob == pytest.approx(2 * log_06)  # unchanged after its EOS
+    assert greedy[1].log_prob == pytest.approx(5 * log_06)
+
+    steps: list[BeamStep] = []
+    model.generator.step = 0
+    beam = beam_search(
+        model,
+        src,
+        beam_size=2,
+        max_len=6,
+        **IDS,
+        use_cache=use_cache,
+        on_step=steps.append,
+    )
+    assert [h.tokens for h in beam] == [[4], [5, 5, 5, 5]]
+    # From its EOS (step 1) on, sentence 0's best beam outputs padding, its score unchanged.
+    assert len(steps) >= 3
+    for step in steps[2:]:
+        assert step.ended[0, 0] and step.tokens[0, 0] == PAD
+        assert step.parents[0, 0] == 0
+        assert step.log_probs[0, 0].item() == pytest.approx(2 * log_06)
+
+
+def forbid_eos_too(log_probs: torch.Tensor, **ids) -> torch.Tensor:
+    """Stands in for decode._forbid_specials: forbids EOS as well, so no output ends."""
+    log_probs[..., [PAD, BOS, EOS]] = float("-inf")
+    return log_probs
+
+
+def test_the_output_length_limit_is_the_source_length_plus_50():
+    model = tiny_model(seed=8)
+    lengths = [3, 9, 1]
+    src = sources(lengths, seed=8)
+    assert output_limits(model, src, pad_id=PAD).tolist() == [n + 50 for n in lengths]
+    assert output_limits(model, src, pad_id=PAD, max_len=5).tolist() == [5, 5, 5]
+    # Without EOS, every output runs to its own limit, and not one token further.
+    with mock.patch.object(decode, "_forbid_specials", forbid_eos_too):
+        for kind in ("greedy", "beam"):
+            outputs = search(kind, model, src)
+            assert [len(h.tokens) for h in outputs] == [n + 50 for n in lengths]
+            assert not any(h.ended for h in outputs)
+            outputs = search(kind, model, src, max_len=4)
+            assert [len(h.tokens) for h in outputs] == [4, 4, 4]
+
+
+def test_the_limit_never_exceeds_the_models_positions():
+    model = tiny_model(seed=8, max_len=20)
+    src = sources([3, 15], seed=8)
+    assert output_limits(model, src, pad_id=PAD).tolist() == [20, 20]
+    outputs = beam_search(model, src, **IDS)
+    assert all(len(h.tokens) + h.ended <= 20 for h in outputs)
+
+
+def test_stopping_early_returns_what_searching_to_the_limit_returns():
+    model = tiny_model(vocab_size=8, seed=9)
+    src = sources([4, 6, 2, 8, 5], vocab_size=8, seed=9)
+    early_steps, late_steps = [], []
+    early = beam_search(model, src, **IDS, on_step=early_steps.append)
+    never = torch.zeros(src.size(0), dtype=torch.bool)
+    with mock.patch.object(decode, "_finished", return_value=never):
+        late = beam_search(model, src, **IDS, on_step=late_steps.append)
+    assert len(late_steps) == 8 + 50  # the longest source's limit
+    assert len(early_steps) < len(late_steps)
+    assert_same(early, late)
+
+
+def test_decoding_restores_the_training_mode_and_checks_its_arguments():
+    model = tiny_model().train()
+    src = sources([3])
+    greedy_decode(model, src, **IDS)
+    assert model.training
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, src, beam_size=0, **IDS)
+    with pytest.raises(ValueError, match="alpha"):
+        beam_search(model, src, alpha=-0.1, **IDS)
+    with pytest.raises(ValueError, match="pad_id"):
+        greedy_decode(model, src, bos_id=BOS, eos_id=PAD, pad_id=PAD)
