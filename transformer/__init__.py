@@ -21,9 +21,14 @@ from transformer.model import Generator, Transformer
 from transformer.multihead import MultiHeadAttention
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
+from transformer.train import TrainConfig, export_model, load_model, train
 
 __version__ = "0.1.0"
 __all__ = [
+    "TrainConfig",
+    "export_model",
+    "load_model",
+    "train",
     "Hypothesis",
     "beam_search",
     "greedy_decode",

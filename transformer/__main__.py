@@ -12,6 +12,7 @@ import sys
 COMMANDS = {
     "prepare": ("transformer.data", "tokenise Multi30k and cache every split as token ids"),
     "train": ("transformer.train", "train a translation model (Part II)"),
+    "translate": ("transformer.decode", "translate sentences with a trained model (Part III)"),
 }
 
 

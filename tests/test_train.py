@@ -1,0 +1,677 @@
+"""The training loop: one update, validation metrics, FLOPs, checkpoints, exact resume,
+averaging, the shipped-model format, two processes against one, and the command line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from transformer.config import TransformerConfig
+from transformer.data import DATA_DIR, MARK, EncodedSplit, collate, train_bpe
+from transformer.loss import LabelSmoothingLoss
+from transformer.masking import padding_mask, target_mask
+from transformer.model import Transformer
+from transformer.schedule import make_optimizer
+from transformer.train import (
+    CheckpointError,
+    TrainConfig,
+    TrainingData,
+    atomic_folder,
+    average_checkpoints,
+    count_words,
+    evaluate,
+    export_model,
+    latest_checkpoint,
+    load_model,
+    load_state,
+    load_weights,
+    main,
+    model_tensors,
+    non_embedding_parameters,
+    quick_mode,
+    read_jsonl,
+    save_state,
+    save_weights,
+    train,
+    train_step,
+    training_flops,
+)
+
+TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
+
+
+def tiny_data(seed: int = 0, n_train: int = 40, n_val: int = 12) -> TrainingData:
+    """A tokenizer learned on random words, and random id sequences: no spaCy, no cache."""
+    rng = np.random.default_rng(seed)
+    letters = list("abcdefgh")
+    words = [
+        tuple(
+            MARK + "".join(rng.choice(letters, size=rng.integers(1, 4)))
+            for _ in range(5)
+        )
+        for _ in range(30)
+    ]
+    tokenizer = train_bpe(words, 40, languages=("de", "en"))
+    first = 4  # the special tokens come first
+
+    def split(n: int) -> EncodedSplit:
+        def sentence() -> list[int]:
+            return rng.integers(
+                first, tokenizer.vocab_size, rng.integers(1, 8)
+            ).tolist()
+
+        return EncodedSplit.from_lists(
+            [sentence() for _ in range(n)], [sentence() for _ in range(n)]
+        )
+
+    return TrainingData(tokenizer, split(n_train), split(n_val))
+
+
+def tiny_config(out: Path, **fields) -> TrainConfig:
+    base = dict(
+        pair="de-en",
+        model_overrides=TINY_MODEL,
+        epochs=2,
+        max_tokens=48,
+        warmup=5,
+        average_last=2,
+        device="cpu",
+        log_every=2,
+        out_dir=str(out),
+    )
+    return TrainConfig(**(base | fields))
+
+
+def weights_of(folder: Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(Path(folder) / "model.safetensors")
+
+
+# -- one update --------------------------------------------------------------------------------
+
+
+def copy_pairs(n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    seqs = [
+        torch.randint(3, 13, (int(k),), generator=g).tolist()
+        for k in torch.randint(1, 9, (n,), generator=g)
+    ]
+    return [(s, s) for s in seqs]
+
+
+def tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(
+        TransformerConfig(
+            src_vocab_size=13, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0
+        )
+    )
+
+
+def one_update(batches, tokens: int) -> Transformer:
+    model = tiny_model()
+    optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
+    criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
+    train_step(
+        model,
+        batches,
+        criterion=criterion,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        tokens=tokens,
+    )
+    return model
+
+
+def assert_same_update(
+    a: Transformer, b: Transformer | dict, atol: float = 1e-6
+) -> None:
+    """Same gradients (to rounding), and weights within atol after the step, except where the
+    gradient is zero up to rounding: Adam's first step moves a weight by about lr·sign(g), so
+    rounding noise (e.g. the key biases, whose exact gradient is zero because the softmax
+    ignores a shift shared by all keys) moves it by ±lr either way."""
+    for name, p in a.named_parameters():
+        if isinstance(b, dict):
+            q, q_grad = b[name], b[name + ".grad"]
+        else:
+            q, q_grad = b.get_parameter(name).detach(), b.get_parameter(name).grad
+        assert torch.allclose(p.grad, q_grad, rtol=1e-4, atol=1e-7), name
+        signal = p.grad.abs() > 1e-6
+        assert torch.allclose(p.detach()[signal], q[signal], rtol=0, atol=atol), name
+
+
+def test_accumulated_micro_batches_make_the_update_of_one_batch():
+    pairs = copy_pairs(10, seed=0)
+    full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    parts = [
+        collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
+        collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
+    ]
+    a = one_update([full], full.n_tgt_tokens)
+    b = one_update(parts, full.n_tgt_tokens)
+    assert_same_update(a, b)
+    # Normalising each micro-batch by its own count would be another update.
+    c = one_update(parts, parts[0].n_tgt_tokens)
+    w = "encoder.layers.0.feed_forward.w_1.weight"
+    assert not torch.allclose(
+        a.get_parameter(w).grad, c.get_parameter(w).grad, atol=1e-4
+    )
+
+
+def test_train_step_wants_a_summed_loss():
+    model = tiny_model()
+    optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
+    batch = collate(copy_pairs(2, seed=1), pad_id=0, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="reduction"):
+        train_step(
+            model,
+            [batch],
+            criterion=LabelSmoothingLoss(pad_id=0),
+            optimizer=optimizer,
+            scheduler=scheduler,
+            tokens=5,
+        )
+
+
+# -- validation, FLOPs ---------------------------------------------------------------------------
+
+
+def test_word_perplexity_divides_the_total_nll_by_the_words():
+    data = tiny_data()
+    words = count_words(data.tokenizer, data.val)
+    expected = sum(len(data.tokenizer.decode(t).split()) for _, t in data.val)
+    assert words == expected > 0
+    model = Transformer(
+        TransformerConfig.small(data.tokenizer.vocab_size, **TINY_MODEL)
+    )
+    tok = data.tokenizer
+    batch = collate(
+        [data.val[i] for i in range(len(data.val))],
+        pad_id=tok.pad_id,
+        bos_id=tok.bos_id,
+        eos_id=tok.eos_id,
+    )
+    result = evaluate(model, [batch], pad_id=tok.pad_id, words=words)
+    assert result.stats.tokens == int((data.val.tgt_lengths + 1).sum())
+    assert math.isclose(result.word_perplexity, math.exp(result.stats.nll_sum / words))
+    metrics = result.metrics()
+    assert metrics["val_ppl_token"] == pytest.approx(math.exp(metrics["val_nll"]))
+    assert 0 <= metrics["val_accuracy"] <= 1
+    assert model.training  # evaluate restores the mode it found
+
+
+def test_training_flops_by_the_formula():
+    config = TransformerConfig(
+        src_vocab_size=50, d_model=8, n_heads=2, n_layers=3, d_ff=16
+    )
+    model = Transformer(config)
+    n_enc, n_dec = non_embedding_parameters(model)
+    # Per layer: attention 4(d² + d), feed-forward 2·d·d_ff + d_ff + d, a LayerNorm 2d.
+    d, f = 8, 16
+    assert n_enc == 3 * (4 * (d * d + d) + 2 * d * f + f + d + 2 * 2 * d)
+    assert n_dec == 3 * (2 * 4 * (d * d + d) + 2 * d * f + f + d + 3 * 2 * d)
+    flops = training_flops(model, src_lengths=[5, 2], tgt_lengths=[7, 3])
+    for s, t, value in zip([5, 2], [7, 3], flops, strict=True):
+        expected = 6 * (n_enc * s + (n_dec + d * 50) * t) + 12 * d * 3 * (
+            s * s + t * t + s * t
+        )
+        assert value == expected
+
+
+# -- checkpoint pieces ---------------------------------------------------------------------------
+
+
+def test_state_round_trip_is_exact(tmp_path: Path):
+    model = tiny_model()
+    optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
+    batch = collate(copy_pairs(4, seed=2), pad_id=0, bos_id=1, eos_id=2)
+    criterion = LabelSmoothingLoss(pad_id=0, reduction="sum")
+    for _ in range(2):
+        train_step(
+            model,
+            [batch],
+            criterion=criterion,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            tokens=batch.n_tgt_tokens,
+        )
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "odd": {1: (0.1, None, float("inf")), "x": [True, "s"]},
+    }
+    save_state(tmp_path, "trainer", state)
+    back = load_state(tmp_path, "trainer")
+    assert back["scheduler"] == state["scheduler"]
+    assert back["odd"] == state["odd"] and isinstance(back["odd"][1], tuple)
+    assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    for i, entry in state["optimizer"]["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(back["optimizer"]["state"][i][key], value)
+    with pytest.raises(TypeError, match="without pickle"):
+        save_state(tmp_path, "bad", {"a": object()})
+
+
+def test_tied_weights_are_stored_once_and_tied_again(tmp_path: Path):
+    model = tiny_model()
+    stored = model_tensors(model)
+    assert (
+        "generator.proj.weight" not in stored
+        and "tgt_embed.embedding.weight" not in stored
+    )
+    save_weights(model, tmp_path / "model.safetensors")
+    assert set(weights_of(tmp_path)) == set(stored)
+    other = Transformer(model.config)
+    load_weights(other, tmp_path / "model.safetensors")
+    assert other.generator.proj.weight is other.src_embed.embedding.weight
+    for (name, a), b in zip(
+        model.state_dict().items(), other.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    wider = Transformer(
+        TransformerConfig(src_vocab_size=13, d_model=32, n_heads=2, n_layers=1, d_ff=32)
+    )
+    with pytest.raises(CheckpointError, match="model.safetensors: weight .* has shape"):
+        load_weights(wider, tmp_path / "model.safetensors")
+
+
+def test_average_of_known_tensors(tmp_path: Path):
+    values = [([1.0, 2.0], [[0.0]]), ([3.0, 4.0], [[1.0]]), ([5.0, 9.0], [[2.0]])]
+    for i, (w, b) in enumerate(values):
+        (tmp_path / f"c{i}").mkdir()
+        safetensors.torch.save_file(
+            {"w": torch.tensor(w), "b": torch.tensor(b)},
+            tmp_path / f"c{i}" / "model.safetensors",
+        )
+    mean = average_checkpoints([tmp_path / f"c{i}" for i in range(3)])
+    assert torch.equal(mean["w"], torch.tensor([3.0, 5.0]))
+    assert torch.equal(mean["b"], torch.tensor([[1.0]]))
+    assert mean["w"].dtype == torch.float32
+    safetensors.torch.save_file(
+        {"w": torch.zeros(3), "b": torch.zeros(1, 1)}, tmp_path / "odd.safetensors"
+    )
+    with pytest.raises(CheckpointError, match="odd.safetensors: weight w has shape"):
+        average_checkpoints([tmp_path / "c0", tmp_path / "odd.safetensors"])
+    with pytest.raises(CheckpointError, match="no weights file"):
+        average_checkpoints([tmp_path / "missing"])
+
+
+def test_atomic_folder_leaves_the_old_folder_or_the_new(tmp_path: Path):
+    target = tmp_path / "ckpt"
+    with atomic_folder(target) as tmp:
+        (tmp / "a").write_text("old")
+    with pytest.raises(RuntimeError), atomic_folder(target) as tmp:
+        (tmp / "a").write_text("half")
+        raise RuntimeError("killed")
+    assert (target / "a").read_text() == "old"
+    with atomic_folder(target) as tmp:
+        (tmp / "a").write_text("new")
+    assert (target / "a").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+def test_train_config_round_trips_through_json():
+    config = TrainConfig(
+        pair="fr-en",
+        model="base",
+        model_overrides={"dropout": 0.3},
+        epochs=3,
+        bf16=False,
+        time_limit=9.5,
+        out_dir="runs/x",
+    )
+    assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert (
+        config.model_config(100).dropout == 0.3
+        and config.model_config(100).d_model == 512
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (dict(pair="en-de"), "pair"),
+        (dict(model="huge"), "model"),
+        (dict(model_overrides={"src_vocab_size": 9}), "model_overrides"),
+        (dict(model_overrides={"d_model": 100}), "model_overrides"),
+        (dict(epochs=0), "epochs"),
+        (dict(max_tokens=-1), "max_tokens"),
+        (dict(accumulation=1.5), "accumulation"),
+        (dict(warmup=0), "warmup"),
+        (dict(lr_factor=0), "lr_factor"),
+        (dict(label_smoothing=1.0), "label_smoothing"),
+        (dict(seed=-1), "seed"),
+        (dict(bf16="yes"), "bf16"),
+        (dict(time_limit=0), "time_limit"),
+        (dict(max_steps=0), "max_steps"),
+        (dict(average_last=-1), "average_last"),
+    ],
+)
+def test_train_config_errors_name_the_field(fields, named):
+    with pytest.raises(ValueError, match=named):
+        TrainConfig(**({"pair": "de-en"} | fields))
+    with pytest.raises(ValueError, match="unknown TrainConfig field"):
+        TrainConfig.from_dict({"pair": "de-en", "learning_rate": 1})
+
+
+def test_quick_mode_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("TRANSFORMER_QUICK", "1")
+    assert quick_mode()
+    monkeypatch.setenv("TRANSFORMER_QUICK", "0")
+    assert not quick_mode()
+    monkeypatch.delenv("TRANSFORMER_QUICK")
+    assert quick_mode() == (not torch.cuda.is_available())
+    monkeypatch.setenv("TRANSFORMER_QUICK", "yes")
+    with pytest.raises(ValueError, match="TRANSFORMER_QUICK"):
+        quick_mode()
+
+
+# -- whole runs ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data() -> TrainingData:
+    return tiny_data()
+
+
+def test_a_run_writes_metrics_checkpoints_and_an_average(tmp_path: Path, data):
+    result = train(tiny_config(tmp_path / "run", epochs=3), data=data, echo=False)
+    run = tmp_path / "run"
+    assert result.stopped == "completed"
+    kinds = [r["kind"] for r in result.metrics]
+    assert kinds == ["epoch", "epoch", "epoch", "average"]
+    first = result.metrics[0]
+    for key in (
+        "epoch",
+        "step",
+        "train_loss",
+        "val_loss",
+        "val_nll",
+        "val_ppl_token",
+        "val_ppl_word",
+        "val_accuracy",
+        "tokens_per_s",
+        "lr",
+        "wall_time",
+        "mfu",
+    ):
+        assert key in first, key
+    assert first["mfu"] is None  # on a CPU
+    assert first["train_tokens"] > 0 and first["tokens_per_s"] > 0
+    assert result.metrics[-1]["averaged"] == ["epoch-002", "epoch-003"]
+    # The last two epochs' weights are kept for the average; the optimiser state only in the
+    # newest checkpoint.
+    folders = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert folders == ["epoch-002", "epoch-003"]
+    assert not (run / "checkpoints" / "epoch-002" / "trainer.safetensors").exists()
+    assert (run / "checkpoints" / "epoch-003" / "trainer.safetensors").exists()
+    mean = average_checkpoints([run / "checkpoints" / f for f in folders])
+    for name, value in weights_of(run / "average").items():
+        assert torch.equal(value, mean[name]), name
+    assert (run / "train.log").read_text().count("epoch ") >= 3
+    steps = read_jsonl(run / "steps.jsonl")
+    assert [r["step"] for r in steps] == list(range(2, result.step + 1, 2))
+
+
+def _comparable(records):
+    drop = {"wall_time", "tokens_per_s", "mfu"}
+    return [{k: v for k, v in r.items() if k not in drop} for r in records]
+
+
+def test_resume_is_exact(tmp_path: Path, data):
+    """Two epochs straight, and (stop within epoch 1, resume to its end, resume for epoch 2),
+    end with bit-identical weights, averages and metrics."""
+    straight = train(tiny_config(tmp_path / "a"), data=data, echo=False)
+    b = tmp_path / "b"
+    first = train(tiny_config(b, max_steps=2), data=data, echo=False)
+    assert first.stopped == "max_steps" and latest_checkpoint(b).name == "step-0000002"
+    train(tiny_config(b, epochs=1), resume=True, data=data, echo=False)
+    assert latest_checkpoint(b).name == "epoch-001"
+    resumed = train(tiny_config(b), resume=True, data=data, echo=False)
+    assert resumed.step == straight.step
+    for folder in ("checkpoints/epoch-002", "average"):
+        a_weights, b_weights = (
+            weights_of(tmp_path / "a" / folder),
+            weights_of(b / folder),
+        )
+        assert a_weights.keys() == b_weights.keys()
+        for name, value in a_weights.items():
+            assert torch.equal(value, b_weights[name]), (folder, name)
+    a_metrics = _comparable(straight.metrics)
+    b_metrics = [r for r in _comparable(resumed.metrics) if r["kind"] != "partial"]
+    assert a_metrics == b_metrics
+    # A finished run resumed with nothing left to do changes nothing.
+    again = train(tiny_config(b), resume=True, data=data, echo=False)
+    assert again.metrics == resumed.metrics
+
+
+def test_time_limit_stops_the_run(tmp_path: Path, data):
+    result = train(tiny_config(tmp_path / "t", time_limit=1e-6), data=data, echo=False)
+    assert result.stopped == "time_limit"
+
+
+def test_incompatible_checkpoints_are_refused(tmp_path: Path, data):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1), data=data, echo=False)
+    with pytest.raises(CheckpointError, match="not empty: pass --resume"):
+        train(tiny_config(run), data=data, echo=False)
+    with pytest.raises(
+        CheckpointError, match=r"epoch-001: .*model_overrides.d_model=16"
+    ):
+        train(
+            tiny_config(run, model_overrides=TINY_MODEL | {"d_model": 32}),
+            resume=True,
+            data=data,
+            echo=False,
+        )
+    with pytest.raises(
+        CheckpointError, match=r"epoch-001: .*seed=0, this run asks for seed=1"
+    ):
+        train(tiny_config(run, seed=1), resume=True, data=data, echo=False)
+    other = tiny_data(seed=1)
+    with pytest.raises(CheckpointError, match=r"epoch-001: .*(vocab_size|tokenizer)"):
+        train(tiny_config(run), resume=True, data=other, echo=False)
+
+
+def test_export_and_load_the_shipped_model(tmp_path: Path, data):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=2), data=data, echo=False)
+    shipped = export_model(run, tmp_path / "shipped", max_file_bytes=70_000)
+    files = sorted(p.name for p in shipped.glob("model-*.safetensors"))
+    assert len(files) >= 2  # split to respect the (here tiny) size limit
+    assert all((shipped / f).stat().st_size <= 70_000 for f in files)
+    assert {"config.json", "tokenizer.json", "metrics.jsonl"} <= {
+        p.name for p in shipped.iterdir()
+    }
+    assert all(
+        t.dtype == torch.float16
+        for f in files
+        for t in safetensors.torch.load_file(shipped / f).values()
+    )
+    model, tokenizer = load_model(shipped)
+    reference, _ = load_model(run / "average")
+    assert (
+        not model.training
+        and model.generator.proj.weight is model.src_embed.embedding.weight
+    )
+    src = torch.tensor([data.val[0][0].tolist() + [tokenizer.eos_id]])
+    tgt = torch.tensor([[tokenizer.bos_id] + data.val[0][1].tolist()])
+    masks = dict(
+        src_mask=padding_mask(src, tokenizer.pad_id),
+        tgt_mask=target_mask(tgt, tokenizer.pad_id),
+    )
+    with torch.no_grad():
+        assert torch.allclose(
+            model(src, tgt, **masks), reference(src, tgt, **masks), atol=1e-2
+        )
+
+    with pytest.raises(CheckpointError, match="no model folder"):
+        load_model(tmp_path / "nowhere")
+    broken = tmp_path / "broken"
+    shutil.copytree(shipped, broken)
+    (broken / files[-1]).unlink()
+    with pytest.raises(
+        CheckpointError, match=f"broken: weights file {files[-1]} is missing"
+    ):
+        load_model(broken)
+    shutil.rmtree(broken)
+    shutil.copytree(shipped, broken)
+    tiny_data(seed=3).tokenizer.save(broken / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="broken: .*(vocab_size|tokenizer)"):
+        load_model(broken)
+
+
+# -- two processes against one -------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, folder: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        # One update: each process takes half of the batch.
+        pairs = copy_pairs(10, seed=0)
+        full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+        half = collate(pairs[rank::world], pad_id=0, bos_id=1, eos_id=2)
+        model = tiny_model()
+        ddp = DistributedDataParallel(model)
+        optimizer, scheduler = make_optimizer(ddp, d_model=16, warmup=10)
+        criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
+        train_step(
+            ddp,
+            [half],
+            criterion=criterion,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            tokens=full.n_tgt_tokens,
+        )
+        if rank == 0:
+            tensors = {n: p.detach() for n, p in model.named_parameters()}
+            tensors |= {n + ".grad": p.grad for n, p in model.named_parameters()}
+            safetensors.torch.save_file(tensors, Path(folder) / "step.safetensors")
+        # A whole run, the same code path as under torchrun.
+        config = tiny_config(
+            Path(folder) / "ddp", model_overrides=TINY_MODEL | {"dropout": 0.0}
+        )
+        train(config, data=tiny_data(), echo=False)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_make_the_update_of_one(tmp_path: Path, data):
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+
+    pairs = copy_pairs(10, seed=0)
+    full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    one = one_update([full], full.n_tgt_tokens)
+    assert_same_update(one, safetensors.torch.load_file(tmp_path / "step.safetensors"))
+
+    # One process accumulating two batches per update sees the batches of the two processes.
+    config = tiny_config(
+        tmp_path / "single",
+        accumulation=2,
+        model_overrides=TINY_MODEL | {"dropout": 0.0},
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in each of the two processes: the same rounding
+    try:
+        single = train(config, data=data, echo=False)
+    finally:
+        torch.set_num_threads(threads)
+    ddp_metrics = read_jsonl(tmp_path / "ddp" / "metrics.jsonl")
+    assert [r["step"] for r in ddp_metrics] == [r["step"] for r in single.metrics]
+    assert ddp_metrics[-1]["val_loss"] == pytest.approx(
+        single.metrics[-1]["val_loss"], rel=1e-5
+    )
+    for folder in ("checkpoints/epoch-002", "average"):
+        a, b = (
+            weights_of(tmp_path / "ddp" / folder),
+            weights_of(tmp_path / "single" / folder),
+        )
+        for name, value in a.items():
+            assert torch.allclose(value, b[name], rtol=0, atol=1e-6), (folder, name)
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def run_main(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(argv)
+    return status, err.getvalue()
+
+
+def test_cli_unknown_pair():
+    status, err = run_main(["--pair", "en-de"])
+    assert status == 2 and err.count("\n") == 1
+    assert "unknown language pair 'en-de'" in err and "Traceback" not in err
+
+
+def test_cli_bad_option_and_bad_value():
+    status, err = run_main(["--pair", "de-en", "--epochs", "many"])
+    assert status == 2 and err.count("\n") == 1 and "--epochs" in err
+    status, err = run_main(["--pair", "de-en", "--warmup", "0"])
+    assert status == 2 and err.count("\n") == 1 and "warmup" in err
+
+
+def test_cli_missing_data_file(tmp_path: Path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    shutil.copy(DATA_DIR / "SHA256SUMS", data_dir / "SHA256SUMS")
+    status, err = run_main(
+        [
+            "--pair",
+            "de-en",
+            "--data-dir",
+            str(data_dir),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert status == 2 and err.count("\n") == 1
+    assert "missing data file" in err and "train.de.gz" in err
+
+
+def test_cli_refuses_a_full_folder_and_an_incompatible_checkpoint(tmp_path: Path, data):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1), data=data, echo=False)
+    status, err = run_main(["--pair", "de-en", "--out", str(run)])
+    assert status == 2 and err.count("\n") == 1 and "not empty" in err
+    status, err = run_main(
+        ["--pair", "de-en", "--out", str(run), "--resume", "--set", "d_model=32"]
+    )
+    assert status == 2 and err.count("\n") == 1
+    assert "epoch-001" in err and "d_model=16" in err and "d_model=32" in err
+    status, err = run_main(["--pair", "fr-en", "--out", str(run), "--resume"])
+    assert status == 2 and "pair='de-en'" in err
