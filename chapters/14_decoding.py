@@ -195,7 +195,7 @@ test_src.shape
 # %%
 #| export
 """Greedy decoding and beam search with a key/value cache: Section 6.1 of Vaswani et al. (2017),
-with the length penalty of Wu et al. (2016)."""
+with the length penalty of Wu et al. (2016); and `python -m transformer translate`."""
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -898,3 +898,378 @@ print(f"greedy: {len(test_src) / cached_seconds:,.0f} sentences/s")
 # How BLEU and the output length change with the beam size and with $\alpha$ on the Multi30k
 # validation split needs the trained translation models; those figures come with the shipped
 # models, in the results chapter.
+
+# %% [markdown]
+# ## Translating from the command line
+#
+# The functions above take tensors of token ids. The command
+# `python -m transformer translate --pair de-en` takes text: it loads a shipped model (the
+# training chapter's `export_model` writes one, `load_model` reads it back with its tokenizer),
+# and translates
+#
+# ```
+# python -m transformer translate --pair de-en "Zwei Hunde spielen im Schnee."
+# python -m transformer translate --pair fr-en --beam 1 < sentences.txt > translations.txt
+# ```
+#
+# the sentences given as arguments, or else standard input, one sentence per line, writing one
+# translation per line to standard output: the $n$-th output line translates the $n$-th input,
+# so that the two files can be read side by side. How it goes, and what it does with inputs the
+# model was not made for:
+#
+# - **The same text processing as in training.** Each sentence is normalised and cut into words
+#   by spaCy's rules for the source language, then into BPE pieces (the data chapter), and the
+#   encoder gets `x <eos>`, the form it was trained on. The output ids are decoded back into
+#   text by the same tokenizer.
+# - **Batched by length.** The sentences are sorted by their number of tokens, longest first, and
+#   decoded `--batch-size` at a time, so that each batch holds sentences of similar lengths and
+#   little padding; the translations are then put back in the input order. Batching changes no
+#   output: the decoding functions give a sentence the same result in any batch (their tests
+#   check it).
+# - **Empty lines** (or lines of spaces) give empty lines, and never reach the model.
+# - **Unknown characters** (an emoji, a Chinese character: anything absent from the training
+#   text) become the `<unk>` token, as in the data chapter; the translation may then contain the
+#   text `<unk>`.
+# - **Too long.** The model has `config.max_len` positions (its positional encoding), so a source
+#   of more tokens than that, EOS included, cannot be encoded at all. We cut such a source to its
+#   first `max_len - 1` tokens, translate those and EOS, and say so on standard error, naming the
+#   sentence by its number (its line). We chose a warning over an error because a file of
+#   thousands of lines should not lose every translation to one overlong line, and because the
+#   output keeps its one line per input either way. A translation stopped by the length limit
+#   (source length + 50, or `max_len`) without EOS is reported the same way.
+# - **Errors** print one line on standard error, naming the path where a folder is at fault,
+#   and exit with status 2, without a traceback: an unknown pair or option, a model folder that
+#   does not exist (for the default folder, before any model has been shipped, the message
+#   says how to train one), one whose files are missing, corrupt or do not fit together (the
+#   checks of `load_model`: the model's configuration, the tokenizer's fingerprint, the names
+#   and shapes of the weights), a model of the other language pair, or no spaCy.
+# - **The search** is the paper's, beam search with $K = 4$ and $\alpha = 0.6$, by default;
+#   `--beam 1` is `greedy_decode`.
+#
+# The sorting into batches, first: the indices of the sentences, longest first, cut into
+# batches.
+
+# %%
+#| export
+from collections.abc import Sequence
+
+from transformer.data import DATA_DIR, PAIRS, Tokenizer, normalize
+
+BATCH_SIZE = 32  # sentences decoded at once by `translate`
+# The shipped models, beside data/ in the repository: checkpoints/de-en, checkpoints/fr-en.
+CHECKPOINTS_DIR = DATA_DIR.parents[1] / "checkpoints"
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The indices 0 … n-1 of n sentences in batches of at most batch_size, longest first
+    (ties in input order), so that each batch holds sentences of similar lengths."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _listed(items: list[str], most: int = 10) -> str:
+    """'a', 'a and b', 'a, b and c', '… and 3 more'."""
+    if len(items) > most:
+        return f"{', '.join(items[:most])} and {len(items) - most} more"
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _sentences(indices: list[int]) -> str:
+    """'sentence 3' or 'sentences 3, 8 and 12' for indices 2, 7, 11: numbered from 1, as
+    lines are."""
+    noun = "sentence" if len(indices) == 1 else "sentences"
+    return f"{noun} {_listed([str(i + 1) for i in indices])}"
+
+
+def translate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    batch_size: int = BATCH_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Translations of `sentences`, in their order: beam search (beam_size 1: greedy decoding)
+    over batches of similar lengths, on the model's device.
+
+    An empty sentence translates to "". A source longer than the model's positions is cut to
+    its first config.max_len - 1 tokens, then <eos>; `warn`, if given, is told about those and
+    about translations that the length limit stopped before <eos>. Needs spaCy (to cut the
+    sentences into words) unless every sentence is empty.
+    """
+    if isinstance(sentences, str):
+        raise TypeError("translate takes a sequence of sentences, not one string")
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    texts = [normalize(s) for s in sentences]
+    todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
+    encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
+    room = model.config.max_len - 1  # source tokens that fit with their <eos>
+    with_eos = {i: len(ids) + 1 for i, ids in zip(todo, encoded, strict=True)}
+    too_long = {i: n for i, n in with_eos.items() if n > model.config.max_len}
+    if too_long and warn is not None:
+        sizes = _listed([str(n) for n in too_long.values()])
+        warn(
+            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more than the model's "
+            f"{model.config.max_len} positions: translating the first {room}"
+        )
+    sources = [ids[:room] + [tokenizer.eos_id] for ids in encoded]
+    special = {
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": tokenizer.pad_id,
+    }
+    device = next(model.parameters()).device
+    results = [""] * len(texts)
+    cut_off = []
+    for batch in length_sorted_batches([len(s) for s in sources], batch_size):
+        src = torch.full(
+            (len(batch), len(sources[batch[0]])), tokenizer.pad_id, dtype=torch.long
+        )  # (B, S): the longest first
+        for row, j in enumerate(batch):
+            src[row, : len(sources[j])] = torch.tensor(sources[j])
+        src = src.to(device)
+        if beam_size == 1:
+            found = greedy_decode(model, src, **special)
+        else:
+            found = beam_search(model, src, beam_size=beam_size, alpha=alpha, **special)
+        for j, hypothesis in zip(batch, found, strict=True):
+            results[todo[j]] = tokenizer.decode(hypothesis.tokens)
+            if not hypothesis.ended:
+                cut_off.append(todo[j])
+    if cut_off and warn is not None:
+        warn(
+            f"{_sentences(sorted(cut_off))}: the translation stopped at the length "
+            "limit, before <eos>"
+        )
+    return results
+
+
+# %% [markdown]
+# Five sentences of 3, 9, 1, 4 and 9 tokens, in batches of two: the two of 9 tokens share the
+# first batch, in their input order, and the shortest is last, alone.
+
+# %%
+from transformer.decode import length_sorted_batches
+
+batches = length_sorted_batches([3, 9, 1, 4, 9], batch_size=2)
+print(batches)
+assert batches == [[1, 4], [3, 0], [2]]
+assert sorted(i for b in length_sorted_batches(range(10), 3) for i in b) == list(
+    range(10)
+)
+
+# %% [markdown]
+# The command itself. Its options have the paper's values as defaults, and its help says what
+# it does with empty, overlong and unknown input:
+
+# %%
+#| export
+import argparse
+import sys
+from pathlib import Path
+
+PROG = "python -m transformer translate"
+_EPILOG = """\
+Input and output: the SENTENCEs given, or else standard input, one sentence per line
+(UTF-8); one translation per line on standard output, in the same order. An empty line
+gives an empty line. Characters that the vocabulary lacks become <unk>. Put -- before
+sentences that begin with a dash.
+
+A sentence longer than the model's positions (its config's max_len, <eos> included) is
+cut to fit: its first max_len - 1 tokens are translated, and a warning on standard error
+names it by its number (the line number, for standard input). So is a translation that
+the length limit stopped before <eos>.
+
+Errors (an unknown pair or option, a missing or unusable model folder, no spaCy) print
+one line on standard error and exit with status 2."""
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        raise _UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Translate sentences with a trained model (Part III).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "sentences",
+        nargs="*",
+        metavar="SENTENCE",
+        help="a sentence to translate (default: read standard input)",
+    )
+    p.add_argument("--pair", required=True, help="de-en or fr-en")
+    p.add_argument(
+        "--beam",
+        type=int,
+        default=4,
+        metavar="N",
+        help="beam size; 1 is greedy decoding (default: 4, the paper's)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=0.6,
+        metavar="A",
+        help="length penalty α of beam search (default: 0.6, the paper's)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="a shipped model or a checkpoint folder (default: checkpoints/<pair> in the "
+        "repository)",
+    )
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], help="default: cuda when available"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=BATCH_SIZE,
+        metavar="N",
+        help=f"sentences decoded at once (default: {BATCH_SIZE})",
+    )
+    return p
+
+
+def _load(
+    pair: str, checkpoint: Path | None, device: str
+) -> tuple[Transformer, Tokenizer]:
+    """The model and tokenizer to translate with, or a one-line error naming the folder."""
+    from transformer.train import load_model  # only now: --help stays quick
+
+    folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
+    if not folder.is_dir():
+        if checkpoint is None:
+            raise _UsageError(
+                f"no {pair} model in {folder}: none has been shipped yet. Train one with "
+                f"`python -m transformer train --pair {pair} --export {folder}` (chapter "
+                "13), or name a model folder with --checkpoint DIR"
+            )
+        raise _UsageError(f"no model folder {folder}")
+    try:
+        model, tokenizer = load_model(folder, device=device)
+    except (
+        Exception
+    ) as err:  # not a whole, readable model, whatever the reason: say why
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if str(folder) not in message:
+            message = f"{folder}: {message}"
+        raise _UsageError(f"cannot load the model: {message}") from err
+    if tokenizer.languages != PAIRS[pair]:
+        raise _UsageError(f"{folder} holds a {tokenizer.pair} model, not a {pair} one")
+    return model, tokenizer
+
+
+def _read_lines(stream) -> list[str]:
+    """The lines of a text stream, read as UTF-8 (undecodable bytes become U+FFFD)."""
+    if hasattr(stream, "buffer"):
+        text = stream.buffer.read().decode("utf-8", errors="replace")
+    else:
+        text = stream.read()
+    lines = text.split("\n")  # not splitlines(): U+2028 and friends are inside a line
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line.removesuffix("\r") for line in lines]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m transformer translate ...`; returns the exit status."""
+    try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        # After "--" every argument is a sentence (parse_intermixed_args mishandles "--").
+        cut = argv.index("--") if "--" in argv else len(argv)
+        args = _parser().parse_intermixed_args(argv[:cut])
+        args.sentences += argv[cut + 1 :]
+        if args.pair not in PAIRS:
+            raise _UsageError(
+                f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
+            )
+        if args.beam < 1:
+            raise _UsageError(f"--beam must be at least 1, got {args.beam}")
+        if not args.alpha >= 0:
+            raise _UsageError(f"--alpha must be >= 0, got {args.alpha}")
+        if args.batch_size < 1:
+            raise _UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise _UsageError("--device cuda, but no CUDA GPU is available")
+        model, tokenizer = _load(args.pair, args.checkpoint, device)
+        if args.sentences:
+            sentences = args.sentences
+        else:
+            if sys.stdin.isatty():
+                print("one sentence per line; end with Ctrl-D", file=sys.stderr)
+            sentences = _read_lines(sys.stdin)
+        translations = translate(
+            model,
+            tokenizer,
+            sentences,
+            beam_size=args.beam,
+            alpha=args.alpha,
+            batch_size=args.batch_size,
+            warn=lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr),
+        )
+    except SystemExit as stop:  # --help
+        return int(stop.code or 0)
+    except (
+        _UsageError,
+        ImportError,
+    ) as err:  # ImportError: no spaCy, and how to get it
+        print(f"{PROG}: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    sys.stdout.write("".join(f"{t}\n" for t in translations))
+    sys.stdout.flush()
+    return 0
+
+
+# %% [markdown]
+# Its help (the command is the package's `python -m transformer translate`; here we call its
+# `main` directly):
+
+# %%
+import contextlib
+import io
+import os
+from unittest import mock
+
+from transformer.decode import main
+
+with mock.patch.dict(os.environ, {"COLUMNS": "96"}):  # the help's width
+    assert main(["--help"]) == 0
+
+# %% [markdown]
+# A folder that holds no model is an error, with exit status 2 and one line that names it:
+
+# %%
+errors = io.StringIO()
+with contextlib.redirect_stderr(errors):
+    status = main(["--pair", "de-en", "--checkpoint", "no-such-folder", "Ein Hund."])
+print(f"exit status {status}: {errors.getvalue()}")
+assert status == 2 and errors.getvalue().count("\n") == 1
+assert "no-such-folder" in errors.getvalue()
+
+# %% [markdown]
+# The tests (`tests/test_translate.py`) run the command on a tiny model exported as the training
+# chapter ships its models, and check the rest: arguments and standard input give the same
+# translations, in the input order; an empty line gives an empty line; an overlong sentence
+# gives a warning and a translation of its beginning; emoji and Chinese characters do not crash
+# it; `--beam 1` gives the output of `greedy_decode`; missing, corrupt and mismatched model
+# folders give an error that names them. What the shipped models' translations are worth is the
+# subject of the results chapter.

@@ -6,7 +6,7 @@ Every module except this one and `__main__` is generated from a chapter's `#| ex
 
 from transformer.attention import scaled_dot_product_attention
 from transformer.config import TransformerConfig
-from transformer.decode import Hypothesis, beam_search, greedy_decode
+from transformer.decode import Hypothesis, beam_search, greedy_decode, translate
 from transformer.decoder import Decoder, DecoderLayer
 from transformer.embedding import (
     LearnedPositionalEncoding,
@@ -32,6 +32,7 @@ __all__ = [
     "Hypothesis",
     "beam_search",
     "greedy_decode",
+    "translate",
     "Decoder",
     "DecoderLayer",
     "Encoder",

@@ -1,0 +1,421 @@
+"""`python -m transformer translate`: arguments and standard input, the order of the output,
+empty, overlong and unknown input, beam 1 against greedy decoding, and the errors for bad
+options and for missing, corrupt or mismatched model folders."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer.data as data
+import transformer.decode as decode
+from transformer.config import TransformerConfig
+from transformer.data import pretokenize, train_bpe
+from transformer.decode import beam_search, greedy_decode, main, translate
+from transformer.model import Transformer
+from transformer.train import (
+    TrainConfig,
+    export_model,
+    load_model,
+    run_record,
+    save_weights,
+)
+
+GERMAN = [
+    "Ein Hund läuft über eine Wiese.",
+    "Zwei Kinder spielen im Schnee.",
+    "Eine Frau mit einem roten Hut sitzt auf einer Bank.",
+    "Ein Mann fährt Fahrrad.",
+    "Drei Hunde spielen mit einem Ball.",
+    "Ein kleines Mädchen lacht.",
+]
+ENGLISH = [
+    "A dog runs across a meadow.",
+    "Two children play in the snow.",
+    "A woman with a red hat sits on a bench.",
+    "A man rides a bike.",
+    "Three dogs play with a ball.",
+    "A little girl laughs.",
+]
+MAX_LEN = 40  # the tiny model's positions: sources of more tokens are cut
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_tokenizer(seed_text: list[str] = GERMAN) -> data.Tokenizer:
+    words = pretokenize(seed_text, "de") + pretokenize(ENGLISH, "en")
+    return train_bpe(words, 90, languages=("de", "en"))
+
+
+def ship(
+    folder: Path, tokenizer: data.Tokenizer, pair: str = "de-en", seed: int = 0
+) -> Path:
+    """A tiny random model in the shipped form, as `export_model` writes it from a run."""
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        src_vocab_size=tokenizer.vocab_size,
+        d_model=16,
+        n_heads=2,
+        n_layers=1,
+        d_ff=32,
+        max_len=MAX_LEN,
+    )
+    checkpoint = folder.parent / f".{folder.name}-checkpoint"
+    checkpoint.mkdir(parents=True)
+    save_weights(Transformer(config), checkpoint / "model.safetensors")
+    record = run_record(TrainConfig(pair=pair), config, tokenizer)
+    (checkpoint / "config.json").write_text(json.dumps(record))
+    tokenizer.save(checkpoint / "tokenizer.json")
+    return export_model(checkpoint, folder)
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> Path:
+    return ship(tmp_path_factory.mktemp("models") / "de-en", tiny_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def loaded(shipped):
+    return load_model(shipped)
+
+
+def run(
+    argv: list[str], capsys, monkeypatch, stdin: str | io.IOBase | None = None
+) -> tuple[int, str, str]:
+    """main(argv) with `stdin` as standard input: (status, stdout, stderr)."""
+    if stdin is not None:
+        stream = io.StringIO(stdin) if isinstance(stdin, str) else stdin
+        monkeypatch.setattr(sys, "stdin", stream)
+    capsys.readouterr()  # drop what came before
+    status = main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def translate_args(shipped: Path, *more: str) -> list[str]:
+    return ["--pair", "de-en", "--checkpoint", str(shipped), "--device", "cpu", *more]
+
+
+# -- what it translates, and in which order ---------------------------------------------------
+
+
+def test_arguments_and_stdin_give_the_same_lines(shipped, capsys, monkeypatch):
+    status, by_args, err = run(translate_args(shipped, *GERMAN), capsys, monkeypatch)
+    assert status == 0
+    lines = by_args.split("\n")
+    assert len(lines) == len(GERMAN) + 1 and lines[-1] == ""  # one line each
+    stdin = "".join(f"{s}\n" for s in GERMAN)
+    status, by_stdin, _ = run(translate_args(shipped), capsys, monkeypatch, stdin)
+    assert status == 0 and by_stdin == by_args
+    # The last line may lack its newline; options may follow the sentences.
+    args = ["--pair", "de-en", *GERMAN, "--checkpoint", str(shipped), "--device", "cpu"]
+    assert run(args, capsys, monkeypatch)[1] == by_args
+    assert run(translate_args(shipped), capsys, monkeypatch, stdin[:-1])[1] == by_args
+    # After "--", an argument that looks like an option is a sentence.
+    dashed = run(translate_args(shipped, "--", "--beam", "-Hallo"), capsys, monkeypatch)
+    assert dashed[0] == 0 and len(dashed[1].splitlines()) == 2
+
+
+def test_the_output_keeps_the_input_order(shipped, loaded, capsys, monkeypatch):
+    # Batches of 2 out of 6 sentences of different lengths: sorted, decoded, put back.
+    _, together, _ = run(
+        translate_args(shipped, "--batch-size", "2", *GERMAN), capsys, monkeypatch
+    )
+    one_by_one = [
+        run(translate_args(shipped, sentence), capsys, monkeypatch)[1]
+        for sentence in GERMAN
+    ]
+    assert together == "".join(one_by_one)
+    _, backwards, _ = run(
+        translate_args(shipped, "--batch-size", "2", *GERMAN[::-1]), capsys, monkeypatch
+    )
+    assert backwards.splitlines() == together.splitlines()[::-1]
+    # The same as the decoding functions' output for each sentence, with <eos> appended.
+    model, tokenizer = loaded
+    expected = []
+    for sentence in GERMAN:
+        src = torch.tensor([tokenizer.encode(sentence) + [tokenizer.eos_id]])
+        [best] = beam_search(
+            model,
+            src,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+        )
+        expected.append(tokenizer.decode(best.tokens))
+    assert together.splitlines() == expected
+
+
+def test_empty_lines_give_empty_lines(shipped, capsys, monkeypatch):
+    stdin = f"{GERMAN[0]}\n\n   \t\n{GERMAN[1]}\n\n"
+    status, out, _ = run(translate_args(shipped), capsys, monkeypatch, stdin)
+    _, alone, _ = run(
+        translate_args(shipped, GERMAN[0], GERMAN[1]), capsys, monkeypatch
+    )
+    first, second = alone.splitlines()
+    assert status == 0 and out == f"{first}\n\n\n{second}\n\n"
+    # Only empty lines: no model call, no spaCy needed; nothing in, nothing out.
+    assert run(translate_args(shipped), capsys, monkeypatch, "\n \n")[1] == "\n\n"
+    assert run(translate_args(shipped), capsys, monkeypatch, "")[:2] == (0, "")
+
+
+def test_crlf_and_undecodable_bytes(shipped, capsys, monkeypatch):
+    raw = f"{GERMAN[0]}\r\n".encode() + b"Ein \xff Hund.\r\n"
+    stdin = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
+    status, out, _ = run(translate_args(shipped), capsys, monkeypatch, stdin)
+    _, first, _ = run(translate_args(shipped, GERMAN[0]), capsys, monkeypatch)
+    assert status == 0 and len(out.splitlines()) == 2
+    assert out.splitlines()[0] == first.strip("\n")
+
+
+def test_unknown_characters_do_not_crash(shipped, loaded, capsys, monkeypatch):
+    _, tokenizer = loaded
+    strange = ["Ein 🐕 läuft über 草地.", "🙂🙂🙂", "Ωμέγα ▁ \u2028 x", "ß\u0301"]
+    for sentence in strange[:2]:
+        assert tokenizer.unk_id in tokenizer.encode(sentence)
+    status, out, err = run(translate_args(shipped, *strange), capsys, monkeypatch)
+    assert status == 0 and len(out.split("\n")) == len(strange) + 1
+    assert "Traceback" not in err
+
+
+def test_beam_1_is_greedy_decoding(shipped, loaded, capsys, monkeypatch):
+    model, tokenizer = loaded
+    sources = [tokenizer.encode(s) + [tokenizer.eos_id] for s in GERMAN]
+    expected = []
+    for ids in sources:
+        [h] = greedy_decode(
+            model,
+            torch.tensor([ids]),
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+        )
+        expected.append(tokenizer.decode(h.tokens))
+    status, out, _ = run(
+        translate_args(shipped, "--beam", "1", *GERMAN), capsys, monkeypatch
+    )
+    assert status == 0 and out.splitlines() == expected
+    # ... and the default is the paper's beam search, K = 4 and α = 0.6.
+    assert (
+        run(translate_args(shipped, *GERMAN), capsys, monkeypatch)[1]
+        == run(
+            translate_args(shipped, "--beam", "4", "--alpha", "0.6", *GERMAN),
+            capsys,
+            monkeypatch,
+        )[1]
+    )
+
+
+def test_an_overlong_sentence_is_cut_with_a_warning(
+    shipped, loaded, capsys, monkeypatch
+):
+    model, tokenizer = loaded
+    long = " ".join(GERMAN)  # far more than MAX_LEN tokens
+    ids = tokenizer.encode(long)
+    assert len(ids) + 1 > MAX_LEN
+    status, out, err = run(
+        translate_args(shipped, GERMAN[0], long, GERMAN[1]), capsys, monkeypatch
+    )
+    assert status == 0 and len(out.splitlines()) == 3
+    [warning] = [line for line in err.splitlines() if "positions" in line]
+    assert warning == (
+        f"python -m transformer translate: warning: sentence 2: {len(ids) + 1} tokens "
+        f"with <eos>, more than the model's {MAX_LEN} positions: translating the first "
+        f"{MAX_LEN - 1}"
+    )
+    # The translation is that of its first MAX_LEN - 1 tokens and <eos>.
+    src = torch.tensor([ids[: MAX_LEN - 1] + [tokenizer.eos_id]])
+    [best] = beam_search(
+        model,
+        src,
+        bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+    )
+    assert out.splitlines()[1] == tokenizer.decode(best.tokens)
+    # Documented in --help.
+    _, help_text, _ = run(["--help"], capsys, monkeypatch)
+    assert "max_len - 1 tokens are translated" in " ".join(help_text.split())
+
+
+def test_translate_reports_translations_cut_by_the_length_limit(loaded):
+    model, tokenizer = loaded
+    sentences = ["", *GERMAN[:4]]
+    warnings: list[str] = []
+    results = translate(model, tokenizer, sentences, beam_size=1, warn=warnings.append)
+    assert results[0] == "" and len(results) == len(sentences)
+    found = greedy_decode(
+        model,
+        torch.nn.utils.rnn.pad_sequence(
+            [
+                torch.tensor(tokenizer.encode(s) + [tokenizer.eos_id])
+                for s in GERMAN[:4]
+            ],
+            batch_first=True,
+            padding_value=tokenizer.pad_id,
+        ),
+        bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+    )
+    cut = [str(i + 2) for i, h in enumerate(found) if not h.ended]
+    assert len(cut) >= 2  # a random model rarely outputs <eos>
+    listed = f"{', '.join(cut[:-1])} and {cut[-1]}"
+    assert warnings == [
+        f"sentences {listed}: the translation stopped at the length limit, before <eos>"
+    ]
+    with pytest.raises(TypeError, match="not one string"):
+        translate(model, tokenizer, "Ein Hund.")
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def assert_error(status: int, err: str, *needles: str) -> None:
+    assert status == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("python -m transformer translate: error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_a_missing_folder_is_named(tmp_path, capsys, monkeypatch):
+    nowhere = tmp_path / "nowhere"
+    status, out, err = run(translate_args(nowhere, "Ein Hund."), capsys, monkeypatch)
+    assert out == ""
+    assert_error(status, err, f"no model folder {nowhere}")
+
+
+def test_no_shipped_model_says_how_to_train_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    status, _, err = run(["--pair", "fr-en", "Un chien."], capsys, monkeypatch)
+    assert_error(
+        status,
+        err,
+        str(tmp_path / "checkpoints" / "fr-en"),
+        "python -m transformer train --pair fr-en",
+        "chapter 13",
+    )
+
+
+def test_the_default_folder_is_checkpoints_pair_in_the_repository(
+    shipped, tmp_path, capsys, monkeypatch
+):
+    assert decode.CHECKPOINTS_DIR == data.DATA_DIR.parents[1] / "checkpoints"
+    shutil.copytree(shipped, tmp_path / "checkpoints" / "de-en")
+    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    by_default = run(
+        ["--pair", "de-en", "--device", "cpu", *GERMAN[:2]], capsys, monkeypatch
+    )
+    assert by_default == run(translate_args(shipped, *GERMAN[:2]), capsys, monkeypatch)
+
+
+def broken_copy(shipped: Path, tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(shipped, folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["config", "vocabulary", "corrupt weights", "missing weights", "not json", "empty"],
+)
+def test_an_unusable_folder_is_named(shipped, tmp_path, capsys, monkeypatch, damage):
+    folder = broken_copy(shipped, tmp_path, "broken")
+    weights = sorted(folder.glob("model-*.safetensors"))
+    if damage == "config":  # weights of another shape than the config says
+        record = json.loads((folder / "config.json").read_text())
+        record["model"]["d_model"] = 32
+        record["model"]["d_ff"] = 64
+        (folder / "config.json").write_text(json.dumps(record))
+    elif damage == "vocabulary":  # another tokenizer than the model was trained with
+        tiny_tokenizer(GERMAN[:3]).save(folder / "tokenizer.json")
+    elif damage == "corrupt weights":
+        weights[0].write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not a header")
+    elif damage == "missing weights":
+        weights[0].unlink()
+    elif damage == "not json":
+        (folder / "config.json").write_text("{")
+    else:
+        for path in folder.iterdir():
+            path.unlink()
+    status, out, err = run(translate_args(folder, "Ein Hund."), capsys, monkeypatch)
+    assert out == ""
+    assert_error(status, err, "cannot load the model", str(folder))
+
+
+def test_a_model_of_the_other_pair(tmp_path, capsys, monkeypatch):
+    words = [(data.MARK + "Un", data.MARK + "chien", data.MARK + "court", ".")]
+    french = ship(tmp_path / "fr-en", train_bpe(words, 30, languages=("fr", "en")))
+    status, _, err = run(translate_args(french, "Ein Hund."), capsys, monkeypatch)
+    assert_error(status, err, f"{french} holds a fr-en model, not a de-en one")
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--pair", "en-de", "Ein Hund."], "unknown language pair 'en-de'"),
+        (["Ein Hund."], "--pair"),
+        (["--pair", "de-en", "--beam", "0"], "--beam must be at least 1"),
+        (["--pair", "de-en", "--beam", "four"], "--beam"),
+        (["--pair", "de-en", "--alpha", "-1"], "--alpha must be >= 0"),
+        (["--pair", "de-en", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--pair", "de-en", "--device", "tpu"], "--device"),
+        (["--pair", "de-en", "--no-such-option"], "--no-such-option"),
+    ],
+)
+def test_bad_options(argv, needle, capsys, monkeypatch):
+    status, out, err = run(argv, capsys, monkeypatch)
+    assert out == ""
+    assert_error(status, err, needle)
+
+
+def test_without_spacy_a_clear_error(shipped, capsys, monkeypatch):
+    def no_spacy(language: str):
+        raise ImportError(
+            "tokenising text needs spaCy: pip install 'transformer[data]' (...)"
+        )
+
+    monkeypatch.setattr(data, "_spacy_tokenizer", no_spacy)
+    status, _, err = run(translate_args(shipped, "Ein Neuwort."), capsys, monkeypatch)
+    assert_error(status, err, "needs spaCy")
+
+
+def test_help_from_the_package_command():
+    done = subprocess.run(
+        [sys.executable, "-m", "transformer", "translate", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert text.startswith("usage: python -m transformer translate")
+    for documented in (
+        "--pair",
+        "--beam N",
+        "1 is greedy decoding (default: 4",
+        "--alpha A",
+        "--checkpoint DIR",
+        "checkpoints/<pair>",
+        "--device {cpu,cuda}",
+        "--batch-size N",
+        "An empty line gives an empty line",
+        "become <unk>",
+        "its first max_len - 1 tokens are translated",
+        "exit with status 2",
+    ):
+        assert documented in text, documented
