@@ -735,6 +735,18 @@ def save_weights(
     )
 
 
+def read_tensors(path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file; a missing or damaged file is a CheckpointError
+    naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no weights file {path}")
+    try:
+        return safetensors.torch.load_file(path)
+    except (OSError, safetensors.SafetensorError) as err:
+        raise CheckpointError(f"cannot read weights {path}: {err}") from err
+
+
 def load_tensors_into(
     model: nn.Module, tensors: dict[str, Tensor], source: object
 ) -> None:
@@ -761,13 +773,7 @@ def load_tensors_into(
 
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load a safetensors file written by `save_weights` into a model of the same config."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no weights file {path}")
-    try:
-        tensors = safetensors.torch.load_file(path)
-    except (OSError, safetensors.SafetensorError) as err:
-        raise CheckpointError(f"cannot read weights {path}: {err}") from err
+    tensors = read_tensors(path)
     load_tensors_into(_unwrap(model), tensors, path)
 
 
@@ -801,9 +807,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         file = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
-        if not file.is_file():
-            raise CheckpointError(f"no weights file {file}")
-        tensors = safetensors.torch.load_file(file)
+        tensors = read_tensors(file)
         if not total:
             total = {k: v.double() for k, v in tensors.items()}
             dtypes = {k: v.dtype for k, v in tensors.items()}
@@ -1357,7 +1361,9 @@ def read_record(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{folder} is not a checkpoint: no config.json") from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
-    if not isinstance(record, dict) or "model" not in record or "vocab" not in record:
+    if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+        raise CheckpointError(f"{path} is not a transformer-book config")
+    if not isinstance(record.get("vocab"), dict):
         raise CheckpointError(f"{path} is not a transformer-book config")
     return record
 
@@ -2083,7 +2089,7 @@ def export_model(
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     folder = _model_source(Path(source))
     record = read_record(folder)
-    tensors = safetensors.torch.load_file(folder / "model.safetensors")
+    tensors = read_tensors(folder / "model.safetensors")
     files: list[dict[str, Tensor]] = [{}]
     size = 0
     for name, tensor in tensors.items():
@@ -2169,9 +2175,7 @@ def load_model(
         files = ["model.safetensors"]
     tensors: dict[str, Tensor] = {}
     for file in files:
-        if not (folder / file).is_file():
-            raise CheckpointError(f"{folder}: weights file {file} is missing")
-        tensors |= safetensors.torch.load_file(folder / file)
+        tensors |= read_tensors(folder / file)
     model = Transformer(model_config)
     load_tensors_into(model, tensors, folder)
     return model.to(device).eval(), tokenizer

@@ -4,10 +4,10 @@
 __all__ = ['PEAK_BF16_FLOPS', 'CHECKPOINT_FORMAT', 'MODEL_PRESETS', 'RESUME_FIXED', 'SHIPPED_FORMAT', 'MAX_FILE_BYTES', 'PROG',
            'batch_log_probs', 'train_step', 'count_words', 'Validation', 'evaluate', 'non_embedding_parameters',
            'training_flops', 'CheckpointError', 'save_state', 'load_state', 'model_tensors', 'save_weights',
-           'load_tensors_into', 'load_weights', 'atomic_folder', 'average_checkpoints', 'TrainConfig', 'quick_mode',
-           'quick_config', 'Distributed', 'TrainingData', 'load_training_data', 'run_record', 'read_record',
-           'check_recipe', 'check_compatible', 'latest_checkpoint', 'Progress', 'TrainResult', 'read_jsonl', 'Trainer',
-           'train', 'export_model', 'load_model', 'config_from_args', 'summary_table', 'main']
+           'read_tensors', 'load_tensors_into', 'load_weights', 'atomic_folder', 'average_checkpoints', 'TrainConfig',
+           'quick_mode', 'quick_config', 'Distributed', 'TrainingData', 'load_training_data', 'run_record',
+           'read_record', 'check_recipe', 'check_compatible', 'latest_checkpoint', 'Progress', 'TrainResult',
+           'read_jsonl', 'Trainer', 'train', 'export_model', 'load_model', 'config_from_args', 'summary_table', 'main']
 
 # %% ../chapters/13_training.ipynb #cd77ca37
 """The training loop of Vaswani et al. (2017), section 5: updates over token-bucketed batches,
@@ -297,6 +297,18 @@ def save_weights(
     )
 
 
+def read_tensors(path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file; a missing or damaged file is a CheckpointError
+    naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no weights file {path}")
+    try:
+        return safetensors.torch.load_file(path)
+    except (OSError, safetensors.SafetensorError) as err:
+        raise CheckpointError(f"cannot read weights {path}: {err}") from err
+
+
 def load_tensors_into(
     model: nn.Module, tensors: dict[str, Tensor], source: object
 ) -> None:
@@ -323,13 +335,7 @@ def load_tensors_into(
 
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load a safetensors file written by `save_weights` into a model of the same config."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no weights file {path}")
-    try:
-        tensors = safetensors.torch.load_file(path)
-    except (OSError, safetensors.SafetensorError) as err:
-        raise CheckpointError(f"cannot read weights {path}: {err}") from err
+    tensors = read_tensors(path)
     load_tensors_into(_unwrap(model), tensors, path)
 
 
@@ -363,9 +369,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         file = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
-        if not file.is_file():
-            raise CheckpointError(f"no weights file {file}")
-        tensors = safetensors.torch.load_file(file)
+        tensors = read_tensors(file)
         if not total:
             total = {k: v.double() for k, v in tensors.items()}
             dtypes = {k: v.dtype for k, v in tensors.items()}
@@ -726,7 +730,9 @@ def read_record(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{folder} is not a checkpoint: no config.json") from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
-    if not isinstance(record, dict) or "model" not in record or "vocab" not in record:
+    if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+        raise CheckpointError(f"{path} is not a transformer-book config")
+    if not isinstance(record.get("vocab"), dict):
         raise CheckpointError(f"{path} is not a transformer-book config")
     return record
 
@@ -1344,7 +1350,7 @@ def export_model(
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     folder = _model_source(Path(source))
     record = read_record(folder)
-    tensors = safetensors.torch.load_file(folder / "model.safetensors")
+    tensors = read_tensors(folder / "model.safetensors")
     files: list[dict[str, Tensor]] = [{}]
     size = 0
     for name, tensor in tensors.items():
@@ -1430,9 +1436,7 @@ def load_model(
         files = ["model.safetensors"]
     tensors: dict[str, Tensor] = {}
     for file in files:
-        if not (folder / file).is_file():
-            raise CheckpointError(f"{folder}: weights file {file} is missing")
-        tensors |= safetensors.torch.load_file(folder / file)
+        tensors |= read_tensors(folder / file)
     model = Transformer(model_config)
     load_tensors_into(model, tensors, folder)
     return model.to(device).eval(), tokenizer
