@@ -12,15 +12,16 @@ __all__ = ['DATA_DIR', 'PAIRS', 'SPLITS', 'MARK', 'PAD', 'UNK', 'BOS', 'EOS', 'S
 
 import gzip
 import hashlib
+import importlib.util
 import zlib
 from pathlib import Path
 
 
 def _repository_root() -> Path:
-    # In the package this file is transformer/data.py; in its chapter (no __file__) the working
-    # directory is chapters/. Both sit one level below the repository root.
-    here = globals().get("__file__")
-    return (Path(here).parent if here else Path.cwd()).resolve().parent
+    # The package is <root>/transformer. In it this file has a __file__; in its chapter (a
+    # notebook, which may run anywhere, e.g. Colab's /content) the installed package says.
+    here = globals().get("__file__") or importlib.util.find_spec("transformer").origin
+    return Path(here).resolve().parent.parent
 
 
 DATA_DIR = _repository_root() / "data" / "multi30k"
