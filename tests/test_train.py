@@ -30,8 +30,10 @@ from transformer.train import (
     CheckpointError,
     TrainConfig,
     TrainingData,
+    _parser,
     atomic_folder,
     average_checkpoints,
+    config_from_args,
     count_words,
     evaluate,
     export_model,
@@ -41,6 +43,7 @@ from transformer.train import (
     load_weights,
     main,
     model_tensors,
+    multi30k_recipe,
     non_embedding_parameters,
     quick_mode,
     read_jsonl,
@@ -631,6 +634,33 @@ def run_main(argv: list[str]) -> tuple[int, str]:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         status = main(argv)
     return status, err.getvalue()
+
+
+def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path):
+    recipe = multi30k_recipe("fr-en")
+    model = recipe.model_config(8000)
+    assert (model.n_layers, model.d_model, model.n_heads, model.d_ff) == (
+        3,
+        256,
+        8,
+        512,
+    )
+    assert model.dropout == 0.1 and not model.norm_first and model.share_embeddings
+    assert (recipe.max_tokens, recipe.warmup, recipe.lr_factor) == (3000, 800, 0.7)
+    assert (recipe.label_smoothing, recipe.average_last, recipe.epochs) == (0.1, 5, 20)
+    out = str(tmp_path / "run")
+
+    def parsed(*options: str) -> TrainConfig:
+        args = ["--pair", "fr-en", "--out", out, "--config", "multi30k", *options]
+        return config_from_args(_parser().parse_args(args))
+
+    assert parsed() == multi30k_recipe("fr-en", out_dir=out)
+    # options given beside the recipe win over it
+    changed = parsed("--epochs", "3", "--set", "d_model=64", "--dropout", "0.2")
+    assert changed.epochs == 3 and changed.warmup == 1000
+    assert changed.model_overrides == dict(
+        n_layers=3, d_model=64, n_heads=8, d_ff=512, dropout=0.2
+    )
 
 
 def test_cli_unknown_pair():
