@@ -15,6 +15,7 @@ from transformer.embedding import (
     sinusoidal_encoding,
 )
 from transformer.encoder import Encoder, EncoderLayer
+from transformer.evaluate import Scores, bleu_by_length, score, translate_split
 from transformer.loss import LabelSmoothingLoss, TokenStats, token_stats
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.model import Generator, Transformer
@@ -37,6 +38,10 @@ __all__ = [
     "DecoderLayer",
     "Encoder",
     "EncoderLayer",
+    "Scores",
+    "bleu_by_length",
+    "score",
+    "translate_split",
     "Generator",
     "Transformer",
     "TransformerConfig",

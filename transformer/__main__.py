@@ -13,6 +13,7 @@ COMMANDS = {
     "prepare": ("transformer.data", "tokenise Multi30k and cache every split as token ids"),
     "train": ("transformer.train", "train a translation model (Part II)"),
     "translate": ("transformer.decode", "translate sentences with a trained model (Part III)"),
+    "evaluate": ("transformer.evaluate", "score a trained model with sacreBLEU and chrF (Part III)"),
 }
 
 

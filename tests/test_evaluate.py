@@ -1,0 +1,437 @@
+"""`transformer.evaluate`: the scores against sacreBLEU called directly, BLEU by source length,
+translating a split, and `python -m transformer evaluate` on a tiny model, with its errors for
+bad options, models and data."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sacrebleu.metrics import BLEU, CHRF
+from test_translate import ENGLISH, GERMAN, ship, tiny_tokenizer
+
+import transformer.data as data
+import transformer.decode as decode
+from transformer.decode import translate
+from transformer.evaluate import (
+    LC_TOK_BLEU,
+    bleu_by_length,
+    main,
+    score,
+    spacy_words,
+    translate_split,
+)
+from transformer.train import load_model
+
+FRENCH = [
+    "Un chien court dans un pré.",
+    "Deux enfants jouent dans la neige.",
+    "Une femme avec un chapeau rouge est assise sur un banc.",
+    "Un homme fait du vélo.",
+    "Trois chiens jouent avec un ballon.",
+    "Une petite fille rit.",
+]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_data(folder: Path, texts: dict[str, list[str]]) -> Path:
+    """A Multi30k-like data folder: gzipped files named split.lang.gz and their SHA256SUMS."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sums = []
+    for name, lines in texts.items():
+        raw = gzip.compress("".join(f"{line}\n" for line in lines).encode(), mtime=0)
+        (folder / name).write_bytes(raw)
+        sums.append(f"{hashlib.sha256(raw).hexdigest()}  {name}\n")
+    (folder / "SHA256SUMS").write_text("".join(sums))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return write_data(
+        tmp_path_factory.mktemp("multi30k"),
+        {
+            "test_2016_flickr.de.gz": GERMAN,
+            "test_2016_flickr.en.gz": ENGLISH,
+            "test_2016_flickr.fr.gz": FRENCH,
+            "val.de.gz": GERMAN[:3],
+            "val.en.gz": ENGLISH[:3],
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> Path:
+    return ship(tmp_path_factory.mktemp("models") / "de-en", tiny_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def loaded(shipped):
+    return load_model(shipped)
+
+
+# -- score ------------------------------------------------------------------------------------
+
+HYPOTHESES = ["A dog runs across a green field.", "two kids play in snow .", ""]
+REFERENCES = [
+    "A dog runs across a green meadow.",
+    "Two children play in the snow.",
+    "A man's bike.",
+]
+
+
+def test_score_is_sacrebleu_cased_on_detokenised_text():
+    s = score(HYPOTHESES, REFERENCES)
+    bleu_metric, chrf_metric = BLEU(), CHRF()
+    bleu = bleu_metric.corpus_score(HYPOTHESES, [REFERENCES])
+    chrf = chrf_metric.corpus_score(HYPOTHESES, [REFERENCES])
+    assert s.sentences == 3
+    assert s.bleu == bleu.score and s.chrf == chrf.score
+    assert s.length_ratio == bleu.ratio and s.brevity_penalty == bleu.bp
+    for part in ("nrefs:1", "case:mixed", "tok:13a", "smooth:exp", "version:"):
+        assert part in s.bleu_signature, part
+    assert s.bleu_signature == str(bleu_metric.get_signature())
+    assert "case:mixed" in s.chrf_signature and "nc:6" in s.chrf_signature
+    assert s.chrf_signature == str(chrf_metric.get_signature())
+    assert score(REFERENCES, REFERENCES).bleu == pytest.approx(100.0)
+
+
+def test_the_lowercased_tokenised_bleu_is_labelled_and_ignores_case():
+    s = score(HYPOTHESES, REFERENCES)
+    assert (
+        "case:lc" in s.bleu_lc_tok_signature and "tok:none" in s.bleu_lc_tok_signature
+    )
+    words = spacy_words(REFERENCES)
+    assert words[2] == "A man 's bike ."  # spaCy's English rules
+    expected = BLEU(lowercase=True, tokenize="none").corpus_score(
+        spacy_words(HYPOTHESES), [words]
+    )
+    assert s.bleu_lc_tok == expected.score
+    # Case changes sacreBLEU, not the lowercased one.
+    lower = score(["a dog runs across a green meadow."], [REFERENCES[0]])
+    assert lower.bleu_lc_tok == pytest.approx(100.0) and lower.bleu < 99
+    report = s.report()
+    assert LC_TOK_BLEU in report and "only to compare with published" in report
+    assert s.bleu_signature in report and s.chrf_signature in report
+
+
+def test_score_refuses_mismatched_input():
+    with pytest.raises(ValueError, match="2 translations but 3 references"):
+        score(HYPOTHESES[:2], REFERENCES)
+    with pytest.raises(ValueError, match="no sentences"):
+        score([], [])
+    with pytest.raises(TypeError, match="not one string"):
+        score("A dog.", "A dog.")
+
+
+# -- bleu_by_length ---------------------------------------------------------------------------
+
+
+def words(n: int) -> str:
+    return " ".join(["Wort"] * n)
+
+
+def test_bleu_by_length_groups_by_source_words():
+    sources = [words(n) for n in (0, 3, 9, 10, 14, 14, 20, 31)]
+    hypotheses = [f"a b c d {i}" for i in range(len(sources))]
+    references = [f"a b c d {i}" if i % 2 else f"x y z w {i}" for i in range(6)]
+    references += ["nothing in common", "at all"]  # the 20+ group scores 0
+    groups = bleu_by_length(sources, hypotheses, references)
+    assert [(g.words, g.sentences) for g in groups] == [
+        ("1–9", 3),  # 0 words counts in the first group
+        ("10–14", 3),
+        ("15–19", 0),
+        ("20+", 2),
+    ]
+    assert math.isnan(groups[2].bleu) and math.isnan(groups[2].length_ratio)
+    members = [3, 4, 5]
+    expected = BLEU().corpus_score(
+        [hypotheses[i] for i in members], [[references[i] for i in members]]
+    )
+    assert groups[1].bleu == expected.score and groups[1].length_ratio == expected.ratio
+    assert groups[3].bleu == 0.0
+    custom = bleu_by_length(sources, hypotheses, references, bounds=(0, 10, 11))
+    assert [(g.words, g.sentences) for g in custom] == [
+        ("0–9", 3),
+        ("10", 1),
+        ("11+", 4),
+    ]
+
+
+def test_bleu_by_length_refuses_bad_input():
+    with pytest.raises(ValueError, match="2 sources, 1 translations and 1 references"):
+        bleu_by_length(["a", "b"], ["a"], ["a"])
+    for bounds in ((), (10, 5), (1, 1, 5), (-1, 5)):
+        with pytest.raises(ValueError, match="bounds"):
+            bleu_by_length(["a"], ["a"], ["a"], bounds=bounds)
+
+
+# -- translate_split --------------------------------------------------------------------------
+
+
+def test_translate_split_translates_the_sources_in_order(loaded, data_dir):
+    model, tokenizer = loaded
+    result = translate_split(
+        model, tokenizer, "de-en", data_dir=data_dir, beam_size=2, batch_size=2
+    )
+    assert (result.pair, result.split) == ("de-en", "test_2016_flickr")
+    assert result.sources == GERMAN and result.references == ENGLISH
+    assert result.hypotheses == translate(model, tokenizer, GERMAN, beam_size=2)
+    assert result.seconds > 0 and result.sentences_per_second > 0
+    val = translate_split(model, tokenizer, "de-en", "val", data_dir=data_dir, limit=2)
+    assert val.sources == GERMAN[:2] and len(val.hypotheses) == 2
+    with pytest.raises(ValueError, match="translates de-en, not fr-en"):
+        translate_split(model, tokenizer, "fr-en", data_dir=data_dir)
+    with pytest.raises(ValueError, match="limit"):
+        translate_split(model, tokenizer, "de-en", data_dir=data_dir, limit=0)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def evaluate_args(shipped: Path, data_dir: Path, *more: str) -> list[str]:
+    return [
+        "--pair",
+        "de-en",
+        "--checkpoint",
+        str(shipped),
+        "--data-dir",
+        str(data_dir),
+        "--device",
+        "cpu",
+        *more,
+    ]
+
+
+def test_the_command_prints_scores_signatures_and_time(
+    shipped, loaded, data_dir, tmp_path, capsys
+):
+    output = tmp_path / "translations.txt"
+    status, out, err = run(
+        evaluate_args(shipped, data_dir, "--beam", "1", "--output", str(output)), capsys
+    )
+    assert status == 0, err
+    model, tokenizer = loaded
+    hypotheses = translate(model, tokenizer, GERMAN, beam_size=1)
+    expected = score(hypotheses, ENGLISH)
+    lines = out.splitlines()
+    assert lines[0] == (f"de-en test_2016_flickr: 6 sentences, greedy, model {shipped}")
+    assert f"sacreBLEU {expected.bleu:6.2f}  {expected.bleu_signature}" in lines
+    assert f"chrF      {expected.chrf:6.2f}  {expected.chrf_signature}" in lines
+    assert any(line.startswith(LC_TOK_BLEU) for line in lines)
+    assert any(
+        line.startswith("translated in ") and "sentences/s" in line for line in lines
+    )
+    # The translations, one per line, and no temporary file left behind.
+    assert output.read_text(encoding="utf-8") == "".join(f"{h}\n" for h in hypotheses)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["translations.txt"]
+
+
+def test_the_command_reads_the_split_beam_alpha_and_limit(shipped, data_dir, capsys):
+    status, out, _ = run(
+        evaluate_args(
+            shipped,
+            data_dir,
+            "--split",
+            "val",
+            "--beam",
+            "3",
+            "--alpha",
+            "1",
+            "--limit",
+            "2",
+        ),
+        capsys,
+    )
+    assert status == 0
+    assert out.splitlines()[0].startswith("de-en val: 2 sentences, beam 3, α 1, model ")
+
+
+def test_the_default_model_is_checkpoints_pair(
+    shipped, data_dir, tmp_path, capsys, monkeypatch
+):
+    shutil.copytree(shipped, tmp_path / "checkpoints" / "de-en")
+    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    argv = ["--pair", "de-en", "--data-dir", str(data_dir), "--limit", "2"]
+    status, out, _ = run(argv, capsys)
+    assert status == 0
+    assert "model the shipped model, checkpoints/de-en" in out.splitlines()[0]
+
+
+def assert_error(status: int, out: str, err: str, *needles: str) -> None:
+    assert status == 2, err
+    assert out == "", out
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("python -m transformer evaluate: error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@pytest.mark.parametrize(
+    "more, needle",
+    [
+        (["--pair", "en-de"], "unknown language pair 'en-de'"),
+        (["--split", "test_2017"], "unknown split 'test_2017'"),
+        (["--beam", "0"], "--beam must be at least 1, got 0"),
+        (["--beam", "four"], "--beam"),
+        (["--alpha", "-1"], "--alpha must be >= 0"),
+        (["--limit", "0"], "--limit must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--device", "tpu"], "--device"),
+        (["--no-such-option"], "--no-such-option"),
+    ],
+)
+def test_bad_options(more, needle, shipped, data_dir, capsys):
+    status, out, err = run(evaluate_args(shipped, data_dir, *more), capsys)
+    assert_error(status, out, err, needle)
+
+
+def test_no_pair_is_an_error(capsys):
+    status, out, err = run([], capsys)
+    assert_error(status, out, err, "--pair")
+
+
+def test_a_missing_model_folder_is_named(data_dir, tmp_path, capsys):
+    nowhere = tmp_path / "nowhere"
+    status, out, err = run(evaluate_args(nowhere, data_dir), capsys)
+    assert_error(status, out, err, f"no model folder {nowhere}")
+
+
+def test_no_shipped_model_says_how_to_train_one(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    status, out, err = run(["--pair", "fr-en", "--data-dir", str(data_dir)], capsys)
+    assert_error(
+        status,
+        out,
+        err,
+        str(tmp_path / "checkpoints" / "fr-en"),
+        "python -m transformer train --pair fr-en",
+    )
+
+
+@pytest.mark.parametrize("damage", ["corrupt weights", "missing weights", "not json"])
+def test_an_unusable_model_folder_is_named(shipped, data_dir, tmp_path, capsys, damage):
+    folder = tmp_path / "broken"
+    shutil.copytree(shipped, folder)
+    weights = sorted(folder.glob("model-*.safetensors"))
+    if damage == "corrupt weights":
+        weights[0].write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not a header")
+    elif damage == "missing weights":
+        weights[0].unlink()
+    else:
+        (folder / "config.json").write_text("{")
+    status, out, err = run(evaluate_args(folder, data_dir), capsys)
+    assert_error(status, out, err, "cannot load the model", str(folder))
+
+
+def test_a_model_of_the_other_pair(shipped, data_dir, capsys):
+    argv = evaluate_args(shipped, data_dir)
+    argv[argv.index("de-en")] = "fr-en"
+    status, out, err = run(argv, capsys)
+    assert_error(status, out, err, f"{shipped} holds a de-en model, not a fr-en one")
+
+
+def test_missing_and_corrupt_data_files_are_named(shipped, data_dir, tmp_path, capsys):
+    broken = tmp_path / "data"
+    shutil.copytree(data_dir, broken)
+    (broken / "test_2016_flickr.en.gz").unlink()
+    status, out, err = run(evaluate_args(shipped, broken), capsys)
+    assert_error(
+        status, out, err, f"missing data file {broken / 'test_2016_flickr.en.gz'}"
+    )
+    (broken / "test_2016_flickr.de.gz").write_bytes(b"not gzip")
+    status, out, err = run(evaluate_args(shipped, broken), capsys)
+    assert_error(status, out, err, "corrupt", str(broken / "test_2016_flickr.de.gz"))
+    nowhere = tmp_path / "no-data"
+    status, out, err = run(evaluate_args(shipped, nowhere), capsys)
+    assert_error(status, out, err, str(nowhere / "SHA256SUMS"))
+    # A file that SHA256SUMS does not list.
+    argv = evaluate_args(shipped, data_dir, "--split", "train")
+    status, out, err = run(argv, capsys)
+    assert_error(status, out, err, "train.de.gz")
+
+
+def test_an_output_that_cannot_be_written_is_named(shipped, data_dir, tmp_path, capsys):
+    target = tmp_path / "no-such-folder" / "out.txt"
+    status, out, err = run(
+        evaluate_args(shipped, data_dir, "--output", str(target)), capsys
+    )
+    assert_error(status, out, err, f"cannot write {target}")
+
+
+def test_without_spacy_a_clear_error(shipped, data_dir, capsys, monkeypatch):
+    def no_spacy(language: str):
+        raise ImportError(
+            "tokenising text needs spaCy: pip install 'transformer[data]'"
+        )
+
+    monkeypatch.setattr(data, "_spacy_tokenizer", no_spacy)
+    status, out, err = run(evaluate_args(shipped, data_dir, "--limit", "1"), capsys)
+    assert_error(status, out, err, "needs spaCy")
+
+
+def test_the_package_command_and_its_help():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, transformer.evaluate; "
+            "print(sorted(m for m in ('altair', 'pandas', 'IPython') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "transformer", "evaluate", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert text.startswith("usage: python -m transformer evaluate")
+    listed = subprocess.run(
+        [sys.executable, "-m", "transformer", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "evaluate   score a trained model with sacreBLEU and chrF" in listed.stdout
+    for documented in (
+        "--pair",
+        "--split NAME",
+        "--beam N",
+        "--alpha A",
+        "--checkpoint DIR",
+        "--data-dir DIR",
+        "--output FILE",
+        "sacreBLEU",
+        "chrF",
+        "exit with status 2",
+    ):
+        assert documented in text, documented
