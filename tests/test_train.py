@@ -657,7 +657,7 @@ def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path):
     assert parsed() == multi30k_recipe("fr-en", out_dir=out)
     # options given beside the recipe win over it
     changed = parsed("--epochs", "3", "--set", "d_model=64", "--dropout", "0.2")
-    assert changed.epochs == 3 and changed.warmup == 1000
+    assert changed.epochs == 3 and changed.warmup == 800
     assert changed.model_overrides == dict(
         n_layers=3, d_model=64, n_heads=8, d_ff=512, dropout=0.2
     )

@@ -1321,11 +1321,11 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     fields = dict(
         pair=pair,
         model="small",
-        model_overrides=dict(n_layers=4, d_model=128, n_heads=4, d_ff=256, dropout=0.3),
-        epochs=40,
-        max_tokens=4_000,
-        warmup=1_000,
-        lr_factor=1.5,
+        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.1),
+        epochs=20,
+        max_tokens=3_000,
+        warmup=800,
+        lr_factor=0.7,
         average_last=5,
     )
     return TrainConfig(**(fields | overrides))
