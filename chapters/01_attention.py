@@ -89,7 +89,7 @@ X.shape
 # **Scores.** Row $i$ of $QK^\top$ holds the dot products of query $i$ with every key: a
 # $T_q \times T_k$ matrix, here $6 \times 6$.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 scores = Q @ K.transpose(-2, -1)  # (T_q, T_k)
 scores
 

@@ -296,7 +296,7 @@ class MultiHeadAttention(nn.Module):
 # two kinds of attention: self-attention under chapter 2's target mask, and cross-attention over
 # a padded source of $S$ = 5 tokens under its padding mask.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from transformer.attention import scaled_dot_product_attention
 from transformer.masking import padding_mask, target_mask
 from transformer.multihead import MultiHeadAttention
@@ -395,7 +395,7 @@ except TypeError as error:
 # see every cached key, so it needs no mask. A static cache, for encoder–decoder attention,
 # projects the memory once: its keys at the last step are the very tensor of the first.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from transformer.masking import causal_mask
 from transformer.multihead import KVCache
 

@@ -382,7 +382,7 @@ def exact(hypotheses) -> float:
 
 
 greedy_half = greedy_decode(half_trained, test_src, **ids)
-assert exact(greedy) > 0.9
+assert exact(greedy) > 0.8
 
 # %% tags=["nbval-ignore-output"]
 print(
@@ -682,7 +682,7 @@ accuracy = pd.DataFrame(
     },
     index=pd.Index(["trained (400 steps)", "half-trained (150 steps)"], name="model"),
 )
-assert exact(beam) > 0.9 and exact(beam_half) >= exact(greedy_half)
+assert exact(beam) > 0.8 and exact(beam_half) >= exact(greedy_half)
 
 # %% tags=["nbval-ignore-output"]
 both = list(zip(greedy_half, beam_half, references, strict=True))
