@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['EXTRA_LENGTH', 'BATCH_SIZE', 'CHECKPOINTS_DIR', 'PROG', 'Hypothesis', 'output_limits', 'greedy_decode',
-           'length_penalty', 'BeamStep', 'beam_search', 'length_sorted_batches', 'translate', 'main']
+           'length_penalty', 'BeamStep', 'beam_search', 'length_sorted_batches', 'translate', 'add_model_options',
+           'check_model_options', 'main']
 
 # %% ../chapters/14_decoding.ipynb #4c82686c
 """Greedy decoding and beam search with a key/value cache: Section 6.1 of Vaswani et al. (2017),
@@ -415,19 +416,10 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Translate sentences with a trained model (Part III).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "sentences",
-        nargs="*",
-        metavar="SENTENCE",
-        help="a sentence to translate (default: read standard input)",
-    )
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The options of every command that decodes with a trained model (`translate` and
+    chapter 15's `evaluate`): the pair, the search and its defaults, the model folder, the device
+    and the batch size. `check_model_options` checks their values."""
     p.add_argument("--pair", required=True, help="de-en or fr-en")
     p.add_argument(
         "--beam",
@@ -460,6 +452,41 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"sentences decoded at once (default: {BATCH_SIZE})",
     )
+
+
+def check_model_options(args: argparse.Namespace) -> str:
+    """The device to decode on, once the values of `add_model_options`' options are checked:
+    a bad one raises `_UsageError` with one line that names it."""
+    if args.pair not in PAIRS:
+        raise _UsageError(
+            f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
+        )
+    if args.beam < 1:
+        raise _UsageError(f"--beam must be at least 1, got {args.beam}")
+    if not args.alpha >= 0:
+        raise _UsageError(f"--alpha must be >= 0, got {args.alpha}")
+    if args.batch_size < 1:
+        raise _UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise _UsageError("--device cuda, but no CUDA GPU is available")
+    return device
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Translate sentences with a trained model (Part III).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "sentences",
+        nargs="*",
+        metavar="SENTENCE",
+        help="a sentence to translate (default: read standard input)",
+    )
+    add_model_options(p)
     return p
 
 
@@ -512,19 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--") if "--" in argv else len(argv)
         args = _parser().parse_intermixed_args(argv[:cut])
         args.sentences += argv[cut + 1 :]
-        if args.pair not in PAIRS:
-            raise _UsageError(
-                f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
-            )
-        if args.beam < 1:
-            raise _UsageError(f"--beam must be at least 1, got {args.beam}")
-        if not args.alpha >= 0:
-            raise _UsageError(f"--alpha must be >= 0, got {args.alpha}")
-        if args.batch_size < 1:
-            raise _UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cuda" and not torch.cuda.is_available():
-            raise _UsageError("--device cuda, but no CUDA GPU is available")
+        device = check_model_options(args)
         model, tokenizer = _load(args.pair, args.checkpoint, device)
         if args.sentences:
             sentences = args.sentences

@@ -233,10 +233,16 @@ import tempfile
 
 import torch
 
-from .data import PAIRS, SPLITS, DataError
+from .data import SPLITS, DataError
 
-# The translate command's model loading and error conventions, shared.
-from .decode import _load, _Parser, _UsageError
+# The translate command's options, model loading and error conventions, shared.
+from transformer.decode import (
+    _load,
+    _Parser,
+    _UsageError,
+    add_model_options,
+    check_model_options,
+)
 
 PROG = "python -m transformer evaluate"
 _EPILOG = """\
@@ -257,33 +263,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--pair", required=True, help="de-en or fr-en")
+    add_model_options(p)
     p.add_argument(
         "--split",
         default="test_2016_flickr",
         metavar="NAME",
         help=f"{', '.join(SPLITS)} (default: test_2016_flickr)",
-    )
-    p.add_argument(
-        "--beam",
-        type=int,
-        default=4,
-        metavar="N",
-        help="beam size; 1 is greedy decoding (default: 4, the paper's)",
-    )
-    p.add_argument(
-        "--alpha",
-        type=float,
-        default=0.6,
-        metavar="A",
-        help="length penalty α of beam search (default: 0.6, the paper's)",
-    )
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        metavar="DIR",
-        help="a shipped model or a checkpoint folder (default: checkpoints/<pair> in the "
-        "repository)",
     )
     p.add_argument(
         "--data-dir",
@@ -305,16 +290,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the translations to FILE, one per line",
     )
-    p.add_argument(
-        "--device", choices=["cpu", "cuda"], help="default: cuda when available"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=BATCH_SIZE,
-        metavar="N",
-        help=f"sentences decoded at once (default: {BATCH_SIZE})",
-    )
     return p
 
 
@@ -335,29 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m transformer evaluate ...`; returns the exit status."""
     try:
         args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-        if args.pair not in PAIRS:
-            raise _UsageError(
-                f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
-            )
+        device = check_model_options(args)
         if args.split not in SPLITS:
             raise _UsageError(
                 f"unknown split {args.split!r}: choose one of {', '.join(SPLITS)}"
             )
-        if args.beam < 1:
-            raise _UsageError(f"--beam must be at least 1, got {args.beam}")
-        if not args.alpha >= 0:
-            raise _UsageError(f"--alpha must be >= 0, got {args.alpha}")
-        if args.batch_size < 1:
-            raise _UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
         if args.limit is not None and args.limit < 1:
             raise _UsageError(f"--limit must be at least 1, got {args.limit}")
         if args.output is not None and not args.output.parent.is_dir():
             raise _UsageError(
                 f"cannot write {args.output}: no folder {args.output.parent}"
             )
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cuda" and not torch.cuda.is_available():
-            raise _UsageError("--device cuda, but no CUDA GPU is available")
         load_pairs(
             args.split, args.pair, args.data_dir
         )  # a data error before the model's
