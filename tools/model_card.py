@@ -1,0 +1,150 @@
+"""Write the model card, checkpoints/<pair>/README.md, from the shipped files and a fresh
+evaluation of the shipped and last-epoch weights on test_2016_flickr (beam 4, α 0.6).
+
+    python tools/model_card.py de-en --command "python -m transformer train ..." \
+        --hardware "2-core Intel Xeon CPU, ..."
+
+Every number in the card is read from the folder (config.json, metrics.jsonl, comparison/) or
+measured here; the command and the hardware are the two facts the folder does not hold.
+"""
+
+import argparse
+import json
+import os
+
+from transformer.decode import CHECKPOINTS_DIR
+from transformer.evaluate import score, translate_split
+from transformer.train import load_model, read_jsonl
+
+NAMES = {"de-en": "German→English", "fr-en": "French→English"}
+TARGETS = {
+    "de-en": (6.0, 0.70, 38.0),
+    "fr-en": (4.0, 0.78, 48.0),
+}  # ppl/word, acc, BLEU
+
+
+def card(pair: str, command: str, hardware: str) -> str:
+    folder = CHECKPOINTS_DIR / pair
+    record = json.loads((folder / "config.json").read_text())
+    metrics = read_jsonl(folder / "metrics.jsonl")
+    epochs = [r for r in metrics if r["kind"] == "epoch"]
+    average = [r for r in metrics if r["kind"] == "average"][-1]
+    tc, mc = record["train"], record["model"]
+    model, _ = load_model(folder)
+    n_params = sum(p.numel() for p in model.parameters())
+    results = {}
+    for name, sub in (
+        ("averaged (shipped)", folder),
+        ("last epoch (`last/`)", folder / "last"),
+    ):
+        m, t = load_model(sub)
+        tr = translate_split(m, t, pair, "test_2016_flickr")
+        results[name] = score(tr.hypotheses, tr.references)
+    shipped = results["averaged (shipped)"]
+    ppl_t, acc_t, bleu_t = TARGETS[pair]
+    val_met = average["val_ppl_word"] <= ppl_t and average["val_accuracy"] >= acc_t
+    bleu_met = shipped.bleu >= bleu_t
+    hours = epochs[-1]["wall_time"] / 3600
+    tok_s = sorted(r["tokens_per_s"] for r in epochs)[len(epochs) // 2]
+    on_gpu = "GPU" in hardware and "no GPU" not in hardware
+    status = (
+        "meets all of the project's targets"
+        if val_met and bleu_met
+        else "does not meet all of the project's targets (below); a longer GPU run should "
+        "replace it"
+    )
+    comparisons = sorted(
+        p.name for p in (folder / "comparison").iterdir() if p.is_dir()
+    )
+    files = sorted(p.name for p in folder.iterdir())
+    cpu_note = (
+        "" if on_gpu else " (a lower bound for this CPU; MFU is not reported for a CPU)"
+    )
+    tried = ", ".join(f"`{c}`" for c in comparisons)
+    rows = "".join(
+        f"| {name} | {s.bleu:.1f} | {s.chrf:.1f} | {s.bleu_lc_tok:.1f} |\n"
+        for name, s in results.items()
+    )
+    return f"""# {NAMES[pair]} Transformer, Multi30k
+
+**Status:** trained with the book's recipe on {"a GPU" if on_gpu else "a CPU, for want of a GPU"},
+{len(epochs)} epochs in {hours:.1f} hours; it {status}.
+
+## Model
+
+Post-norm Transformer encoder–decoder of "Attention Is All You Need" (this book's `transformer`
+package): {mc["n_layers"]} + {mc["n_layers"]} layers, d_model {mc["d_model"]}, d_ff {mc["d_ff"]}, \
+{mc["n_heads"]} heads, dropout {mc["dropout"]}, sinusoidal positions, one \
+{mc["src_vocab_size"]:,}-entry joint BPE vocabulary whose embedding table is shared by encoder,
+decoder and the pre-softmax projection: {n_params:,} parameters. Weights are float16
+safetensors; `load_model` computes in float32.
+
+## Data
+
+Multi30k task 1 (`data/multi30k/`): trained on the 29,000 training pairs, {pair} direction;
+validated on `val` (1,014 pairs) after every epoch; tested on `test_2016_flickr` (1,000 pairs).
+spaCy's rule-based tokenizers, then the joint BPE vocabulary learned on the training split only
+(the data chapter).
+
+## Recipe
+
+The training chapter's `multi30k_recipe`: Adam (0.9, 0.98, 1e-9), the paper's warm-up and
+inverse-square-root schedule with warm-up {tc["warmup"]} and factor {tc["lr_factor"]}, label
+smoothing {tc["label_smoothing"]}, batches of at most {tc["max_tokens"]:,} padded tokens per side,
+{tc["epochs"]} epochs, seed {tc["seed"]}, the average of the last {tc["average_last"]} epoch
+checkpoints. The command that trained it:
+
+```
+{command}
+```
+
+## Hardware and time
+
+{hardware}: {hours:.2f} hours for {len(epochs)} epochs ({epochs[-1]["step"]:,} updates), a
+median of {tok_s:,.0f} target tokens per second{cpu_note}.
+
+## Results
+
+Validation (`val`, the averaged model, measured by the training loop without dropout):
+perplexity per word {average["val_ppl_word"]:.2f} (target at most {ppl_t:g}), per token
+{average["val_ppl_token"]:.2f}, token accuracy {average["val_accuracy"]:.1%} (target at least
+{acc_t:.0%}): {"met" if val_met else "not met"}. Words are the whitespace-separated pieces of
+the references, and `<eos>` counts in the loss but not as a word (the training chapter).
+
+Test (`test_2016_flickr`, beam 4, α = 0.6, `python -m transformer evaluate --pair {pair}`):
+
+| weights | sacreBLEU | chrF | BLEU lowercased, spaCy-tokenised* |
+| --- | --- | --- | --- |
+{rows}
+sacreBLEU signature: `{shipped.bleu_signature}`; chrF: `{shipped.chrf_signature}`.
+\\* only for comparison with published Multi30k numbers, which use lowercased tokens.
+Target: sacreBLEU at least {bleu_t:g}: {"met" if bleu_met else "not met"}.
+
+## Files
+
+{", ".join(f"`{f}`" for f in files)}: `config.json` holds the model's and the training's
+configuration and the vocabulary's fingerprint; `metrics.jsonl` the run's metrics; `last/` the
+last epoch's weights without averaging (for the results chapter's ablation); `comparison/`
+the metrics and configurations of the other recipes tried ({tried}; the
+training chapter compares them).
+"""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("pair", choices=sorted(NAMES))
+    p.add_argument(
+        "--command", required=True, help="the command that trained the model"
+    )
+    p.add_argument("--hardware", required=True, help="where and how it was trained")
+    args = p.parse_args()
+    text = card(args.pair, args.command, args.hardware)
+    path = CHECKPOINTS_DIR / args.pair / "README.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
