@@ -1321,7 +1321,7 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     fields = dict(
         pair=pair,
         model="small",
-        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.1),
+        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.2),
         epochs=20,
         max_tokens=3_000,
         warmup=800,
