@@ -2468,28 +2468,31 @@ comparison
 # %% [markdown]
 # The same runs as curves, by epoch (left) and by hours of training (right), which is what the
 # budget of a CPU counts (all runs shared the machine with other work, so the hours are only
-# roughly comparable). What to look for: where each curve turns up or flattens, and which
-# curve is lowest at the end.
+# roughly comparable). The axis stops at a perplexity of 200, so the first epochs of the
+# slower runs start above the frame. What to look for: where each curve turns up or flattens,
+# and which curve is lowest at the end.
 
 # %%
 def _runs_panel(x: str, title: str) -> alt.Chart:
     return (
         alt.Chart(run_epochs[["pair", "recipe", "epoch", "hours", "val_ppl_word"]])
-        .mark_line(point=alt.OverlayMarkDef(size=20))
+        .mark_line(point=alt.OverlayMarkDef(size=20), clip=True)
         .encode(
             x=alt.X(f"{x}:Q", title=title),
             y=alt.Y(
                 "val_ppl_word:Q",
                 title="validation perplexity per word",
-                scale=alt.Scale(type="log"),
+                scale=alt.Scale(type="log", domain=[5, 200]),
             ),
             color=alt.Color(
-                "recipe:N", title=None, legend=alt.Legend(orient="bottom", columns=1)
+                "recipe:N",
+                title=None,
+                legend=alt.Legend(orient="bottom", columns=1, labelLimit=400),
             ),
             row=alt.Row("pair:N", title=None),
             tooltip=["pair", "recipe", "epoch", "hours", "val_ppl_word"],
         )
-        .properties(width=280, height=170)
+        .properties(width=240, height=170)
     )
 
 
