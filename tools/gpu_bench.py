@@ -1,0 +1,86 @@
+"""Training throughput and MFU on one GPU, measured by the training loop itself.
+
+    python tools/gpu_bench.py --cache-dir cache --out bench.json
+
+Each variant trains alone on the GPU for two epochs of real Multi30k batches (German→English)
+with `transformer.train.train`; the numbers are those of the second epoch (the first holds
+CUDA's start-up and, with `--compile`, the compilation): target tokens per second (padding
+excluded) and MFU, the model FLOPs of ../shared/GPU.md's formula over the epoch's time and the
+card's measured bf16 matrix-multiply rate (PEAK_BF16_FLOPS). Variants: the book's Multi30k
+recipe (3,000-token batches) and the paper's base model on the paper's 25,000-token batches,
+each in float32, bf16 autocast, and bf16 with torch.compile.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from transformer.train import TrainConfig, multi30k_recipe, train
+
+BASE = dict(model="base", max_tokens=25_000, warmup=4000)
+VARIANTS = {
+    "recipe fp32": dict(bf16=False),
+    "recipe bf16": dict(bf16=True),
+    "recipe bf16 compile": dict(bf16=True, compile=True),
+    "base-25k fp32": BASE | dict(bf16=False),
+    "base-25k bf16": BASE | dict(bf16=True),
+    "base-25k bf16 compile": BASE | dict(bf16=True, compile=True),
+}
+
+
+def measure(name: str, fields: dict, cache_dir: str, pair: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = dict(epochs=2, average_last=0, cache_dir=cache_dir, out_dir=tmp)
+        if fields.get("model") == "base":  # the paper's base model, not the recipe's
+            config = TrainConfig(pair=pair, **(overrides | fields))
+        else:
+            config = multi30k_recipe(pair, **(overrides | fields))
+        started = time.perf_counter()
+        result = train(config, echo=False)
+        seconds = time.perf_counter() - started
+    second = [r for r in result.metrics if r["kind"] == "epoch"][-1]
+    return {
+        "variant": name,
+        "tokens_per_s": second["tokens_per_s"],
+        "mfu": second["mfu"],
+        "updates_per_epoch": result.step // 2,
+        "run_seconds": seconds,
+        "config": config.to_dict(),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache-dir", default="cache")
+    p.add_argument("--pair", default="de-en")
+    p.add_argument("--out", default="bench.json")
+    p.add_argument("--only", nargs="*", help="variants to run (default: all)")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_bench: no CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.cuda.get_device_name()
+    rows = []
+    for name, fields in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
+        row = measure(name, fields, args.cache_dir, args.pair)
+        row["device"] = device
+        rows.append(row)
+        print(
+            f"{name:<24} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.2%}  "
+            f"({row['updates_per_epoch']} updates/epoch, {row['run_seconds']:.0f} s)",
+            flush=True,
+        )
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"device: {device}, torch {torch.__version__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

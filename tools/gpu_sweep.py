@@ -1,0 +1,267 @@
+"""Train several Multi30k runs side by side on one GPU, score them on the validation split and
+export the best run of each pair: the script behind the book's GPU-trained models.
+
+    python tools/gpu_sweep.py PHASE --cache-dir cache --runs runs --out OUT --minutes M
+
+Every run is `python -m transformer train --config multi30k ...` with its own options (below),
+in its own process; they share the GPU. A run stops after its epochs or, at the latest, after M
+minutes (`--time-limit`); a run that the time limit stopped is then closed with `--resume
+--epochs <its last whole epoch>`, which averages its last five epoch checkpoints, as a run that
+ends normally does. Each run's average is then scored on the validation split (sacreBLEU, beam 4,
+α 0.6; the sources come from the encoded cache, so no spaCy is needed on the GPU machine).
+
+The run of each pair with the lowest averaged validation perplexity per word, among those marked
+as candidates (the sizes that can be shipped), is exported in the shipped format with its last
+epoch in last/ (`export_model`), and packed into OUT as <pair>.tar (split into pieces of 15 MiB
+when larger, `cat` joins them). OUT also gets summary.json and runs.tar.gz (every run's metrics,
+config and log). Choosing on the validation split keeps the test split for the book's results.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+RECIPE = ["--config", "multi30k"]
+BASE = ["--set", "n_layers=6", "--set", "d_model=512", "--set", "d_ff=2048"]
+# name: (pair, options after the recipe, a candidate for shipping)
+FF1024 = ["--set", "d_ff=1024", "--no-bf16"]
+LR045 = ["--lr-factor", "0.45"]  # the paper's peak learning rate for d_model 512
+
+
+def both(name: str, options: list[str], candidate: bool = True) -> dict:
+    """The same run for each pair, named <pair>-<name>."""
+    return {f"{pair}-{name}": (pair, options, candidate) for pair in ("de-en", "fr-en")}
+
+
+TINY = [
+    "--set",
+    "n_layers=1",
+    "--set",
+    "d_model=64",
+    "--set",
+    "n_heads=4",
+    "--set",
+    "d_ff=128",
+]
+PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
+    "smoke": {  # the script itself, on a CPU: --epochs 2
+        "de-en-tiny": ("de-en", TINY, True),
+        "de-en-tiny-ls0": ("de-en", TINY + ["--label-smoothing", "0"], False),
+    },
+    "explore": {
+        **both("d2", []),
+        **both("d3", ["--dropout", "0.3"]),
+        **both("d3-4l", ["--dropout", "0.3", "--set", "n_layers=4"]),
+        "de-en-ls0": ("de-en", ["--label-smoothing", "0"], False),
+        "de-en-base": ("de-en", BASE + ["--dropout", "0.1"], False),
+        "de-en-base-d3": ("de-en", BASE + ["--dropout", "0.3"], False),
+    },
+    "long": {
+        **both("d3", ["--dropout", "0.3", "--no-bf16"]),
+        **both("d3-ff1024", ["--dropout", "0.3"] + FF1024),
+        **both("d25-ff1024", ["--dropout", "0.25"] + FF1024),
+        "de-en-base-lr": ("de-en", BASE + ["--dropout", "0.1"] + LR045, False),
+        "de-en-base-lr-d3": ("de-en", BASE + ["--dropout", "0.3"] + LR045, False),
+    },
+    "final": both("d3-long", ["--dropout", "0.3", "--no-bf16"]),
+}
+PIECE = 15 * 2**20
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def launch(runs: dict, args: argparse.Namespace) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs = {}
+    for name, (pair, options, _) in runs.items():
+        out = Path(args.runs) / name
+        command = [sys.executable, "-m", "transformer", "train", "--pair", pair]
+        command += RECIPE + options
+        command += ["--cache-dir", args.cache_dir, "--out", str(out)]
+        command += ["--epochs", str(args.epochs), "--time-limit", str(args.minutes)]
+        log = open(Path(args.runs) / f"{name}.stdout", "w")
+        procs[name] = (subprocess.Popen(command, env=env, stdout=log, stderr=log), log)
+        print(" ".join(command[1:]), flush=True)
+    deadline = time.time() + 60 * args.minutes + 120
+    for name, (proc, log) in procs.items():
+        try:
+            proc.wait(timeout=max(deadline - time.time(), 1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            print(f"{name}: killed at the deadline", flush=True)
+        log.close()
+        print(f"{name}: exit {proc.returncode}", flush=True)
+
+
+def close(runs: dict, args: argparse.Namespace) -> None:
+    """Average the runs that the time limit stopped (their last five whole epochs)."""
+    procs = []
+    for name, (pair, _, _) in runs.items():
+        out = Path(args.runs) / name
+        metrics = read_jsonl(out / "metrics.jsonl")
+        if any(r["kind"] == "average" for r in metrics):
+            continue
+        epochs = [r for r in metrics if r["kind"] == "epoch"]
+        if len(epochs) < 2:
+            print(f"{name}: fewer than two epochs, not averaged", flush=True)
+            continue
+        command = [sys.executable, "-m", "transformer", "train", "--pair", pair]
+        command += [
+            "--out",
+            str(out),
+            "--resume",
+            "--epochs",
+            str(int(epochs[-1]["epoch"])),
+        ]
+        log = open(Path(args.runs) / f"{name}.close.stdout", "w")
+        procs.append((name, subprocess.Popen(command, stdout=log, stderr=log), log))
+    for name, proc, log in procs:
+        proc.wait()
+        log.close()
+        print(f"{name}: closed, exit {proc.returncode}", flush=True)
+
+
+def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
+    """sacreBLEU of the averaged model on the validation split, beam 4, α 0.6."""
+    import torch
+    from sacrebleu.metrics import BLEU
+
+    from transformer.data import load_encoded, load_pairs
+    from transformer.decode import translate
+    from transformer.train import load_model
+
+    model, tokenizer = load_model(
+        folder, device="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    val = load_encoded(pair, "val", Path(cache_dir))
+    pairs = load_pairs("val", pair)
+    ids = [[int(t) for t in val[i][0]] for i in range(len(val))]
+
+    def cached(texts, language=None):  # the sources' ids, without spaCy
+        if len(texts) != len(ids):
+            raise ValueError("a validation source is empty")
+        return ids
+
+    tokenizer.encode_batch = cached
+    hypotheses = translate(
+        model, tokenizer, [s for s, _ in pairs], beam_size=4, alpha=0.6
+    )
+    return BLEU().corpus_score(hypotheses, [[r for _, r in pairs]]).score
+
+
+def summarise(runs: dict, args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for name, (pair, options, candidate) in runs.items():
+        out = Path(args.runs) / name
+        metrics = read_jsonl(out / "metrics.jsonl")
+        epochs = [r for r in metrics if r["kind"] == "epoch"]
+        averages = [r for r in metrics if r["kind"] == "average"]
+        if not epochs:
+            rows.append({"name": name, "pair": pair, "failed": True})
+            continue
+        best = min(epochs, key=lambda r: r["val_ppl_word"])
+        tok_s = sorted(r["tokens_per_s"] for r in epochs)
+        row = {
+            "name": name,
+            "pair": pair,
+            "options": options,
+            "candidate": candidate,
+            "epochs": int(epochs[-1]["epoch"]),
+            "hours": epochs[-1]["wall_time"] / 3600,
+            "tokens_per_s": tok_s[len(tok_s) // 2],
+            "best_epoch": int(best["epoch"]),
+            "best_ppl_word": best["val_ppl_word"],
+            "last_ppl_word": epochs[-1]["val_ppl_word"],
+            "last_accuracy": epochs[-1]["val_accuracy"],
+        }
+        if averages:
+            row["avg_ppl_word"] = averages[-1]["val_ppl_word"]
+            row["avg_accuracy"] = averages[-1]["val_accuracy"]
+            try:
+                row["avg_val_bleu"] = val_bleu(out / "average", pair, args.cache_dir)
+            except Exception as err:  # a score is not worth losing the run for
+                row["bleu_error"] = repr(err)
+        rows.append(row)
+    return rows
+
+
+def export_best(rows: list[dict], args: argparse.Namespace) -> None:
+    from transformer.train import export_model
+
+    for pair in sorted({r["pair"] for r in rows}):
+        mine = [r for r in rows if r["pair"] == pair and r.get("candidate")]
+        mine = [r for r in mine if "avg_ppl_word" in r]
+        if not mine:
+            continue
+        best = min(mine, key=lambda r: r["avg_ppl_word"])
+        run = Path(args.runs) / best["name"]
+        dest = Path(args.runs) / "export" / pair
+        export_model(run, dest)
+        export_model(run / "checkpoints" / f"epoch-{best['epochs']:03d}", dest / "last")
+        (dest / "RUN").write_text(best["name"] + "\n")
+        tar = Path(args.out) / f"{pair}.tar"
+        with tarfile.open(tar, "w") as t:
+            t.add(dest, arcname=pair)
+        if tar.stat().st_size > PIECE:
+            subprocess.run(["split", "-b", str(PIECE), str(tar), f"{tar}."], check=True)
+            tar.unlink()
+        print(f"{pair}: exported {best['name']}", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("phase", choices=sorted(PHASES))
+    p.add_argument("--cache-dir", default="cache")
+    p.add_argument("--runs", default="runs")
+    p.add_argument("--out", default="out")
+    p.add_argument("--minutes", type=float, required=True)
+    p.add_argument("--epochs", type=int, default=400)
+    args = p.parse_args()
+    runs = PHASES[args.phase]
+    Path(args.runs).mkdir(parents=True, exist_ok=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    launch(runs, args)
+    close(runs, args)
+    rows = summarise(runs, args)
+    (Path(args.out) / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    with tarfile.open(Path(args.out) / "runs.tar.gz", "w:gz") as t:
+        for name in runs:
+            for path in sorted(Path(args.runs).glob(f"{name}*")):
+                if path.is_file():
+                    t.add(path, arcname=path.name)
+            for file in (
+                "metrics.jsonl",
+                "steps.jsonl",
+                "train_config.json",
+                "train.log",
+            ):
+                path = Path(args.runs) / name / file
+                if path.is_file():
+                    t.add(path, arcname=f"{name}/{file}")
+    export_best(rows, args)
+    head = f"{'run':<16}{'ep':>4}{'best':>5}{'ppl best':>9}{'ppl avg':>8}{'acc avg':>8}"
+    print(head + f"{'BLEU':>6}{'tok/s':>9}")
+    for r in rows:
+        if r.get("failed"):
+            print(f"{r['name']:<16} failed")
+            continue
+        print(
+            f"{r['name']:<16}{r['epochs']:>4}{r['best_epoch']:>5}{r['best_ppl_word']:>9.2f}"
+            f"{r.get('avg_ppl_word', float('nan')):>8.2f}"
+            f"{r.get('avg_accuracy', float('nan')):>8.1%}"
+            f"{r.get('avg_val_bleu', float('nan')):>6.1f}{r['tokens_per_s']:>9,.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
