@@ -1960,20 +1960,19 @@ def train(
 #
 # | | the paper (base) | the book's Multi30k recipe | why |
 # | --- | --- | --- | --- |
-# | layers, $d_{model}$, $d_{ff}$, $h$ | 6 + 6, 512, 2048, 8 | 3 + 3, 256, 512, 8 | 6.0M parameters instead of 44M with our 8,000-entry vocabulary: small data favours small models, and this one trains on a CPU; it is the size of a widely used tutorial model for this task |
-# | dropout | 0.1 | 0.2 | with 0.1 the validation loss turns up after epoch 16 while the training loss keeps falling; 0.3, the paper's value for its big English–German model, learns too slowly for our budget (the comparison runs below) |
-# | tokens per batch and side | about 25,000 | at most 3,000, padding included | one epoch is about 420,000 tokens per side: at the paper's size it would be 17 updates; at ours it is about 150 |
-# | warm-up | 4,000 updates | 800 updates | 4,000 would warm up for 27 epochs; 800 is about five |
+# | layers, $d_{model}$, $d_{ff}$, $h$ | 6 + 6, 512, 2048, 8 | 3 + 3, 256, 512, 8 | 6.0M parameters instead of 48M with our 8,000-entry vocabulary: small data favours small models; the paper's base model, trained on the same data and batches, learned far more slowly, and with dropout 0.3 it diverged; 4 + 4 layers and $d_{ff} = 1024$ did no better (the comparison runs below) |
+# | dropout | 0.1 | 0.3 | with 0.1 the validation perplexity turns up after epoch 16 while the training loss keeps falling; 0.2 and 0.3 both end lower, and 0.3 lowest (0.3 is also the paper's value for its big English–German model) |
+# | tokens per batch and side | about 25,000 | at most 3,000, padding included | one epoch is about 420,000 tokens per side: at the paper's size it would be 17 updates; at ours it is about 160 |
+# | warm-up | 4,000 updates | 800 updates | 4,000 would warm up for 25 epochs; 800 is about five |
 # | learning-rate factor | 1 | 0.7 | a peak of $0.7 \cdot 256^{-0.5} \cdot 800^{-0.5} = 1.5 \cdot 10^{-3}$, against the paper's $7 \cdot 10^{-4}$ for batches eight times larger |
-# | length of training | 100,000 updates | 20 epochs, about 3,000 updates | what a 2-core CPU trains in about an hour and a half |
+# | length of training | 100,000 updates | 35 epochs, about 5,600 updates | the validation perplexity of dropout 0.3 is still falling at epoch 35; runs of 110 epochs show it turning up after epoch 42 (French→English) and 57 (German→English), below |
 # | checkpoint averaging | last 5, written 10 minutes apart | last 5 epochs | the same idea, counted in epochs |
+# | arithmetic on a GPU | (not stated) | float32 | a model this small is limited by the launching of its many small kernels, not by arithmetic: on an H100 it trains faster in float32 than under bfloat16 autocast, which adds conversions (the throughput table below) |
 #
-# Three alternatives were tried, each on both pairs and on the same CPU, and the section "The
-# book's models" compares them with the recipe: the paper's dropout of 0.1 (the book's first
-# shipped models), dropout 0.3, and the strongest published text-only Multi30k baseline
-# {cite:p}`wu2021good`, which is smaller still (4 + 4 layers of width 128, $d_{ff} = 256$, 4
-# heads) with dropout 0.3, trained for about 8,000 updates of 8,000 tokens. The paper's base
-# model itself, 17 minutes per epoch on this CPU, was not tried; that comparison needs a GPU. `multi30k_recipe` is the recipe as a `TrainConfig`, and
+# The evidence for these choices is a set of runs trained on one NVIDIA H100 with
+# `tools/gpu_sweep.py` (several runs at a time, each in its own process), and one earlier run on
+# the project's 2-core CPU; the section "The book's models" compares them all with the recipe.
+# `multi30k_recipe` is the recipe as a `TrainConfig`, and
 # `python -m transformer train --pair de-en --config multi30k` trains with it.
 
 # %%
@@ -1983,12 +1982,13 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     fields = dict(
         pair=pair,
         model="small",
-        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.2),
-        epochs=20,
+        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3),
+        epochs=35,
         max_tokens=3_000,
         warmup=800,
         lr_factor=0.7,
         average_last=5,
+        bf16=False,
     )
     return TrainConfig(**(fields | overrides))
 
@@ -2274,9 +2274,9 @@ print("float16 weights: log-probabilities within 1e-2 of the float32 model's")
 #
 # The repository ships two models trained with `multi30k_recipe`, German→English in
 # `checkpoints/de-en` and French→English in `checkpoints/fr-en`, each with a model card
-# (`README.md`) that gives the exact command. No GPU machine was available to the sessions that
-# trained them, so they were trained on the CPU of the project's development machine (2 cores,
-# float32), one thread per run and the two runs side by side; the next chapters use them. The
+# (`README.md`) that gives the exact command; the next chapters use them. They were trained on
+# one NVIDIA H100 80GB HBM3 (PyTorch 2.11, CUDA 13), each in about seven minutes while seven
+# other runs of the comparison below shared the GPU, with `python tools/gpu_sweep.py long`. The
 # targets that the project set for them, on the validation split and per word, are a perplexity
 # of at most 6 with a token accuracy of at least 70% for German→English, and at most 4 with at
 # least 78% for French→English (for comparison, a published notebook implementation of this task
@@ -2284,7 +2284,8 @@ print("float16 weights: log-probabilities within 1e-2 of the float32 model's")
 #
 # Their curves come from the `metrics.jsonl` that each shipped folder holds: one record per
 # epoch, measured on the whole validation split without dropout, and one for the average of the
-# last five epochs.
+# last five epochs. (The runs were given a time limit; the `partial` record after epoch 35 is the
+# part of a 36th epoch they trained before it, which the average leaves out.)
 
 # %%
 from transformer.decode import CHECKPOINTS_DIR  # the folder the translate command reads
@@ -2308,8 +2309,7 @@ summary = pd.DataFrame(
     {
         "epochs": epoch_rows.groupby("pair")["epoch"].max().astype(int),
         "updates": epoch_rows.groupby("pair")["step"].max(),
-        "hours": (epoch_rows.groupby("pair")["wall_time"].max() / 3600).round(2),
-        "tokens/s": epoch_rows.groupby("pair")["tokens_per_s"].median().round(-1),
+        "minutes": (epoch_rows.groupby("pair")["wall_time"].max() / 60).round(1),
         "best epoch ppl/word": epoch_rows.groupby("pair")["val_ppl_word"]
         .min()
         .round(2),
@@ -2333,8 +2333,8 @@ summary
 # figure for the same predictions. The two are one rescaling apart, since the total NLL is the
 # same: $\log \mathrm{ppl}_{\text{their}} = \log \mathrm{ppl}_{\text{ours}} \cdot W / W'$, with
 # $W$ our word count of the English validation references and $W'$ their spaCy tokens plus one
-# `<eos>` per sentence. The targets are read in our, stricter, convention; the other is given
-# only to compare with the published numbers.
+# `<eos>` per sentence. The table above reads the targets in our, stricter, convention; the
+# table below gives the other, the one the published numbers use.
 
 # %%
 from transformer.data import load_split, normalize, pretokenize
@@ -2357,16 +2357,20 @@ pd.DataFrame(
 )
 
 # %% [markdown]
+# So, read per spaCy token, the German→English model's perplexity meets its target and its
+# accuracy falls 0.2 points short of it; the French→English model meets neither. Neither is
+# met in our convention.
+#
 # The validation perplexity per word (left, on a logarithmic scale) and the token accuracy
 # (right) after each epoch; the dashed lines are the targets, in the colour of their pair, and
 # the diamonds at the end are the averaged models. Look at the shape: the perplexity falls fast
-# for the first ten epochs, then more and more slowly; the average of the last five epochs is
-# better than every single epoch, on both measures. The table above says how far each model is
-# from its targets.
+# for the first ten epochs, then more and more slowly, and is still falling at epoch 35; the
+# average of the last five epochs is better than every single epoch, on both measures.
 
 # %%
-curves = shipped_runs.assign(
-    what=shipped_runs["kind"].map({"epoch": "epoch", "average": "average of last 5"})
+curves = shipped_runs[shipped_runs["kind"] != "partial"]
+curves = curves.assign(
+    what=curves["kind"].map({"epoch": "epoch", "average": "average of last 5"})
 )[["pair", "epoch", "what", "val_ppl_word", "val_accuracy", "val_loss"]].round(4)
 targets = pd.DataFrame(
     [
@@ -2403,26 +2407,72 @@ alt.hconcat(
 ).properties(title="The book's models: validation after each epoch")
 
 # %% [markdown]
-# **The comparison runs.** Three other recipes were trained on both pairs, on the same CPU,
-# before this one; each shipped folder keeps their `metrics.jsonl` and `train_config.json` in
-# `comparison/<name>/`:
+# **How fast.** The model is small for an H100: each update launches many small kernels, and the
+# GPU waits for Python more than it computes. `tools/gpu_bench.py` measured the training loop
+# alone on the GPU, two epochs of German→English per variant, the second one timed: target
+# tokens per second (padding excluded) and MFU, the formula of the section "Counting the work"
+# over the epoch's time and the card's measured bf16 rate of 790 TFLOP/s. The paper's base model
+# on the paper's batches of 25,000 tokens shows what the same loop does with enough work per
+# kernel, and what bfloat16 autocast buys then. Every row's MFU is against the bf16 rate, the
+# float32 rows included: it says how much of the card's best the run uses. (The shipped runs,
+# sharing the GPU with seven others, record 0.2% MFU in their metrics.)
+
+# %%
+bench = pd.DataFrame(json.loads((CHECKPOINTS_DIR / "throughput-h100.json").read_text()))
+pd.DataFrame(
+    {
+        "device": bench["device"],
+        "tokens/s": bench["tokens_per_s"].round(-2).astype(int),
+        "MFU (%)": (100 * bench["mfu"]).round(2),
+        "updates per epoch": bench["updates_per_epoch"],
+    }
+).set_axis(bench["variant"])
+
+# %% [markdown]
+# For the recipe's model, bfloat16 autocast is slower than float32 (it adds a conversion
+# before most matrix products, and the products were not the bottleneck): the recipe trains in
+# float32. For the base model on large batches, bfloat16 is more than twice as fast. Even then
+# the MFU is about 10%: the model spends much of its time outside matrix products (softmax,
+# layer norm, dropout, the optimizer), which `torch.compile` could fuse; its measurement did not
+# fit into the GPU time this book had. The repeated measurement of the same variant shows the
+# noise: compare the rows as ratios, not to the last digit.
+
+# %%
+speed = bench.set_index("variant")["tokens_per_s"]
+assert min(speed["recipe fp32"], speed["recipe fp32 (repeated)"]) > speed["recipe bf16"]
+assert speed["base-25k bf16"] > 2 * speed["base-25k fp32"]
+assert bench.set_index("variant").loc["base-25k bf16", "mfu"] < 0.2
+
+# %% [markdown]
+# **The comparison runs.** Each shipped folder keeps the `metrics.jsonl` and `train_config.json`
+# of the other recipes tried, in `comparison/<name>/`. All but one were trained on the same H100
+# as the shipped runs, several at a time, and those that hit the time limit were closed at their
+# last whole epoch, like the shipped ones:
 #
-# - `wu2021`: the recipe of {cite:t}`wu2021good` scaled to our batches (4 + 4 layers of width
-#   128, $d_{ff} = 256$, 4 heads, dropout 0.3, at most 4,000 tokens per side, warm-up 1,000,
-#   learning-rate factor 1.5; 2.3M parameters), stopped after nine epochs;
-# - `dropout-0.1`: this recipe with the paper's dropout of 0.1 in place of 0.2, for the same 20
-#   epochs; it was the book's first shipped model;
-# - `dropout-0.3`: this recipe with dropout 0.3, stopped after eleven epochs.
+# - `dropout-0.1-cpu`: the recipe with the paper's dropout of 0.1, 20 epochs, trained on the
+#   project's 2-core CPU (the book's first shipped model);
+# - `dropout-0.2`: dropout 0.2, 32 epochs;
+# - `110-epochs`: the recipe itself (dropout 0.3) trained for 110 epochs, two runs on the GPU;
+# - `d_ff-1024`: the recipe with $d_{ff} = 1024$, the "small" preset's width (7.6M parameters);
+# - `4-layers`: 4 + 4 layers (7.3M parameters);
+# - German→English only: `no-label-smoothing`, dropout 0.2 and $\epsilon_{ls} = 0$, the twin of
+#   `dropout-0.2`; and three runs of the paper's base model (6 + 6 layers, $d_{model} = 512$,
+#   $d_{ff} = 2048$, 48M parameters) on our batches and warm-up: `base` with the recipe's
+#   learning-rate factor and the paper's dropout of 0.1, `base-lr-0.45` with a factor of 0.45
+#   (the paper's peak learning rate of $7 \cdot 10^{-4}$), and `base-dropout-0.3`.
 #
-# Epoch by epoch, the validation perplexity per word of each run, its best epoch and, where the
-# run finished, its average of the last five:
+# Epoch by epoch, the validation perplexity per word of each run, its best epoch and its average
+# of the last five:
 
 # %%
 def recipe_label(train_config: dict) -> str:
     """A run's recipe in a few words: its depth, width and dropout."""
     config = TrainConfig.from_dict(train_config)
     m = config.model_config(config.vocab_size)
-    return f"{m.n_layers}+{m.n_layers} layers, d_model {m.d_model}, dropout {m.dropout}"
+    return (
+        f"{m.n_layers}+{m.n_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, "
+        f"dropout {m.dropout}, ls {config.label_smoothing}"
+    )
 
 
 def runs_of(pair: str):
@@ -2447,18 +2497,18 @@ all_runs = pd.concat(
         for name, config, metrics in runs_of(pair)
     ],
     ignore_index=True,
-).assign(hours=lambda d: (d["wall_time"] / 3600).round(3))
+)
 run_epochs = all_runs[all_runs["kind"] == "epoch"]
 run_averages = all_runs[all_runs["kind"] == "average"].set_index(["pair", "run"])
 grouped = run_epochs.groupby(["pair", "run"])
 comparison = pd.DataFrame(
     {
         "epochs": grouped["epoch"].max().astype(int),
-        "hours": (grouped["wall_time"].max() / 3600).round(2),
         "best epoch": run_epochs.loc[grouped["val_ppl_word"].idxmin()]
         .set_index(["pair", "run"])["epoch"]
         .astype(int),
         "best epoch ppl/word": grouped["val_ppl_word"].min().round(2),
+        "highest ppl/word": grouped["val_ppl_word"].max().round(0),
         "average ppl/word": run_averages["val_ppl_word"].round(2),
         "average accuracy": run_averages["val_accuracy"].round(4),
     }
@@ -2466,69 +2516,123 @@ comparison = pd.DataFrame(
 comparison
 
 # %% [markdown]
-# The same runs as curves, by epoch (left) and by hours of training (right), which is what the
-# budget of a CPU counts (all runs shared the machine with other work, so the hours are only
-# roughly comparable). The axis stops at a perplexity of 200, so the first epochs of the
-# slower runs start above the frame. What to look for: where each curve turns up or flattens,
-# and which curve is lowest at the end.
+# The same runs as curves, all but the 110-epoch runs, which have a figure of their own below.
+# The axis stops at a perplexity of 200, so the first epochs, and the base model that diverged,
+# leave the frame. What to look for: where each curve turns up or flattens, and which curve is
+# lowest at the end.
 
 # %%
-def _runs_panel(x: str, title: str) -> alt.Chart:
-    return (
-        alt.Chart(run_epochs[["pair", "recipe", "epoch", "hours", "val_ppl_word"]])
-        .mark_line(point=alt.OverlayMarkDef(size=20), clip=True)
-        .encode(
-            x=alt.X(f"{x}:Q", title=title),
-            y=alt.Y(
-                "val_ppl_word:Q",
-                title="validation perplexity per word",
-                scale=alt.Scale(type="log", domain=[5, 200]),
-            ),
-            color=alt.Color(
-                "recipe:N",
-                title=None,
-                legend=alt.Legend(orient="bottom", columns=1, labelLimit=400),
-            ),
-            row=alt.Row("pair:N", title=None),
-            tooltip=["pair", "recipe", "epoch", "hours", "val_ppl_word"],
-        )
-        .properties(width=240, height=170)
+(
+    alt.Chart(
+        run_epochs.loc[
+            run_epochs["run"] != "110-epochs",
+            ["pair", "recipe", "epoch", "val_ppl_word"],
+        ]
     )
-
-
-alt.hconcat(_runs_panel("epoch", "epoch"), _runs_panel("hours", "hours of training"))
+    .mark_line(point=alt.OverlayMarkDef(size=12), clip=True)
+    .encode(
+        x=alt.X("epoch:Q", title="epoch"),
+        y=alt.Y(
+            "val_ppl_word:Q",
+            title="validation perplexity per word",
+            scale=alt.Scale(type="log", domain=[5, 200]),
+        ),
+        color=alt.Color(
+            "recipe:N",
+            title=None,
+            legend=alt.Legend(orient="bottom", columns=1, labelLimit=500),
+        ),
+        column=alt.Column("pair:N", title=None),
+        tooltip=["pair", "recipe", "epoch", "val_ppl_word"],
+    )
+    .properties(width=330, height=220)
+)
 
 # %% [markdown]
-# What the runs show. The recipe of {cite:t}`wu2021good` learns far more slowly than ours in the
-# first nine epochs, by the epoch and by the hour; whether it catches up after the 150 or so
-# epochs its authors train for is a question for a GPU. The three dropout values order the
-# first epochs by their strength, 0.1 fastest and 0.3 slowest: regularisation costs early
-# progress. With 0.1 the validation perplexity stops improving after about epoch 16 while the
-# training loss keeps falling (the model starts to memorise 29,000 sentences); with 0.2 it keeps
-# falling, more and more slowly, to its lowest at epoch 19 or 20, and ends lower, both for the
-# single epochs and for the average of the last five; 0.3, after eleven epochs, was so far behind
-# that it would need many more epochs than our budget, and was stopped there. So the book ships
-# dropout 0.2, chosen for its validation perplexity; its token accuracy is about that of 0.1's
-# (a little higher for German→English, a little lower for French→English), and so is its BLEU
-# (the results chapter). This is evidence for this budget only, and the shipped run was chosen
-# on the validation split, never on the test set. The cell below checks these claims against the
-# metrics files:
+# The 110-epoch runs show what happens after the recipe's 35 epochs: perplexity (left) and
+# accuracy (right) part ways. The perplexity reaches its lowest after about 40 to 60 epochs and
+# then rises, while the accuracy keeps rising: the model still gets more tokens right, but it
+# grows more confident on the tokens it gets wrong, and the log-loss punishes that. Which epoch
+# is best depends on the measure; the book's targets ask for both.
+
+# %%
+long_runs = (
+    run_epochs[run_epochs["run"] == "110-epochs"]
+    .rename(
+        columns={
+            "val_ppl_word": "validation perplexity per word",
+            "val_accuracy": "validation token accuracy",
+        }
+    )
+    .melt(
+        id_vars=["pair", "epoch"],
+        value_vars=["validation perplexity per word", "validation token accuracy"],
+        var_name="measure",
+    )
+)
+(
+    alt.Chart(long_runs)
+    .mark_line()
+    .encode(
+        x=alt.X("epoch:Q", title="epoch"),
+        y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+        color=alt.Color("pair:N", title="pair"),
+        tooltip=["pair", "epoch", "measure", "value"],
+    )
+    .transform_filter(alt.datum.epoch >= 10)
+    .properties(width=300, height=200)
+    .facet(column=alt.Column("measure:N", title=None))
+    .resolve_scale(y="independent")
+)
+
+# %% [markdown]
+# What the runs show. Regularisation is what this small corpus asks for: with the paper's dropout
+# of 0.1 the validation perplexity turns up after about 16 epochs, 0.2 ends lower and 0.3 lowest,
+# with its curve still falling at epoch 35. More capacity does not help: $d_{ff} = 1024$ ends a
+# little worse, and four layers, or the paper's six of width 512, learn far more slowly with our
+# batches and warm-up, and the base model with dropout 0.3 diverged. Without label smoothing the
+# perplexity is *higher*, not lower as the paper reports for its large corpus: on 29,000
+# sentences the model without it overfits sooner (its best epoch comes earlier) and grows
+# overconfident. The shipped run was chosen as the one with the lowest averaged validation
+# perplexity, never on the test set; this is evidence for this corpus and budget only. The cell
+# below checks these claims against the metrics files:
 
 # %%
 shipped_average = comparison.xs("shipped", level="run")["average ppl/word"]
 for pair in TARGETS:
     runs = comparison.loc[pair]
-    # every other run's best epoch is worse than the shipped average ...
-    assert (runs.drop("shipped")["best epoch ppl/word"] > shipped_average[pair]).all()
-    assert runs.loc["dropout-0.1", "average ppl/word"] > shipped_average[pair]
-    # ... the paper's dropout peaked before its last epoch, and 0.2 at or near its end
-    assert runs.loc["dropout-0.1", "best epoch"] < runs.loc["dropout-0.1", "epochs"]
-    assert runs.loc["shipped", "best epoch"] >= runs.loc["shipped", "epochs"] - 2
-    # ... and the first epochs are ordered by dropout
-    first = run_epochs[(run_epochs["pair"] == pair) & (run_epochs["epoch"] == 5)]
-    by_run = first.set_index("run")["val_ppl_word"]
-    assert by_run["dropout-0.1"] < by_run["shipped"] < by_run["dropout-0.3"]
-print("checked: the shipped average beats every other run, on both pairs")
+    others = runs.drop("shipped")
+    # the shipped average is the lowest average of all runs ...
+    assert (others["average ppl/word"] > shipped_average[pair]).all()
+    # ... dropout 0.1 peaked before its last epoch, 0.3 still improves at its last
+    assert (
+        runs.loc["dropout-0.1-cpu", "best epoch"]
+        < runs.loc["dropout-0.1-cpu", "epochs"]
+    )
+    assert runs.loc["shipped", "best epoch"] == runs.loc["shipped", "epochs"]
+    order = ["dropout-0.1-cpu", "dropout-0.2", "shipped"]
+    assert runs.loc[order, "average ppl/word"].is_monotonic_decreasing
+    # ... more capacity does no better
+    assert runs.loc["d_ff-1024", "average ppl/word"] > shipped_average[pair]
+    assert runs.loc["4-layers", "average ppl/word"] > 2 * shipped_average[pair]
+    # ... after 110 epochs: perplexity past its best, accuracy higher than at that epoch
+    long = run_epochs[
+        (run_epochs["pair"] == pair) & (run_epochs["run"] == "110-epochs")
+    ]
+    best = long.loc[long["val_ppl_word"].idxmin()]
+    assert 35 < best["epoch"] < 70
+    assert long["val_accuracy"].iloc[-1] > best["val_accuracy"]
+    assert long["val_ppl_word"].iloc[-1] > best["val_ppl_word"]
+de = comparison.loc["de-en"]
+assert (
+    de.loc["no-label-smoothing", "average ppl/word"]
+    > de.loc["dropout-0.2", "average ppl/word"]
+)
+assert de.loc["no-label-smoothing", "best epoch"] < de.loc["dropout-0.2", "best epoch"]
+for base in ("base", "base-lr-0.45"):
+    assert de.loc[base, "average ppl/word"] > 2 * shipped_average["de-en"]
+assert de.loc["base-dropout-0.3", "highest ppl/word"] > 1000  # diverged
+print("checked: the shipped average is the lowest of all runs, on both pairs")
 
 
 # %% [markdown]

@@ -645,9 +645,10 @@ def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path):
         8,
         512,
     )
-    assert model.dropout == 0.2 and not model.norm_first and model.share_embeddings
+    assert model.dropout == 0.3 and not model.norm_first and model.share_embeddings
     assert (recipe.max_tokens, recipe.warmup, recipe.lr_factor) == (3000, 800, 0.7)
-    assert (recipe.label_smoothing, recipe.average_last, recipe.epochs) == (0.1, 5, 20)
+    assert (recipe.label_smoothing, recipe.average_last, recipe.epochs) == (0.1, 5, 35)
+    assert recipe.bf16 is False
     out = str(tmp_path / "run")
 
     def parsed(*options: str) -> TrainConfig:

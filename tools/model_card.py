@@ -10,8 +10,10 @@ measured here; the command and the hardware are the two facts the folder does no
 
 import argparse
 import json
+import math
 import os
 
+from transformer.data import load_split, normalize, pretokenize
 from transformer.decode import CHECKPOINTS_DIR
 from transformer.evaluate import score, translate_split
 from transformer.train import load_model, read_jsonl
@@ -45,20 +47,28 @@ def card(pair: str, command: str, hardware: str) -> str:
     val_met = average["val_ppl_word"] <= ppl_t and average["val_accuracy"] >= acc_t
     bleu_met = shipped.bleu >= bleu_t
     hours = epochs[-1]["wall_time"] / 3600
+    took = f"{hours:.2f} hours" if hours >= 1 else f"{60 * hours:.1f} minutes"
     tok_s = sorted(r["tokens_per_s"] for r in epochs)[len(epochs) // 2]
-    on_gpu = "GPU" in hardware and "no GPU" not in hardware
+    on_gpu = all(r.get("mfu") is not None for r in epochs)
+    mfu = sorted(r["mfu"] for r in epochs)[len(epochs) // 2] if on_gpu else None
+    # The convention of word-level implementations: spaCy tokens and <eos> per reference.
+    references = [normalize(line) for line in load_split("val", "en")]
+    words = sum(len(line.split()) for line in references)
+    units = sum(len(w) + 1 for w in pretokenize(references, "en"))
+    ppl_units = math.exp(math.log(average["val_ppl_word"]) * words / units)
     status = (
         "meets all of the project's targets"
         if val_met and bleu_met
-        else "does not meet all of the project's targets (below); a longer GPU run should "
-        "replace it"
+        else "does not meet all of the project's targets (below)"
     )
     comparisons = sorted(
         p.name for p in (folder / "comparison").iterdir() if p.is_dir()
     )
     files = sorted(p.name for p in folder.iterdir())
     cpu_note = (
-        "" if on_gpu else " (a lower bound for this CPU; MFU is not reported for a CPU)"
+        f" and a median MFU of {mfu:.2%} (the training chapter's table measures the GPU alone)"
+        if on_gpu
+        else " (a lower bound for this CPU; MFU is not reported for a CPU)"
     )
     tried = ", ".join(f"`{c}`" for c in comparisons)
     rows = "".join(
@@ -68,7 +78,7 @@ def card(pair: str, command: str, hardware: str) -> str:
     return f"""# {NAMES[pair]} Transformer, Multi30k
 
 **Status:** trained with the book's recipe on {"a GPU" if on_gpu else "a CPU, for want of a GPU"},
-{len(epochs)} epochs in {hours:.1f} hours; it {status}.
+{len(epochs)} epochs in {took}; it {status}.
 
 ## Model
 
@@ -100,7 +110,7 @@ checkpoints. The command that trained it:
 
 ## Hardware and time
 
-{hardware}: {hours:.2f} hours for {len(epochs)} epochs ({epochs[-1]["step"]:,} updates), a
+{hardware}: {took} for {len(epochs)} epochs ({epochs[-1]["step"]:,} updates), a
 median of {tok_s:,.0f} target tokens per second{cpu_note}.
 
 ## Results
@@ -109,7 +119,9 @@ Validation (`val`, the averaged model, measured by the training loop without dro
 perplexity per word {average["val_ppl_word"]:.2f} (target at most {ppl_t:g}), per token
 {average["val_ppl_token"]:.2f}, token accuracy {average["val_accuracy"]:.1%} (target at least
 {acc_t:.0%}): {"met" if val_met else "not met"}. Words are the whitespace-separated pieces of
-the references, and `<eos>` counts in the loss but not as a word (the training chapter).
+the references, and `<eos>` counts in the loss but not as a word (the training chapter). In the
+unit of word-level implementations (spaCy's tokens and `<eos>`, {units:,} of them against
+{words:,} words), the perplexity is {ppl_units:.2f}.
 
 Test (`test_2016_flickr`, beam 4, α = 0.6, `python -m transformer evaluate --pair {pair}`):
 

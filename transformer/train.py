@@ -1321,12 +1321,13 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     fields = dict(
         pair=pair,
         model="small",
-        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.2),
-        epochs=20,
+        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3),
+        epochs=35,
         max_tokens=3_000,
         warmup=800,
         lr_factor=0.7,
         average_last=5,
+        bf16=False,
     )
     return TrainConfig(**(fields | overrides))
 
