@@ -885,7 +885,7 @@ text = (
 #
 # Sentences per second for beam search with $K = 4$ and for greedy decoding, on the 200 strings
 # with the trained model and the cache, on this machine's CPU (one thread). The figures for the
-# translation models, on the CPU and on a GPU, are in the results chapter.
+# translation models are in the results chapter.
 
 # %% tags=["nbval-ignore-output"]
 beam_seconds = best_time(lambda: beam_search(model, test_src, **ids))
