@@ -1,7 +1,7 @@
 """Train several Multi30k runs side by side on one GPU, score them on the validation split and
 export the best run of each pair: the script behind the book's GPU-trained models.
 
-    python tools/gpu_sweep.py PHASE --cache-dir cache --runs runs --out OUT --minutes M
+    python tools/gpu_sweep.py PHASE --cache-dir cache --runs runs --out runs/packed --minutes M
 
 Every run is `python -m transformer train --config multi30k ...` with its own options (below),
 in its own process; they share the GPU. A run stops after its epochs or, at the latest, after M
@@ -222,7 +222,7 @@ def main() -> int:
     p.add_argument("phase", choices=sorted(PHASES))
     p.add_argument("--cache-dir", default="cache")
     p.add_argument("--runs", default="runs")
-    p.add_argument("--out", default="out")
+    p.add_argument("--out", default="runs/packed", help="where the packed results go")
     p.add_argument("--minutes", type=float, required=True)
     p.add_argument("--epochs", type=int, default=400)
     args = p.parse_args()
