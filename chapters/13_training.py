@@ -2285,7 +2285,7 @@ print("float16 weights: log-probabilities within 1e-2 of the float32 model's")
 # Their curves come from the `metrics.jsonl` that each shipped folder holds: one record per
 # epoch, measured on the whole validation split without dropout, and one for the average of the
 # last five epochs. (The runs were given a time limit; the `partial` record after epoch 35 is the
-# part of a 36th epoch they trained before it, which the average leaves out.)
+# part of a 36th epoch they trained before the limit, which the average leaves out.)
 
 # %%
 from transformer.decode import CHECKPOINTS_DIR  # the folder the translate command reads
@@ -2401,6 +2401,10 @@ def _panel(field: str, title: str, log: bool) -> alt.LayerChart:
     return (line + average + rule).properties(width=300, height=230)
 
 
+# the average beats every single epoch, on both measures
+by_pair = epoch_rows.groupby("pair")
+assert (averages["val_ppl_word"] < by_pair["val_ppl_word"].min()).all()
+assert (averages["val_accuracy"] > by_pair["val_accuracy"].max()).all()
 alt.hconcat(
     _panel("val_ppl_word", "validation perplexity per word", log=True),
     _panel("val_accuracy", "validation token accuracy", log=False),
@@ -2454,7 +2458,8 @@ assert (epoch_rows.groupby("pair")["mfu"].median().round(3) == 0.002).all()
 # - `dropout-0.1-cpu`: the recipe with the paper's dropout of 0.1, 20 epochs, trained on the
 #   project's 2-core CPU (the book's first shipped model);
 # - `dropout-0.2`: dropout 0.2, 32 epochs;
-# - `110-epochs`: the recipe itself (dropout 0.3) trained for 110 epochs, two runs on the GPU;
+# - `110-epochs`: the recipe itself (dropout 0.3) trained for 110 epochs, the two pairs' runs
+#   alone on the GPU;
 # - `d_ff-1024`: the recipe with $d_{ff} = 1024$, the "small" preset's width (7.6M parameters);
 # - `4-layers`: 4 + 4 layers (7.3M parameters);
 # - German→English only: `no-label-smoothing`, dropout 0.2 and $\epsilon_{ls} = 0$, the twin of
@@ -2553,8 +2558,9 @@ comparison
 # %% [markdown]
 # The 110-epoch runs show what happens after the recipe's 35 epochs: perplexity (left) and
 # accuracy (right) part ways. The perplexity reaches its lowest after about 40 to 60 epochs and
-# then rises, while the accuracy keeps rising: the model still gets more tokens right, but it
-# grows more confident on the tokens it gets wrong, and the log-loss punishes that. Which epoch
+# then rises, while the accuracy keeps rising: the model still gets more tokens right, but, as
+# the log-loss says, it assigns less probability to the right token where it errs, that is, it
+# grows more confident in its mistakes. Which epoch
 # is best depends on the measure; the book's targets ask for both.
 
 # %%
