@@ -2337,13 +2337,25 @@ summary
 # table below gives the other, the one the published numbers use.
 
 # %%
-from transformer.data import load_split, normalize, pretokenize
+#| export
+def word_level_units(split: str = "val") -> tuple[int, int]:
+    """W and W' of a split's English references: the whitespace-separated words, and spaCy's
+    tokens plus one `<eos>` per sentence, the unit of word-level implementations (needs spaCy).
+    A perplexity per word converts as exp(log(ppl) * W / W')."""
+    from transformer.data import load_split, normalize, pretokenize
 
-val_references = [normalize(line) for line in load_split("val", "en")]
-words = sum(len(line.split()) for line in val_references)
-word_level_tokens = sum(len(w) + 1 for w in pretokenize(val_references, "en"))
+    references = [normalize(line) for line in load_split(split, "en")]
+    words = sum(len(line.split()) for line in references)
+    units = sum(len(tokens) + 1 for tokens in pretokenize(references, "en"))
+    return words, units
+
+
+# %%
+from transformer.train import word_level_units
+
+words, word_level_tokens = word_level_units("val")
 print(
-    f"{len(val_references):,} references: W = {words:,} words, W' = {word_level_tokens:,} "
+    f"validation references: W = {words:,} words, W' = {word_level_tokens:,} "
     f"spaCy tokens and <eos>, W'/W = {word_level_tokens / words:.3f}"
 )
 pd.DataFrame(

@@ -26,6 +26,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from transformer.train import read_jsonl
+
 RECIPE = ["--config", "multi30k"]
 BASE = ["--set", "n_layers=6", "--set", "d_model=512", "--set", "d_ff=2048"]
 # name: (pair, options after the recipe, a candidate for shipping)
@@ -73,10 +75,8 @@ PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
 PIECE = 15 * 2**20
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def train_command(pair: str) -> list[str]:
+    return [sys.executable, "-m", "transformer", "train", "--pair", pair]
 
 
 def launch(runs: dict, args: argparse.Namespace) -> None:
@@ -84,8 +84,7 @@ def launch(runs: dict, args: argparse.Namespace) -> None:
     procs = {}
     for name, (pair, options, _) in runs.items():
         out = Path(args.runs) / name
-        command = [sys.executable, "-m", "transformer", "train", "--pair", pair]
-        command += RECIPE + options
+        command = train_command(pair) + RECIPE + options
         command += ["--cache-dir", args.cache_dir, "--out", str(out)]
         command += ["--epochs", str(args.epochs), "--time-limit", str(args.minutes)]
         log = open(Path(args.runs) / f"{name}.stdout", "w")
@@ -114,13 +113,13 @@ def close(runs: dict, args: argparse.Namespace) -> None:
         if len(epochs) < 2:
             print(f"{name}: fewer than two epochs, not averaged", flush=True)
             continue
-        command = [sys.executable, "-m", "transformer", "train", "--pair", pair]
-        command += [
+        last = str(int(epochs[-1]["epoch"]))
+        command = train_command(pair) + [
             "--out",
             str(out),
             "--resume",
             "--epochs",
-            str(int(epochs[-1]["epoch"])),
+            last,
         ]
         log = open(Path(args.runs) / f"{name}.close.stdout", "w")
         procs.append((name, subprocess.Popen(command, stdout=log, stderr=log), log))

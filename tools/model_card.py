@@ -13,10 +13,9 @@ import json
 import math
 import os
 
-from transformer.data import load_split, normalize, pretokenize
 from transformer.decode import CHECKPOINTS_DIR
 from transformer.evaluate import score, translate_split
-from transformer.train import load_model, read_jsonl
+from transformer.train import load_model, read_jsonl, word_level_units
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
 TARGETS = {
@@ -51,10 +50,7 @@ def card(pair: str, command: str, hardware: str) -> str:
     tok_s = sorted(r["tokens_per_s"] for r in epochs)[len(epochs) // 2]
     on_gpu = all(r.get("mfu") is not None for r in epochs)
     mfu = sorted(r["mfu"] for r in epochs)[len(epochs) // 2] if on_gpu else None
-    # The convention of word-level implementations: spaCy tokens and <eos> per reference.
-    references = [normalize(line) for line in load_split("val", "en")]
-    words = sum(len(line.split()) for line in references)
-    units = sum(len(w) + 1 for w in pretokenize(references, "en"))
+    words, units = word_level_units("val")
     ppl_units = math.exp(math.log(average["val_ppl_word"]) * words / units)
     status = (
         "meets all of the project's targets"

@@ -7,8 +7,8 @@ __all__ = ['PEAK_BF16_FLOPS', 'CHECKPOINT_FORMAT', 'MODEL_PRESETS', 'RESUME_FIXE
            'read_tensors', 'load_tensors_into', 'load_weights', 'atomic_folder', 'average_checkpoints', 'TrainConfig',
            'quick_mode', 'quick_config', 'Distributed', 'TrainingData', 'load_training_data', 'run_record',
            'read_record', 'check_recipe', 'check_compatible', 'latest_checkpoint', 'Progress', 'TrainResult',
-           'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model', 'config_from_args',
-           'summary_table', 'main']
+           'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model', 'word_level_units',
+           'config_from_args', 'summary_table', 'main']
 
 # %% ../chapters/13_training.ipynb #cd77ca37
 """The training loop of Vaswani et al. (2017), section 5: updates over token-bucketed batches,
@@ -1460,6 +1460,18 @@ def load_model(
     model = Transformer(model_config)
     load_tensors_into(model, tensors, folder)
     return model.to(device).eval(), tokenizer
+
+# %% ../chapters/13_training.ipynb #29b498f6
+def word_level_units(split: str = "val") -> tuple[int, int]:
+    """W and W' of a split's English references: the whitespace-separated words, and spaCy's
+    tokens plus one `<eos>` per sentence, the unit of word-level implementations (needs spaCy).
+    A perplexity per word converts as exp(log(ppl) * W / W')."""
+    from transformer.data import load_split, normalize, pretokenize
+
+    references = [normalize(line) for line in load_split(split, "en")]
+    words = sum(len(line.split()) for line in references)
+    units = sum(len(tokens) + 1 for tokens in pretokenize(references, "en"))
+    return words, units
 
 # %% ../chapters/13_training.ipynb #4ce8a4d4
 import argparse
