@@ -2325,53 +2325,204 @@ summary["target met"] = (summary["average ppl/word"] <= summary["target ppl/word
 summary
 
 # %% [markdown]
-# **Which words.** A perplexity per word depends on what counts as a word. Ours divides by the
-# whitespace-separated words of the references and counts nothing for punctuation or `<eos>`
-# (the section "What validation measures"). Word-level implementations, such as the published
-# notebook above, predict spaCy's tokens, punctuation marks included, and then `<eos>`, and
-# report the perplexity per predicted token: more units for the same sentences, so a lower
-# figure for the same predictions. The two are one rescaling apart, since the total NLL is the
-# same: $\log \mathrm{ppl}_{\text{their}} = \log \mathrm{ppl}_{\text{ours}} \cdot W / W'$, with
-# $W$ our word count of the English validation references and $W'$ their spaCy tokens plus one
-# `<eos>` per sentence. The table above reads the targets in our, stricter, convention; the
-# table below gives the other, the one the published numbers use.
+# **Which words.** A figure per word depends on what counts as a word, and so does an accuracy.
+# The training loop divides the total NLL by the whitespace-separated words of the references
+# and counts `<eos>` in the loss but not as a word (the section "What validation measures"),
+# and it counts its accuracy over its own BPE tokens. Word-level implementations, such as the
+# published notebook above, predict spaCy's tokens, punctuation marks included, and then
+# `<eos>`; they report the perplexity per predicted token (more units for the same sentences,
+# so a lower figure for the same predictions) and the share of those tokens predicted right.
+#
+# `word_level_evaluation` scores a model in both units at once. Since the BPE vocabulary never
+# merges across spaCy's tokens, every piece belongs to exactly one of them, and a word-level
+# token counts as right when, fed the reference prefix, the model's most probable next piece is
+# the reference's at each of its pieces: the greedy counterpart of a word-level model's most
+# probable word. The perplexities are the same total NLL over $W$ whitespace words or over
+# $W'$ word-level tokens, so they convert into each other:
+# $\log \mathrm{ppl}_{W'} = \log \mathrm{ppl}_{W} \cdot W / W'$.
 
 # %%
 #| export
-def word_level_units(split: str = "val") -> tuple[int, int]:
-    """W and W' of a split's English references: the whitespace-separated words, and spaCy's
-    tokens plus one `<eos>` per sentence, the unit of word-level implementations (needs spaCy).
-    A perplexity per word converts as exp(log(ppl) * W / W')."""
-    from transformer.data import load_split, normalize, pretokenize
-
-    references = [normalize(line) for line in load_split(split, "en")]
-    words = sum(len(line.split()) for line in references)
-    units = sum(len(tokens) + 1 for tokens in pretokenize(references, "en"))
-    return words, units
+from transformer.data import normalize, pretokenize
 
 
-# %%
-from transformer.train import word_level_units
+@dataclass(frozen=True)
+class WordLevel:
+    """Teacher-forced sums over a split, counted in three units: the model's BPE tokens (as the
+    training loop counts them), whitespace words W, and word-level tokens W' (spaCy's tokens
+    and one `<eos>` per sentence, what word-level models predict)."""
 
-words, word_level_tokens = word_level_units("val")
-print(
-    f"validation references: W = {words:,} words, W' = {word_level_tokens:,} "
-    f"spaCy tokens and <eos>, W'/W = {word_level_tokens / words:.3f}"
-)
-pd.DataFrame(
-    {
-        "ppl/word (ours)": summary["average ppl/word"],
-        "ppl per spaCy token and <eos>": np.exp(
-            np.log(averages["val_ppl_word"]) * words / word_level_tokens
-        ).round(2),
-        "target ppl/word": summary["target ppl/word"],
-    }
-)
+    nll_sum: float  # over every BPE token and <eos>
+    words: int  # W
+    units: int  # W'
+    units_correct: int  # word-level tokens whose pieces are all the most probable
+    pieces: dict[str, tuple[int, int]]  # kind -> (correct, count)
+
+    @property
+    def accuracy(self) -> float:
+        """BPE token accuracy, the training loop's `val_accuracy`."""
+        correct = sum(c for c, _ in self.pieces.values())
+        return correct / sum(n for _, n in self.pieces.values())
+
+    @property
+    def unit_accuracy(self) -> float:
+        return self.units_correct / self.units
+
+    @property
+    def ppl_word(self) -> float:
+        return math.exp(self.nll_sum / self.words)
+
+    @property
+    def ppl_unit(self) -> float:
+        return math.exp(self.nll_sum / self.units)
+
+
+@torch.no_grad()
+def word_level_evaluation(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = 64,
+) -> WordLevel:
+    """Score (source, English reference) texts with teacher forcing, word by word (needs spaCy).
+
+    A word-level token counts as correct when, fed the reference prefix, the model's most
+    probable next piece is the reference's at each of its BPE pieces: the greedy counterpart
+    of a word-level model's most probable word. BPE never merges across spaCy's tokens, so
+    every piece belongs to exactly one of them.
+    """
+    src_lang = tokenizer.languages[0]
+    sources = tokenizer.encode_words(pretokenize([s for s, _ in pairs], src_lang))
+    references = pretokenize([r for _, r in pairs], "en")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    nll_sum, units_correct = 0.0, 0
+    kinds = {"first piece": [0, 0], "later piece": [0, 0], "<eos>": [0, 0]}
+    for start in range(0, len(pairs), batch_size):
+        segments = [
+            tokenizer.encode_words([(word,) for word in words])
+            for words in references[start : start + batch_size]
+        ]
+        examples = [
+            (src, [i for word in words for i in word])
+            for src, words in zip(
+                sources[start : start + batch_size], segments, strict=True
+            )
+        ]
+        batch = collate(
+            examples,
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+        ).to(device)
+        log_probs = batch_log_probs(model, batch, pad_id=tokenizer.pad_id).float()
+        target = batch.tgt_out.unsqueeze(-1)
+        nll = -log_probs.gather(-1, target).squeeze(-1)
+        keep = batch.tgt_out != tokenizer.pad_id
+        nll_sum += nll[keep].sum().item()
+        right = (log_probs.argmax(-1) == batch.tgt_out).tolist()
+        for row, words in zip(right, segments, strict=True):
+            at = 0
+            for word in words:
+                hits = row[at : at + len(word)]
+                kinds["first piece"][0] += hits[0]
+                kinds["later piece"][0] += sum(hits[1:])
+                kinds["first piece"][1] += 1
+                kinds["later piece"][1] += len(word) - 1
+                units_correct += all(hits)
+                at += len(word)
+            kinds["<eos>"][0] += row[at]
+            kinds["<eos>"][1] += 1
+            units_correct += row[at]
+    model.train(was_training)
+    return WordLevel(
+        nll_sum=nll_sum,
+        words=sum(len(r.split()) for r in map(normalize, (r for _, r in pairs))),
+        units=sum(len(words) + 1 for words in references),
+        units_correct=units_correct,
+        pieces={kind: (c, n) for kind, (c, n) in kinds.items()},
+    )
+
 
 # %% [markdown]
-# So, read per spaCy token, the German→English model's perplexity meets its target and its
-# accuracy falls 0.2 points short of it; the French→English model meets neither. Neither is
-# met in our convention.
+# The shipped models, scored on the validation split (their float16 weights, on this machine's
+# CPU; the training loop's figures above, from the float32 average, agree to the second
+# decimal):
+
+# %%
+from transformer.data import load_pairs
+from transformer.train import load_model, word_level_evaluation
+
+word_level = {
+    pair: word_level_evaluation(
+        *load_model(CHECKPOINTS_DIR / pair), load_pairs("val", pair)
+    )
+    for pair in TARGETS
+}
+units = pd.DataFrame(
+    {
+        pair: {
+            "ppl per word (W)": w.ppl_word,
+            "ppl per word-level token (W')": w.ppl_unit,
+            "BPE token accuracy": w.accuracy,
+            "word-level token accuracy": w.unit_accuracy,
+            "target ppl": TARGETS[pair][0],
+            "target accuracy": TARGETS[pair][1],
+        }
+        for pair, w in word_level.items()
+    }
+).T.round(4)
+units["targets met per word (W)"] = summary["target met"]
+units["targets met per word-level token (W')"] = (
+    units["ppl per word-level token (W')"] <= units["target ppl"]
+) & (units["word-level token accuracy"] >= units["target accuracy"])
+w = word_level["de-en"]
+print(f"validation: W = {w.words:,} words, W' = {w.units:,} word-level tokens")
+units
+
+# %% [markdown]
+# Why the two accuracies differ: the BPE accuracy by kind of piece. A word the vocabulary
+# splits is a rare one, and the pieces after its first are the model's weakest predictions;
+# the BPE accuracy counts each of them, the word-level accuracy counts the word once (right
+# only if all its pieces are). `<eos>`, nearly always right, weighs a little more among the
+# fewer word-level tokens.
+
+# %%
+pd.DataFrame(
+    {
+        (pair, column): {
+            kind: value
+            for kind, (correct, count) in w.pieces.items()
+            for value in [correct / count if column == "accuracy" else count]
+        }
+        for pair, w in word_level.items()
+        for column in ("accuracy", "positions")
+    }
+).round(4)
+
+# %% [markdown]
+# So, in the unit of word-level implementations, the German→English model meets both of its
+# targets and the French→English model neither: its perplexity is about 10% too high and its
+# accuracy about one point short. In the training loop's stricter convention, neither model
+# meets its targets. (We wrote this evaluation after the runs; it played no part in choosing
+# the shipped ones, which were chosen by the training loop's perplexity.)
+
+# %%
+for pair, w in word_level.items():
+    # the training loop's figures, measured again from the shipped weights
+    average = averages.loc[pair]
+    assert abs(w.ppl_word - average["val_ppl_word"]) < 0.02
+    assert abs(w.accuracy - average["val_accuracy"]) < 0.002
+    # a later piece is the hardest prediction, <eos> the easiest
+    acc = {kind: c / n for kind, (c, n) in w.pieces.items()}
+    assert acc["later piece"] < acc["first piece"] < acc["<eos>"]
+met = units["targets met per word-level token (W')"]
+assert met["de-en"] and not met["fr-en"]
+assert not units["targets met per word (W)"].any()
+fr = word_level["fr-en"]
+assert fr.ppl_unit > 4.0 and fr.unit_accuracy < 0.78
 #
 # The validation perplexity per word (left, on a logarithmic scale) and the token accuracy
 # (right) after each epoch; the dashed lines are the targets, in the colour of their pair, and

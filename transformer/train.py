@@ -7,8 +7,8 @@ __all__ = ['PEAK_BF16_FLOPS', 'CHECKPOINT_FORMAT', 'MODEL_PRESETS', 'RESUME_FIXE
            'read_tensors', 'load_tensors_into', 'load_weights', 'atomic_folder', 'average_checkpoints', 'TrainConfig',
            'quick_mode', 'quick_config', 'Distributed', 'TrainingData', 'load_training_data', 'run_record',
            'read_record', 'check_recipe', 'check_compatible', 'latest_checkpoint', 'Progress', 'TrainResult',
-           'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model', 'word_level_units',
-           'config_from_args', 'summary_table', 'main']
+           'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model', 'WordLevel',
+           'word_level_evaluation', 'config_from_args', 'summary_table', 'main']
 
 # %% ../chapters/13_training.ipynb #cd77ca37
 """The training loop of Vaswani et al. (2017), section 5: updates over token-bucketed batches,
@@ -1462,16 +1462,107 @@ def load_model(
     return model.to(device).eval(), tokenizer
 
 # %% ../chapters/13_training.ipynb #29b498f6
-def word_level_units(split: str = "val") -> tuple[int, int]:
-    """W and W' of a split's English references: the whitespace-separated words, and spaCy's
-    tokens plus one `<eos>` per sentence, the unit of word-level implementations (needs spaCy).
-    A perplexity per word converts as exp(log(ppl) * W / W')."""
-    from transformer.data import load_split, normalize, pretokenize
+from .data import normalize, pretokenize
 
-    references = [normalize(line) for line in load_split(split, "en")]
-    words = sum(len(line.split()) for line in references)
-    units = sum(len(tokens) + 1 for tokens in pretokenize(references, "en"))
-    return words, units
+
+@dataclass(frozen=True)
+class WordLevel:
+    """Teacher-forced sums over a split, counted in three units: the model's BPE tokens (as the
+    training loop counts them), whitespace words W, and word-level tokens W' (spaCy's tokens
+    and one `<eos>` per sentence, what word-level models predict)."""
+
+    nll_sum: float  # over every BPE token and <eos>
+    words: int  # W
+    units: int  # W'
+    units_correct: int  # word-level tokens whose pieces are all the most probable
+    pieces: dict[str, tuple[int, int]]  # kind -> (correct, count)
+
+    @property
+    def accuracy(self) -> float:
+        """BPE token accuracy, the training loop's `val_accuracy`."""
+        correct = sum(c for c, _ in self.pieces.values())
+        return correct / sum(n for _, n in self.pieces.values())
+
+    @property
+    def unit_accuracy(self) -> float:
+        return self.units_correct / self.units
+
+    @property
+    def ppl_word(self) -> float:
+        return math.exp(self.nll_sum / self.words)
+
+    @property
+    def ppl_unit(self) -> float:
+        return math.exp(self.nll_sum / self.units)
+
+
+@torch.no_grad()
+def word_level_evaluation(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = 64,
+) -> WordLevel:
+    """Score (source, English reference) texts with teacher forcing, word by word (needs spaCy).
+
+    A word-level token counts as correct when, fed the reference prefix, the model's most
+    probable next piece is the reference's at each of its BPE pieces: the greedy counterpart
+    of a word-level model's most probable word. BPE never merges across spaCy's tokens, so
+    every piece belongs to exactly one of them.
+    """
+    src_lang = tokenizer.languages[0]
+    sources = tokenizer.encode_words(pretokenize([s for s, _ in pairs], src_lang))
+    references = pretokenize([r for _, r in pairs], "en")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    nll_sum, units_correct = 0.0, 0
+    kinds = {"first piece": [0, 0], "later piece": [0, 0], "<eos>": [0, 0]}
+    for start in range(0, len(pairs), batch_size):
+        segments = [
+            tokenizer.encode_words([(word,) for word in words])
+            for words in references[start : start + batch_size]
+        ]
+        examples = [
+            (src, [i for word in words for i in word])
+            for src, words in zip(
+                sources[start : start + batch_size], segments, strict=True
+            )
+        ]
+        batch = collate(
+            examples,
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+        ).to(device)
+        log_probs = batch_log_probs(model, batch, pad_id=tokenizer.pad_id).float()
+        target = batch.tgt_out.unsqueeze(-1)
+        nll = -log_probs.gather(-1, target).squeeze(-1)
+        keep = batch.tgt_out != tokenizer.pad_id
+        nll_sum += nll[keep].sum().item()
+        right = (log_probs.argmax(-1) == batch.tgt_out).tolist()
+        for row, words in zip(right, segments, strict=True):
+            at = 0
+            for word in words:
+                hits = row[at : at + len(word)]
+                kinds["first piece"][0] += hits[0]
+                kinds["later piece"][0] += sum(hits[1:])
+                kinds["first piece"][1] += 1
+                kinds["later piece"][1] += len(word) - 1
+                units_correct += all(hits)
+                at += len(word)
+            kinds["<eos>"][0] += row[at]
+            kinds["<eos>"][1] += 1
+            units_correct += row[at]
+    model.train(was_training)
+    return WordLevel(
+        nll_sum=nll_sum,
+        words=sum(len(r.split()) for r in map(normalize, (r for _, r in pairs))),
+        units=sum(len(words) + 1 for words in references),
+        units_correct=units_correct,
+        pieces={kind: (c, n) for kind, (c, n) in kinds.items()},
+    )
 
 # %% ../chapters/13_training.ipynb #4ce8a4d4
 import argparse
