@@ -2774,8 +2774,9 @@ long_runs = (
 # overconfident. Nor does a smaller vocabulary help: with 4,000 BPE entries the perplexity per
 # word, which does not depend on the segmentation, is higher than with 8,000 after every epoch
 # of the twin CPU runs, and so is their average, though the gap narrows, from 10% after epoch 10
-# to 2% after epoch 20: whether it closes over the recipe's 35 epochs is open. (Their token
-# accuracies do not compare: the smaller vocabulary cuts the same words into more pieces.)
+# to 2% after epoch 20 (one seed each; how much another seed moves such a gap is not measured):
+# whether it closes over the recipe's 35 epochs is open. (Their token accuracies do not compare:
+# the smaller vocabulary cuts the same words into more pieces.)
 #
 # The shipped run was chosen as the one with the lowest averaged validation perplexity, never on
 # the test set; this is evidence for this corpus and budget only. The cell below checks these
