@@ -35,10 +35,8 @@ FF1024 = ["--set", "d_ff=1024", "--no-bf16"]
 LR045 = ["--lr-factor", "0.45"]  # the paper's peak learning rate for d_model 512
 # dropout inside attention (on its weights) and inside the feed-forward network (after ReLU)
 INNER = ["--set", "attention_dropout=0.1", "--set", "ffn_dropout=0.1"]
-V4K = [
-    "--vocab-size",
-    "4000",
-]  # their caches: cache-v4000, cache-v12000 (see cache_dir)
+# other vocabularies read their own caches, cache-v4000 and cache-v12000 (see cache_dir)
+V4K = ["--vocab-size", "4000"]
 V12K = ["--vocab-size", "12000"]
 
 

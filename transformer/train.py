@@ -1473,9 +1473,13 @@ class WordLevel:
 
     nll_sum: float  # over every BPE token and <eos>
     words: int  # W
-    units: int  # W'
     units_correct: int  # word-level tokens whose pieces are all the most probable
     pieces: dict[str, tuple[int, int]]  # kind -> (correct, count)
+
+    @property
+    def units(self) -> int:
+        """W': one first piece per spaCy token, and the `<eos>`s."""
+        return self.pieces["first piece"][1] + self.pieces["<eos>"][1]
 
     @property
     def accuracy(self) -> float:
@@ -1537,10 +1541,8 @@ def word_level_evaluation(
             eos_id=tokenizer.eos_id,
         ).to(device)
         log_probs = batch_log_probs(model, batch, pad_id=tokenizer.pad_id).float()
-        target = batch.tgt_out.unsqueeze(-1)
-        nll = -log_probs.gather(-1, target).squeeze(-1)
-        keep = batch.tgt_out != tokenizer.pad_id
-        nll_sum += nll[keep].sum().item()
+        stats = token_stats(log_probs, batch.tgt_out, pad_id=tokenizer.pad_id)
+        nll_sum += stats.nll_sum
         right = (log_probs.argmax(-1) == batch.tgt_out).tolist()
         for row, words in zip(right, segments, strict=True):
             at = 0
@@ -1558,8 +1560,7 @@ def word_level_evaluation(
     model.train(was_training)
     return WordLevel(
         nll_sum=nll_sum,
-        words=sum(len(r.split()) for r in map(normalize, (r for _, r in pairs))),
-        units=sum(len(words) + 1 for words in references),
+        words=sum(len(normalize(r).split()) for _, r in pairs),
         units_correct=units_correct,
         pieces={kind: (c, n) for kind, (c, n) in kinds.items()},
     )
