@@ -2396,6 +2396,8 @@ def word_level_evaluation(
     of a word-level model's most probable word. BPE never merges across spaCy's tokens, so
     every piece belongs to exactly one of them.
     """
+    if not pairs:
+        raise ValueError("word_level_evaluation needs at least one sentence pair")
     src_lang = tokenizer.languages[0]
     sources = tokenizer.encode_words(pretokenize([s for s, _ in pairs], src_lang))
     references = pretokenize([r for _, r in pairs], "en")

@@ -303,6 +303,8 @@ def test_word_level_evaluation_agrees_with_the_training_loop():
     assert w.accuracy == loop.stats.accuracy
     assert w.ppl_word == pytest.approx(loop.word_perplexity, rel=1e-5)
     assert model.training  # restored
+    with pytest.raises(ValueError, match="at least one sentence pair"):
+        word_level_evaluation(model, tokenizer, [])
 
 
 def test_training_flops_by_the_formula():
