@@ -2347,20 +2347,69 @@ from transformer.data import normalize, pretokenize
 
 
 @dataclass(frozen=True)
-class WordLevel:
-    """Teacher-forced sums over a split, counted in three units: the model's BPE tokens (as the
-    training loop counts them), whitespace words W, and word-level tokens W' (spaCy's tokens
-    and one `<eos>` per sentence, what word-level models predict)."""
+class UnitScore:
+    """One word-level token of a reference under teacher forcing: its text (spaCy's token,
+    `None` for `<eos>`) and, for each of its BPE pieces, the NLL and whether the model's most
+    probable next piece was that piece."""
 
-    nll_sum: float  # over every BPE token and <eos>
+    text: str | None
+    nll: tuple[float, ...]
+    hits: tuple[bool, ...]
+
+    @property
+    def correct(self) -> bool:
+        return all(self.hits)
+
+
+@dataclass(frozen=True)
+class WordLevel:
+    """Teacher-forced scores of a split, counted in three units: the model's BPE tokens (as
+    the training loop counts them), whitespace words W, and word-level tokens W' (spaCy's
+    tokens and one `<eos>` per sentence, what word-level models predict)."""
+
     words: int  # W
-    units_correct: int  # word-level tokens whose pieces are all the most probable
-    pieces: dict[str, tuple[int, int]]  # kind -> (correct, count)
+    scores: tuple[UnitScore, ...]  # one per word-level token, in order: W' of them
 
     @property
     def units(self) -> int:
-        """W': one first piece per spaCy token, and the `<eos>`s."""
-        return self.pieces["first piece"][1] + self.pieces["<eos>"][1]
+        """W'."""
+        return len(self.scores)
+
+    @property
+    def nll_sum(self) -> float:
+        """Over every BPE token and `<eos>`: the training loop's validation NLL."""
+        return sum(self.piece_nll.values())
+
+    @property
+    def units_correct(self) -> int:
+        return sum(u.correct for u in self.scores)
+
+    def _by_kind(self) -> dict[str, list[tuple[float, bool]]]:
+        kinds: dict[str, list[tuple[float, bool]]] = {
+            "first piece": [],
+            "later piece": [],
+            "<eos>": [],
+        }
+        for u in self.scores:
+            pieces = list(zip(u.nll, u.hits, strict=True))
+            if u.text is None:
+                kinds["<eos>"] += pieces
+            else:
+                kinds["first piece"].append(pieces[0])
+                kinds["later piece"] += pieces[1:]
+        return kinds
+
+    @property
+    def pieces(self) -> dict[str, tuple[int, int]]:
+        """Kind of BPE piece -> (correct, count)."""
+        kinds = self._by_kind().items()
+        return {k: (sum(h for _, h in v), len(v)) for k, v in kinds}
+
+    @property
+    def piece_nll(self) -> dict[str, float]:
+        """Kind of BPE piece -> the NLL summed over its positions."""
+        kinds = self._by_kind().items()
+        return {k: sum(n for n, _ in v) for k, v in kinds}
 
     @property
     def accuracy(self) -> float:
@@ -2404,13 +2453,10 @@ def word_level_evaluation(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    nll_sum, units_correct = 0.0, 0
-    kinds = {"first piece": [0, 0], "later piece": [0, 0], "<eos>": [0, 0]}
+    scores: list[UnitScore] = []
     for start in range(0, len(pairs), batch_size):
-        segments = [
-            tokenizer.encode_words([(word,) for word in words])
-            for words in references[start : start + batch_size]
-        ]
+        texts = references[start : start + batch_size]
+        segments = [tokenizer.encode_words([(word,) for word in ws]) for ws in texts]
         examples = [
             (src, [i for word in words for i in word])
             for src, words in zip(
@@ -2424,28 +2470,21 @@ def word_level_evaluation(
             eos_id=tokenizer.eos_id,
         ).to(device)
         log_probs = batch_log_probs(model, batch, pad_id=tokenizer.pad_id).float()
-        stats = token_stats(log_probs, batch.tgt_out, pad_id=tokenizer.pad_id)
-        nll_sum += stats.nll_sum
+        target = batch.tgt_out.unsqueeze(-1)
+        nll = (-log_probs.gather(-1, target).squeeze(-1)).tolist()
         right = (log_probs.argmax(-1) == batch.tgt_out).tolist()
-        for row, words in zip(right, segments, strict=True):
+        for nll_row, row, words, ws in zip(nll, right, segments, texts, strict=True):
             at = 0
-            for word in words:
-                hits = row[at : at + len(word)]
-                kinds["first piece"][0] += hits[0]
-                kinds["later piece"][0] += sum(hits[1:])
-                kinds["first piece"][1] += 1
-                kinds["later piece"][1] += len(word) - 1
-                units_correct += all(hits)
-                at += len(word)
-            kinds["<eos>"][0] += row[at]
-            kinds["<eos>"][1] += 1
-            units_correct += row[at]
+            for word, text in zip(words, ws, strict=True):
+                end = at + len(word)
+                scores.append(
+                    UnitScore(text, tuple(nll_row[at:end]), tuple(row[at:end]))
+                )
+                at = end
+            scores.append(UnitScore(None, (nll_row[at],), (row[at],)))
     model.train(was_training)
     return WordLevel(
-        nll_sum=nll_sum,
-        words=sum(len(normalize(r).split()) for _, r in pairs),
-        units_correct=units_correct,
-        pieces={kind: (c, n) for kind, (c, n) in kinds.items()},
+        words=sum(len(normalize(r).split()) for _, r in pairs), scores=tuple(scores)
     )
 
 
@@ -2506,10 +2545,144 @@ pd.DataFrame(
 ).round(4)
 
 # %% [markdown]
+# **Where the loss goes.** The perplexity is an average of the NLL, and an average hides where
+# the NLL comes from. Group the word-level tokens of the validation references by how often the
+# same token occurs in the training split's English side: a word the model saw hundreds of times
+# costs it little, a word it never saw must be spelled out piece by piece, each piece a guess.
+# In the chart, compare the two bars of each group: the share of the word-level tokens that fall
+# in it (left bar) against the share of the total NLL they carry (right bar).
+
+# %%
+from collections import Counter
+
+train_counts = Counter(
+    token
+    for tokens in pretokenize([en for _, en in load_pairs("train", "de-en")], "en")
+    for token in tokens
+)  # the English side of the training split is the same for both pairs
+BUCKETS = [(0, "never"), (1, "once"), (2, "2-4"), (5, "5-19"), (20, "20-99")]
+BUCKETS += [(100, "100+")]
+
+
+def seen(unit: UnitScore) -> str:
+    """The group of a word-level token: how often the training split has it."""
+    if unit.text is None:
+        return "<eos>"
+    count = train_counts[unit.text]
+    return [name for least, name in BUCKETS if count >= least][-1]
+
+
+groups = [name for _, name in BUCKETS] + ["<eos>"]
+by_count = pd.DataFrame(
+    [
+        {
+            "pair": pair,
+            "seen in training": seen(u),
+            "nll": sum(u.nll),
+            "right": u.correct,
+        }
+        for pair, w in word_level.items()
+        for u in w.scores
+    ]
+)
+by_count = (
+    by_count.groupby(["pair", "seen in training"])
+    .agg(tokens=("nll", "size"), nll=("nll", "sum"), accuracy=("right", "mean"))
+    .reset_index()
+)
+totals = by_count.groupby("pair")[["tokens", "nll"]].transform("sum")
+by_count["share of word-level tokens"] = by_count["tokens"] / totals["tokens"]
+by_count["share of the NLL"] = by_count["nll"] / totals["nll"]
+by_count["NLL per token (nats)"] = by_count["nll"] / by_count["tokens"]
+shares = by_count.melt(
+    id_vars=["pair", "seen in training", "NLL per token (nats)", "accuracy"],
+    value_vars=["share of word-level tokens", "share of the NLL"],
+    var_name="measure",
+    value_name="share",
+).round(4)
+alt.Chart(shares).mark_bar().encode(
+    x=alt.X("seen in training:N", sort=groups, title="times seen in training"),
+    xOffset=alt.XOffset("measure:N", sort=["share of word-level tokens"]),
+    y=alt.Y("share:Q", axis=alt.Axis(format="%"), title="share"),
+    color=alt.Color("measure:N", title=None, sort=["share of word-level tokens"]),
+    tooltip=["pair", "seen in training", "measure", "share", "NLL per token (nats)"],
+).properties(width=300, height=200).facet(column=alt.Column("pair:N", title=None))
+
+# %% [markdown]
+# Words seen fewer than twice in training are 2% of the word-level tokens and carry more than
+# a fifth of the NLL, about 14 to 21 nats each, and the model almost never guesses them; words
+# seen at least a hundred times are three quarters of the tokens and less than half of the
+# NLL, under one nat each. (Tokens are counted as spaCy writes them, case kept.) The costliest
+# words of the French→English model show what the rare ones are: ordinary English words that
+# the 29,000 training captions happen to lack, spelled out in three to six pieces at a cost of
+# more than 35 nats each.
+
+# %%
+fr_costly = sorted(
+    (u for u in word_level["fr-en"].scores if u.text is not None),
+    key=lambda u: -sum(u.nll),
+)[:8]
+pd.DataFrame(
+    {
+        "word": [u.text.lstrip("▁") for u in fr_costly],
+        "seen in training": [train_counts[u.text] for u in fr_costly],
+        "BPE pieces": [len(u.nll) for u in fr_costly],
+        "NLL (nats)": [round(sum(u.nll), 1) for u in fr_costly],
+    }
+)
+
+# %% [markdown]
+# This is where a subword model and a word-level one differ most. A word-level model keeps a
+# vocabulary, typically the training tokens seen at least twice, and maps every other word to
+# one `<unk>` token: at these positions it only has to predict that *some* rare word comes, a
+# frequent event it learns to predict at a moderate cost, and a perplexity computed on
+# `<unk>`-mapped references never charges it for which word. Our model is charged for every
+# letter. The table measures the words such a vocabulary (built on the training split's
+# English tokens) would lack, and our model's perplexity over the word-level tokens it would
+# keep. That second figure is not a word-level perplexity (the dropped positions would cost a
+# word-level model something), so it says where the distance to the targets lies, not that
+# they are met: the targets stay judged as set, with every word spelled out.
+
+# %%
+rows = {}
+for pair, w in word_level.items():
+    kept = [u for u in w.scores if u.text is None or train_counts[u.text] >= 2]
+    kept_nll = sum(sum(u.nll) for u in kept)
+    lacked = w.units - len(kept)
+    rows[pair] = {
+        "word-level tokens it lacks": lacked / w.units,
+        "their share of the NLL": 1 - kept_nll / w.nll_sum,
+        "their NLL per token (nats)": (w.nll_sum - kept_nll) / lacked,
+        "NLL per token of the others (nats)": kept_nll / len(kept),
+        "ppl per word-level token, all": w.ppl_unit,
+        "ppl per word-level token, the others": math.exp(kept_nll / len(kept)),
+    }
+oov = pd.DataFrame(rows).T.round(4)
+oov
+
+# %%
+for pair in word_level:
+    rare = by_count[
+        (by_count["pair"] == pair)
+        & by_count["seen in training"].isin(["never", "once"])
+    ]
+    common = by_count.set_index(["pair", "seen in training"]).loc[(pair, "100+")]
+    # rare words: few tokens, a large share of the loss; common words the reverse
+    assert rare["share of word-level tokens"].sum() < 0.025
+    assert rare["share of the NLL"].sum() > 0.2
+    assert common["share of word-level tokens"] > 0.7
+    assert common["share of the NLL"] < 0.5 and common["NLL per token (nats)"] < 1
+    assert (rare["NLL per token (nats)"] > 13).all() and (rare["accuracy"] < 0.05).all()
+    assert oov.loc[pair, "their share of the NLL"] > 0.2
+    assert oov.loc[pair, "word-level tokens it lacks"] < 0.025
+assert all(35 < sum(u.nll) < 60 and 3 <= len(u.nll) <= 6 for u in fr_costly)
+
+# %% [markdown]
 # So, in the unit of word-level implementations, the German→English model meets both of its
 # targets and the French→English model neither: its perplexity is about 10% too high and its
-# accuracy about one point short. In the training loop's stricter convention, neither model
-# meets its targets. (We wrote this evaluation after the runs; it played no part in choosing
+# accuracy about one point short, and its perplexity over the word-level tokens that a
+# min-count-2 vocabulary keeps is 3.14: the distance lies in the 2% of rare words. In the
+# training loop's stricter convention, neither model meets its targets. (We wrote this evaluation after the runs; it played no part in choosing
 # the shipped ones, which were chosen by the training loop's perplexity.) The next runs that
 # might close French→English's gap are prepared as `python tools/gpu_sweep.py targets` and not
 # yet run: another vocabulary size, dropout inside attention and the feed-forward network, more
@@ -2529,6 +2702,7 @@ assert met["de-en"] and not met["fr-en"]
 assert not units["targets met per word (W)"].any()
 fr = word_level["fr-en"]
 assert fr.ppl_unit > 4.0 and fr.unit_accuracy < 0.78
+assert abs(oov.loc["fr-en", "ppl per word-level token, the others"] - 3.14) < 0.01
 #
 # The validation perplexity per word (left, on a logarithmic scale) and the token accuracy
 # (right) after each epoch; the dashed lines are the targets, in the colour of their pair, and

@@ -275,6 +275,16 @@ def test_word_level_evaluation_groups_pieces_into_words(vocab_size):
     assert w.nll_sum == pytest.approx(nll, rel=1e-5)
     assert w.ppl_word == pytest.approx(math.exp(nll / w.words), rel=1e-5)
     assert w.ppl_unit == pytest.approx(math.exp(nll / w.units), rel=1e-5)
+    # one score per word-level token, in the references' order, <eos> after each sentence
+    texts = [u.text for u in w.scores]
+    assert texts == [t for r in references for t in [*r, None]]
+    for u in w.scores:
+        right = u.text is not None
+        assert u.hits == (right,) * len(u.nll) and u.correct == right
+        expected = -math.log(p_hit if right else p_miss)
+        assert u.nll == pytest.approx((expected,) * len(u.nll), rel=1e-5)
+    assert w.piece_nll["<eos>"] == pytest.approx(-n * math.log(p_miss), rel=1e-5)
+    assert sum(w.piece_nll.values()) == pytest.approx(nll, rel=1e-5)
     later = w.pieces["later piece"][1]
     if vocab_size == 2_000:  # every word of these sentences is one piece
         assert later == 0 and tokens == w.units

@@ -7,7 +7,7 @@ __all__ = ['PEAK_BF16_FLOPS', 'CHECKPOINT_FORMAT', 'MODEL_PRESETS', 'RESUME_FIXE
            'read_tensors', 'load_tensors_into', 'load_weights', 'atomic_folder', 'average_checkpoints', 'TrainConfig',
            'quick_mode', 'quick_config', 'Distributed', 'TrainingData', 'load_training_data', 'run_record',
            'read_record', 'check_recipe', 'check_compatible', 'latest_checkpoint', 'Progress', 'TrainResult',
-           'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model', 'WordLevel',
+           'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model', 'UnitScore', 'WordLevel',
            'word_level_evaluation', 'config_from_args', 'summary_table', 'main']
 
 # %% ../chapters/13_training.ipynb #cd77ca37
@@ -1466,20 +1466,69 @@ from .data import normalize, pretokenize
 
 
 @dataclass(frozen=True)
-class WordLevel:
-    """Teacher-forced sums over a split, counted in three units: the model's BPE tokens (as the
-    training loop counts them), whitespace words W, and word-level tokens W' (spaCy's tokens
-    and one `<eos>` per sentence, what word-level models predict)."""
+class UnitScore:
+    """One word-level token of a reference under teacher forcing: its text (spaCy's token,
+    `None` for `<eos>`) and, for each of its BPE pieces, the NLL and whether the model's most
+    probable next piece was that piece."""
 
-    nll_sum: float  # over every BPE token and <eos>
+    text: str | None
+    nll: tuple[float, ...]
+    hits: tuple[bool, ...]
+
+    @property
+    def correct(self) -> bool:
+        return all(self.hits)
+
+
+@dataclass(frozen=True)
+class WordLevel:
+    """Teacher-forced scores of a split, counted in three units: the model's BPE tokens (as
+    the training loop counts them), whitespace words W, and word-level tokens W' (spaCy's
+    tokens and one `<eos>` per sentence, what word-level models predict)."""
+
     words: int  # W
-    units_correct: int  # word-level tokens whose pieces are all the most probable
-    pieces: dict[str, tuple[int, int]]  # kind -> (correct, count)
+    scores: tuple[UnitScore, ...]  # one per word-level token, in order: W' of them
 
     @property
     def units(self) -> int:
-        """W': one first piece per spaCy token, and the `<eos>`s."""
-        return self.pieces["first piece"][1] + self.pieces["<eos>"][1]
+        """W'."""
+        return len(self.scores)
+
+    @property
+    def nll_sum(self) -> float:
+        """Over every BPE token and `<eos>`: the training loop's validation NLL."""
+        return sum(self.piece_nll.values())
+
+    @property
+    def units_correct(self) -> int:
+        return sum(u.correct for u in self.scores)
+
+    def _by_kind(self) -> dict[str, list[tuple[float, bool]]]:
+        kinds: dict[str, list[tuple[float, bool]]] = {
+            "first piece": [],
+            "later piece": [],
+            "<eos>": [],
+        }
+        for u in self.scores:
+            pieces = list(zip(u.nll, u.hits, strict=True))
+            if u.text is None:
+                kinds["<eos>"] += pieces
+            else:
+                kinds["first piece"].append(pieces[0])
+                kinds["later piece"] += pieces[1:]
+        return kinds
+
+    @property
+    def pieces(self) -> dict[str, tuple[int, int]]:
+        """Kind of BPE piece -> (correct, count)."""
+        kinds = self._by_kind().items()
+        return {k: (sum(h for _, h in v), len(v)) for k, v in kinds}
+
+    @property
+    def piece_nll(self) -> dict[str, float]:
+        """Kind of BPE piece -> the NLL summed over its positions."""
+        kinds = self._by_kind().items()
+        return {k: sum(n for n, _ in v) for k, v in kinds}
 
     @property
     def accuracy(self) -> float:
@@ -1523,13 +1572,10 @@ def word_level_evaluation(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    nll_sum, units_correct = 0.0, 0
-    kinds = {"first piece": [0, 0], "later piece": [0, 0], "<eos>": [0, 0]}
+    scores: list[UnitScore] = []
     for start in range(0, len(pairs), batch_size):
-        segments = [
-            tokenizer.encode_words([(word,) for word in words])
-            for words in references[start : start + batch_size]
-        ]
+        texts = references[start : start + batch_size]
+        segments = [tokenizer.encode_words([(word,) for word in ws]) for ws in texts]
         examples = [
             (src, [i for word in words for i in word])
             for src, words in zip(
@@ -1543,28 +1589,21 @@ def word_level_evaluation(
             eos_id=tokenizer.eos_id,
         ).to(device)
         log_probs = batch_log_probs(model, batch, pad_id=tokenizer.pad_id).float()
-        stats = token_stats(log_probs, batch.tgt_out, pad_id=tokenizer.pad_id)
-        nll_sum += stats.nll_sum
+        target = batch.tgt_out.unsqueeze(-1)
+        nll = (-log_probs.gather(-1, target).squeeze(-1)).tolist()
         right = (log_probs.argmax(-1) == batch.tgt_out).tolist()
-        for row, words in zip(right, segments, strict=True):
+        for nll_row, row, words, ws in zip(nll, right, segments, texts, strict=True):
             at = 0
-            for word in words:
-                hits = row[at : at + len(word)]
-                kinds["first piece"][0] += hits[0]
-                kinds["later piece"][0] += sum(hits[1:])
-                kinds["first piece"][1] += 1
-                kinds["later piece"][1] += len(word) - 1
-                units_correct += all(hits)
-                at += len(word)
-            kinds["<eos>"][0] += row[at]
-            kinds["<eos>"][1] += 1
-            units_correct += row[at]
+            for word, text in zip(words, ws, strict=True):
+                end = at + len(word)
+                scores.append(
+                    UnitScore(text, tuple(nll_row[at:end]), tuple(row[at:end]))
+                )
+                at = end
+            scores.append(UnitScore(None, (nll_row[at],), (row[at],)))
     model.train(was_training)
     return WordLevel(
-        nll_sum=nll_sum,
-        words=sum(len(normalize(r).split()) for _, r in pairs),
-        units_correct=units_correct,
-        pieces={kind: (c, n) for kind, (c, n) in kinds.items()},
+        words=sum(len(normalize(r).split()) for _, r in pairs), scores=tuple(scores)
     )
 
 # %% ../chapters/13_training.ipynb #4ce8a4d4
