@@ -2553,43 +2553,61 @@ pd.DataFrame(
 # in it (left bar) against the share of the total NLL they carry (right bar).
 
 # %%
+#| export
 from collections import Counter
 
-train_counts = Counter(
-    token
-    for tokens in pretokenize([en for _, en in load_pairs("train", "de-en")], "en")
-    for token in tokens
-)  # the English side of the training split is the same for both pairs
-BUCKETS = [(0, "never"), (1, "once"), (2, "2-4"), (5, "5-19"), (20, "20-99")]
-BUCKETS += [(100, "100+")]
+from transformer.data import load_pairs
+
+FREQUENCY_GROUPS = (
+    (0, "never"),
+    (1, "once"),
+    (2, "2-4"),
+    (5, "5-19"),
+    (20, "20-99"),
+    (100, "100+"),
+)  # (least count, name)
 
 
-def seen(unit: UnitScore) -> str:
-    """The group of a word-level token: how often the training split has it."""
+def english_training_counts(data_dir: Path = DATA_DIR) -> Counter[str]:
+    """How often each of spaCy's English tokens occurs in the training split (needs spaCy).
+    The English side of the training split is the same for both pairs."""
+    english = [en for _, en in load_pairs("train", "de-en", data_dir)]
+    return Counter(token for tokens in pretokenize(english, "en") for token in tokens)
+
+
+def frequency_group(unit: UnitScore, counts: Mapping[str, int]) -> str:
+    """The group of a word-level token by how often `counts` has it; `<eos>` is its own."""
     if unit.text is None:
         return "<eos>"
-    count = train_counts[unit.text]
-    return [name for least, name in BUCKETS if count >= least][-1]
+    count = counts.get(unit.text, 0)
+    return [name for least, name in FREQUENCY_GROUPS if count >= least][-1]
 
 
-groups = [name for _, name in BUCKETS] + ["<eos>"]
+def by_frequency(
+    w: WordLevel, counts: Mapping[str, int]
+) -> dict[str, dict[str, float]]:
+    """Group -> the number of its word-level tokens, their NLL and how many are right."""
+    names = [name for _, name in FREQUENCY_GROUPS] + ["<eos>"]
+    groups = {name: {"tokens": 0, "nll": 0.0, "correct": 0} for name in names}
+    for unit in w.scores:
+        group = groups[frequency_group(unit, counts)]
+        group["tokens"] += 1
+        group["nll"] += sum(unit.nll)
+        group["correct"] += unit.correct
+    return groups
+
+
+# %%
+train_counts = english_training_counts()
+groups = [name for _, name in FREQUENCY_GROUPS] + ["<eos>"]
 by_count = pd.DataFrame(
     [
-        {
-            "pair": pair,
-            "seen in training": seen(u),
-            "nll": sum(u.nll),
-            "right": u.correct,
-        }
+        {"pair": pair, "seen in training": name, **group}
         for pair, w in word_level.items()
-        for u in w.scores
+        for name, group in by_frequency(w, train_counts).items()
     ]
 )
-by_count = (
-    by_count.groupby(["pair", "seen in training"])
-    .agg(tokens=("nll", "size"), nll=("nll", "sum"), accuracy=("right", "mean"))
-    .reset_index()
-)
+by_count["accuracy"] = by_count["correct"] / by_count["tokens"]
 totals = by_count.groupby("pair")[["tokens", "nll"]].transform("sum")
 by_count["share of word-level tokens"] = by_count["tokens"] / totals["tokens"]
 by_count["share of the NLL"] = by_count["nll"] / totals["nll"]

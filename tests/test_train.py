@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import socket
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -35,16 +36,21 @@ from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer
 from transformer.train import (
+    FREQUENCY_GROUPS,
     CheckpointError,
     TrainConfig,
     TrainingData,
+    UnitScore,
+    WordLevel,
     _parser,
     atomic_folder,
     average_checkpoints,
+    by_frequency,
     config_from_args,
     count_words,
     evaluate,
     export_model,
+    frequency_group,
     latest_checkpoint,
     load_model,
     load_state,
@@ -290,6 +296,39 @@ def test_word_level_evaluation_groups_pieces_into_words(vocab_size):
         assert later == 0 and tokens == w.units
     else:  # words split into several pieces
         assert later > 0 and tokens == w.units + later
+
+
+def test_by_frequency_groups_word_level_tokens_by_training_count():
+    w = WordLevel(
+        words=4,
+        scores=(
+            UnitScore("▁a", (0.5,), (True,)),  # seen 120 times
+            UnitScore("▁zyx", (3.0, 4.0), (False, True)),  # never seen
+            UnitScore("▁b", (1.0,), (True,)),  # seen once
+            UnitScore("▁c", (2.0,), (False,)),  # seen 4 times
+            UnitScore(None, (0.1,), (True,)),
+        ),
+    )
+    counts = Counter({"▁a": 120, "▁b": 1, "▁c": 4})
+    assert [frequency_group(u, counts) for u in w.scores] == [
+        "100+",
+        "never",
+        "once",
+        "2-4",
+        "<eos>",
+    ]
+    groups = by_frequency(w, counts)
+    assert list(groups) == [name for _, name in FREQUENCY_GROUPS] + ["<eos>"]
+    assert groups["never"] == {"tokens": 1, "nll": 7.0, "correct": 0}
+    assert groups["100+"] == {"tokens": 1, "nll": 0.5, "correct": 1}
+    assert groups["5-19"]["tokens"] == groups["20-99"]["tokens"] == 0
+    assert sum(g["tokens"] for g in groups.values()) == w.units == 5
+    assert sum(g["nll"] for g in groups.values()) == pytest.approx(w.nll_sum)
+    assert sum(g["correct"] for g in groups.values()) == w.units_correct == 3
+    assert w.pieces == {"first piece": (2, 4), "later piece": (1, 1), "<eos>": (1, 1)}
+    assert w.piece_nll == pytest.approx(
+        {"first piece": 6.5, "later piece": 4.0, "<eos>": 0.1}
+    )
 
 
 def test_word_level_evaluation_agrees_with_the_training_loop():

@@ -2,13 +2,14 @@
 
 # %% auto #0
 __all__ = ['PEAK_BF16_FLOPS', 'CHECKPOINT_FORMAT', 'MODEL_PRESETS', 'RESUME_FIXED', 'RECIPES', 'SHIPPED_FORMAT', 'MAX_FILE_BYTES',
-           'PROG', 'batch_log_probs', 'train_step', 'count_words', 'Validation', 'evaluate', 'non_embedding_parameters',
-           'training_flops', 'CheckpointError', 'save_state', 'load_state', 'model_tensors', 'save_weights',
-           'read_tensors', 'load_tensors_into', 'load_weights', 'atomic_folder', 'average_checkpoints', 'TrainConfig',
-           'quick_mode', 'quick_config', 'Distributed', 'TrainingData', 'load_training_data', 'run_record',
-           'read_record', 'check_recipe', 'check_compatible', 'latest_checkpoint', 'Progress', 'TrainResult',
-           'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model', 'UnitScore', 'WordLevel',
-           'word_level_evaluation', 'config_from_args', 'summary_table', 'main']
+           'FREQUENCY_GROUPS', 'PROG', 'batch_log_probs', 'train_step', 'count_words', 'Validation', 'evaluate',
+           'non_embedding_parameters', 'training_flops', 'CheckpointError', 'save_state', 'load_state', 'model_tensors',
+           'save_weights', 'read_tensors', 'load_tensors_into', 'load_weights', 'atomic_folder', 'average_checkpoints',
+           'TrainConfig', 'quick_mode', 'quick_config', 'Distributed', 'TrainingData', 'load_training_data',
+           'run_record', 'read_record', 'check_recipe', 'check_compatible', 'latest_checkpoint', 'Progress',
+           'TrainResult', 'read_jsonl', 'Trainer', 'train', 'multi30k_recipe', 'export_model', 'load_model',
+           'UnitScore', 'WordLevel', 'word_level_evaluation', 'english_training_counts', 'frequency_group',
+           'by_frequency', 'config_from_args', 'summary_table', 'main']
 
 # %% ../chapters/13_training.ipynb #cd77ca37
 """The training loop of Vaswani et al. (2017), section 5: updates over token-bucketed batches,
@@ -1605,6 +1606,49 @@ def word_level_evaluation(
     return WordLevel(
         words=sum(len(normalize(r).split()) for _, r in pairs), scores=tuple(scores)
     )
+
+# %% ../chapters/13_training.ipynb #352b34d7
+from collections import Counter
+
+from .data import load_pairs
+
+FREQUENCY_GROUPS = (
+    (0, "never"),
+    (1, "once"),
+    (2, "2-4"),
+    (5, "5-19"),
+    (20, "20-99"),
+    (100, "100+"),
+)  # (least count, name)
+
+
+def english_training_counts(data_dir: Path = DATA_DIR) -> Counter[str]:
+    """How often each of spaCy's English tokens occurs in the training split (needs spaCy).
+    The English side of the training split is the same for both pairs."""
+    english = [en for _, en in load_pairs("train", "de-en", data_dir)]
+    return Counter(token for tokens in pretokenize(english, "en") for token in tokens)
+
+
+def frequency_group(unit: UnitScore, counts: Mapping[str, int]) -> str:
+    """The group of a word-level token by how often `counts` has it; `<eos>` is its own."""
+    if unit.text is None:
+        return "<eos>"
+    count = counts.get(unit.text, 0)
+    return [name for least, name in FREQUENCY_GROUPS if count >= least][-1]
+
+
+def by_frequency(
+    w: WordLevel, counts: Mapping[str, int]
+) -> dict[str, dict[str, float]]:
+    """Group -> the number of its word-level tokens, their NLL and how many are right."""
+    names = [name for _, name in FREQUENCY_GROUPS] + ["<eos>"]
+    groups = {name: {"tokens": 0, "nll": 0.0, "correct": 0} for name in names}
+    for unit in w.scores:
+        group = groups[frequency_group(unit, counts)]
+        group["tokens"] += 1
+        group["nll"] += sum(unit.nll)
+        group["correct"] += unit.correct
+    return groups
 
 # %% ../chapters/13_training.ipynb #4ce8a4d4
 import argparse
