@@ -3042,6 +3042,73 @@ print("checked: the shipped average is the lowest of all runs, on both pairs")
 
 
 # %% [markdown]
+# **Where the twins differ.** The CPU twins' weights are not shipped, but their word-level
+# scores are: `tools/word_level_report.py` scored each averaged model on the validation split
+# (the section "Where the loss goes") and kept the result as `word_level.json` beside its
+# metrics. The chart divides each twin's NLL per word-level token, group by group, by the
+# baseline's (`dropout-0.2-cpu`): below 1, the twin predicts that group of words better.
+
+# %%
+from IPython.display import display
+
+twin_folder = CHECKPOINTS_DIR / "de-en" / "comparison"
+twin_scores = {
+    sub.name: json.loads((sub / "word_level.json").read_text())
+    for sub in sorted(twin_folder.iterdir())
+    if (sub / "word_level.json").is_file()
+}
+twin_groups = pd.DataFrame(
+    [
+        {
+            "run": name,
+            "seen in training": group,
+            "tokens": g["tokens"],
+            "NLL per token (nats)": g["nll"] / g["tokens"],
+        }
+        for name, r in twin_scores.items()
+        for group, g in r["groups"].items()
+        if g["tokens"]
+    ]
+)
+baseline = twin_groups[twin_groups["run"] == "dropout-0.2-cpu"].set_index(
+    "seen in training"
+)["NLL per token (nats)"]
+twin_groups["relative to dropout-0.2-cpu"] = twin_groups[
+    "NLL per token (nats)"
+] / twin_groups["seen in training"].map(baseline)
+twin_table = pd.DataFrame(
+    {
+        name: {
+            "ppl/word": r["ppl_word"],
+            "ppl/word-level token": r["ppl_unit"],
+            "word-level accuracy": r["unit_accuracy"],
+        }
+        | {
+            f"NLL/token, seen {group}": g["nll"] / g["tokens"]
+            for group, g in r["groups"].items()
+        }
+        for name, r in twin_scores.items()
+    }
+).T.round(3)
+display(twin_table)
+(
+    alt.Chart(twin_groups[twin_groups["run"] != "dropout-0.2-cpu"].round(4))
+    .mark_line(point=True)
+    .encode(
+        x=alt.X("seen in training:N", sort=groups, title="times seen in training"),
+        y=alt.Y(
+            "relative to dropout-0.2-cpu:Q",
+            scale=alt.Scale(zero=False),
+            title="NLL per token, relative to dropout-0.2-cpu",
+        ),
+        color=alt.Color("run:N", title=None),
+        tooltip=["run", "seen in training", "tokens", "NLL per token (nats)"],
+    )
+    .properties(width=420, height=220)
+)
+
+
+# %% [markdown]
 # ## The command line
 #
 # `python -m transformer train` runs `train` from a terminal, or under `torchrun` on several
