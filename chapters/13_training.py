@@ -2652,10 +2652,10 @@ pd.DataFrame(
 # %% [markdown]
 # This is where a subword model and a word-level one differ most. A word-level model keeps a
 # vocabulary, typically the training tokens seen at least twice, and maps every other word to
-# one `<unk>` token: at these positions it only has to predict that *some* rare word comes, a
-# frequent event it learns to predict at a moderate cost, and a perplexity computed on
-# `<unk>`-mapped references never charges it for which word. Our model is charged for every
-# letter. The table measures the words such a vocabulary (built on the training split's
+# one `<unk>` token: at these positions it only has to predict that *some* rare word comes,
+# one class that covers 2% of the tokens, and a perplexity computed on `<unk>`-mapped
+# references never charges it for which word. Our model is charged for every piece of the
+# word. The table measures the words such a vocabulary (built on the training split's
 # English tokens) would lack, and our model's perplexity over the word-level tokens it would
 # keep. That second figure is not a word-level perplexity (the dropped positions would cost a
 # word-level model something), so it says where the distance to the targets lies, not that
