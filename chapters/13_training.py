@@ -2455,8 +2455,8 @@ def word_level_evaluation(
     model.eval()
     scores: list[UnitScore] = []
     for start in range(0, len(pairs), batch_size):
-        texts = references[start : start + batch_size]
-        segments = [tokenizer.encode_words([(word,) for word in ws]) for ws in texts]
+        texts = references[start : start + batch_size]  # spaCy's tokens per sentence
+        segments = [tokenizer.encode_words([(t,) for t in tokens]) for tokens in texts]
         examples = [
             (src, [i for word in words for i in word])
             for src, words in zip(
@@ -2473,15 +2473,17 @@ def word_level_evaluation(
         target = batch.tgt_out.unsqueeze(-1)
         nll = (-log_probs.gather(-1, target).squeeze(-1)).tolist()
         right = (log_probs.argmax(-1) == batch.tgt_out).tolist()
-        for nll_row, row, words, ws in zip(nll, right, segments, texts, strict=True):
+        for nll_row, hit_row, words, tokens in zip(
+            nll, right, segments, texts, strict=True
+        ):
             at = 0
-            for word, text in zip(words, ws, strict=True):
+            for word, token in zip(words, tokens, strict=True):
                 end = at + len(word)
                 scores.append(
-                    UnitScore(text, tuple(nll_row[at:end]), tuple(row[at:end]))
+                    UnitScore(token, tuple(nll_row[at:end]), tuple(hit_row[at:end]))
                 )
                 at = end
-            scores.append(UnitScore(None, (nll_row[at],), (row[at],)))
+            scores.append(UnitScore(None, (nll_row[at],), (hit_row[at],)))
     model.train(was_training)
     return WordLevel(
         words=sum(len(normalize(r).split()) for _, r in pairs), scores=tuple(scores)
@@ -2556,7 +2558,7 @@ pd.DataFrame(
 #| export
 from collections import Counter
 
-from transformer.data import load_pairs
+from transformer.data import load_split
 
 FREQUENCY_GROUPS = (
     (0, "never"),
@@ -2569,9 +2571,9 @@ FREQUENCY_GROUPS = (
 
 
 def english_training_counts(data_dir: Path = DATA_DIR) -> Counter[str]:
-    """How often each of spaCy's English tokens occurs in the training split (needs spaCy).
-    The English side of the training split is the same for both pairs."""
-    english = [en for _, en in load_pairs("train", "de-en", data_dir)]
+    """How often each of spaCy's English tokens occurs in the training split, the target side
+    of both pairs (needs spaCy)."""
+    english = load_split("train", "en", data_dir)
     return Counter(token for tokens in pretokenize(english, "en") for token in tokens)
 
 
