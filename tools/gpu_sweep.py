@@ -84,8 +84,8 @@ PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
     # entries did 2% worse on average after 20 epochs (vocab-12000-cpu): never-seen words cost
     # more with a larger vocabulary, words seen 5-19 times less (the training chapter). A second
     # seed of the CPU baseline averaged 1.6% worse than the first: the 12,000 and inner-dropout
-    # gaps are within chance at 20 epochs, the 4,000 one (3.5%) is not; two seeds per variant
-    # would make these GPU runs conclusive.
+    # gaps are within chance at 20 epochs, the 4,000 one (3.5%; 4.4% with seed 1) is not;
+    # two seeds per variant would make these GPU runs conclusive.
     "targets": {
         "fr-en-v4k": ("fr-en", V4K, True),
         **both("v12k", V12K),
