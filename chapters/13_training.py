@@ -2414,8 +2414,8 @@ class WordLevel:
     @property
     def accuracy(self) -> float:
         """BPE token accuracy, the training loop's `val_accuracy`."""
-        correct = sum(c for c, _ in self.pieces.values())
-        return correct / sum(n for _, n in self.pieces.values())
+        pieces = self.pieces.values()
+        return sum(c for c, _ in pieces) / sum(n for _, n in pieces)
 
     @property
     def unit_accuracy(self) -> float:
