@@ -486,21 +486,18 @@ class Tokenizer:
         """`encode` for many sentences at once (spaCy is much faster on batches)."""
         return self.encode_words(pretokenize(texts, self._language(language)))
 
+    def segment(self, word: str) -> tuple[int, ...]:
+        """The ids of the BPE pieces of one marked word (a word of `pretokenize`)."""
+        pieces = self._segmentations.get(word)
+        if pieces is None:  # BPE works inside a word: segment each distinct one once
+            pieces = tuple(t.id for t in self.bpe.model.tokenize(word))
+            self._segmentations[word] = pieces
+        return pieces
+
     def encode_words(self, sentences: Iterable[Sequence[str]]) -> list[list[int]]:
         """Token ids of sentences already cut into marked words by `pretokenize`."""
-        model, known = self.bpe.model, self._segmentations
-        encoded = []
-        for words in sentences:
-            ids = []
-            for word in words:
-                pieces = known.get(word)
-                if (
-                    pieces is None
-                ):  # BPE works inside a word: segment each distinct one once
-                    pieces = known[word] = tuple(t.id for t in model.tokenize(word))
-                ids.extend(pieces)
-            encoded.append(ids)
-        return encoded
+        segment = self.segment
+        return [[i for word in words for i in segment(word)] for words in sentences]
 
     def _checked(self, ids: Sequence[int]) -> list[int]:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
@@ -1007,7 +1004,7 @@ longest
 # | file | holds |
 # | --- | --- |
 # | `tokenizer.json` | the tokenizer (`Tokenizer.save`): Hugging Face's BPE JSON plus the languages |
-# | `train.safetensors`, `val.safetensors`, `test_2016_flickr.safetensors` | for each side, all token ids of the split as one flat int32 array, and an int64 array of $N + 1$ offsets: sentence $i$ is `ids[offsets[i]:offsets[i + 1]]` |
+# | `train.safetensors`, `val.safetensors`, `test_2016_flickr.safetensors` | for each side, all token ids of the split as one flat int32 array, an int64 array of $N + 1$ offsets (sentence $i$ is `ids[offsets[i]:offsets[i + 1]]`), and one bool per id that is true where a word of `pretokenize` begins (BPE-dropout, at the end of the chapter, needs the words) |
 # | `manifest.json` | what the cache was built from: the pair, the vocabulary size, the SHA-256 of the six data files and of each file above |
 #
 # The ids are stored without special tokens; `collate` adds them. The files are safetensors and
@@ -1033,16 +1030,19 @@ from safetensors.numpy import load as _load_safetensors
 from safetensors.numpy import save as _save_safetensors
 
 CACHE_DIR = _repository_root() / "cache"
-CACHE_FORMAT = "transformer-book encoded multi30k 1"
+CACHE_FORMAT = "transformer-book encoded multi30k 2"
 _ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
+_STARTS = ("src_starts", "tgt_starts")
 
 
-def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def _flatten(
+    sequences: Sequence[Sequence[int]], dtype: type = np.int32
+) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = itertools.chain.from_iterable(sequences)
-    return np.fromiter(flat, dtype=np.int32, count=int(offsets[-1])), offsets
+    return np.fromiter(flat, dtype=dtype, count=int(offsets[-1])), offsets
 
 
 @dataclass(frozen=True, eq=False)
@@ -1050,13 +1050,17 @@ class EncodedSplit:
     """The token ids of one split, without special tokens, as flat arrays.
 
     Pair i is (src_ids[src_offsets[i]:src_offsets[i + 1]], tgt_ids[tgt_offsets[i]:...]); ids
-    are int32 and each offsets array holds N + 1 int64 entries, starting at 0.
+    are int32 and each offsets array holds N + 1 int64 entries, starting at 0. The optional
+    `src_starts` and `tgt_starts` (bool, one per id) mark the ids that begin a word of
+    `pretokenize`, which BPE-dropout needs to segment the words afresh.
     """
 
     src_ids: np.ndarray
     src_offsets: np.ndarray
     tgt_ids: np.ndarray
     tgt_offsets: np.ndarray
+    src_starts: np.ndarray | None = None
+    tgt_starts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for side in ("src", "tgt"):
@@ -1075,8 +1079,22 @@ class EncodedSplit:
                 and bool(np.all(np.diff(offsets) >= 0))
             ):
                 raise DataError(f"inconsistent {side} ids and offsets")
+            starts = getattr(self, f"{side}_starts")
+            if starts is not None:
+                first = offsets[:-1][np.diff(offsets) > 0]  # of each non-empty sentence
+                if not (
+                    starts.dtype == np.bool_
+                    and starts.shape == ids.shape
+                    and bool(starts[first].all())
+                ):
+                    raise DataError(
+                        f"inconsistent {side} word starts: one bool per id, and every "
+                        "sentence begins a word"
+                    )
         if len(self.src_offsets) != len(self.tgt_offsets):
             raise DataError("source and target hold different numbers of sentences")
+        if (self.src_starts is None) != (self.tgt_starts is None):
+            raise DataError("word starts are given for one side only")
 
     @classmethod
     def from_lists(
@@ -1084,6 +1102,23 @@ class EncodedSplit:
     ) -> "EncodedSplit":
         """From the token ids of each source and each target sentence."""
         return cls(*_flatten(src), *_flatten(tgt))
+
+    @classmethod
+    def from_words(
+        cls,
+        tokenizer: Tokenizer,
+        src: Sequence[Sequence[str]],
+        tgt: Sequence[Sequence[str]],
+    ) -> "EncodedSplit":
+        """From sentences cut into marked words by `pretokenize`, keeping the word starts."""
+        arrays = {}
+        for side, sentences in (("src", src), ("tgt", tgt)):
+            pieces = [[tokenizer.segment(w) for w in words] for words in sentences]
+            ids = [[i for word in sentence for i in word] for sentence in pieces]
+            starts = [[k == 0 for w in s for k in range(len(w))] for s in pieces]
+            arrays[f"{side}_ids"], arrays[f"{side}_offsets"] = _flatten(ids)
+            arrays[f"{side}_starts"] = _flatten(starts, np.bool_)[0]
+        return cls(**arrays)
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -1105,12 +1140,14 @@ class EncodedSplit:
         return np.diff(self.tgt_offsets)
 
     def to_bytes(self) -> bytes:
-        return _save_safetensors({name: getattr(self, name) for name in _ARRAYS})
+        names = _ARRAYS if self.src_starts is None else _ARRAYS + _STARTS
+        return _save_safetensors({name: getattr(self, name) for name in names})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "EncodedSplit":
         arrays = _load_safetensors(data)
-        return cls(**{name: arrays[name] for name in _ARRAYS})
+        names = [name for name in _ARRAYS + _STARTS if name in arrays]
+        return cls(**{name: arrays[name] for name in names})
 
 
 def _sha256(path: Path) -> str:
@@ -1191,9 +1228,10 @@ def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) ->
     splits = {}
     for split in SPLITS:
         pairs = load_pairs(split, pair, data_dir)
-        data = EncodedSplit.from_lists(
-            tokenizer.encode_batch([s for s, _ in pairs], src_lang),
-            tokenizer.encode_batch([t for _, t in pairs], tgt_lang),
+        data = EncodedSplit.from_words(
+            tokenizer,
+            pretokenize([s for s, _ in pairs], src_lang),
+            pretokenize([t for _, t in pairs], tgt_lang),
         )
         blob = data.to_bytes()
         _atomic_write(folder / f"{split}.safetensors", blob)
@@ -1336,6 +1374,7 @@ for pair, tokenizer in cached.items():
             np.array_equal(getattr(data, name), getattr(expected, name))
             for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
         )
+        assert data.src_starts is not None and data.tgt_starts is not None
 sizes = pd.DataFrame(
     [
         {"pair": pair, "file": f.name, "MB": round(f.stat().st_size / 1e6, 1)}
@@ -1744,8 +1783,189 @@ padding_table
 # row is padded to. Sorted batches waste a small fraction of that, and their size in tokens
 # never exceeds the budget, while a random batch of the same number of sentences can be much
 # larger when it happens to draw a long caption.
+
+# %% [markdown]
+# ## BPE-dropout: many spellings of one word (an option, off by default)
+#
+# BPE gives every word one segmentation. A frequent word is one piece; a word the training
+# captions hold once or never is spelt out in several pieces, and each spelling is seen in
+# few contexts. The training chapter measures what that costs: a quarter of the French→English
+# validation loss falls on the 2% of words seen fewer than twice in training.
+#
+# **BPE-dropout** (Provilkov, Emelianenko and Voita, 2020) segments each word of the training
+# data afresh each time it is used. BPE segments a word by starting from its characters and
+# applying, step by step, the highest-ranked merge among those that fit two adjacent symbols.
+# BPE-dropout drops each of those candidate merges with probability $p$ at every step and
+# applies the best of the rest; when every candidate is dropped, the word keeps its current
+# pieces. With $p = 0$ it is BPE; as $p$ approaches 1 it approaches characters. Each epoch then
+# spells a word in several ways, so the model sees the pieces of frequent words in more
+# contexts and learns to read and write a word from more than one split of it. Validation and
+# test text keep the deterministic segmentation, as in the paper, which used $p = 0.1$.
+#
+# It is not part of "Attention Is All You Need": the book's models do not use it, and training
+# turns it on with `TrainConfig(bpe_dropout=p)` (`--bpe-dropout p`). The training chapter
+# compares a run with it to one without. Hugging Face's BPE has a `dropout` setting, but it
+# draws from a random generator that cannot be seeded, and an epoch must be a function of
+# the seed so that a resumed run makes the same updates. So `BPEDropout` segments
+# in Python, from the tokenizer's merges, with a generator seeded by (seed, epoch). It reads
+# the words from the cache's word starts: a piece boundary without a space can be a
+# boundary between two words of spaCy's (`▁Büsche` `.`), and merges never cross one.
+
+# %%
+#| export
+from random import Random
+
+
+class BPEDropout:
+    """BPE-dropout (Provilkov et al., 2020): segment words afresh, dropping each merge that
+    could apply with probability p at every step; p = 0 is the tokenizer's own BPE."""
+
+    def __init__(self, tokenizer: Tokenizer, p: float) -> None:
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
+            raise ValueError(f"BPE-dropout probability must be in [0, 1), got {p!r}")
+        self.tokenizer, self.p = tokenizer, float(p)
+        merges = json.loads(tokenizer.bpe.to_str())["model"]["merges"]
+        pairs = (tuple(m.split(" ") if isinstance(m, str) else m) for m in merges)
+        self._rank = {pair: rank for rank, pair in enumerate(pairs)}
+        self._vocab = tokenizer.bpe.get_vocab()
+
+    def segment(self, word: str, rng: Random) -> list[int]:
+        """The ids of one marked word's pieces, drawn with `rng`."""
+        symbols, rank, p, draw = list(word), self._rank, self.p, rng.random
+        while len(symbols) > 1:
+            # The best merge that survives: scanning the candidates, a merge is only drawn
+            # when it would beat the best survivor so far; the others cannot win anyway.
+            best, at = None, -1
+            for i in range(len(symbols) - 1):
+                r = rank.get((symbols[i], symbols[i + 1]))
+                if r is not None and (best is None or r < best) and draw() >= p:
+                    best, at = r, i
+            if best is None:
+                break
+            symbols[at : at + 2] = [symbols[at] + symbols[at + 1]]
+        unk = self.tokenizer.unk_id
+        return [self._vocab.get(symbol, unk) for symbol in symbols]
+
+    @staticmethod
+    def check(split: EncodedSplit) -> None:
+        """Raise DataError if the split does not say where its words start."""
+        if split.src_starts is None or split.tgt_starts is None:
+            raise DataError(
+                "BPE-dropout needs the word starts of the training split, which caches "
+                "built before them lack: `python -m transformer prepare --rebuild`"
+            )
+
+    def resample(self, split: EncodedSplit, *, seed: int, epoch: int) -> EncodedSplit:
+        """The split with every word segmented afresh, as a function of (seed, epoch)."""
+        self.check(split)
+        rng, arrays = Random(f"bpe-dropout {seed} {epoch}"), {}
+        for side in ("src", "tgt"):
+            ids = getattr(split, f"{side}_ids")
+            offsets = getattr(split, f"{side}_offsets")
+            first = np.flatnonzero(getattr(split, f"{side}_starts"))
+            pieces = self.tokenizer.pieces(ids)
+            bounds = zip(first.tolist(), [*first[1:].tolist(), len(ids)], strict=True)
+            words = [self.segment("".join(pieces[a:b]), rng) for a, b in bounds]
+            ends = np.zeros(len(words) + 1, dtype=np.int64)
+            np.cumsum([len(w) for w in words], out=ends[1:])
+            starts = np.zeros(ends[-1], dtype=np.bool_)
+            starts[ends[:-1]] = True
+            arrays[f"{side}_ids"] = np.fromiter(
+                itertools.chain.from_iterable(words), dtype=np.int32, count=ends[-1]
+            )
+            arrays[f"{side}_offsets"] = ends[np.searchsorted(first, offsets)]
+            arrays[f"{side}_starts"] = starts
+        return EncodedSplit(**arrays)
+
+
+# %% [markdown]
+# With $p = 0$, `BPEDropout` is the tokenizer: it segments every distinct word of every split,
+# in both pairs, exactly as Hugging Face's BPE does. That checks the merge loop above against
+# the library, rank order and ties included.
+
+# %%
+for pair, (src_lang, tgt_lang) in PAIRS.items():
+    tokenizer, plain = cached[pair], BPEDropout(cached[pair], 0.0)
+    distinct = {
+        word
+        for split in SPLITS
+        for lang in (src_lang, tgt_lang)
+        for words in pretokenize(load_split(split, lang), lang)
+        for word in words
+    }
+    assert all(
+        plain.segment(w, Random(0)) == list(tokenizer.segment(w)) for w in distinct
+    )
+    print(f"{pair}: {len(distinct):,} distinct words, each segmented as by BPE")
+
+# %% [markdown]
+# With $p = 0.1$ a word comes out in several spellings. Here are the six commonest of those
+# that 1,000 draws give two words of the German training captions, a frequent one and one
+# seen once, with how often each came out; the first row is BPE's own spelling. Both words
+# leave it in about one draw out of five or six: dropout acts on merges, whatever the word's
+# frequency. What differs is what the model gains: `▁Mann` is seen thousands of times anyway,
+# while `▁Polizeihund` now also appears as `▁Poliz ei hund` and `▁Pol iz ei hund`, whose
+# pieces the model meets in many other words.
+
+# %%
+from collections import Counter
+
+dropout = BPEDropout(cached["de-en"], 0.1)
+train_words = Counter(
+    w for words in pretokenize(load_split("train", "de"), "de") for w in words
+)
+draws = Random(0)
+spellings = []
+for word in ("▁Mann", "▁Polizeihund"):
+    seen = Counter(
+        " ".join(cached["de-en"].pieces(dropout.segment(word, draws)))
+        for _ in range(1_000)
+    )
+    plain_spelling = " ".join(cached["de-en"].pieces(cached["de-en"].segment(word)))
+    assert seen.most_common(1)[0][0] == plain_spelling
+    spellings += [
+        {"word": word, "in training": train_words[word], "spelling": s, "of 1,000": n}
+        for s, n in seen.most_common(6)
+    ]
+pd.DataFrame(spellings).set_index(["word", "in training"])
+
+# %% [markdown]
+# Resampling a whole split keeps every sentence: decoding gives the same text, because the
+# pieces of a word always spell the word. The sentences get longer, since some merges are
+# skipped. The same (seed, epoch) gives the same split, and the next epoch another one:
+
+# %%
+import time
+
+train = load_encoded("de-en", "train")
+started = time.perf_counter()
+epoch_0 = dropout.resample(train, seed=0, epoch=0)
+seconds = time.perf_counter() - started
+decode = cached["de-en"].decode
+assert all(decode(epoch_0[i][0]) == decode(train[i][0]) for i in range(len(train)))
+assert all(decode(epoch_0[i][1]) == decode(train[i][1]) for i in range(len(train)))
+again = dropout.resample(train, seed=0, epoch=0)
+assert np.array_equal(again.tgt_ids, epoch_0.tgt_ids)
+epoch_1 = dropout.resample(train, seed=0, epoch=1)
+assert not np.array_equal(epoch_1.tgt_ids, epoch_0.tgt_ids)
+growth = {
+    side: len(getattr(epoch_0, f"{side}_ids")) / len(getattr(train, f"{side}_ids"))
+    for side in ("src", "tgt")
+}
+assert 1.1 < growth["src"] < 1.5 and 1.1 < growth["tgt"] < 1.5
+n_words = int(train.src_starts.sum() + train.tgt_starts.sum())
+print(
+    f"p = 0.1: {growth['src'] - 1:.0%} more German and {growth['tgt'] - 1:.0%} more "
+    f"English tokens; {n_words:,} words resampled in {seconds:.1f} s on this machine"
+)
+
+# %% [markdown]
+# The cost is one pass of Python over the training words each epoch, a few seconds of one
+# CPU core, and the extra tokens: at $p = 0.1$ an epoch holds about 30% more of them, and
+# takes about that much longer. The training chapter measures what it buys.
 #
 # That is all the data the model needs. The training chapter calls
 # `prepare(pair)` for the tokenizer, `load_encoded(pair, split)` for the ids, and
-# `iterate_batches(...)` once per epoch; the decoding chapter uses `tokenizer.encode` and
-# `tokenizer.decode` to turn a sentence into a translation and back into text.
+# `iterate_batches(...)` once per epoch (and, with BPE-dropout, `BPEDropout.resample` before
+# it); the decoding chapter uses `tokenizer.encode` and `tokenizer.decode` to turn a sentence
+# into a translation and back into text.

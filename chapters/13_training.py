@@ -952,6 +952,7 @@ class TrainConfig:
     warmup: int = 4000
     lr_factor: float = 1.0
     label_smoothing: float = 0.1
+    bpe_dropout: float = 0.0  # on the training words (data chapter); 0: off (the paper)
     seed: int = 0
     bf16: bool | None = None  # None: on with CUDA
     compile: bool = False
@@ -1028,6 +1029,12 @@ class TrainConfig:
             raise ValueError(
                 f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}"
             )
+        if (
+            isinstance(self.bpe_dropout, bool)
+            or not isinstance(self.bpe_dropout, int | float)
+            or not 0.0 <= self.bpe_dropout < 1.0
+        ):
+            raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout!r}")
         if self.time_limit is not None and not (
             isinstance(self.time_limit, int | float) and self.time_limit > 0
         ):
@@ -1274,6 +1281,7 @@ from dataclasses import asdict
 from tqdm import tqdm
 
 from transformer.data import (
+    BPEDropout,
     DataError,
     collate,
     iterate_batches,
@@ -1351,6 +1359,7 @@ RESUME_FIXED = (
     "warmup",
     "lr_factor",
     "label_smoothing",
+    "bpe_dropout",
     "seed",
 )
 
@@ -1555,6 +1564,10 @@ class Trainer:
                 checkpoint, model_config=self.model_config, tokenizer=tokenizer
             )
         self._check_lengths()
+        dropout = c.bpe_dropout
+        self.bpe_dropout = BPEDropout(tokenizer, dropout) if dropout else None
+        if self.bpe_dropout is not None:
+            self.bpe_dropout.check(self.data.train)
 
         torch.manual_seed(c.seed)
         self.model = Transformer(self.model_config).to(self.device)
@@ -1587,12 +1600,6 @@ class Trainer:
             self.step_model = torch.compile(self.step_model)
         self.bf16 = c.bf16 if c.bf16 is not None else self.device.type == "cuda"
 
-        train = self.data.train
-        self.src_lengths = train.src_lengths + 1  # + <eos>
-        self.tgt_lengths = train.tgt_lengths + 1  # + <bos> (input) or <eos> (output)
-        self.pair_flops = training_flops(
-            self.model, src_lengths=self.src_lengths, tgt_lengths=self.tgt_lengths
-        )
         self.words = count_words(tokenizer, self.data.val)
         val = iterate_batches(
             self.data.val,
@@ -1673,7 +1680,16 @@ class Trainer:
         return TrainResult(self.out, stopped, p.step, metrics)
 
     def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        c = self.config
+        """The batches of an epoch, over the training split as that epoch spells it."""
+        c, train = self.config, self.data.train
+        if self.bpe_dropout is not None:  # a function of (seed, epoch), so resumable
+            train = self.bpe_dropout.resample(train, seed=c.seed, epoch=epoch)
+        self.train = train
+        self.src_lengths = train.src_lengths + 1  # + <eos>
+        self.tgt_lengths = train.tgt_lengths + 1  # + <bos> (input) or <eos> (output)
+        self.pair_flops = training_flops(
+            self.model, src_lengths=self.src_lengths, tgt_lengths=self.tgt_lengths
+        )
         return token_batches(
             self.src_lengths,
             self.tgt_lengths,
@@ -1726,7 +1742,7 @@ class Trainer:
             update = batches[p.batch : p.batch + group]
             mine = [
                 collate(
-                    [self.data.train[i] for i in index],
+                    [self.train[i] for i in index],
                     pad_id=tok.pad_id,
                     bos_id=tok.bos_id,
                     eos_id=tok.eos_id,
@@ -3263,6 +3279,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-factor", type=float)
     p.add_argument("--dropout", type=float)
     p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--bpe-dropout", type=float, help="in [0, 1); default 0: off")
     p.add_argument("--seed", type=int)
     p.add_argument("--time-limit", type=float, help="minutes")
     p.add_argument("--average-last", type=int)
@@ -3301,6 +3318,7 @@ _FIELD_OPTIONS = (
     "warmup",
     "lr_factor",
     "label_smoothing",
+    "bpe_dropout",
     "seed",
     "time_limit",
     "average_last",

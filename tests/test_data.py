@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from random import Random
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from transformer.data import (
     SPLITS,
     VOCAB_SIZE,
     Batch,
+    BPEDropout,
     DataError,
     EncodedSplit,
     Tokenizer,
@@ -374,6 +376,99 @@ def test_encoded_split_round_trips_through_bytes_and_checks_itself():
     with pytest.raises(DataError, match="inconsistent src"):
         EncodedSplit(
             split.src_ids[:-1], split.src_offsets, split.tgt_ids, split.tgt_offsets
+        )
+
+
+def test_encoded_split_keeps_word_starts_and_checks_them():
+    tokenizer = data.train_bpe([("▁ab", "c", "▁abc")] * 5, 12, languages=("de", "en"))
+    words = [("▁abc", "c"), (), ("▁ab", "▁c", "a")]
+    split = EncodedSplit.from_words(tokenizer, words, words[::-1])
+    assert split.src_starts.dtype == np.bool_
+    for i, sentence in enumerate(words):
+        ids, starts = (
+            split[i][0],
+            split.src_starts[split.src_offsets[i] : split.src_offsets[i + 1]],
+        )
+        assert ids.tolist() == [t for w in sentence for t in tokenizer.segment(w)]
+        assert starts.tolist() == [
+            k == 0 for w in sentence for k in range(len(tokenizer.segment(w)))
+        ]
+    again = EncodedSplit.from_bytes(split.to_bytes())
+    assert np.array_equal(again.tgt_starts, split.tgt_starts)
+    assert (
+        EncodedSplit.from_bytes(
+            EncodedSplit.from_lists([[1]], [[2]]).to_bytes()
+        ).src_starts
+        is None
+    )
+    ids = (split.src_ids, split.src_offsets, split.tgt_ids, split.tgt_offsets)
+    with pytest.raises(DataError, match="one side only"):
+        EncodedSplit(*ids, split.src_starts, None)
+    with pytest.raises(DataError, match="inconsistent src word starts"):
+        EncodedSplit(*ids, split.src_starts[:-1], split.tgt_starts)
+    with pytest.raises(DataError, match="inconsistent tgt word starts"):
+        EncodedSplit(
+            *ids, split.src_starts, ~split.tgt_starts
+        )  # sentences not on a word
+    with pytest.raises(DataError, match="inconsistent src word starts"):
+        EncodedSplit(*ids, split.src_starts.astype(np.uint8), split.tgt_starts)
+
+
+# BPE-dropout ----------------------------------------------------------------------------------
+
+
+@needs_spacy
+def test_bpe_dropout_at_zero_is_the_tokenizer_on_every_training_word(trained):
+    for pair, (src_lang, tgt_lang) in PAIRS.items():
+        plain, rng = BPEDropout(trained[pair], 0.0), Random(0)
+        distinct = {
+            w
+            for lang in (src_lang, tgt_lang)
+            for words in pretokenize(load_split("train", lang), lang)
+            for w in words
+        }
+        assert all(
+            plain.segment(w, rng) == list(trained[pair].segment(w)) for w in distinct
+        )
+
+
+@needs_spacy
+def test_bpe_dropout_keeps_the_text_and_is_a_function_of_seed_and_epoch(cache):
+    tokenizer = Tokenizer.load(cache / "de-en" / "tokenizer.json")
+    val = load_encoded("de-en", "val", cache)
+    dropout = BPEDropout(tokenizer, 0.1)
+    a = dropout.resample(val, seed=3, epoch=1)
+    assert len(a) == len(val) and len(a.src_ids) > 1.1 * len(val.src_ids)
+    for i in range(len(val)):
+        for side in (0, 1):
+            assert tokenizer.decode(a[i][side]) == tokenizer.decode(val[i][side])
+
+    # Word starts still mark whole words: the pieces of each word spell the cached word.
+    def words(split: EncodedSplit, side: str) -> list[str]:
+        ids, starts = getattr(split, f"{side}_ids"), getattr(split, f"{side}_starts")
+        cuts = [*np.flatnonzero(starts).tolist(), len(ids)]
+        text = tokenizer.pieces(ids)
+        return ["".join(text[x:y]) for x, y in zip(cuts[:-1], cuts[1:], strict=True)]
+
+    assert words(a, "src") == words(val, "src") and words(a, "tgt") == words(val, "tgt")
+    same = dropout.resample(val, seed=3, epoch=1)
+    for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_starts"):
+        assert np.array_equal(getattr(same, name), getattr(a, name))
+    assert not np.array_equal(dropout.resample(val, seed=3, epoch=2).tgt_ids, a.tgt_ids)
+    assert not np.array_equal(dropout.resample(val, seed=4, epoch=1).tgt_ids, a.tgt_ids)
+    plain = BPEDropout(tokenizer, 0).resample(val, seed=3, epoch=1)
+    for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "src_starts"):
+        assert np.array_equal(getattr(plain, name), getattr(val, name))
+
+
+def test_bpe_dropout_refuses_a_bad_probability_and_a_split_without_words():
+    tokenizer = data.train_bpe([("▁ab",)] * 3, 8, languages=("de", "en"))
+    for p in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match="probability"):
+            BPEDropout(tokenizer, p)
+    with pytest.raises(DataError, match="word starts"):
+        BPEDropout(tokenizer, 0.1).resample(
+            EncodedSplit.from_lists([[4]], [[5]]), seed=0, epoch=0
         )
 
 

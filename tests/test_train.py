@@ -4,6 +4,7 @@ averaging, the shipped-model format, two processes against one, and the command 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
@@ -25,6 +26,7 @@ from transformer.config import TransformerConfig
 from transformer.data import (
     DATA_DIR,
     MARK,
+    DataError,
     EncodedSplit,
     collate,
     load_pairs,
@@ -72,8 +74,13 @@ from transformer.train import (
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
 
 
-def tiny_data(seed: int = 0, n_train: int = 40, n_val: int = 12) -> TrainingData:
-    """A tokenizer learned on random words, and random id sequences: no spaCy, no cache."""
+def tiny_data(
+    seed: int = 0, n_train: int = 40, n_val: int = 12, *, worded: bool = False
+) -> TrainingData:
+    """A tokenizer learned on random words, and random id sequences: no spaCy, no cache.
+
+    worded: sentences of those words instead, with their word starts (for BPE-dropout).
+    """
     rng = np.random.default_rng(seed)
     letters = list("abcdefgh")
     words = [
@@ -87,6 +94,14 @@ def tiny_data(seed: int = 0, n_train: int = 40, n_val: int = 12) -> TrainingData
     first = 4  # the special tokens come first
 
     def split(n: int) -> EncodedSplit:
+        if worded:
+            pool = [w for sentence in words for w in sentence]
+
+            def sentences() -> list[list[str]]:
+                return [list(rng.choice(pool, rng.integers(1, 8))) for _ in range(n)]
+
+            return EncodedSplit.from_words(tokenizer, sentences(), sentences())
+
         def sentence() -> list[int]:
             return rng.integers(
                 first, tokenizer.vocab_size, rng.integers(1, 8)
@@ -499,6 +514,8 @@ def test_train_config_round_trips_through_json():
         (dict(warmup=0), "warmup"),
         (dict(lr_factor=0), "lr_factor"),
         (dict(label_smoothing=1.0), "label_smoothing"),
+        (dict(bpe_dropout=1.0), "bpe_dropout"),
+        (dict(bpe_dropout=True), "bpe_dropout"),
         (dict(seed=-1), "seed"),
         (dict(bf16="yes"), "bf16"),
         (dict(time_limit=0), "time_limit"),
@@ -577,16 +594,24 @@ def _comparable(records):
     return [{k: v for k, v in r.items() if k not in drop} for r in records]
 
 
-def test_resume_is_exact(tmp_path: Path, data):
+@pytest.mark.parametrize("bpe_dropout", [0.0, 0.3])
+def test_resume_is_exact(tmp_path: Path, data, bpe_dropout):
     """Two epochs straight, and (stop within epoch 1, resume to its end, resume for epoch 2),
-    end with bit-identical weights, averages and metrics."""
-    straight = train(tiny_config(tmp_path / "a"), data=data, echo=False)
+    end with bit-identical weights, averages and metrics; with BPE-dropout too, which spells
+    the training words afresh each epoch."""
+    if bpe_dropout:
+        data = tiny_data(worded=True)
+
+    config = functools.partial(tiny_config, bpe_dropout=bpe_dropout)
+    straight = train(config(tmp_path / "a"), data=data, echo=False)
+    tokens = [r["train_tokens"] for r in straight.metrics if r["kind"] == "epoch"]
+    assert (tokens[0] != tokens[1]) == bool(bpe_dropout)
     b = tmp_path / "b"
-    first = train(tiny_config(b, max_steps=2), data=data, echo=False)
+    first = train(config(b, max_steps=2), data=data, echo=False)
     assert first.stopped == "max_steps" and latest_checkpoint(b).name == "step-0000002"
-    train(tiny_config(b, epochs=1), resume=True, data=data, echo=False)
+    train(config(b, epochs=1), resume=True, data=data, echo=False)
     assert latest_checkpoint(b).name == "epoch-001"
-    resumed = train(tiny_config(b), resume=True, data=data, echo=False)
+    resumed = train(config(b), resume=True, data=data, echo=False)
     assert resumed.step == straight.step
     for folder in ("checkpoints/epoch-002", "average"):
         a_weights, b_weights = (
@@ -600,8 +625,14 @@ def test_resume_is_exact(tmp_path: Path, data):
     b_metrics = [r for r in _comparable(resumed.metrics) if r["kind"] != "partial"]
     assert a_metrics == b_metrics
     # A finished run resumed with nothing left to do changes nothing.
-    again = train(tiny_config(b), resume=True, data=data, echo=False)
+    again = train(config(b), resume=True, data=data, echo=False)
     assert again.metrics == resumed.metrics
+
+
+def test_bpe_dropout_needs_the_word_starts(tmp_path: Path, data):
+    with pytest.raises(DataError, match="word starts"):
+        train(tiny_config(tmp_path / "run", bpe_dropout=0.1), data=data, echo=False)
+    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 def test_time_limit_stops_the_run(tmp_path: Path, data):

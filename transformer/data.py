@@ -5,7 +5,7 @@ __all__ = ['DATA_DIR', 'PAIRS', 'SPLITS', 'MARK', 'PAD', 'UNK', 'BOS', 'EOS', 'S
            'CACHE_DIR', 'CACHE_FORMAT', 'MAX_TOKENS', 'DataError', 'parse_pair', 'expected_checksums', 'read_lines',
            'load_split', 'load_pairs', 'normalize', 'pretokenize', 'Tokenizer', 'train_bpe', 'train_tokenizer',
            'EncodedSplit', 'cache_problems', 'prepare', 'load_encoded', 'main', 'Batch', 'collate', 'token_batches',
-           'iterate_batches']
+           'iterate_batches', 'BPEDropout']
 
 # %% ../chapters/10_data.ipynb #6383e390
 """Multi30k: reading, checking, tokenising, caching and batching the data in data/multi30k."""
@@ -239,21 +239,18 @@ class Tokenizer:
         """`encode` for many sentences at once (spaCy is much faster on batches)."""
         return self.encode_words(pretokenize(texts, self._language(language)))
 
+    def segment(self, word: str) -> tuple[int, ...]:
+        """The ids of the BPE pieces of one marked word (a word of `pretokenize`)."""
+        pieces = self._segmentations.get(word)
+        if pieces is None:  # BPE works inside a word: segment each distinct one once
+            pieces = tuple(t.id for t in self.bpe.model.tokenize(word))
+            self._segmentations[word] = pieces
+        return pieces
+
     def encode_words(self, sentences: Iterable[Sequence[str]]) -> list[list[int]]:
         """Token ids of sentences already cut into marked words by `pretokenize`."""
-        model, known = self.bpe.model, self._segmentations
-        encoded = []
-        for words in sentences:
-            ids = []
-            for word in words:
-                pieces = known.get(word)
-                if (
-                    pieces is None
-                ):  # BPE works inside a word: segment each distinct one once
-                    pieces = known[word] = tuple(t.id for t in model.tokenize(word))
-                ids.extend(pieces)
-            encoded.append(ids)
-        return encoded
+        segment = self.segment
+        return [[i for word in words for i in segment(word)] for words in sentences]
 
     def _checked(self, ids: Sequence[int]) -> list[int]:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
@@ -353,16 +350,19 @@ from safetensors.numpy import load as _load_safetensors
 from safetensors.numpy import save as _save_safetensors
 
 CACHE_DIR = _repository_root() / "cache"
-CACHE_FORMAT = "transformer-book encoded multi30k 1"
+CACHE_FORMAT = "transformer-book encoded multi30k 2"
 _ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
+_STARTS = ("src_starts", "tgt_starts")
 
 
-def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def _flatten(
+    sequences: Sequence[Sequence[int]], dtype: type = np.int32
+) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = itertools.chain.from_iterable(sequences)
-    return np.fromiter(flat, dtype=np.int32, count=int(offsets[-1])), offsets
+    return np.fromiter(flat, dtype=dtype, count=int(offsets[-1])), offsets
 
 
 @dataclass(frozen=True, eq=False)
@@ -370,13 +370,17 @@ class EncodedSplit:
     """The token ids of one split, without special tokens, as flat arrays.
 
     Pair i is (src_ids[src_offsets[i]:src_offsets[i + 1]], tgt_ids[tgt_offsets[i]:...]); ids
-    are int32 and each offsets array holds N + 1 int64 entries, starting at 0.
+    are int32 and each offsets array holds N + 1 int64 entries, starting at 0. The optional
+    `src_starts` and `tgt_starts` (bool, one per id) mark the ids that begin a word of
+    `pretokenize`, which BPE-dropout needs to segment the words afresh.
     """
 
     src_ids: np.ndarray
     src_offsets: np.ndarray
     tgt_ids: np.ndarray
     tgt_offsets: np.ndarray
+    src_starts: np.ndarray | None = None
+    tgt_starts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for side in ("src", "tgt"):
@@ -395,8 +399,22 @@ class EncodedSplit:
                 and bool(np.all(np.diff(offsets) >= 0))
             ):
                 raise DataError(f"inconsistent {side} ids and offsets")
+            starts = getattr(self, f"{side}_starts")
+            if starts is not None:
+                first = offsets[:-1][np.diff(offsets) > 0]  # of each non-empty sentence
+                if not (
+                    starts.dtype == np.bool_
+                    and starts.shape == ids.shape
+                    and bool(starts[first].all())
+                ):
+                    raise DataError(
+                        f"inconsistent {side} word starts: one bool per id, and every "
+                        "sentence begins a word"
+                    )
         if len(self.src_offsets) != len(self.tgt_offsets):
             raise DataError("source and target hold different numbers of sentences")
+        if (self.src_starts is None) != (self.tgt_starts is None):
+            raise DataError("word starts are given for one side only")
 
     @classmethod
     def from_lists(
@@ -404,6 +422,23 @@ class EncodedSplit:
     ) -> "EncodedSplit":
         """From the token ids of each source and each target sentence."""
         return cls(*_flatten(src), *_flatten(tgt))
+
+    @classmethod
+    def from_words(
+        cls,
+        tokenizer: Tokenizer,
+        src: Sequence[Sequence[str]],
+        tgt: Sequence[Sequence[str]],
+    ) -> "EncodedSplit":
+        """From sentences cut into marked words by `pretokenize`, keeping the word starts."""
+        arrays = {}
+        for side, sentences in (("src", src), ("tgt", tgt)):
+            pieces = [[tokenizer.segment(w) for w in words] for words in sentences]
+            ids = [[i for word in sentence for i in word] for sentence in pieces]
+            starts = [[k == 0 for w in s for k in range(len(w))] for s in pieces]
+            arrays[f"{side}_ids"], arrays[f"{side}_offsets"] = _flatten(ids)
+            arrays[f"{side}_starts"] = _flatten(starts, np.bool_)[0]
+        return cls(**arrays)
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -425,12 +460,14 @@ class EncodedSplit:
         return np.diff(self.tgt_offsets)
 
     def to_bytes(self) -> bytes:
-        return _save_safetensors({name: getattr(self, name) for name in _ARRAYS})
+        names = _ARRAYS if self.src_starts is None else _ARRAYS + _STARTS
+        return _save_safetensors({name: getattr(self, name) for name in names})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "EncodedSplit":
         arrays = _load_safetensors(data)
-        return cls(**{name: arrays[name] for name in _ARRAYS})
+        names = [name for name in _ARRAYS + _STARTS if name in arrays]
+        return cls(**{name: arrays[name] for name in names})
 
 
 def _sha256(path: Path) -> str:
@@ -511,9 +548,10 @@ def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) ->
     splits = {}
     for split in SPLITS:
         pairs = load_pairs(split, pair, data_dir)
-        data = EncodedSplit.from_lists(
-            tokenizer.encode_batch([s for s, _ in pairs], src_lang),
-            tokenizer.encode_batch([t for _, t in pairs], tgt_lang),
+        data = EncodedSplit.from_words(
+            tokenizer,
+            pretokenize([s for s, _ in pairs], src_lang),
+            pretokenize([t for _, t in pairs], tgt_lang),
         )
         blob = data.to_bytes()
         _atomic_write(folder / f"{split}.safetensors", blob)
@@ -796,3 +834,68 @@ def iterate_batches(
             index=index,
             max_len=max_len,
         )
+
+# %% ../chapters/10_data.ipynb #9025b4aa
+from random import Random
+
+
+class BPEDropout:
+    """BPE-dropout (Provilkov et al., 2020): segment words afresh, dropping each merge that
+    could apply with probability p at every step; p = 0 is the tokenizer's own BPE."""
+
+    def __init__(self, tokenizer: Tokenizer, p: float) -> None:
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
+            raise ValueError(f"BPE-dropout probability must be in [0, 1), got {p!r}")
+        self.tokenizer, self.p = tokenizer, float(p)
+        merges = json.loads(tokenizer.bpe.to_str())["model"]["merges"]
+        pairs = (tuple(m.split(" ") if isinstance(m, str) else m) for m in merges)
+        self._rank = {pair: rank for rank, pair in enumerate(pairs)}
+        self._vocab = tokenizer.bpe.get_vocab()
+
+    def segment(self, word: str, rng: Random) -> list[int]:
+        """The ids of one marked word's pieces, drawn with `rng`."""
+        symbols, rank, p, draw = list(word), self._rank, self.p, rng.random
+        while len(symbols) > 1:
+            # The best merge that survives: scanning the candidates, a merge is only drawn
+            # when it would beat the best survivor so far; the others cannot win anyway.
+            best, at = None, -1
+            for i in range(len(symbols) - 1):
+                r = rank.get((symbols[i], symbols[i + 1]))
+                if r is not None and (best is None or r < best) and draw() >= p:
+                    best, at = r, i
+            if best is None:
+                break
+            symbols[at : at + 2] = [symbols[at] + symbols[at + 1]]
+        unk = self.tokenizer.unk_id
+        return [self._vocab.get(symbol, unk) for symbol in symbols]
+
+    @staticmethod
+    def check(split: EncodedSplit) -> None:
+        """Raise DataError if the split does not say where its words start."""
+        if split.src_starts is None or split.tgt_starts is None:
+            raise DataError(
+                "BPE-dropout needs the word starts of the training split, which caches "
+                "built before them lack: `python -m transformer prepare --rebuild`"
+            )
+
+    def resample(self, split: EncodedSplit, *, seed: int, epoch: int) -> EncodedSplit:
+        """The split with every word segmented afresh, as a function of (seed, epoch)."""
+        self.check(split)
+        rng, arrays = Random(f"bpe-dropout {seed} {epoch}"), {}
+        for side in ("src", "tgt"):
+            ids = getattr(split, f"{side}_ids")
+            offsets = getattr(split, f"{side}_offsets")
+            first = np.flatnonzero(getattr(split, f"{side}_starts"))
+            pieces = self.tokenizer.pieces(ids)
+            bounds = zip(first.tolist(), [*first[1:].tolist(), len(ids)], strict=True)
+            words = [self.segment("".join(pieces[a:b]), rng) for a, b in bounds]
+            ends = np.zeros(len(words) + 1, dtype=np.int64)
+            np.cumsum([len(w) for w in words], out=ends[1:])
+            starts = np.zeros(ends[-1], dtype=np.bool_)
+            starts[ends[:-1]] = True
+            arrays[f"{side}_ids"] = np.fromiter(
+                itertools.chain.from_iterable(words), dtype=np.int32, count=ends[-1]
+            )
+            arrays[f"{side}_offsets"] = ends[np.searchsorted(first, offsets)]
+            arrays[f"{side}_starts"] = starts
+        return EncodedSplit(**arrays)
