@@ -920,6 +920,8 @@ mean
 # the run early enough to validate and write a checkpoint before the limit, so that it can be
 # resumed: a GPU machine that runs each command for about ten minutes trains a long run as a
 # chain of `--resume`s. `max_steps` stops after that many updates, for tests and quick runs.
+# `bpe_dropout` (default 0, off, as in the paper) samples the segmentation of the training
+# words afresh each epoch, as the data chapter's last section describes.
 
 # %%
 #| export
@@ -1245,7 +1247,9 @@ def _seed_update(seed: int, step: int, rank: int) -> None:
 #    from the latest checkpoint, after checking that the checkpoint's model and vocabulary are
 #    those of the run. Wrap the model in DDP with several processes, and compile it if asked.
 # 2. **Epochs.** Each epoch orders the training pairs into token-bucketed batches from
-#    `(seed, epoch)`, and makes one update per group of batches. A progress bar shows the loss,
+#    `(seed, epoch)`, and makes one update per group of batches. With BPE-dropout, the epoch
+#    first spells the training words afresh, also from `(seed, epoch)`; on a GPU a second
+#    process prepares the next epoch's spelling while this one trains. A progress bar shows the loss,
 #    the tokens per second and the learning rate (it is switched off when the output is not a
 #    terminal, so logs and notebooks stay clean), and every `log_every` updates a line goes to
 #    `steps.jsonl`.
@@ -1258,7 +1262,8 @@ def _seed_update(seed: int, step: int, rank: int) -> None:
 #
 # **Exact resume.** Everything an update depends on is either in the checkpoint or a function of
 # it: the weights and Adam's moments (safetensors), the scheduler's step count and the position in
-# the epoch's list of batches (JSON), the list itself (a function of the seed and the epoch), and
+# the epoch's list of batches (JSON), the list itself and its segmentation under BPE-dropout
+# (functions of the seed and the epoch), and
 # the dropout masks (a function of the seed, the update and the process, drawn fresh at each
 # update). So a run stopped after one epoch and resumed for a second ends with *bit-identical*
 # weights to a run of two epochs straight, on the same machine; the test
@@ -1274,8 +1279,10 @@ def _seed_update(seed: int, step: int, rank: int) -> None:
 
 # %%
 #| export
+import multiprocessing
 import sys
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict
 
 from tqdm import tqdm
@@ -1568,6 +1575,11 @@ class Trainer:
         self.bpe_dropout = BPEDropout(tokenizer, dropout) if dropout else None
         if self.bpe_dropout is not None:
             self.bpe_dropout.check(self.data.train)
+        # With a GPU, a second process spells the next epoch while this one trains (the CPU
+        # is otherwise idle); on a CPU, the training itself keeps every core busy.
+        self.prefetch = self.device.type == "cuda"
+        self._pool: ProcessPoolExecutor | None = None
+        self._ahead: dict[int, Future] = {}
 
         torch.manual_seed(c.seed)
         self.model = Transformer(self.model_config).to(self.device)
@@ -1676,6 +1688,8 @@ class Trainer:
                 self._average()
         finally:
             self.log.close()
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
         metrics = read_jsonl(self.out / "metrics.jsonl")
         return TrainResult(self.out, stopped, p.step, metrics)
 
@@ -1683,7 +1697,19 @@ class Trainer:
         """The batches of an epoch, over the training split as that epoch spells it."""
         c, train = self.config, self.data.train
         if self.bpe_dropout is not None:  # a function of (seed, epoch), so resumable
-            train = self.bpe_dropout.resample(train, seed=c.seed, epoch=epoch)
+            ahead = self._ahead.pop(epoch, None)
+            resample = self.bpe_dropout.resample
+            if ahead is not None:
+                train = ahead.result()
+            else:
+                train = resample(self.data.train, seed=c.seed, epoch=epoch)
+            if self.prefetch and epoch + 1 < c.epochs:
+                if self._pool is None:
+                    spawn = multiprocessing.get_context("spawn")
+                    self._pool = ProcessPoolExecutor(1, mp_context=spawn)
+                self._ahead[epoch + 1] = self._pool.submit(
+                    resample, self.data.train, seed=c.seed, epoch=epoch + 1
+                )
         self.train = train
         self.src_lengths = train.src_lengths + 1  # + <eos>
         self.tgt_lengths = train.tgt_lengths + 1  # + <bos> (input) or <eos> (output)

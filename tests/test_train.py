@@ -41,6 +41,7 @@ from transformer.train import (
     FREQUENCY_GROUPS,
     CheckpointError,
     TrainConfig,
+    Trainer,
     TrainingData,
     UnitScore,
     WordLevel,
@@ -627,6 +628,24 @@ def test_resume_is_exact(tmp_path: Path, data, bpe_dropout):
     # A finished run resumed with nothing left to do changes nothing.
     again = train(config(b), resume=True, data=data, echo=False)
     assert again.metrics == resumed.metrics
+
+
+def test_bpe_dropout_prefetched_in_a_second_process_trains_the_same(tmp_path: Path):
+    """On a GPU the next epoch's segmentation comes from a worker process: same weights."""
+    data = tiny_data(worded=True)
+    config = functools.partial(tiny_config, bpe_dropout=0.3, average_last=0)
+    here = train(config(tmp_path / "here"), data=data, echo=False)
+    trainer = Trainer(config(tmp_path / "ahead"), data=data, echo=False)
+    assert not trainer.prefetch  # on a CPU
+    trainer.prefetch = True
+    ahead = trainer.run()
+    assert (
+        trainer._pool is not None and not trainer._ahead
+    )  # used, and nothing left over
+    assert _comparable(ahead.metrics) == _comparable(here.metrics)
+    folder = "checkpoints/epoch-002"
+    for name, value in weights_of(tmp_path / "here" / folder).items():
+        assert torch.equal(value, weights_of(tmp_path / "ahead" / folder)[name]), name
 
 
 def test_bpe_dropout_needs_the_word_starts(tmp_path: Path, data):

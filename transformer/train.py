@@ -642,8 +642,10 @@ def _seed_update(seed: int, step: int, rank: int) -> None:
     )
 
 # %% ../chapters/13_training.ipynb #4c7064e1
+import multiprocessing
 import sys
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict
 
 from tqdm import tqdm
@@ -936,6 +938,11 @@ class Trainer:
         self.bpe_dropout = BPEDropout(tokenizer, dropout) if dropout else None
         if self.bpe_dropout is not None:
             self.bpe_dropout.check(self.data.train)
+        # With a GPU, a second process spells the next epoch while this one trains (the CPU
+        # is otherwise idle); on a CPU, the training itself keeps every core busy.
+        self.prefetch = self.device.type == "cuda"
+        self._pool: ProcessPoolExecutor | None = None
+        self._ahead: dict[int, Future] = {}
 
         torch.manual_seed(c.seed)
         self.model = Transformer(self.model_config).to(self.device)
@@ -1044,6 +1051,8 @@ class Trainer:
                 self._average()
         finally:
             self.log.close()
+            if self._pool is not None:
+                self._pool.shutdown(cancel_futures=True)
         metrics = read_jsonl(self.out / "metrics.jsonl")
         return TrainResult(self.out, stopped, p.step, metrics)
 
@@ -1051,7 +1060,19 @@ class Trainer:
         """The batches of an epoch, over the training split as that epoch spells it."""
         c, train = self.config, self.data.train
         if self.bpe_dropout is not None:  # a function of (seed, epoch), so resumable
-            train = self.bpe_dropout.resample(train, seed=c.seed, epoch=epoch)
+            ahead = self._ahead.pop(epoch, None)
+            resample = self.bpe_dropout.resample
+            if ahead is not None:
+                train = ahead.result()
+            else:
+                train = resample(self.data.train, seed=c.seed, epoch=epoch)
+            if self.prefetch and epoch + 1 < c.epochs:
+                if self._pool is None:
+                    spawn = multiprocessing.get_context("spawn")
+                    self._pool = ProcessPoolExecutor(1, mp_context=spawn)
+                self._ahead[epoch + 1] = self._pool.submit(
+                    resample, self.data.train, seed=c.seed, epoch=epoch + 1
+                )
         self.train = train
         self.src_lengths = train.src_lengths + 1  # + <eos>
         self.tgt_lengths = train.tgt_lengths + 1  # + <bos> (input) or <eos> (output)
