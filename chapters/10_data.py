@@ -1855,11 +1855,28 @@ class BPEDropout:
                 "built before them lack: `python -m transformer prepare --rebuild`"
             )
 
-    def resample(self, split: EncodedSplit, *, seed: int, epoch: int) -> EncodedSplit:
-        """The split with every word segmented afresh, as a function of (seed, epoch)."""
+    def resample(
+        self,
+        split: EncodedSplit,
+        *,
+        seed: int,
+        epoch: int,
+        sides: Sequence[str] = ("src", "tgt"),
+    ) -> EncodedSplit:
+        """The split with every word of `sides` ("src", "tgt" or both) segmented afresh, as a
+        function of (seed, epoch); the other side is kept as it is."""
         self.check(split)
-        rng, arrays = Random(f"bpe-dropout {seed} {epoch}"), {}
+        if not set(sides) <= {"src", "tgt"}:
+            raise ValueError(f"sides must be 'src' and/or 'tgt', got {sides!r}")
+        rng = Random(f"bpe-dropout {seed} {epoch}")
+        arrays = {
+            f"{side}_{name}": getattr(split, f"{side}_{name}")
+            for side in ("src", "tgt")
+            for name in ("ids", "offsets", "starts")
+        }
         for side in ("src", "tgt"):
+            if side not in sides:
+                continue
             ids = getattr(split, f"{side}_ids")
             offsets = getattr(split, f"{side}_offsets")
             first = np.flatnonzero(getattr(split, f"{side}_starts"))

@@ -921,7 +921,8 @@ mean
 # resumed: a GPU machine that runs each command for about ten minutes trains a long run as a
 # chain of `--resume`s. `max_steps` stops after that many updates, for tests and quick runs.
 # `bpe_dropout` (default 0, off, as in the paper) samples the segmentation of the training
-# words afresh each epoch, as the data chapter's last section describes.
+# words afresh each epoch, as the data chapter's last section describes, on both sides or, with
+# `bpe_dropout_sides="source"`, on the source side only.
 
 # %%
 #| export
@@ -932,6 +933,7 @@ from transformer.config import TransformerConfig
 from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS, VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
+BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
 
 
@@ -955,6 +957,7 @@ class TrainConfig:
     lr_factor: float = 1.0
     label_smoothing: float = 0.1
     bpe_dropout: float = 0.0  # on the training words (data chapter); 0: off (the paper)
+    bpe_dropout_sides: str = "both"  # or "source": targets keep BPE's own spelling
     seed: int = 0
     bf16: bool | None = None  # None: on with CUDA
     compile: bool = False
@@ -1037,6 +1040,11 @@ class TrainConfig:
             or not 0.0 <= self.bpe_dropout < 1.0
         ):
             raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout!r}")
+        if self.bpe_dropout_sides not in BPE_DROPOUT_SIDES:
+            raise ValueError(
+                f"bpe_dropout_sides must be one of {', '.join(BPE_DROPOUT_SIDES)}, "
+                f"got {self.bpe_dropout_sides!r}"
+            )
         if self.time_limit is not None and not (
             isinstance(self.time_limit, int | float) and self.time_limit > 0
         ):
@@ -1279,6 +1287,7 @@ def _seed_update(seed: int, step: int, rank: int) -> None:
 
 # %%
 #| export
+import functools
 import multiprocessing
 import sys
 import time
@@ -1367,6 +1376,7 @@ RESUME_FIXED = (
     "lr_factor",
     "label_smoothing",
     "bpe_dropout",
+    "bpe_dropout_sides",
     "seed",
 )
 
@@ -1698,17 +1708,21 @@ class Trainer:
         c, train = self.config, self.data.train
         if self.bpe_dropout is not None:  # a function of (seed, epoch), so resumable
             ahead = self._ahead.pop(epoch, None)
-            resample = self.bpe_dropout.resample
+            resample = functools.partial(
+                self.bpe_dropout.resample,
+                seed=c.seed,
+                sides=BPE_DROPOUT_SIDES[c.bpe_dropout_sides],
+            )
             if ahead is not None:
                 train = ahead.result()
             else:
-                train = resample(self.data.train, seed=c.seed, epoch=epoch)
+                train = resample(self.data.train, epoch=epoch)
             if self.prefetch and epoch + 1 < c.epochs:
                 if self._pool is None:
                     spawn = multiprocessing.get_context("spawn")
                     self._pool = ProcessPoolExecutor(1, mp_context=spawn)
                 self._ahead[epoch + 1] = self._pool.submit(
-                    resample, self.data.train, seed=c.seed, epoch=epoch + 1
+                    resample, self.data.train, epoch=epoch + 1
                 )
         self.train = train
         self.src_lengths = train.src_lengths + 1  # + <eos>
@@ -3306,6 +3320,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float)
     p.add_argument("--label-smoothing", type=float)
     p.add_argument("--bpe-dropout", type=float, help="in [0, 1); default 0: off")
+    p.add_argument("--bpe-dropout-sides", choices=list(BPE_DROPOUT_SIDES))
     p.add_argument("--seed", type=int)
     p.add_argument("--time-limit", type=float, help="minutes")
     p.add_argument("--average-last", type=int)
@@ -3345,6 +3360,7 @@ _FIELD_OPTIONS = (
     "lr_factor",
     "label_smoothing",
     "bpe_dropout",
+    "bpe_dropout_sides",
     "seed",
     "time_limit",
     "average_last",

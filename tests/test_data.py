@@ -456,6 +456,12 @@ def test_bpe_dropout_keeps_the_text_and_is_a_function_of_seed_and_epoch(cache):
         assert np.array_equal(getattr(same, name), getattr(a, name))
     assert not np.array_equal(dropout.resample(val, seed=3, epoch=2).tgt_ids, a.tgt_ids)
     assert not np.array_equal(dropout.resample(val, seed=4, epoch=1).tgt_ids, a.tgt_ids)
+    source_only = dropout.resample(val, seed=3, epoch=1, sides=("src",))
+    assert np.array_equal(source_only.src_ids, a.src_ids)  # the same draws
+    for name in ("tgt_ids", "tgt_offsets", "tgt_starts"):
+        assert np.array_equal(getattr(source_only, name), getattr(val, name))
+    with pytest.raises(ValueError, match="sides"):
+        dropout.resample(val, seed=3, epoch=1, sides=("source",))
     plain = BPEDropout(tokenizer, 0).resample(val, seed=3, epoch=1)
     for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "src_starts"):
         assert np.array_equal(getattr(plain, name), getattr(val, name))

@@ -517,6 +517,7 @@ def test_train_config_round_trips_through_json():
         (dict(label_smoothing=1.0), "label_smoothing"),
         (dict(bpe_dropout=1.0), "bpe_dropout"),
         (dict(bpe_dropout=True), "bpe_dropout"),
+        (dict(bpe_dropout_sides="target"), "bpe_dropout_sides"),
         (dict(seed=-1), "seed"),
         (dict(bf16="yes"), "bf16"),
         (dict(time_limit=0), "time_limit"),
@@ -607,6 +608,14 @@ def test_resume_is_exact(tmp_path: Path, data, bpe_dropout):
     straight = train(config(tmp_path / "a"), data=data, echo=False)
     tokens = [r["train_tokens"] for r in straight.metrics if r["kind"] == "epoch"]
     assert (tokens[0] != tokens[1]) == bool(bpe_dropout)
+    if bpe_dropout:  # on the source side only, the target tokens stay as they are
+        source = train(
+            config(tmp_path / "source", bpe_dropout_sides="source", epochs=2),
+            data=data,
+            echo=False,
+        )
+        tokens = [r["train_tokens"] for r in source.metrics if r["kind"] == "epoch"]
+        assert tokens == [int(data.train.tgt_lengths.sum() + len(data.train))] * 2
     b = tmp_path / "b"
     first = train(config(b, max_steps=2), data=data, echo=False)
     assert first.stopped == "max_steps" and latest_checkpoint(b).name == "step-0000002"
