@@ -657,6 +657,19 @@ def test_bpe_dropout_prefetched_in_a_second_process_trains_the_same(tmp_path: Pa
         assert torch.equal(value, weights_of(tmp_path / "ahead" / folder)[name]), name
 
 
+def test_bpe_dropout_that_never_drops_trains_as_without_it(tmp_path: Path):
+    """The whole path (resample each epoch, batch, collate) is a no-op when no merge is
+    dropped: p = 1e-12 gives the weights of a run without BPE-dropout, bit for bit."""
+    data = tiny_data(worded=True)
+    config = functools.partial(tiny_config, average_last=0)
+    off = train(config(tmp_path / "off"), data=data, echo=False)
+    tiny = train(config(tmp_path / "tiny", bpe_dropout=1e-12), data=data, echo=False)
+    assert _comparable(tiny.metrics) == _comparable(off.metrics)
+    folder = "checkpoints/epoch-002"
+    for name, value in weights_of(tmp_path / "off" / folder).items():
+        assert torch.equal(value, weights_of(tmp_path / "tiny" / folder)[name]), name
+
+
 def test_bpe_dropout_needs_the_word_starts(tmp_path: Path, data):
     with pytest.raises(DataError, match="word starts"):
         train(tiny_config(tmp_path / "run", bpe_dropout=0.1), data=data, echo=False)
