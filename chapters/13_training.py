@@ -2974,21 +2974,33 @@ CPU_TWINS = [
     "bpe-dropout-cpu",
     "bpe-dropout-source-cpu",
 ]
+
+
+def ppl_curves(frame: pd.DataFrame, domain: list[float]) -> alt.Chart:
+    """Validation perplexity per word by epoch, a line per run, on a log scale."""
+    return (
+        alt.Chart(frame)
+        .mark_line(point=alt.OverlayMarkDef(size=12), clip=True)
+        .encode(
+            x=alt.X("epoch:Q", title="epoch"),
+            y=alt.Y(
+                "val_ppl_word:Q",
+                title="validation perplexity per word",
+                scale=alt.Scale(type="log", domain=domain),
+            ),
+        )
+    )
+
+
 (
-    alt.Chart(
+    ppl_curves(
         run_epochs.loc[
             ~run_epochs["run"].isin(["110-epochs", *CPU_TWINS]),
             ["pair", "recipe", "epoch", "val_ppl_word"],
-        ]
+        ],
+        domain=[5, 200],
     )
-    .mark_line(point=alt.OverlayMarkDef(size=12), clip=True)
     .encode(
-        x=alt.X("epoch:Q", title="epoch"),
-        y=alt.Y(
-            "val_ppl_word:Q",
-            title="validation perplexity per word",
-            scale=alt.Scale(type="log", domain=[5, 200]),
-        ),
         color=alt.Color(
             "recipe:N",
             title=None,
@@ -3199,6 +3211,9 @@ twin_table = pd.DataFrame(
     }
 ).T.round(3)
 display(twin_table)
+chance_dashed = alt.condition(  # the baseline's other seed: what chance does
+    alt.datum.run == "dropout-0.2-cpu-seed-1", alt.value([4, 3]), alt.value([1, 0])
+)
 lines = (
     alt.Chart(twin_groups[~twin_groups["run"].isin(UNCHARTED)].round(4))
     .mark_line(point=True)
@@ -3210,11 +3225,7 @@ lines = (
             title="NLL per token, relative to dropout-0.2-cpu",
         ),
         color=alt.Color("run:N", title=None),
-        strokeDash=alt.condition(  # chance dashed
-            alt.datum.run == "dropout-0.2-cpu-seed-1",
-            alt.value([4, 3]),
-            alt.value([1, 0]),
-        ),
+        strokeDash=chance_dashed,
         tooltip=[
             "run",
             "seen in training",
@@ -3296,21 +3307,10 @@ bpe_runs = [
 bpe_curves = de_epochs.reset_index()
 bpe_curves = bpe_curves[bpe_curves["run"].isin(bpe_runs)]
 (
-    alt.Chart(bpe_curves[["run", "epoch", "step", "val_ppl_word"]])
-    .mark_line(point=alt.OverlayMarkDef(size=12), clip=True)
+    ppl_curves(bpe_curves[["run", "epoch", "step", "val_ppl_word"]], domain=[7, 300])
     .encode(
-        x=alt.X("epoch:Q", title="epoch"),
-        y=alt.Y(
-            "val_ppl_word:Q",
-            title="validation perplexity per word",
-            scale=alt.Scale(type="log", domain=[7, 300]),
-        ),
         color=alt.Color("run:N", title=None, sort=bpe_runs),
-        strokeDash=alt.condition(  # chance dashed
-            alt.datum.run == "dropout-0.2-cpu-seed-1",
-            alt.value([4, 3]),
-            alt.value([1, 0]),
-        ),
+        strokeDash=chance_dashed,
         tooltip=["run", "epoch", "step", "val_ppl_word"],
     )
     .transform_filter(alt.datum.epoch >= 2)
