@@ -1650,7 +1650,8 @@ alt.Chart(by_length).mark_bar().encode(
 # counted per word-level token, as word-level implementations count them, but not per
 # whitespace word; French→English meets neither: it translates well, but is not yet as sure of
 # the reference translations as its targets ask, and a quarter of its validation loss lies in the
-# 2% of words it saw fewer than twice in training (the training chapter, "Where the loss goes").
+# 2% of words it saw fewer than twice in training (the training chapter, "Where the loss goes";
+# BPE-dropout, tried there as a remedy aimed at those words, did worse than the recipe).
 # To score a model of your own, or the shipped
 # ones on another split:
 #
