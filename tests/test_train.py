@@ -874,6 +874,9 @@ def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path):
     assert changed.model_overrides == dict(
         n_layers=3, d_model=64, n_heads=8, d_ff=512, dropout=0.2
     )
+    # booleans in JSON's spelling or Python's
+    for spelling in ("true", "True"):
+        assert parsed("--set", f"norm_first={spelling}").model_overrides["norm_first"]
 
 
 def test_cli_unknown_pair():

@@ -1792,6 +1792,9 @@ _FIELD_OPTIONS = (
 
 
 def _parse_value(text: str) -> Any:
+    """A --set value: a JSON number, string or boolean; True and False also as in Python."""
+    if text in ("True", "False"):
+        return text == "True"
     try:
         return json.loads(text)
     except ValueError:
