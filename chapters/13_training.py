@@ -3396,11 +3396,12 @@ assert abs(source_groups["100+"] - 1) < 0.01 and abs(seed["100+"]) < 0.01
 # post-norm stack has large gradients near its output at initialisation
 # {cite:p}`xiong2020layer`, and it leans so heavily on its residual branches that the effect of
 # an update on the output grows with depth {cite:p}`liu2020understanding`. Four CPU twins of
-# the baseline tell the two apart, 10 epochs each: `4-layers-cpu` (4 + 4 layers),
-# `4-layers-lr-0.35-cpu` (the same at half the learning rate), `pre-norm-cpu` (3 + 3 layers in
-# the pre-norm order, `norm_first=True`, with its last LayerNorm on each stack) and
-# `4-layers-pre-norm-cpu`. Their curves, with the baseline's two seeds (seed 1 dashed); what to
-# look for: which curves run together, and which lag.
+# the baseline tell the two apart: `4-layers-cpu` (4 + 4 layers), `4-layers-lr-0.35-cpu` (the
+# same at half the learning rate), `4-layers-pre-norm-cpu` (4 + 4 layers in the pre-norm
+# order, `norm_first=True`, with its last LayerNorm on each stack), 10 epochs each, and
+# `pre-norm-cpu` (3 + 3 layers, pre-norm), 20 epochs like the baseline. Their curves, with the
+# baseline's two seeds (seed 1 dashed); what to look for: which curves run together, which
+# lag, and where the pre-norm curve meets the baseline's.
 
 # %%
 depth_runs = [
@@ -3412,12 +3413,10 @@ depth_runs = [
     "4-layers-pre-norm-cpu",
 ]
 depth_curves = de_epochs.reset_index()
-depth_curves = depth_curves[
-    depth_curves["run"].isin(depth_runs) & (depth_curves["epoch"] <= 10)
-]
+depth_curves = depth_curves[depth_curves["run"].isin(depth_runs)]
 (
     ppl_curves(
-        depth_curves[["run", "epoch", "train_loss", "val_ppl_word"]], domain=[8, 1200]
+        depth_curves[["run", "epoch", "train_loss", "val_ppl_word"]], domain=[7, 1200]
     )
     .encode(
         color=alt.Color("run:N", title=None, sort=depth_runs),
@@ -3440,10 +3439,18 @@ depth_curves = depth_curves[
 # say less about what this corpus needs than about post-norm with our batches: in the pre-norm
 # order a fourth layer costs nothing in speed of learning.
 #
-# That does not make pre-norm the better recipe yet. What counts is where a run ends, and
-# pre-norm's early lead may shrink: on the large WMT'14 English–German corpus pre-norm ended
-# worse than post-norm, on five small TED-talk pairs better {cite:p}`nguyen2019transformers`.
-# The paper's order stays the default.
+# What counts is where a run ends, though, and there the lead is gone. Continued to the
+# baseline's 20 epochs, `pre-norm-cpu` is still more than 10% ahead after epoch 12, about level
+# after epoch 16, and behind from epoch 18 on; its average of the last five epochs is 8.25,
+# 2.4% above the baseline's and 0.8% above the other seed's: no better, and no worse than
+# chance can say. Its training loss stays far lower (0.90 against 1.13 after epoch 20) while
+# its validation perplexity stops falling: pre-norm fits the training sentences faster, and
+# with dropout 0.2 that buys nothing on validation. Others found the same split: pre-norm ended
+# better than post-norm on five small TED-talk corpora and worse on the large WMT'14
+# English–German one {cite:p}`nguyen2019transformers`. Whether pre-norm ends lower with the
+# recipe's stronger dropout of 0.3, over its 35 epochs, or with the fourth layer it now
+# affords, is not measured here; `python tools/gpu_sweep.py targets` has those runs for the
+# next GPU session. The paper's order stays the default.
 
 # %%
 depth = de_epochs[de_epochs["run"].isin(depth_runs)].pivot(
@@ -3471,6 +3478,17 @@ seeds = ppl["dropout-0.2-cpu-seed-1"] / base - 1
 assert 0.1 < seeds.abs().max() < 0.11
 for pre in (pre3, pre4):
     assert (1 - pre.loc[2:] / base.loc[2:] > seeds.abs().max()).all()
+# after 20 epochs: level after epoch 16, behind from epoch 18, an average within chance
+all_ppl = depth["val_ppl_word"]
+long_gap = all_ppl["pre-norm-cpu"] / all_ppl["dropout-0.2-cpu"] - 1
+assert len(long_gap) == 20 and (long_gap.loc[2:12] < -0.1).all()
+assert abs(long_gap[16]) < 0.02 and (long_gap.loc[18:] > 0).all()
+ends = de["average ppl/word"]
+assert round(ends["pre-norm-cpu"], 2) == 8.25
+assert 0.02 < ends["pre-norm-cpu"] / ends["dropout-0.2-cpu"] - 1 < 0.03
+assert 0 < ends["pre-norm-cpu"] / ends["dropout-0.2-cpu-seed-1"] - 1 < 0.01
+late = depth["train_loss"].loc[20]
+assert late["pre-norm-cpu"] < late["dropout-0.2-cpu"] - 0.2
 gpu = run_epochs[(run_epochs["pair"] == "de-en")].pivot(
     index="epoch", columns="run", values="val_ppl_word"
 )
