@@ -2761,8 +2761,8 @@ assert all(35 < sum(u.nll) < 60 and 3 <= len(u.nll) <= 6 for u in fr_costly)
 # training loop's stricter convention, neither model meets its targets. (We wrote this evaluation after the runs; it played no part in choosing
 # the shipped ones, which were chosen by the training loop's perplexity.) The next runs that
 # might close French→English's gap are prepared as `python tools/gpu_sweep.py targets` and not
-# yet run: another vocabulary size, dropout inside attention and the feed-forward network, more
-# dropout, and an average of ten epochs. BPE-dropout, a remedy aimed at the rare words, was
+# yet run: the pre-norm order with three and four layers (the section "Depth and where the norm
+# goes"), another vocabulary size, more dropout, and an average of ten epochs. BPE-dropout, a remedy aimed at the rare words, was
 # tried on the CPU and did worse than the recipe (the comparison runs, below).
 
 # %%
