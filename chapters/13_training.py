@@ -3323,18 +3323,24 @@ bpe_runs = [
     "bpe-dropout-cpu",
     "bpe-dropout-source-cpu",
 ]
-bpe_curves = de_epochs.reset_index()
-bpe_curves = bpe_curves[bpe_curves["run"].isin(bpe_runs)]
-(
-    ppl_curves(bpe_curves[["run", "epoch", "step", "val_ppl_word"]], domain=[7, 300])
-    .encode(
-        color=alt.Color("run:N", title=None, sort=bpe_runs),
-        strokeDash=chance_dashed,
-        tooltip=["run", "epoch", "step", "val_ppl_word"],
+
+
+def twin_curves(runs: list[str], domain: list[float]) -> alt.Chart:
+    """The CPU twins' perplexity per word by epoch, the baseline's seed 1 dashed."""
+    frame = de_epochs.reset_index()
+    columns = ["run", "epoch", "step", "train_loss", "val_ppl_word"]
+    return (
+        ppl_curves(frame.loc[frame["run"].isin(runs), columns], domain=domain)
+        .encode(
+            color=alt.Color("run:N", title=None, sort=runs),
+            strokeDash=chance_dashed,
+            tooltip=columns,
+        )
+        .properties(width=420, height=240)
     )
-    .transform_filter(alt.datum.epoch >= 2)
-    .properties(width=420, height=240)
-)
+
+
+twin_curves(bpe_runs, domain=[7, 300]).transform_filter(alt.datum.epoch >= 2)
 
 # %% [markdown]
 # Neither helps this model in 20 epochs. On both sides, the perplexity per word is 32% above
@@ -3412,19 +3418,7 @@ depth_runs = [
     "pre-norm-cpu",
     "4-layers-pre-norm-cpu",
 ]
-depth_curves = de_epochs.reset_index()
-depth_curves = depth_curves[depth_curves["run"].isin(depth_runs)]
-(
-    ppl_curves(
-        depth_curves[["run", "epoch", "train_loss", "val_ppl_word"]], domain=[7, 1200]
-    )
-    .encode(
-        color=alt.Color("run:N", title=None, sort=depth_runs),
-        strokeDash=chance_dashed,
-        tooltip=["run", "epoch", "train_loss", "val_ppl_word"],
-    )
-    .properties(width=420, height=240)
-)
+twin_curves(depth_runs, domain=[7, 1200])
 
 # %% [markdown]
 # It is the order, not the learning rate. At half the learning rate the four post-norm layers
