@@ -15,7 +15,12 @@ import os
 from transformer.data import load_pairs
 from transformer.decode import CHECKPOINTS_DIR
 from transformer.evaluate import score, translate_split
-from transformer.train import load_model, read_jsonl, word_level_evaluation
+from transformer.train import (
+    load_model,
+    multi30k_recipe,
+    read_jsonl,
+    word_level_evaluation,
+)
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
 TARGETS = {
@@ -71,6 +76,18 @@ def card(pair: str, command: str, hardware: str) -> str:
         else " (a lower bound for this CPU; MFU is not reported for a CPU)"
     )
     tried = ", ".join(f"`{c}`" for c in comparisons)
+    recipe_model = multi30k_recipe(pair).model_config(mc["src_vocab_size"]).to_dict()
+    changed = [f"`{k}={v}`" for k, v in mc.items() if recipe_model.get(k) != v]
+    recipe = "The training chapter's `multi30k_recipe`" + (
+        f", with the model changed to {', '.join(changed)}" if changed else ""
+    )
+    order = (
+        "Pre-norm Transformer encoder–decoder (`norm_first=True`: a LayerNorm before each "
+        "sublayer and a last one on each stack, where the paper normalises after each "
+        'residual sum; the sublayers chapter) of "Attention Is All You Need"'
+        if mc["norm_first"]
+        else 'Post-norm Transformer encoder–decoder of "Attention Is All You Need"'
+    )
     rows = "".join(
         f"| {name} | {s.bleu:.1f} | {s.chrf:.1f} | {s.bleu_lc_tok:.1f} |\n"
         for name, s in results.items()
@@ -82,7 +99,7 @@ def card(pair: str, command: str, hardware: str) -> str:
 
 ## Model
 
-Post-norm Transformer encoder–decoder of "Attention Is All You Need" (this book's `transformer`
+{order} (this book's `transformer`
 package): {mc["n_layers"]} + {mc["n_layers"]} layers, d_model {mc["d_model"]}, d_ff {mc["d_ff"]}, \
 {mc["n_heads"]} heads, dropout {mc["dropout"]}, sinusoidal positions, one \
 {mc["src_vocab_size"]:,}-entry joint BPE vocabulary whose embedding table is shared by encoder,
@@ -98,7 +115,7 @@ spaCy's rule-based tokenizers, then the joint BPE vocabulary learned on the trai
 
 ## Recipe
 
-The training chapter's `multi30k_recipe`: Adam (0.9, 0.98, 1e-9), the paper's warm-up and
+{recipe}: Adam (0.9, 0.98, 1e-9), the paper's warm-up and
 inverse-square-root schedule with warm-up {tc["warmup"]} and factor {tc["lr_factor"]}, label
 smoothing {tc["label_smoothing"]}, batches of at most {tc["max_tokens"]:,} padded tokens per side,
 {tc["epochs"]} epochs, seed {tc["seed"]}, the average of the last {tc["average_last"]} epoch
