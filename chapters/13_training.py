@@ -2897,7 +2897,10 @@ assert (epoch_rows.groupby("pair")["mfu"].median().round(3) == 0.002).all()
 #   (the data chapter's last section), `bpe-dropout-cpu` on both sides, stopped after 10 of
 #   its 20 epochs, and `bpe-dropout-source-cpu` on the German side only; and four on depth
 #   and the order of the sublayers (the section "Depth and where the norm goes"):
-#   `4-layers-cpu`, `4-layers-lr-0.35-cpu`, `4-layers-pre-norm-cpu` and `pre-norm-cpu`.
+#   `4-layers-cpu`, `4-layers-lr-0.35-cpu`, `4-layers-pre-norm-cpu` and `pre-norm-cpu`;
+# - French→English only, on the project's CPU: `recipe-pre-norm-cpu` and
+#   `recipe-pre-norm-cpu-seed-1`, the recipe itself in the pre-norm order for its 35 epochs,
+#   with seeds 0 and 1 (the section "Depth and where the norm goes").
 #
 # Epoch by epoch, the validation perplexity per word of each run, its best epoch and its average
 # of the last five:
@@ -2972,7 +2975,7 @@ comparison
 
 # %% [markdown]
 # The same runs as curves, all but the 110-epoch runs, which have a figure of their own below,
-# and the CPU twins, which have theirs further down.
+# and the CPU runs, which have theirs further down.
 # The axis stops at a perplexity of 200, so the first epochs, and the base model that diverged,
 # leave the frame. What to look for: where each curve turns up or flattens, and which curve is
 # lowest at the end.
@@ -2991,6 +2994,8 @@ CPU_TWINS = [
     "4-layers-lr-0.35-cpu",
     "pre-norm-cpu",
     "4-layers-pre-norm-cpu",
+    "recipe-pre-norm-cpu",  # French→English
+    "recipe-pre-norm-cpu-seed-1",
 ]
 
 
@@ -3095,8 +3100,11 @@ long_runs = (
 # open. (Their token accuracies do not compare: a smaller vocabulary cuts the same words into
 # more pieces.)
 #
-# The shipped run was chosen as the one with the lowest averaged validation perplexity, never on
-# the test set; this is evidence for this corpus and budget only. The cell below checks these
+# The shipped run was chosen as the one with the lowest averaged validation perplexity among
+# the runs in the paper's post-norm order, never on the test set; a departure from the paper
+# had to beat that by more than chance, and the one that came close, the pre-norm order, did
+# not (the section "Depth and where the norm goes"). This is evidence for this corpus and
+# budget only. The cell below checks these
 # claims against the metrics files:
 
 # %%
@@ -3104,8 +3112,9 @@ shipped_average = comparison.xs("shipped", level="run")["average ppl/word"]
 for pair in TARGETS:
     runs = comparison.loc[pair]
     others = runs.drop("shipped")
-    # the shipped average is the lowest average of all runs ...
-    assert (others["average ppl/word"] > shipped_average[pair]).all()
+    # the shipped average is the lowest of all runs in the paper's order ...
+    paper_order = others[~others.index.str.contains("pre-norm")]
+    assert (paper_order["average ppl/word"] > shipped_average[pair]).all()
     # ... dropout 0.1 peaked before its last epoch, 0.3 still improves at its last
     assert (
         runs.loc["dropout-0.1-cpu", "best epoch"]
@@ -3170,7 +3179,7 @@ assert average_gap["inner-dropout-cpu"] < chance
 for base in ("base", "base-lr-0.45"):
     assert de.loc[base, "average ppl/word"] > 2 * shipped_average["de-en"]
 assert de.loc["base-dropout-0.3", "highest ppl/word"] > 1000  # diverged
-print("checked: the shipped average is the lowest of all runs, on both pairs")
+print("checked: the shipped average is the lowest of all post-norm runs, on both pairs")
 
 
 # %% [markdown]
@@ -3441,10 +3450,8 @@ twin_curves(depth_runs, domain=[7, 1200])
 # its validation perplexity stops falling: pre-norm fits the training sentences faster, and
 # with dropout 0.2 that buys nothing on validation. Others found the same split: pre-norm ended
 # better than post-norm on five small TED-talk corpora and worse on the large WMT'14
-# English–German one {cite:p}`nguyen2019transformers`. Whether pre-norm ends lower with the
-# recipe's stronger dropout of 0.3, over its 35 epochs, or with the fourth layer it now
-# affords, is not measured here; `python tools/gpu_sweep.py targets` has those runs for the
-# next GPU session. The paper's order stays the default.
+# English–German one {cite:p}`nguyen2019transformers`. Whether the recipe's stronger dropout
+# of 0.3 and its 35 epochs change that is the question of the next runs.
 
 # %%
 depth = de_epochs[de_epochs["run"].isin(depth_runs)].pivot(
@@ -3487,6 +3494,74 @@ gpu = run_epochs[(run_epochs["pair"] == "de-en")].pivot(
     index="epoch", columns="run", values="val_ppl_word"
 )
 assert round(gpu["4-layers"][10], 1) == 33.7 and round(gpu["shipped"][10], 1) == 15.0
+
+
+# %% [markdown]
+# **The recipe in the pre-norm order.** With the recipe's dropout of 0.3 and its 35 epochs, does
+# the faster start turn into a lower end? Two runs of `multi30k_recipe` with
+# `norm_first=True`, French→English, with seeds 0 and 1, trained side by side on the project's
+# CPU (float32, one thread each, 2.3 hours each), answer for one pair. Both learn far faster
+# than the shipped post-norm run (on the GPU, also float32): both are ahead of it after each
+# of the first 30 epochs, by 41% after two, 21% and 23% after ten, and 9% and 11% after twenty.
+# But the post-norm run improves to its last epoch, while the pre-norm runs flatten out (their
+# best epochs are the 31st and the 29th), and seed 1 falls behind from epoch 31 on. At the end
+# the two seeds disagree: averages of 5.72 and 5.96 per word, against the shipped run's 5.87,
+# that is 2.6% lower with seed 0 and 1.6% higher with seed 1, while the two seeds differ by
+# 4.1%; per word-level token (the section "Which words") 4.34 and 4.50, against 4.44. A gain
+# smaller than what the seed alone moves is not one this book can claim, so the paper's order
+# stays the default and the shipped model stays post-norm, although seed 0's average is the
+# lowest of all French→English runs. (The machines differ too, CPU against GPU, which changes
+# the rounding of the same float32 arithmetic.) More seeds would decide it, or the GPU runs of
+# `python tools/gpu_sweep.py targets`, which also try the fourth layer that pre-norm affords.
+# The curves from epoch 5 on; what to look for: the wide early gap, and how far apart the two
+# pre-norm seeds end, against their distance from the post-norm curve.
+
+# %%
+pre_norm_runs = {
+    "shipped": "post-norm (multi30k_recipe, shipped), GPU",
+    "recipe-pre-norm-cpu": "pre-norm, seed 0, CPU",
+    "recipe-pre-norm-cpu-seed-1": "pre-norm, seed 1, CPU",
+}
+fr_epochs = run_epochs[
+    (run_epochs["pair"] == "fr-en") & run_epochs["run"].isin(pre_norm_runs)
+]
+ppl_curves(
+    fr_epochs.assign(order=fr_epochs["run"].map(pre_norm_runs))[
+        ["order", "run", "epoch", "val_ppl_word"]
+    ],
+    domain=[5, 40],
+).encode(
+    color=alt.Color("order:N", title=None, sort=list(pre_norm_runs.values())),
+    tooltip=["run", "epoch", "val_ppl_word"],
+).transform_filter(alt.datum.epoch >= 5).properties(
+    width=420, height=240, title="French→English: post-norm and pre-norm, 35 epochs"
+)
+
+# %%
+fr_ppl = fr_epochs.pivot(index="epoch", columns="run", values="val_ppl_word")
+pre_names = ["recipe-pre-norm-cpu", "recipe-pre-norm-cpu-seed-1"]
+lead = 1 - fr_ppl[pre_names].div(fr_ppl["shipped"], axis=0)
+assert (lead.loc[1:30] > 0).all().all()  # both ahead for 30 epochs ...
+assert (lead.loc[2] > 0.4).all() and lead.loc[10].between(0.2, 0.24).all()
+assert lead.loc[20].between(0.09, 0.12).all()
+assert (lead.loc[31:, "recipe-pre-norm-cpu-seed-1"] < 0).all()  # ... then seed 1 behind
+fr_runs = comparison.loc["fr-en"]
+assert fr_runs.loc["shipped", "best epoch"] == 35
+assert (fr_runs.loc[pre_names, "best epoch"] < 35).all()
+# at the end: seed 0 lower, seed 1 higher; the seeds differ by more than either gap
+fr_ends = fr_runs["average ppl/word"]
+gain = 1 - fr_ends[pre_names] / fr_ends["shipped"]
+seed_gap = abs(fr_ends[pre_names[0]] / fr_ends[pre_names[1]] - 1)
+assert 0.02 < gain.iloc[0] < 0.03 and -0.02 < gain.iloc[1] < -0.01
+assert 0.035 < seed_gap < 0.045 and seed_gap > gain.abs().max()
+fr_units = {
+    name: json.loads(
+        (CHECKPOINTS_DIR / "fr-en/comparison" / name / "word_level.json").read_text()
+    )["ppl_unit"]
+    for name in pre_names
+}
+assert [round(fr_units[name], 2) for name in pre_names] == [4.34, 4.50]
+assert round(word_level["fr-en"].ppl_unit, 2) == 4.44
 
 
 # %% [markdown]
