@@ -2916,7 +2916,7 @@ def recipe_label(train_config: dict) -> str:
     """A run's recipe in a few words: its depth, width, dropout, smoothing and vocabulary,
     and what else differs from the recipe (learning rate, inner dropout, pre-norm)."""
     config = TrainConfig.from_dict(train_config)
-    m = model_of(train_config)
+    m = config.model_config(config.vocab_size)
     extras = [
         f"lr factor {config.lr_factor}" if config.lr_factor != recipe.lr_factor else "",
         f"attention/FFN dropout {m.attention_dropout}/{m.ffn_dropout}"
@@ -3006,7 +3006,7 @@ CPU_TWINS = [
     "4-layers-lr-0.35-cpu",
     "pre-norm-cpu",
     "4-layers-pre-norm-cpu",
-    "recipe-pre-norm-cpu",  # French→English
+    "recipe-pre-norm-cpu",  # 35 epochs, both pairs
     "recipe-pre-norm-cpu-seed-1",
 ]
 
