@@ -38,6 +38,7 @@ V4K = ["--vocab-size", "4000"]
 V12K = ["--vocab-size", "12000"]
 PRENORM = ["--set", "norm_first=true"]  # the pre-norm order of the sublayers chapter
 L4 = ["--set", "n_layers=4"]
+SEED1 = ["--seed", "1"]  # every run is seed 0 unless it says otherwise
 
 
 def both(name: str, options: list[str], candidate: bool = True) -> dict:
@@ -96,14 +97,24 @@ PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
     # the faster learning into a lower perplexity. On the CPU, French→English over 35 epochs
     # split by seed: 2.6% below post-norm with seed 0, 1.6% above with seed 1, and
     # German→English ended 3.7% above with both seeds (comparison/recipe-pre-norm-cpu*):
-    # three pre-norm layers lose at the end; run each pre-norm variant with two seeds.
+    # three pre-norm layers do not win at the end, so they are left out here; four are not
+    # answered yet. Every run has a seed-1 twin, and the recipe's own seed-1 twin is the
+    # yardstick: how far chance alone moves the shipped (seed 0) run on the GPU. Two commands
+    # of at most 10 minutes each: "targets", then "targets-fr".
     "targets": {
-        **both("prenorm", PRENORM),
+        **both("recipe-s1", SEED1, candidate=False),
         **both("prenorm-4l", PRENORM + L4),
-        "fr-en-v4k": ("fr-en", V4K, True),
-        "fr-en-v12k": ("fr-en", V12K, True),
+        **both("prenorm-4l-s1", PRENORM + L4 + SEED1),
         "fr-en-d4": ("fr-en", ["--dropout", "0.4"], True),
+        "fr-en-d4-s1": ("fr-en", ["--dropout", "0.4"] + SEED1, True),
+    },
+    "targets-fr": {  # a second command: French→English's vocabulary and averaging
+        "fr-en-v4k": ("fr-en", V4K, True),
+        "fr-en-v4k-s1": ("fr-en", V4K + SEED1, True),
+        "fr-en-v12k": ("fr-en", V12K, True),
+        "fr-en-v12k-s1": ("fr-en", V12K + SEED1, True),
         "fr-en-avg10": ("fr-en", ["--average-last", "10"], True),
+        "fr-en-avg10-s1": ("fr-en", ["--average-last", "10"] + SEED1, True),
     },
 }
 PIECE = 15 * 2**20
@@ -298,14 +309,14 @@ def main() -> int:
                 if path.is_file():
                     t.add(path, arcname=f"{name}/{file}")
     export_best(rows, args)
-    head = f"{'run':<16}{'ep':>4}{'best':>5}{'ppl best':>9}{'ppl avg':>8}{'acc avg':>8}"
+    head = f"{'run':<20}{'ep':>4}{'best':>5}{'ppl best':>9}{'ppl avg':>8}{'acc avg':>8}"
     print(head + f"{'BLEU':>6}{'tok/s':>9}")
     for r in rows:
         if r.get("failed"):
-            print(f"{r['name']:<16} failed")
+            print(f"{r['name']:<20} failed")
             continue
         print(
-            f"{r['name']:<16}{r['epochs']:>4}{r['best_epoch']:>5}{r['best_ppl_word']:>9.2f}"
+            f"{r['name']:<20}{r['epochs']:>4}{r['best_epoch']:>5}{r['best_ppl_word']:>9.2f}"
             f"{r.get('avg_ppl_word', float('nan')):>8.2f}"
             f"{r.get('avg_accuracy', float('nan')):>8.1%}"
             f"{r.get('avg_val_bleu', float('nan')):>6.1f}{r['tokens_per_s']:>9,.0f}"
