@@ -118,6 +118,8 @@ def noam_lr(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> flo
         raise ValueError(
             f"d_model and warmup must be positive, got {d_model} and {warmup}"
         )
+    if not factor > 0:  # also rejects NaN
+        raise ValueError(f"factor must be positive, got {factor}")
     if step == 0:
         return 0.0
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
@@ -185,8 +187,10 @@ from transformer.plots import use_book_renderer
 
 use_book_renderer()
 
-# One point in 100, plus each peak, keeps the chart small and the peaks sharp.
-shown = sorted(set(range(0, STEPS + 1, 100)) | {w for _, w in configs})
+# One point in 100 keeps the chart small; every warm-up is a multiple of 100, so the peaks
+# are among the points and stay sharp.
+shown = list(range(0, STEPS + 1, 100))
+assert all(w in shown for _, w in configs)
 panels = {  # the panel's title, and its curves with their legend labels
     "warmup = 4,000, three widths": {
         (256, 4000): "d_model = 256",
@@ -219,7 +223,7 @@ peaks = pd.DataFrame(
             "curve": label,
             "step": c[1],
             "learning rate": round(curves[c][c[1]] * 1e4, 4),
-            "peak": f"{curves[c][c[1]]:.1e}",
+            "peak": f"{curves[c][c[1]] * 1e4:.1f}",  # in the axis's units
         }
         for panel, labels in panels.items()
         for c, label in labels.items()
@@ -295,7 +299,8 @@ for beta_2 in (0.999, 0.98):
     print(f"β2 = {beta_2}: averages over about {1 / (1 - beta_2):,.0f} updates")
 
 # %% [markdown]
-# The architecture adds a second reason. In the paper's *post-norm* layers (the residual sum is
+# By this argument alone the warm-up could be short, of the order of $1 / (1 - \beta_2)$ updates,
+# 50 here. The paper's 4,000 are eighty times that, and the architecture adds a second reason. In the paper's *post-norm* layers (the residual sum is
 # normalised, $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$), Xiong et al. show that at
 # initialisation the expected gradients of the parameters near the output are large, so that a
 # large learning rate from the first step makes training unstable; the warm-up is what keeps
@@ -311,12 +316,13 @@ for beta_2 in (0.999, 0.98):
 # `scheduler.step()` calls made so far; with the base rate set to 1.0, that function *is* the
 # learning rate. After $k$ calls, $k$ updates have been made and the next one is update
 # $k + 1$, so the function is $k \mapsto lrate(k + 1)$. The training loop calls
-# `optimizer.step()` then `scheduler.step()`, once per batch.
+# `optimizer.step()` then `scheduler.step()`, once per update (several batches make one update
+# when gradients are accumulated, as the training chapter allows).
 #
-# Adam's `fused=True` implementation updates all parameters in a few GPU kernels instead of a
-# loop over tensors; `make_optimizer` turns it on when every parameter is on a CUDA device
-# (`fused=None`, the default) and leaves the choice to the caller otherwise. Weight decay is zero,
-# as in the paper.
+# Adam's `fused=True` implementation does the whole update of a group of tensors in one GPU
+# kernel, where PyTorch's default (`foreach`) launches several kernels per operation;
+# `make_optimizer` turns it on when every parameter is on a CUDA device and off otherwise
+# (`fused=None`, the default), and `fused=` chooses. Weight decay is zero, as in the paper.
 
 
 # %%
@@ -336,16 +342,21 @@ def make_optimizer(
     `scheduler.step()`. `fused=None` uses the fused Adam when every parameter is on CUDA.
     """
     if isinstance(model_or_params, nn.Module):
-        params = list(model_or_params.parameters())
+        params: list = list(model_or_params.parameters())
     else:
-        params = list(model_or_params)
-    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
-    if not tensors:
-        raise ValueError("make_optimizer got no parameters")
+        # A group's "params" may be a generator (`model.encoder.parameters()`): make it a
+        # list, or reading it here would leave Adam an empty group.
+        params = [
+            p | {"params": list(p["params"])} if isinstance(p, dict) else p
+            for p in model_or_params
+        ]
+    groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
+    if not groups or any(not group for group in groups):
+        raise ValueError("make_optimizer got no parameters (or an empty group)")
     if fused is None:
-        fused = all(t.is_cuda and t.is_floating_point() for t in tensors)
-    # Check the schedule's arguments now rather than at the first scheduler call.
-    noam_lr(1, d_model=d_model, warmup=warmup)
+        fused = all(t.is_cuda and t.is_floating_point() for g in groups for t in g)
+    # Check the schedule's arguments before building anything.
+    noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)
 
     def lr_at(completed_updates: int) -> float:
         return noam_lr(
@@ -404,9 +415,11 @@ pd.DataFrame(
 
 # %% [markdown]
 # The table shows the first updates climbing from the smallest rate, the peak at update 200,
-# the end of the warm-up, and the decay after it. A checkpoint that stores `optimizer.state_dict()` and
-# `scheduler.state_dict()` resumes on the same curve: the scheduler's state is the number of
-# calls made, and the optimiser's holds the current rate and Adam's moving averages.
+# the end of the warm-up, and the decay after it. A checkpoint that stores
+# `optimizer.state_dict()` and `scheduler.state_dict()` resumes on the same curve, provided
+# `make_optimizer` is called again with the same `d_model`, `warmup` and `factor` (the schedule
+# itself, a function, is not in the state): the scheduler's state is the number of calls made,
+# and the optimiser's holds the current rate and Adam's moving averages.
 #
 # With the loss of the previous chapter and this optimiser, every piece of the paper's training
 # recipe is in place; the training chapter puts them together in one loop.

@@ -112,15 +112,30 @@ def test_accepts_parameters_and_parameter_groups():
     assert len(optimizer.param_groups[0]["params"]) == 4
     groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
     optimizer, scheduler = make_optimizer(groups, d_model=64, warmup=10)
-    assert len(optimizer.param_groups) == 2
+    # generators in the groups are read once, by Adam, not used up before
+    assert [len(g["params"]) for g in optimizer.param_groups] == [2, 2]
+    before = [p.detach().clone() for p in model.parameters()]
     train(model, optimizer, scheduler, 3)
     expected = noam_lr(4, d_model=64, warmup=10)
     assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([expected] * 2)
+    assert all(
+        not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
+    )
 
 
 def test_no_parameters_raise():
     with pytest.raises(ValueError, match="no parameters"):
         make_optimizer([], d_model=64)
+    with pytest.raises(ValueError, match="empty group"):
+        make_optimizer([{"params": []}], d_model=64)
+
+
+@pytest.mark.parametrize("factor", [0.0, -1.0, float("nan")])
+def test_bad_factor_raises(factor):
+    with pytest.raises(ValueError, match="factor must be positive"):
+        noam_lr(10, d_model=64, warmup=10, factor=factor)
+    with pytest.raises(ValueError, match="factor must be positive"):
+        make_optimizer(nn.Linear(2, 2), d_model=64, warmup=10, factor=factor)
 
 
 def test_bad_schedule_arguments_raise_at_construction():

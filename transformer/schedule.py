@@ -28,6 +28,8 @@ def noam_lr(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> flo
         raise ValueError(
             f"d_model and warmup must be positive, got {d_model} and {warmup}"
         )
+    if not factor > 0:  # also rejects NaN
+        raise ValueError(f"factor must be positive, got {factor}")
     if step == 0:
         return 0.0
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
@@ -48,16 +50,21 @@ def make_optimizer(
     `scheduler.step()`. `fused=None` uses the fused Adam when every parameter is on CUDA.
     """
     if isinstance(model_or_params, nn.Module):
-        params = list(model_or_params.parameters())
+        params: list = list(model_or_params.parameters())
     else:
-        params = list(model_or_params)
-    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
-    if not tensors:
-        raise ValueError("make_optimizer got no parameters")
+        # A group's "params" may be a generator (`model.encoder.parameters()`): make it a
+        # list, or reading it here would leave Adam an empty group.
+        params = [
+            p | {"params": list(p["params"])} if isinstance(p, dict) else p
+            for p in model_or_params
+        ]
+    groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
+    if not groups or any(not group for group in groups):
+        raise ValueError("make_optimizer got no parameters (or an empty group)")
     if fused is None:
-        fused = all(t.is_cuda and t.is_floating_point() for t in tensors)
-    # Check the schedule's arguments now rather than at the first scheduler call.
-    noam_lr(1, d_model=d_model, warmup=warmup)
+        fused = all(t.is_cuda and t.is_floating_point() for g in groups for t in g)
+    # Check the schedule's arguments before building anything.
+    noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)
 
     def lr_at(completed_updates: int) -> float:
         return noam_lr(
