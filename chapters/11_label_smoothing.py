@@ -31,8 +31,8 @@
 #
 # This chapter writes the smoothed target, derives the loss from it, exports it as
 # `transformer.loss.LabelSmoothingLoss`, checks it against PyTorch's own
-# `cross_entropy(label_smoothing=...)`, and draws the one figure that explains it: where the loss
-# has its minimum. It ends with the plain metrics a validation loop reports: unsmoothed
+# `cross_entropy(label_smoothing=...)`, and draws where the loss has its minimum, the figure
+# that explains it. It ends with the plain metrics a validation loop reports: unsmoothed
 # log-likelihood, perplexity and token accuracy.
 
 # %% tags=["colab-setup", "hide-input"]
@@ -80,8 +80,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # German vocabulary of $V = 8$ tokens, with the padding token first, and the target *Hund*:
 
 # %%
-vocab = ["<pad>", "<s>", "</s>", "ein", "Hund", "läuft", "im", "Park"]
-pad_id, y = 0, vocab.index("Hund")
+vocab = ["<pad>", "<bos>", "<eos>", "ein", "Hund", "läuft", "im", "Park"]
+pad_id, y = vocab.index("<pad>"), vocab.index("Hund")
 V, eps = len(vocab), 0.1
 
 q = torch.full((V,), eps / V, dtype=torch.float64)
@@ -95,8 +95,9 @@ print(f"q_y = {q[y].item():.4f}, every other token {q[0].item():.4f}")
 # Annotated Transformer also takes the padding token out, giving it zero and sharing $\epsilon$
 # among the $V - 2$ tokens that are neither right nor padding. PyTorch's
 # `F.cross_entropy(label_smoothing=ε)` uses the definition above, over all $V$ tokens. The bar
-# chart shows the three side by side; look at the two ends of each group: the right token, and
-# `<pad>`, which only the Annotated Transformer's variant leaves empty.
+# chart shows the three side by side; compare the bars over *Hund* (0.9125 with $\epsilon / V$,
+# 0.9 with the other two) and over `<pad>`, which only the Annotated Transformer's variant leaves
+# empty.
 
 # %%
 variants = {
@@ -142,7 +143,8 @@ alt.Chart(
 ).properties(width=480, height=220)
 
 # %% [markdown]
-# (The vertical axis is logarithmic near zero so that the small shares are visible next to the
+# (The vertical axis is symmetric-log: linear near zero, so that the empty `<pad>` bar can be
+# drawn, and logarithmic above about 0.01, so that the small shares are visible next to the
 # large one.) For a real vocabulary the three differ by amounts of the order of $\epsilon / V$.
 # With the paper's shared English–German vocabulary of about 37,000 tokens:
 
@@ -153,11 +155,13 @@ print(f"any other:   {eps / V_wmt:.6e} instead of {eps / (V_wmt - 1):.6e}")
 
 # %% [markdown]
 # This book spreads $\epsilon$ over all $V$ tokens, for three reasons: it is the definition of
-# the paper the Transformer cites; it is what `F.cross_entropy(label_smoothing=ε)` computes, so the
-# loss can be tested against an implementation that is not ours; and the other choices change the
-# target by about $\epsilon / V$, a few millionths for the paper's vocabulary. The price is that
-# the model is asked to give `<pad>` and `<s>` a share $\epsilon / V$ although it never has to
-# produce them; at $V$ in the thousands that share is negligible.
+# the paper the Transformer cites; it is what `F.cross_entropy(label_smoothing=ε)` computes, so
+# the loss can be tested against an implementation that is not ours; and the other choices change
+# the target by about $\epsilon / V$, a few millionths for the paper's vocabulary. The authors'
+# own code, tensor2tensor, keeps exactly $1 - \epsilon$ on the right token: strictly, this is a
+# deviation from their implementation, by that negligible amount. The price is that the model is
+# asked to give `<pad>` and `<bos>` a share $\epsilon / V$ although it never has to produce them;
+# at $V$ in the thousands that share is negligible.
 #
 # ## The loss: a KL divergence
 #
@@ -196,8 +200,8 @@ print(f"any other:   {eps / V_wmt:.6e} instead of {eps / (V_wmt - 1):.6e}")
 # $(B, T, V)$ or already flattened to $(N, V)$.
 #
 # An **all-padding batch** has no token to average over. `F.cross_entropy` returns NaN there
-# (zero divided by zero); this loss returns zero, with a zero gradient, so such a batch is a
-# harmless no-op. The alternative, raising an error, would need the token count on the host at
+# (zero divided by zero); this loss returns zero, with a zero gradient, so such a batch adds
+# nothing to the gradient (an optimiser step after it would still apply Adam's momentum). The alternative, raising an error, would need the token count on the host at
 # every step, a GPU-to-CPU synchronisation that a training loop should not pay for a case that
 # a correct data loader never produces.
 #
@@ -220,6 +224,10 @@ REDUCTIONS = ("mean", "sum", "none")
 
 def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
     """H(q) in nats for q = (1 − ε)·onehot(y) + ε/V: the KL loss is the cross-entropy minus this."""
+    if not 0.0 <= smoothing < 1.0:  # also rejects NaN
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
     if smoothing == 0.0:
         return 0.0
     right = 1.0 - smoothing + smoothing / vocab_size
@@ -330,7 +338,8 @@ assert torch.allclose(ours, reference, atol=1e-12)
 
 # %% [markdown]
 # With $\epsilon = 0$ the target is one-hot, $H(q) = 0$, and the loss is the plain negative
-# log-likelihood; the sum and the mean differ by the number of real tokens (15 here: 4 + 5 + 6):
+# log-likelihood. For any $\epsilon$, `reduction="sum"` gives the mean times the number of real
+# tokens (15 here: 4 + 5 + 6):
 
 # %%
 nll = LabelSmoothingLoss(pad_id=pad_id, smoothing=0.0)(log_probs, target)
@@ -378,27 +387,27 @@ assert criterion(log_probs, all_pad) == 0
 # ## Where the loss is smallest
 #
 # The gradient of the loss with respect to the logits is $p - q$, so it vanishes exactly when the
-# model predicts $q$. Let the model give probability $p$ to the right token and spread $1 - p$
+# model predicts $q$. Let the model give probability $p_y$ to the right token and spread $1 - p_y$
 # evenly over the others, and compute both losses (with $\epsilon = 0.1$ and with $\epsilon = 0$)
-# for $p$ from 0.01 to 0.999. In the figure, follow the two curves to the right (the right panel
-# zooms in on $p \ge 0.8$): the unsmoothed loss keeps falling as the model grows more certain, so
+# for $p_y$ from 0.01 to 0.999. In the figure, follow the two curves to the right (the right panel
+# zooms in on $p_y \ge 0.8$): the unsmoothed loss keeps falling as the model grows more certain, so
 # training rewards ever larger logits; the smoothed loss turns back up, with its minimum, marked,
-# at $p = 1 - \epsilon + \epsilon / V$, the share that $q$ gives the right token. Beyond it, more
+# at $p_y = 1 - \epsilon + \epsilon / V$, the share that $q$ gives the right token. Beyond it, more
 # confidence costs loss.
 
 # %%
 p = torch.arange(0.01, 0.999 + 1e-9, 1e-4, dtype=torch.float64)  # (N,)
 others = ((1 - p) / (V - 1)).unsqueeze(-1).expand(-1, V).clone()  # (N, V)
-confidence = others.scatter(1, torch.full((len(p), 1), y), p.unsqueeze(-1)).log()
+sweep_log_probs = others.scatter(1, torch.full((len(p), 1), y), p.unsqueeze(-1)).log()
 right = torch.full((len(p),), y)
 
 curves = {
     "ε = 0.1 (KL to smoothed target)": LabelSmoothingLoss(
         pad_id=pad_id, smoothing=eps, reduction="none"
-    )(confidence, right),
+    )(sweep_log_probs, right),
     "ε = 0 (negative log-likelihood)": LabelSmoothingLoss(
         pad_id=pad_id, smoothing=0.0, reduction="none"
-    )(confidence, right),
+    )(sweep_log_probs, right),
 }
 smoothed = curves["ε = 0.1 (KL to smoothed target)"]
 best = p[smoothed.argmin()].item()
@@ -559,8 +568,8 @@ def token_stats(log_probs: Tensor, target: Tensor, *, pad_id: int) -> TokenStats
 
 
 # %% [markdown]
-# On the random batch above, two halves of the batch add up to the whole, and the mean NLL is
-# the loss with $\epsilon = 0$:
+# On the random batch above, two parts of the batch (the first sentence and the other two) add
+# up to the whole, and the mean NLL is the loss with $\epsilon = 0$:
 
 # %%
 from transformer.loss import TokenStats, token_stats
@@ -577,6 +586,19 @@ print(
 )
 
 # %% [markdown]
-# A model with random outputs is right about one time in $V$ and its perplexity is of the order
-# of $V$ (here $V = 8$): the numbers a real model starts from. The loss is ready; the next chapter sets the other
-# half of the paper's training recipe, the optimiser and its learning-rate schedule.
+# Fifteen tokens are too few to say what a model with random outputs scores (5 right of 15 is
+# luck). On 10,000 positions with random logits, the accuracy is about one in $V$ and the
+# perplexity of the order of $V$ (here $V = 8$): the numbers a real model starts from.
+
+# %%
+g = torch.Generator().manual_seed(0)
+random_logits = torch.randn(10_000, V, dtype=torch.float64, generator=g)
+random_targets = torch.randint(1, V, (10_000,), generator=g)  # never <pad>
+chance = token_stats(random_logits.log_softmax(-1), random_targets, pad_id=pad_id)
+print(f"accuracy {chance.accuracy:.3f} (1/V = {1 / V:.3f})")
+print(f"perplexity {chance.perplexity:.1f}")
+assert abs(chance.accuracy - 1 / V) < 0.01 and V / 2 < chance.perplexity < 2 * V
+
+# %% [markdown]
+# The loss is ready; the next chapter sets the other half of the paper's training recipe, the
+# optimiser and its learning-rate schedule.

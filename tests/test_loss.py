@@ -129,6 +129,13 @@ def test_zero_smoothing_is_the_negative_log_likelihood():
 def test_invalid_smoothing_raises(smoothing: float):
     with pytest.raises(ValueError, match="smoothing"):
         LabelSmoothingLoss(pad_id=PAD, smoothing=smoothing)
+    with pytest.raises(ValueError, match="smoothing"):
+        smoothed_target_entropy(smoothing, 8)
+
+
+def test_target_entropy_needs_a_vocabulary():
+    with pytest.raises(ValueError, match="vocab_size"):
+        smoothed_target_entropy(0.1, 0)
 
 
 def test_invalid_reduction_raises():

@@ -17,6 +17,10 @@ REDUCTIONS = ("mean", "sum", "none")
 
 def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
     """H(q) in nats for q = (1 − ε)·onehot(y) + ε/V: the KL loss is the cross-entropy minus this."""
+    if not 0.0 <= smoothing < 1.0:  # also rejects NaN
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
     if smoothing == 0.0:
         return 0.0
     right = 1.0 - smoothing + smoothing / vocab_size
