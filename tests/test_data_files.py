@@ -61,6 +61,36 @@ def test_a_missing_checksum_file_is_named(data_copy: Path):
         load_split("val", "de", data_dir=data_copy)
 
 
+def test_a_malformed_checksum_line_is_named(data_copy: Path):
+    sums = data_copy / "SHA256SUMS"
+    sums.write_text(sums.read_text() + "not-a-digest val.de.gz\n")
+    with pytest.raises(DataError, match=r"SHA256SUMS:\d+: malformed line"):
+        load_split("val", "de", data_dir=data_copy)
+
+
+def _replace(data_copy: Path, name: str, text: str) -> None:
+    """Write a gzipped file and its checksum, in `sha256sum -b` style ("digest *name")."""
+    path = data_copy / name
+    path.write_bytes(gzip.compress(text.encode()))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    sums = data_copy / "SHA256SUMS"
+    sums.write_text(
+        "\n".join(
+            f"{digest} *{name}" if line.endswith(name) else line
+            for line in sums.read_text().splitlines()
+        )
+    )
+
+
+def test_lines_are_cut_at_newlines_only(data_copy: Path):
+    # \r, \x0c and U+2028 inside a sentence must not cut it in two.
+    _replace(data_copy, "val.de.gz", "ein\rzwei\n\x0cdrei\u2028vier\n")
+    assert load_split("val", "de", data_dir=data_copy) == [
+        "ein\rzwei",
+        "\x0cdrei\u2028vier",
+    ]
+
+
 def test_misaligned_sides_are_reported(data_copy: Path):
     # Both files intact by their checksums, but the split's sides disagree in length.
     path = data_copy / "val.de.gz"

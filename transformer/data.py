@@ -13,6 +13,7 @@ __all__ = ['DATA_DIR', 'PAIRS', 'SPLITS', 'MARK', 'PAD', 'UNK', 'BOS', 'EOS', 'S
 import gzip
 import hashlib
 import importlib.util
+import string
 import zlib
 from pathlib import Path
 
@@ -46,12 +47,20 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     """File name -> SHA-256 from data_dir/SHA256SUMS."""
     sums = Path(data_dir) / "SHA256SUMS"
     if not sums.is_file():
-        raise DataError(f"missing checksum file {sums}")
+        raise DataError(
+            f"missing checksum file {sums} (the package reads the data of the repository "
+            "it was installed from: install it with `pip install -e .` in a clone)"
+        )
     checksums = {}
-    for line in sums.read_text().splitlines():
-        if line.strip():
-            digest, name = line.split()
-            checksums[name] = digest
+    for number, line in enumerate(sums.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        # `sha256sum` writes "digest  name", or "digest *name" in binary mode
+        fields = line.split(maxsplit=1)
+        digest = fields[0].lower()
+        if len(fields) != 2 or len(digest) != 64 or set(digest) - set(string.hexdigits):
+            raise DataError(f"{sums}:{number}: malformed line {line!r}")
+        checksums[fields[1].strip().removeprefix("*")] = digest
     return checksums
 
 
@@ -71,7 +80,9 @@ def read_lines(path: Path, sha256: str) -> list[str]:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
         raise DataError(f"cannot read data file {path}: {err}") from err
-    return text.splitlines()
+    # "\n" only: str.splitlines would also cut at \r, \x0c, U+2028 and others inside a line.
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def load_split(split: str, language: str, data_dir: Path = DATA_DIR) -> list[str]:
@@ -121,7 +132,7 @@ def _spacy_tokenizer(language: str):
         import spacy
     except ImportError as err:
         raise ImportError(
-            "tokenising text needs spaCy: pip install 'transformer[data]' "
+            "tokenising text needs spaCy: pip install -e '.[data]' in the repository "
             "(training from a prepared cache does not)"
         ) from err
     return spacy.blank(language).tokenizer  # rule-based; no trained pipeline
@@ -206,9 +217,8 @@ class Tokenizer:
             vocab[t] for t in SPECIALS
         )
         self._skip = {self.pad_id, self.bos_id}
-        self._segmentations: dict[
-            str, tuple[int, ...]
-        ] = {}  # word -> ids, filled on use
+        # word -> ids, filled on use
+        self._segmentations: dict[str, tuple[int, ...]] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -303,9 +313,8 @@ class Tokenizer:
                 )
             bpe = tokenizers.Tokenizer.from_str(json.dumps(spec["bpe"]))
             languages = tuple(spec["languages"])
-        except (
-            Exception
-        ) as err:  # missing, truncated, not JSON, wrong format: one message
+        # Missing, truncated, not JSON, wrong format: one message.
+        except Exception as err:
             raise DataError(f"cannot read tokenizer {path}: {err}") from err
         return cls(bpe, languages=languages)
 
@@ -420,7 +429,8 @@ class EncodedSplit:
     def from_lists(
         cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]
     ) -> "EncodedSplit":
-        """From the token ids of each source and each target sentence."""
+        """From the token ids of each source and each target sentence (no word starts, so
+        BPE-dropout cannot resample it: see `from_words`)."""
         return cls(*_flatten(src), *_flatten(tgt))
 
     @classmethod
@@ -540,9 +550,8 @@ def cache_problems(
 def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) -> None:
     src_lang, tgt_lang = parse_pair(pair)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "manifest.json").unlink(
-        missing_ok=True
-    )  # no valid cache until the build ends
+    # No valid cache until the build ends.
+    (folder / "manifest.json").unlink(missing_ok=True)
     tokenizer = train_tokenizer(pair, vocab_size, data_dir=data_dir)
     tokenizer.save(folder / "tokenizer.json")
     splits = {}
@@ -689,9 +698,8 @@ class Batch:
     tgt_out: Tensor
     index: Tensor
     n_src_tokens: int  # non-pad tokens in src
-    n_tgt_tokens: (
-        int  # non-pad tokens in tgt_out: the predictions the loss is taken over
-    )
+    # non-pad tokens in tgt_out: the predictions the loss is taken over
+    n_tgt_tokens: int
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         """The same batch on another device."""
@@ -794,9 +802,8 @@ def token_batches(
     batches, start, width = [], 0, 0
     for k, length in enumerate(longest[order].tolist()):
         width = max(width, length)
-        if (
-            k - start + 1
-        ) * width > max_tokens:  # B · max(S, T) would exceed the budget
+        # B · max(S, T) would exceed the budget
+        if (k - start + 1) * width > max_tokens:
             batches.append(order[start:k])
             start, width = k, length
     if len(order):
@@ -874,8 +881,9 @@ class BPEDropout:
         """Raise DataError if the split does not say where its words start."""
         if split.src_starts is None or split.tgt_starts is None:
             raise DataError(
-                "BPE-dropout needs the word starts of the training split, which caches "
-                "built before them lack: `python -m transformer prepare --rebuild`"
+                "BPE-dropout needs the word starts of the training split: build it with "
+                "`EncodedSplit.from_words` or load it with `load_encoded` (`from_lists` "
+                "records no word starts)"
             )
 
     def resample(
