@@ -51,6 +51,7 @@ from transformer.train import (
     by_frequency,
     config_from_args,
     count_words,
+    cross_attention_kv_parameters,
     evaluate,
     export_model,
     frequency_group,
@@ -382,12 +383,13 @@ def test_training_flops_by_the_formula():
     d, f = 8, 16
     assert n_enc == 3 * (4 * (d * d + d) + 2 * d * f + f + d + 2 * 2 * d)
     assert n_dec == 3 * (2 * 4 * (d * d + d) + 2 * d * f + f + d + 3 * 2 * d)
+    # The cross-attention's W_K and W_V (with biases) act on the source positions.
+    n_kv = 3 * 2 * (d * d + d)
+    assert cross_attention_kv_parameters(model) == n_kv
     flops = training_flops(model, src_lengths=[5, 2], tgt_lengths=[7, 3])
     for s, t, value in zip([5, 2], [7, 3], flops, strict=True):
-        expected = 6 * (n_enc * s + (n_dec + d * 50) * t) + 12 * d * 3 * (
-            s * s + t * t + s * t
-        )
-        assert value == expected
+        linear = 6 * ((n_enc + n_kv) * s + (n_dec - n_kv + d * 50) * t)
+        assert value == linear + 12 * d * 3 * (s * s + t * t + s * t)
 
 
 # -- checkpoint pieces ---------------------------------------------------------------------------
@@ -702,6 +704,43 @@ def test_incompatible_checkpoints_are_refused(tmp_path: Path, data):
     other = tiny_data(seed=1)
     with pytest.raises(CheckpointError, match=r"epoch-001: .*(vocab_size|tokenizer)"):
         train(tiny_config(run), resume=True, data=other, echo=False)
+    # A run trained by two processes cannot be resumed by one: they decide the updates.
+    progress = run / "checkpoints" / "epoch-001" / "progress.json"
+    assert json.loads(progress.read_text())["processes"] == 1
+    progress.write_text(json.dumps(json.loads(progress.read_text()) | {"processes": 2}))
+    with pytest.raises(CheckpointError, match=r"epoch-001: .*by 2 process\(es\)"):
+        train(tiny_config(run, epochs=2), resume=True, data=data, echo=False)
+    # A config.json of a format this version does not know is named as such.
+    config_json = run / "checkpoints" / "epoch-001" / "config.json"
+    record = json.loads(config_json.read_text())
+    config_json.write_text(
+        json.dumps(record | {"format": "transformer-book checkpoint 9"})
+    )
+    with pytest.raises(CheckpointError, match="checkpoint 9.*cannot read"):
+        load_model(run / "checkpoints" / "epoch-001")
+
+
+def test_a_model_too_short_for_the_data_is_refused_before_training(
+    tmp_path: Path, data
+):
+    overrides = TINY_MODEL | {"max_len": 4}
+    with pytest.raises(DataError, match=r"max_len=4 cannot place the longest train"):
+        train(
+            tiny_config(tmp_path / "run", model_overrides=overrides),
+            data=data,
+            echo=False,
+        )
+
+
+def test_resume_removes_what_a_killed_run_left(tmp_path: Path, data):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1), data=data, echo=False)
+    left = [run / ".average.tmp-123", run / ".average.old-123"]
+    for folder in left:
+        folder.mkdir()
+    (run / ".train_config.json.tmp").write_text("{")
+    train(tiny_config(run, epochs=2), resume=True, data=data, echo=False)
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
 
 
 def test_export_and_load_the_shipped_model(tmp_path: Path, data):
