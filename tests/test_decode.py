@@ -3,6 +3,7 @@ against brute force, batching and padding change nothing, ended sentences stay e
 length limit."""
 
 import itertools
+import math
 from unittest import mock
 
 import pytest
@@ -262,6 +263,28 @@ def test_a_sentence_that_ends_early_stays_ended(use_cache):
         assert step.ended[0, 0] and step.tokens[0, 0] == PAD
         assert step.parents[0, 0] == 0
         assert step.log_probs[0, 0].item() == pytest.approx(2 * log_06)
+
+
+def test_an_ended_hypothesis_pushed_out_of_the_beam_is_not_lost():
+    # With α = 2 the score of an open beam rises with lp: at step 1 "a b" and "a c" both
+    # outscore the ended "EOS" and take both slots of the beam; at step 2 they can only end
+    # far lower. The best hypothesis found, the empty output, must still be the result.
+    script = torch.full((1, 3, 6), 0.01)
+    script[0, 0, [3, EOS, 4, 5]] = torch.tensor([0.6, 0.35, 0.025, 0.025])
+    script[0, 1, [4, 5, 3, EOS]] = torch.tensor([0.5, 0.45, 0.03, 0.02])
+    script[0, 2, EOS] = 0.05
+    model = tiny_model(vocab_size=6)
+    model.generator = ScriptedGenerator(script.log())
+    steps: list[BeamStep] = []
+    src = sources([3], vocab_size=6)
+    (best,) = beam_search(
+        model, src, beam_size=2, alpha=2.0, max_len=3, **IDS, on_step=steps.append
+    )
+    assert not steps[1].ended.any()  # the ended "EOS" was pushed out at step 1 ...
+    assert best.tokens == [] and best.ended  # ... and is still the result
+    assert best.log_prob == pytest.approx(math.log(0.35))
+    assert best.score == pytest.approx(math.log(0.35))  # lp(1) = 1
+    assert best.score > steps[-1].scores.max().item()  # above every beam at the end
 
 
 def forbid_eos_too(log_probs: torch.Tensor, **ids) -> torch.Tensor:

@@ -213,7 +213,7 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if alpha < 0:
+    if not alpha >= 0:  # also rejects NaN
         raise ValueError(f"alpha must be >= 0 (lp must grow with length), got {alpha}")
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     B, K, device = src.size(0), beam_size, src.device
@@ -236,6 +236,12 @@ def beam_search(
         stay = torch.full((V,), float("-inf"), device=device)
         stay[pad_id] = 0.0
         first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
+        # Each sentence's best ended hypothesis so far. Open beams whose score rises with lp
+        # can push an ended beam out of the K; the search must not lose it with the beam.
+        kept_score = torch.full((B,), -torch.inf, device=device)
+        kept_log_prob = torch.full((B,), -torch.inf, device=device)
+        # its row: BOS, the tokens, then padding
+        kept_ys = ys.new_full((B, int(limits.max()) + 1), pad_id)
         for t in range(int(limits.max())):
             step = _next_log_probs(model, ys, memory, src_mask, cache).view(B, K, V)
             step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
@@ -254,37 +260,42 @@ def beam_search(
             ys = torch.cat([ys[rows], tokens.view(-1, 1)], dim=1)  # (B*K, t + 2)
             if cache is not None:
                 cache.reorder(rows)
+            # Keep the best ended beam of each sentence if it beats the one kept so far
+            # (an ended beam's score is log_prob / lp(length), as the candidates were scored).
+            ended_score, ended_beam = torch.where(ended, scores, -torch.inf).max(dim=1)
+            better = ended_score > kept_score  # (B,)
+            kept_score = torch.where(better, ended_score, kept_score)
+            kept_log_prob = torch.where(
+                better, log_prob.gather(1, ended_beam[:, None])[:, 0], kept_log_prob
+            )
+            kept_ys[:, : t + 2] = torch.where(
+                better[:, None], ys[first_row[:, 0] + ended_beam], kept_ys[:, : t + 2]
+            )
             if on_step is not None:
                 on_step(BeamStep(t, tokens, parents, log_prob, scores, ended))
-            if _finished(log_prob, length, ended, limits, alpha).all():
+            if _finished(kept_score, log_prob, ended, limits, alpha).all():
                 break
-        # Every sentence now has an ended beam that none of the others can overtake.
-        final = torch.where(ended, log_prob / length_penalty(length, alpha), -torch.inf)
-        best_score, best_beam = final.max(dim=1)  # (B,)
-        best_rows = first_row[:, 0] + best_beam  # (B,)
-        best_log_prob = log_prob.gather(1, best_beam[:, None])[:, 0]  # (B,)
+    # Every sentence now has a kept hypothesis that none of its open beams can overtake.
     return [
-        _hypothesis(ys[row, 1:], lp, score, eos_id=eos_id, pad_id=pad_id)
+        _hypothesis(row[1:], lp, score, eos_id=eos_id, pad_id=pad_id)
         for row, lp, score in zip(
-            best_rows.tolist(), best_log_prob.tolist(), best_score.tolist(), strict=True
+            kept_ys, kept_log_prob.tolist(), kept_score.tolist(), strict=True
         )
     ]
 
 
 def _finished(
-    log_prob: Tensor, length: Tensor, ended: Tensor, limits: Tensor, alpha: float
+    kept_score: Tensor, log_prob: Tensor, ended: Tensor, limits: Tensor, alpha: float
 ) -> Tensor:
-    """The sentences whose best ended beam no open beam can overtake: (B, K) -> (B,).
+    """The sentences whose best ended hypothesis (kept_score, (B,)) no open beam of
+    (B, K) can overtake: -> (B,).
 
     An open beam's log-probability can only fall as it grows, and lp only rise, up to
     lp(limit): the best it can still score is log_prob / lp(limit).
     """
-    best_ended = torch.where(
-        ended, log_prob / length_penalty(length, alpha), -torch.inf
-    ).amax(dim=1)  # (B,)
     best_open = torch.where(ended, -torch.inf, log_prob).amax(dim=1)  # (B,)
     reachable = best_open / length_penalty(limits, alpha)  # (B,)
-    return (best_ended >= reachable) | (best_open == -torch.inf)
+    return (kept_score >= reachable) | (best_open == -torch.inf)
 
 # %% ../chapters/14_decoding.ipynb #f283b022
 from collections.abc import Sequence
@@ -341,7 +352,7 @@ def translate(
         raise TypeError("translate takes a sequence of sentences, not one string")
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if alpha < 0:
+    if not alpha >= 0:  # also rejects NaN
         raise ValueError(f"alpha must be >= 0, got {alpha}")
     texts = [normalize(s) for s in sentences]
     todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
