@@ -26,7 +26,7 @@ class Scores:
     """Corpus scores of n translations against one reference each, in percent.
 
     bleu: sacreBLEU's BLEU, cased, its 13a tokenizer on the detokenised output.
-    chrf: sacreBLEU's chrF (character 6-grams, β = 2).
+    chrf: sacreBLEU's chrF (character n-grams up to 6, β = 2).
     length_ratio, brevity_penalty: BLEU's output/reference length (13a words) and its BP.
     bleu_lc_tok: BLEU of lowercased text cut into words by spaCy (tok:none after that), the
         way published Multi30k results are computed: comparable with those, not with `bleu`.
