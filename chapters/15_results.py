@@ -389,7 +389,9 @@ def bleu_by_length(
 
 # %% [markdown]
 # Five made-up sentences: two short sources, two of 10–14 words (one translated perfectly, one
-# not at all), none of 15–19, and one of 20.
+# not at all), none of 15–19, and one of 20. The last one's translation is perfect and still
+# scores 0: an output of fewer than four tokens (here a word and a full stop) has no 4-gram to
+# match, and BLEU multiplies the four precisions.
 
 # %%
 from transformer.evaluate import bleu_by_length
@@ -783,7 +785,9 @@ search_table
 #   ours should score.
 # - **Large general-purpose translation systems**, trained on far more than Multi30k, reach
 #   about 44 (German→English) and 50 (French→English) cased sacreBLEU on this test set. These
-#   are approximate figures quoted for orientation, not measured in this book.
+#   are approximate figures quoted for orientation, not measured in this book. A model trained
+#   on Multi30k's own captions can score above them on this test set: it has learned the
+#   captions' narrow style and vocabulary, which a general system has not been tuned to.
 
 # %% [markdown]
 # The table, with our numbers in the same units as each reference beside them:
@@ -1294,7 +1298,9 @@ with pd.option_context("display.max_colwidth", None):
 #   next output token also occurs exactly once in the source (the vocabulary is shared, so a
 #   name, a number, a full stop or German "in" for English "in" is the same token on both
 #   sides), the weight on that source token. A head that aligns target words with the source
-#   words they translate should put much of its weight there.
+#   words they translate should put much of its weight there. Most such positions are the
+#   final full stop, though, so this share says more about the end of the sentence than about
+#   words; it is a hint, not a measure of alignment.
 #
 # Each share is printed next to what attention spread evenly over the positions it may see
 # would give.
@@ -1566,12 +1572,12 @@ attention_explorer(
 
 # %% [markdown]
 # **Encoder–decoder attention**, opening at the head picked above, the one that puts the most
-# weight on the source token that the next output token copies. Hover over the rows and
-# compare the German word a row looks at with the English word it predicts ("predicts" in the
-# tooltip): a head that aligns looks at the German word that the next English word translates,
-# and for words that both languages share, such as the full stop, the share above measures how
-# much of its weight it gives them. That is the alignment of a translation, learned from nothing but pairs of
-# sentences; other heads of the same layers are worth a look for it too.
+# weight on the source token that the next output token repeats (the layer's heads score close
+# to one another, so the pick is no strong distinction). Hover over the rows and compare the
+# German word a row looks at with the English word it predicts ("predicts" in the tooltip): a
+# head that aligns looks at the German word that the next English word translates. Where a
+# head does, for the content words, it has learned an alignment from nothing but pairs of
+# sentences; look for it in the other heads of the same layers too.
 
 # %% tags=["nbval-ignore-output"]
 attention_explorer(
