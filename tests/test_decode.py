@@ -339,5 +339,13 @@ def test_decoding_restores_the_training_mode_and_checks_its_arguments():
         beam_search(model, src, beam_size=0, **IDS)
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, src, alpha=-0.1, **IDS)
+    with pytest.raises(ValueError, match="alpha"):
+        beam_search(model, src, alpha=float("nan"), **IDS)
+    for decode_fn in (greedy_decode, beam_search):
+        with pytest.raises(ValueError, match=r"\(B, S\) tensor of token ids"):
+            decode_fn(model, src[0], **IDS)  # one sentence without its batch dimension
+        with pytest.raises(ValueError, match="no positions"):
+            decode_fn(model, src[:, :0], **IDS)
+        assert decode_fn(model, src[:0], **IDS) == []  # an empty batch
     with pytest.raises(ValueError, match="pad_id"):
         greedy_decode(model, src, bos_id=BOS, eos_id=PAD, pad_id=PAD)

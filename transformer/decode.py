@@ -57,6 +57,17 @@ def output_limits(
     return limits.clamp(max=model.config.max_len)
 
 # %% ../chapters/14_decoding.ipynb #33c1c23b
+def _check_src(src: Tensor) -> None:
+    """A batch of sources must be a (B, S) tensor of token ids with at least one position."""
+    if src.dim() != 2 or src.dtype != torch.long:
+        raise ValueError(
+            "src must be a (B, S) tensor of token ids (torch.long), got shape "
+            f"{tuple(src.shape)} and {src.dtype}"
+        )
+    if src.size(1) == 0:
+        raise ValueError("src has no positions: encode each source with its <eos>")
+
+
 def _check_ids(*, bos_id: int, eos_id: int, pad_id: int) -> None:
     if pad_id in (bos_id, eos_id):
         raise ValueError(
@@ -137,7 +148,10 @@ def greedy_decode(
         returns B hypotheses, in the order of the batch (their score is their log_prob)
     """
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    _check_src(src)
     B = src.size(0)
+    if B == 0:
+        return []
     with _inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -216,7 +230,10 @@ def beam_search(
     if not alpha >= 0:  # also rejects NaN
         raise ValueError(f"alpha must be >= 0 (lp must grow with length), got {alpha}")
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    _check_src(src)
     B, K, device = src.size(0), beam_size, src.device
+    if B == 0:
+        return []
     V = model.config.target_vocab_size
     with _inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
@@ -518,9 +535,8 @@ def _load(
         raise _UsageError(f"no model folder {folder}")
     try:
         model, tokenizer = load_model(folder, device=device)
-    except (
-        Exception
-    ) as err:  # not a whole, readable model, whatever the reason: say why
+    # Not a whole, readable model, whatever the reason: say why.
+    except Exception as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         if str(folder) not in message:
             message = f"{folder}: {message}"
@@ -569,10 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except SystemExit as stop:  # --help
         return int(stop.code or 0)
-    except (
-        _UsageError,
-        ImportError,
-    ) as err:  # ImportError: no spaCy, and how to get it
+    # ImportError: no spaCy, and how to get it.
+    except (_UsageError, ImportError) as err:
         print(f"{PROG}: error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     sys.stdout.write("".join(f"{t}\n" for t in translations))
