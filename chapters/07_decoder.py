@@ -314,9 +314,13 @@ class DecoderCache:
         """The number of target positions decoded so far."""
         return self.self_attn[0].length
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (B',), in that order: beam search following its beams."""
-        for cache in self.self_attn + self.cross_attn:
+    def reorder(self, index: Tensor, *, static: bool = True) -> None:
+        """Keep batch rows `index` (B',), in that order: beam search following its beams.
+
+        static=False leaves the encoder-decoder caches alone: when `index` only moves rows
+        among the beams of each sentence, whose memory is the same, they would not change.
+        """
+        for cache in self.self_attn + (self.cross_attn if static else []):
             cache.reorder(index)
 
 

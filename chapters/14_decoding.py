@@ -536,7 +536,9 @@ assert cached_seconds < uncached_seconds
 #   $\log p / lp(t + 1)$. A beam that has ended is one candidate, itself: it is extended by
 #   padding, and its log-probability and score stay as they are. The $K$ best candidates by
 #   score survive; every row then takes the output so far of the beam it extends (its *parent*),
-#   and `DecoderCache.reorder` does the same with the cached keys and values.
+#   and `DecoderCache.reorder` does the same with the cached keys and values of the
+#   self-attention (those of the encoder–decoder attention are the same for every beam of a
+#   sentence, so they stay where they are).
 # - **What is kept aside.** An open beam's score can *rise* as it grows, since $lp$ grows too, so
 #   open beams can outscore an ended one and push it out of the $K$. Each sentence therefore
 #   also keeps its best ended hypothesis so far, outside the beam, and replaces it only with a
@@ -660,8 +662,8 @@ def beam_search(
             # Every beam continues the row of its parent: reorder the rows, then append.
             rows = (first_row + parents).view(-1)  # (B*K,)
             ys = torch.cat([ys[rows], tokens.view(-1, 1)], dim=1)  # (B*K, t + 2)
-            if cache is not None:
-                cache.reorder(rows)
+            if cache is not None:  # rows stay within each sentence's beams: see reorder
+                cache.reorder(rows, static=False)
             # Keep the best ended beam of each sentence if it beats the one kept so far
             # (an ended beam's score is log_prob / lp(length), as the candidates were scored).
             ended_score, ended_beam = torch.where(ended, scores, -torch.inf).max(dim=1)

@@ -275,8 +275,8 @@ def beam_search(
             # Every beam continues the row of its parent: reorder the rows, then append.
             rows = (first_row + parents).view(-1)  # (B*K,)
             ys = torch.cat([ys[rows], tokens.view(-1, 1)], dim=1)  # (B*K, t + 2)
-            if cache is not None:
-                cache.reorder(rows)
+            if cache is not None:  # rows stay within each sentence's beams: see reorder
+                cache.reorder(rows, static=False)
             # Keep the best ended beam of each sentence if it beats the one kept so far
             # (an ended beam's score is log_prob / lp(length), as the candidates were scored).
             ended_score, ended_beam = torch.where(ended, scores, -torch.inf).max(dim=1)
