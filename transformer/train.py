@@ -957,7 +957,11 @@ class Trainer:
         self.start = time.perf_counter()
         self.out = out = c.output_dir
         checkpoint = latest_checkpoint(out)
-        if out.is_dir() and any(out.iterdir()) and not resume:
+        occupied = out.is_dir() and any(out.iterdir())
+        # Every process looks at the folder before the first one writes into it, so that all
+        # of them see the same thing, and refuse (or go on) together.
+        _barrier()
+        if occupied and not resume:
             raise CheckpointError(
                 f"output folder {out} is not empty: pass --resume to continue the run in it, "
                 "or choose another --out"
