@@ -671,6 +671,7 @@ from tqdm import tqdm
 from transformer.data import (
     BPEDropout,
     DataError,
+    _atomic_write,
     collate,
     iterate_batches,
     load_encoded,
@@ -892,18 +893,11 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a text file through a temporary file and a rename: never half of it."""
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _truncate_jsonl(path: Path, step: int) -> None:
     """Keep the records up to update `step` (a resumed run rewrites the later ones)."""
     if Path(path).exists():
         kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-        _write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+        _atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
 
 class _Log:
@@ -1043,7 +1037,7 @@ class Trainer:
         self.reserve = 0.05 * 60 * c.time_limit if c.time_limit else 0.0
         if self.env.is_main:  # both written atomically: --resume reads them back
             settings = json.dumps(c.to_dict(), indent=2) + "\n"
-            _write_atomic(out / "train_config.json", settings)
+            _atomic_write(out / "train_config.json", settings.encode())
             tokenizer.save(out / "tokenizer.json")
         # Opened last, so that a set-up error leaves no file open.
         self.log = _Log(
