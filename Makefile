@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # On a machine without an NVIDIA driver, install the CPU build of torch first so that the
-# project's `torch>=2.4` is already satisfied and pip never downloads CUDA wheels.
+# project's `torch>=2.5` is already satisfied and pip never downloads CUDA wheels.
 TORCH_CPU ?= torch==2.13.0
 CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 

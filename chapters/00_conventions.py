@@ -51,6 +51,7 @@ if importlib.util.find_spec("transformer") is None:
 # | --- | --- |
 # | `B` | sentences in a batch (batch first, always) |
 # | `S`, `T` | source and target length, in subword tokens |
+# | `L` | length of a sequence that can be source or target; in a key/value cache, positions held |
 # | `T_q`, `T_k` | number of queries and of keys in one attention |
 # | `H` | attention heads (`n_heads`) |
 # | `V` | vocabulary size |

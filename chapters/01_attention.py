@@ -73,8 +73,12 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # Take the sentence *the cat sat on the mat* and give each distinct word a random vector of
 # $d_k = 16$ numbers, so that the two occurrences of *the* share a vector. In a real layer the
 # queries, keys and values are three different learned projections of such vectors (that is the
-# next chapter but one); here we let all three be the word vectors themselves, $Q = K = V = X$,
-# so that a word's query matches its own key best.
+# next chapter but one); here we let all three be the word vectors themselves, $Q = K = V = X$.
+# A word's score with its own key is then its squared length $\lVert x \rVert^2$. That is not
+# always its largest score: a longer vector $y$ pointing roughly the same way gives
+# $x \cdot y > \lVert x \rVert^2$. But random vectors of 16 dimensions are nearly orthogonal to
+# one another, so here each word's query does match its own key best, as the softmax step below
+# checks.
 
 # %%
 words = ["the", "cat", "sat", "on", "the", "mat"]
@@ -110,6 +114,8 @@ scaled
 # %%
 weights = scaled.softmax(dim=-1)  # (T_q, T_k), rows sum to 1
 assert torch.allclose(weights.sum(-1), torch.ones(len(words)))
+# Each word's largest weight is on its own key (the two "the" rows tie with each other).
+assert torch.allclose(weights.diagonal(), weights.max(dim=-1).values)
 weights
 
 # %% [markdown]
@@ -123,7 +129,8 @@ output.shape
 # %% [markdown]
 # The heatmap below shows the weights: one row per query, one column per key; hover over a cell
 # to read its value. Look at the diagonal and at the two *the* rows: every word attends mostly to
-# itself, because its query is its own key, and each *the* gives the same weight to both
+# itself, because its query is its own key and the random vectors are nearly orthogonal, and
+# each *the* gives the same weight to both
 # occurrences of *the*, because their keys are identical. Nothing in equation (1) knows where a
 # word stands in the sentence; the two *the* are indistinguishable until the chapter on
 # positional encoding adds that information.
@@ -149,11 +156,14 @@ heatmap(
 #   `torch.nn.functional.scaled_dot_product_attention`. Masked scores are set to $-\infty$ before
 #   the softmax, so their weights are exactly zero. If *every* key of a query is masked, the softmax
 #   would divide zero by zero; we define the answer instead: that query attends to nothing, its
-#   weights and its output are zero, the same as PyTorch's own function returns.
+#   weights and its output are zero, as PyTorch's own function also returns since version 2.5
+#   (earlier versions gave NaN; the book requires PyTorch 2.5 or later).
 # - **Dropout on the weights**, optional. The paper applies dropout to sublayer outputs and
 #   embedding sums only; later implementations (tensor2tensor's second set of hyperparameters,
 #   the Annotated Transformer) also drop attention weights during training. The caller passes a
-#   dropout module, or nothing; the book's model passes nothing by default, as in the paper.
+#   dropout module, or nothing. The book's `MultiHeadAttention` always passes its own
+#   `nn.Dropout`, whose probability `attention_dropout` is 0 by default, so that by default no
+#   weight is dropped, as in the paper.
 
 # %%
 #| export
@@ -347,8 +357,10 @@ assert torch.allclose(ours, theirs, atol=1e-6)
 
 ours, _ = scaled_dot_product_attention(query, key, value, mask=mask)
 theirs = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
-assert torch.allclose(ours, theirs, atol=1e-6)
-print(f"largest difference with a mask: {(ours - theirs).abs().max().item():.1e}")
+assert (ours - theirs).abs().max() < 1e-6
+# The blind query gets zeros from PyTorch's function too.
+assert torch.allclose(theirs[0, :, 2], torch.zeros(H, d_v))
+print("with and without a mask, the two functions agree to within 1e-6")
 
 # %% [markdown]
 # ## What it costs
@@ -356,10 +368,11 @@ print(f"largest difference with a mask: {(ours - theirs).abs().max().item():.1e}
 # For $T$ queries and $T$ keys of width $d$, equation (1) takes two matrix products of
 # $T \times T \times d$ multiply-adds each: $O(T^2 d)$ work, but all of it in parallel, and every
 # position reaches every other in one step. A recurrent layer needs $O(T d^2)$ work done in $T$
-# sequential steps, and information from the first word needs $T$ steps to reach the last. For the
-# sentence lengths of translation ($T$ around 30 subwords, $d$ = 512) the attention term is the
-# smaller one. The [introduction](../intro.md) puts the paper's Table 1 comparison of layer types
-# side by side.
+# sequential steps, and information from the first word needs $T$ steps to reach the last. The
+# attention term is the smaller one whenever $T < d$, and in translation $T$ is far below
+# $d$ = 512: the [data chapter](10_data.ipynb) counts 425,424 German subword tokens in the 29,000
+# training sentences of this book's data, under 15 tokens per sentence. The
+# [introduction](../intro.md) puts the paper's Table 1 comparison of layer types side by side.
 #
 # One attention function sees only one kind of similarity. The next chapters give the model
 # masks to hide padding and the future, and then several attention functions, *heads*, working

@@ -20,9 +20,12 @@
 # from view. **Padding**: sentences are batched together, so the shorter ones are filled up to the
 # longest with a `<pad>` token that is not part of the sentence and must not change its meaning.
 # **The future**: the decoder is trained on whole target sentences at once, and a position must not
-# read the words it is being trained to predict. The paper hides both inside the attention
-# function, "by masking out (setting to $-\infty$) all values in the input of the softmax which
-# correspond to illegal connections" {cite:p}`vaswani2017attention` (Section 3.2.3).
+# read the words it is being trained to predict. The paper describes the second, for the
+# decoder's self-attention: it hides the future positions inside the attention function "by
+# masking out (setting to $-\infty$) all values in the input of the softmax which correspond to
+# illegal connections" {cite:p}`vaswani2017attention` (Section 3.2.3). It does not discuss
+# padding, but implementations hide padded keys with the same $-\infty$ trick, and so does this
+# book.
 #
 # This chapter writes the three masks the model needs as small pure functions in
 # `transformer.masking`, draws them for a padded batch, explains how their shapes broadcast over
@@ -76,8 +79,9 @@ pad_id, bos_id, eos_id = vocab["<pad>"], vocab["<bos>"], vocab["<eos>"]
 # shifted right by one position behind a `<bos>` token, and its labels are the sentence followed by
 # `<eos>`: the paper's "output embeddings are offset by one position" (Section 3.1). For a target
 # $y_1 \dots y_n$ the decoder input is $\texttt{<bos>}\, y_1 \dots y_n$ and the labels are
-# $y_1 \dots y_n\, \texttt{<eos>}$, so position $t$ holds $y_t$ and is trained to predict
-# $y_{t+1}$. Both are padded to the longest sentence of the batch, $T$ tokens:
+# $y_1 \dots y_n\, \texttt{<eos>}$, so that, writing $y_0 = \texttt{<bos>}$ and
+# $y_{n+1} = \texttt{<eos>}$, position $t$ holds $y_t$ and is trained to predict $y_{t+1}$. Both
+# are padded to the longest sentence of the batch, $T$ tokens:
 
 # %%
 T = max(len(s) for s in sentences) + 1
@@ -154,9 +158,9 @@ pad.squeeze(1).squeeze(1), causal[0, 0]
 # %% [markdown]
 # The three heatmaps below are the masks of the first, padded, sentence, each as a $T \times T$
 # grid of queries (rows) by keys (columns); dark means *may attend*. Look at how the combination
-# keeps a key only where both masks keep it: below the diagonal and left of the first `<pad>`. Note
-# also the two `<pad>` *rows* at the bottom of the right panel: they are not empty, because the
-# padding mask hides padded keys, not padded queries (more on those rows below).
+# keeps a key only where both masks keep it: on or below the diagonal and left of the first
+# `<pad>`. Note also the two `<pad>` *rows* at the bottom of the right panel: they are not empty,
+# because the padding mask hides padded keys, not padded queries (more on those rows below).
 
 # %%
 import altair as alt

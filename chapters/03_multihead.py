@@ -106,11 +106,21 @@ assert torch.equal(q.transpose(1, 2).reshape(B, T, d_model), steps["w_q(x)"])
 # ## The module
 #
 # `MultiHeadAttention` holds the four $d_\text{model} \times d_\text{model}$ projections `w_q`,
-# `w_k`, `w_v` (each the $H$ per-head matrices side by side) and `w_o` ($W^O$). Its `forward`
-# takes queries, keys and values separately, because the model uses it three ways: encoder
-# self-attention ($Q = K = V$ = the encoder's input), decoder self-attention (the same, under the
-# target mask), and decoder cross-attention (queries from the decoder, keys and values from the
-# encoder's output). Masks are those of chapter 2, broadcastable to $(B, H, T_q, T_k)$.
+# `w_k`, `w_v` (each the $H$ per-head matrices side by side) and `w_o` ($W^O$).
+#
+# **A deviation: biases.** The paper's projections have none: $\mathrm{head}_i$ and
+# $\mathrm{MultiHead}$ above are pure matrix products, and the reference code (tensor2tensor)
+# builds them without biases. Ours add a bias vector to each of the four projections by default,
+# as PyTorch's `nn.MultiheadAttention` and the Annotated Transformer (plain `nn.Linear` layers)
+# do; `bias=False` gives the paper's layer. The cost is $4 d_\text{model}$ parameters per
+# attention block, a few hundredths of a percent of the base model (counted below the module).
+# The book's trained models were trained with the biases, so the default stays.
+#
+# The module's `forward` takes queries, keys and values separately, because the model uses it
+# three ways: encoder self-attention ($Q = K = V$ = the encoder's input), decoder self-attention
+# (the same, under the target mask), and decoder cross-attention (queries from the decoder, keys
+# and values from the encoder's output). Masks are those of chapter 2, broadcastable to
+# $(B, H, T_q, T_k)$.
 #
 # Attention itself has two paths:
 #
@@ -122,11 +132,11 @@ assert torch.equal(q.transpose(1, 2).reshape(B, T, d_model), steps["w_q(x)"])
 #
 # Both give the same output. One case needs care: a query whose keys are *all* masked (an
 # all-padding sentence, say) has a row of $-\infty$ scores. Chapter 1 defines its output as zero.
-# PyTorch's function returns zeros there since version 2.5, but returned NaN before (and this
-# project still accepts 2.4), fused kernels have differed among themselves, and one NaN row is
-# enough to turn every gradient of the model into NaN in the backward pass. So the fast path
-# does not rely on the kernel: it lets such a row see every key (a finite, meaningless result),
-# then overwrites its output with zeros, which also gives that row a zero gradient.
+# PyTorch's function returns zeros there too since version 2.5, the oldest this project accepts,
+# but it returned NaN before, its fused kernels have differed among themselves on this case, and
+# one NaN row is enough to turn every gradient of the model into NaN in the backward pass. So the
+# fast path does not rely on the kernel: it lets such a row see every key (a finite, meaningless
+# result), then overwrites its output with zeros, which also gives that row a zero gradient.
 #
 # Dropout on the attention weights is an option that defaults to 0: the paper applies dropout to
 # the output of each sublayer and to the embedding sums only (see
@@ -287,6 +297,32 @@ class MultiHeadAttention(nn.Module):
 
 
 # %% [markdown]
+# The biases, counted for the base model's layer ($d_\text{model}$ = 512, $H$ = 8) and for its
+# 18 attention blocks: one self-attention in each of the 6 encoder layers, and a self-attention
+# and a cross-attention in each of the 6 decoder layers. The base model's total,
+# 63,082,496 parameters, is counted in [the model chapter](09_model.ipynb).
+
+# %%
+from transformer.multihead import MultiHeadAttention
+
+# On the meta device the layers have shapes but no memory, and draw no random numbers.
+with torch.device("meta"):
+    with_bias, without_bias = (
+        sum(p.numel() for p in MultiHeadAttention(512, 8, bias=b).parameters())
+        for b in (True, False)
+    )
+per_block = with_bias - without_bias
+assert per_block == 4 * 512  # one bias vector of d_model per projection
+blocks = 6 * 1 + 6 * 2
+base_model = 63_082_496  # the model chapter's count for the base model
+share = blocks * per_block / base_model
+print(
+    f"{per_block:,} bias parameters per attention block, "
+    f"{blocks} x {per_block:,} = {blocks * per_block:,} in the base model: {share:.2%}"
+)
+assert blocks * per_block == 36_864 and share < 0.001
+
+# %% [markdown]
 # ## Checking it against the equation
 #
 # The class computes all heads at once; the equation computes them one at a time. The function
@@ -376,18 +412,23 @@ try:
 except ValueError as error:
     print("ValueError:", error)
     assert "512" in str(error) and "6" in str(error)
+else:
+    raise AssertionError("expected a ValueError")
 try:
     mha(x, x, x, mask=target_mask(tgt_ids, pad_id).float())
 except TypeError as error:
     print("TypeError:", error)
+    assert "boolean" in str(error) and "float32" in str(error)
+else:
+    raise AssertionError("expected a TypeError")
 
 # %% [markdown]
 # (kv-cache)=
 # ## Keys and values kept for decoding
 #
 # When the decoder translates, it produces one token per step, and at step $t$ its
-# self-attention needs the keys and values of positions $1, \dots, t$. Those of positions
-# $1, \dots, t-1$ were already computed at the earlier steps and, thanks to the causal mask,
+# self-attention needs the keys and values of positions $0, \dots, t$. Those of positions
+# $0, \dots, t-1$ were already computed at the earlier steps and, thanks to the causal mask,
 # have not changed since. A `KVCache` keeps them: each call projects only the new position, appends
 # its key and value, and lets the new query attend over all of them. The check below feeds the
 # $T$ positions of `x` one at a time through a cache and compares the outputs with one call over
@@ -494,11 +535,12 @@ assert softmax_share < 0.01
 #
 # Even before training, the heads differ. Below is a layer of $H$ = 4 heads of $d_k$ = 8 on the
 # six words of chapter 1's sentence, with random word vectors and projections initialised as the
-# model will be (Xavier uniform {cite:p}`glorot2010understanding`). Each head has its own random
-# $W_i^Q$ and $W_i^K$, so each measures similarity in its own way: compare a row across the four
-# panels and you will see a word put its weight on different words in different heads. (The two
-# *the* rows are identical within each head, as in chapter 1: nothing tells the layer where a
-# word stands until the [positional encoding](04_embeddings.ipynb) is added.)
+# model's will be (Xavier uniform weights {cite:p}`glorot2010understanding`, zero biases). Each
+# head has its own random $W_i^Q$ and $W_i^K$, so each measures similarity in its own way:
+# compare a row across the four panels and you will see a word put its weight on different words
+# in different heads. (The two *the* rows are identical within each head, as in chapter 1:
+# nothing tells the layer where a word stands until the [positional encoding](04_embeddings.ipynb)
+# is added.)
 
 # %%
 import altair as alt
@@ -513,6 +555,7 @@ X = torch.stack([vectors[w] for w in words]).unsqueeze(0)  # (1, T, d_model)
 heads_layer = MultiHeadAttention(d_fig, H_fig)
 for linear in (heads_layer.w_q, heads_layer.w_k, heads_layer.w_v, heads_layer.w_o):
     nn.init.xavier_uniform_(linear.weight)
+    nn.init.zeros_(linear.bias)
 with torch.no_grad():
     _, fig_weights = heads_layer(X, X, X, need_weights=True)  # (1, H, T, T)
 alt.hconcat(

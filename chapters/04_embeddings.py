@@ -197,9 +197,10 @@ print(f"largest difference: {(pe_small.double() - by_hand).abs().max().item():.1
 # %% [markdown]
 # The heatmap shows the table for $d_\text{model} = 64$ and the first 64 positions: one row per
 # position, one column per dimension, red for $+1$ and blue for $-1$. Look at how the stripes
-# widen from left to right: the first columns alternate from one position to the next, while the
-# last columns hardly change down the whole figure (the sine columns stay near 0 and the cosine
-# columns near 1). Read along a row and you get that position's code; no two rows are the same.
+# widen from left to right: the first column, $\sin(pos)$, changes sign every three or four
+# positions (half its period of $2\pi$), while the last columns hardly change down the whole
+# figure (the sine columns stay near 0 and the cosine columns near 1). Read along a row and you
+# get that position's code; no two rows are the same.
 
 # %%
 from transformer.plots import use_book_renderer
@@ -207,6 +208,10 @@ from transformer.plots import use_book_renderer
 use_book_renderer()
 d_show, positions_show = 64, 64
 table = sinusoidal_encoding(positions_show, d_show)
+# Column 0 is sin(pos): its sign changes every 3 or 4 positions (half of 2π ≈ 6.28).
+sign_changes = torch.nonzero(table[2:, 0].sign() != table[1:-1, 0].sign()).flatten()
+assert set(sign_changes.diff().tolist()) == {3, 4}
+assert torch.pdist(table).min() > 0.1  # no two rows are the same
 cells = pd.DataFrame(
     [
         {"position": pos, "dimension": j, "PE": round(float(table[pos, j]), 4)}
@@ -227,14 +232,19 @@ alt.Chart(
 
 # %% [markdown]
 # Now the base model's width, $d_\text{model} = 512$. The curves below are four sine dimensions
-# $2i$ plotted against the position: each is a sine wave, and each wavelength is a fixed multiple
-# of the previous one. Look at the crossings of zero: the dimension $2i = 0$ completes a period
-# every $2\pi \approx 6.3$ positions, and each curve further down the legend takes longer.
+# $2i$, 32 apart, plotted against the position: each is a sine wave, and each wavelength is the
+# previous one times the same factor, $10000^{32/512} \approx 1.78$. Look at the crossings of zero:
+# the dimension $2i = 0$ completes a period every $2\pi \approx 6.3$ positions, and each curve
+# further down the legend takes longer.
 
 # %%
 d_model = 512
 pe = sinusoidal_encoding(512, d_model)
-shown = [0, 32, 64, 128]  # sine dimensions 2i
+shown = [0, 32, 64, 96]  # sine dimensions 2i
+shown_wavelengths = torch.tensor([2 * math.pi * 10000 ** (j / d_model) for j in shown])
+shown_ratios = shown_wavelengths[1:] / shown_wavelengths[:-1]
+assert torch.allclose(shown_ratios, torch.tensor(10000 ** (32 / d_model)))
+assert round(shown_ratios[0].item(), 2) == 1.78
 curves = pd.DataFrame(
     [
         {"position": pos, "dimension": f"2i = {j}", "PE": round(float(pe[pos, j]), 4)}
@@ -353,7 +363,10 @@ for k in offsets:
             "largest |X - M_k|": (x_k - offset_map(k, d_model)).abs().max().item(),
         }
     )
-pd.DataFrame(fits).set_index("k")
+fits = pd.DataFrame(fits).set_index("k")
+# An exact fit, and yet some entry of X is off by nearly 1 for every offset.
+assert (fits["largest |X - M_k|"] > 0.9).all()
+fits
 
 # %% [markdown]
 # The fit error is as small as for $M_k$, yet the fitted matrix is not $M_k$: some entries differ
@@ -377,7 +390,7 @@ print(
     f"positions 512-1023, k = {k}: error of M_k {(unseen @ m_k.T - shifted).abs().max():.1e}, "
     f"of the least-squares X {(unseen @ x_k.T - shifted).abs().max():.2f}"
 )
-assert rank < d_model
+assert rank < d_model // 2  # far fewer independent columns than 512
 assert (unseen @ m_k.T - shifted).abs().max() < 1e-5
 assert (unseen @ x_k.T - shifted).abs().max() > 0.1
 
@@ -607,8 +620,18 @@ assert (
     abs(scale.loc["positional encoding", "RMS per dimension"] - math.sqrt(0.5)) < 0.01
 )
 assert abs(scale.loc["positional encoding", "mean vector length"] - 16) < 1e-3
+# Mean square = variance + mean²: the encoding's std is below its RMS because its mean is not 0.
+encoding = scale.loc["positional encoding"]
+assert encoding["std per dimension"] < encoding["RMS per dimension"] - 0.05
+assert abs(pe.mean() - 0.27) < 0.005
+assert pe[:, -1].min() > 0.99  # the slowest cosine column stays near 1
 
 # %% [markdown]
+# The encoding's standard deviation is lower than its RMS because its mean is not 0: the slow
+# cosine columns sit near 1 (the last one stays above 0.99 over all 512 positions), which lifts
+# the mean of the whole table to about 0.27, and the standard deviation measures the spread
+# around that mean.
+#
 # After scaling, the word and its position enter the first layer with comparable weight: a
 # vector of length about $\sqrt{d_\text{model}}$ from the embedding and one of length
 # $\sqrt{d_\text{model}/2}$ from the encoding. Training is free to move the embeddings from

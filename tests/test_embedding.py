@@ -80,9 +80,13 @@ def test_offset_is_a_fixed_linear_map(k: int):
     assert (longer[:-k] @ m_k.T - longer[k:]).abs().max() < 1e-5
 
 
-def test_offset_maps_compose():
-    m_3, m_4, m_7 = (offset_map(k, 32) for k in (3, 4, 7))
-    assert torch.allclose(m_3 @ m_4, m_7, atol=1e-12)
+def test_offset_maps_compose_on_the_encoding():
+    # Shifting the real encoding by 3 and then by 4 is shifting it by 7:
+    # M_4 M_3 PE(pos) = PE(pos + 7) for every pos; rows as vectors, table[:-7] (M_4 M_3)ᵀ.
+    table = sinusoidal_encoding(200, 32, dtype=torch.float64)
+    m_3, m_4 = offset_map(3, 32), offset_map(4, 32)
+    assert (table[:-3] @ m_3.T - table[3:]).abs().max() < 1e-12
+    assert (table[:-7] @ (m_4 @ m_3).T - table[7:]).abs().max() < 1e-12
 
 
 def test_dot_product_depends_on_distance_only():

@@ -40,8 +40,15 @@ def test_causal_mask_is_the_lower_triangle_with_the_diagonal():
     ]
 
 
-def test_causal_mask_on_the_requested_device():
-    assert causal_mask(4, device=torch.device("cpu")).device == torch.device("cpu")
+def test_masks_on_the_requested_device():
+    # The meta device (shapes, no data) stands in for a GPU: the default, CPU, cannot fail.
+    meta = torch.device("meta")
+    assert causal_mask(4, device=meta).device == meta
+    assert causal_mask(4).device == torch.device("cpu")
+    ids = torch.ones(2, 5, dtype=torch.long, device=meta)
+    assert padding_mask(ids, PAD).device == meta
+    mask = target_mask(ids, PAD)  # follows the ids' device
+    assert mask.device == meta and mask.shape == (2, 1, 5, 5)
     assert causal_mask(1).tolist() == [[[[True]]]]
 
 
