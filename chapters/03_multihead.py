@@ -114,7 +114,10 @@ assert torch.equal(q.transpose(1, 2).reshape(B, T, d_model), steps["w_q(x)"])
 # as PyTorch's `nn.MultiheadAttention` and the Annotated Transformer (plain `nn.Linear` layers)
 # do; `bias=False` gives the paper's layer. The cost is $4 d_\text{model}$ parameters per
 # attention block, a few hundredths of a percent of the base model (counted below the module).
-# The book's trained models were trained with the biases, so the default stays.
+# The book's trained models were trained with the biases, so the default stays. One of the four
+# does nothing at all: $W^K$'s bias $b_K$ adds $q \cdot b_K / \sqrt{d_k}$ to every score of the
+# query $q$, the same amount for every key, and the softmax removes a constant added to a whole
+# row. Its gradient is therefore zero, up to rounding (checked below the module).
 #
 # The module's `forward` takes queries, keys and values separately, because the model uses it
 # three ways: encoder self-attention ($Q = K = V$ = the encoder's input), decoder self-attention
@@ -321,6 +324,14 @@ print(
     f"{blocks} x {per_block:,} = {blocks * per_block:,} in the base model: {share:.2%}"
 )
 assert blocks * per_block == 36_864 and share < 0.001
+
+# W^K's bias shifts each query's scores by a constant: no gradient reaches it.
+with torch.random.fork_rng():  # leaves the random numbers of the later cells as they were
+    torch.manual_seed(0)
+    probe = MultiHeadAttention(64, 4)
+    tokens = torch.randn(2, 5, 64)
+    (probe(tokens, tokens, tokens)[0] * torch.randn(2, 5, 64)).sum().backward()
+assert probe.w_k.bias.grad.abs().max() < 1e-5 * probe.w_q.bias.grad.abs().max()
 
 # %% [markdown]
 # ## Checking it against the equation
