@@ -27,7 +27,8 @@
 # `SublayerConnection`, the residual connection with dropout and layer normalisation that wraps
 # every sublayer. The order of those last three operations has a history: many implementations,
 # including the best-known annotated one, put the normalisation *first*. We explain the two
-# orders, measure how they differ on a deep stack, and default to the paper's.
+# orders, measure how they differ on a deep stack (in the scale of the signal going forward and of
+# the gradients coming back), and default to the paper's.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -150,18 +151,27 @@ assert torch.equal(post[pre < 0], torch.zeros(int((pre < 0).sum())))
 print(f"hidden units active: {(post > 0).float().mean().item():.3f}")
 
 # %% [markdown]
-# Small as it looks, the feed-forward network holds most of a layer's parameters. With the base
-# sizes it has $2 \cdot d_\text{model} \cdot d_{ff} + d_{ff} + d_\text{model}$ of them, against
-# $4(d_\text{model}^2 + d_\text{model})$ for the four projections of multi-head attention:
+# Small as it looks, the feed-forward network holds two thirds of an encoder layer's parameters.
+# With the base sizes it has $2 \cdot d_\text{model} \cdot d_{ff} + d_{ff} + d_\text{model}$ of
+# them, against $4(d_\text{model}^2 + d_\text{model})$ for the four projections of multi-head
+# attention and their biases, and $2\, d_\text{model}$ for each of the layer's LayerNorms (a gain
+# and a bias per feature, below). An encoder layer has one attention block and two LayerNorms; a
+# decoder layer has two attention blocks and three LayerNorms, so there the feed-forward network
+# holds just under half:
 
 # %%
 d_model, d_ff = 512, 2048
 ffn_parameters = sum(p.numel() for p in ffn.parameters())
 attention_parameters = 4 * (d_model * d_model + d_model)
+norm_parameters = 2 * d_model  # one LayerNorm's gain γ and bias β
 assert ffn_parameters == 2 * d_model * d_ff + d_ff + d_model
-share = ffn_parameters / (ffn_parameters + attention_parameters)
+encoder_layer = attention_parameters + ffn_parameters + 2 * norm_parameters
+decoder_layer = 2 * attention_parameters + ffn_parameters + 3 * norm_parameters
 print(f"feed-forward: {ffn_parameters:,}   attention: {attention_parameters:,}")
-print(f"share of an encoder layer's weights in the feed-forward network: {share:.1%}")
+print(f"feed-forward share of an encoder layer: {ffn_parameters / encoder_layer:.1%}")
+print(f"feed-forward share of a decoder layer:  {ffn_parameters / decoder_layer:.1%}")
+assert 0.66 < ffn_parameters / encoder_layer < 0.67
+assert 0.49 < ffn_parameters / decoder_layer < 0.5
 
 # %% [markdown]
 # ## Residual connection, dropout and layer normalisation
@@ -170,8 +180,10 @@ print(f"share of an encoder layer's weights in the feed-forward network: {share:
 #
 # - **The residual connection** {cite:p}`he2016deep` adds the sublayer's input to its output,
 #   $x + \mathrm{Sublayer}(x)$. The sublayer only has to learn a correction to $x$, and the
-#   identity path carries the signal, and the gradient, through a deep stack unchanged. It is
-#   why every sublayer, and the embeddings, have the same width $d_\text{model}$.
+#   identity path gives the signal, and the gradient, a route around every sublayer. Whether that
+#   route crosses a deep stack *unchanged* depends on where the normalisation sits, as we will see:
+#   in the paper's order every LayerNorm lies on it. The residual connection is also why every
+#   sublayer, and the embeddings, have the same width $d_\text{model}$.
 # - **Dropout** (Section 5.4): "We apply dropout to the output of each sub-layer, before it is
 #   added to the sub-layer input and normalized", with $P_\text{drop} = 0.1$ for the base model.
 # - **Layer normalisation** {cite:p}`ba2016layer` rescales each position's vector to mean 0 and
@@ -199,6 +211,9 @@ print(f"share of an encoder layer's weights in the feed-forward network: {share:
 #
 # A pre-norm stack then needs one more layer normalisation after its last layer (the encoder and
 # decoder chapters add it when `norm_first=True`); a post-norm stack already ends normalised.
+# Only in pre-norm is the identity path untouched from the stack's input to that last
+# LayerNorm: in post-norm the stream passes through one LayerNorm per sublayer, which rescales
+# the signal on its way forward and the gradient on its way back.
 #
 # **Why two orders?** Pre-norm is what much code silently uses. The Annotated Transformer's text
 # quotes the paper's $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$, while its code computes
@@ -299,10 +314,10 @@ assert torch.allclose(training(x, torch.zeros_like), layer_norm(x), atol=1e-5)
 #
 # What changes in practice is the scale of the *residual stream*, the vector $x$ that flows from
 # sublayer to sublayer. We stack 24 sublayer connections, each wrapping its own random
-# feed-forward network ($d_\text{model} = 512$, $d_{ff} = 2048$, weights initialised with
-# Xavier/Glorot {cite:p}`glorot2010understanding` as in our model), feed in a batch of random
-# vectors with unit variance, and record the root mean square of $x$ after each connection, in
-# evaluation mode, for both orders and the same networks.
+# feed-forward network ($d_\text{model} = 512$, $d_{ff} = 2048$, weight matrices initialised with
+# Xavier/Glorot {cite:p}`glorot2010understanding` and biases at zero, as in our model), feed in a
+# batch of random vectors with unit variance, and record the root mean square of $x$ after each
+# connection, in evaluation mode, for both orders and the same networks.
 
 # %%
 n_connections = 24
@@ -311,6 +326,8 @@ for network in networks:
     for parameter in network.parameters():
         if parameter.dim() > 1:
             nn.init.xavier_uniform_(parameter)
+        else:
+            nn.init.zeros_(parameter)  # the biases
 x0 = torch.randn(4, 32, d_model)  # (B, L, d_model), unit variance
 
 rows = []
@@ -334,8 +351,9 @@ rms.iloc[[0, 5, 11, 17, 23]]
 # %% [markdown]
 # Each pre-norm sublayer adds to the stream an update that is roughly uncorrelated with it and of
 # roughly constant size, so the variances add up: the mean square grows linearly with depth,
-# $\mathrm{RMS}^2 \approx 1 + c \cdot \text{depth}$. A least-squares line through the measured
-# mean squares gives $c$, and the dashed curve $\sqrt{1 + c \cdot \text{depth}}$ in the figure.
+# $\mathrm{RMS}^2 \approx a + c \cdot \text{depth}$, with $a$ near 1, the mean square of the
+# input. A least-squares line through the measured mean squares gives $a$ and $c$, and the dashed
+# curve $\sqrt{a + c \cdot \text{depth}}$ in the figure.
 
 # %%
 depths = torch.arange(1, n_connections + 1, dtype=torch.float64)
@@ -351,7 +369,7 @@ r_squared = (
     / ((mean_square - mean_square.mean()) ** 2).sum()
 )
 print(f"RMS² ≈ {intercept:.2f} + {slope:.3f} · depth   (R² = {r_squared:.4f})")
-assert r_squared > 0.99
+assert r_squared > 0.99 and abs(intercept - 1) < 0.1
 assert (rms["post-norm (paper)"] - 1).abs().max() < 1e-3
 assert rms["pre-norm"].iloc[-1] > 2 * rms["pre-norm"].iloc[0]
 
@@ -360,8 +378,9 @@ assert rms["pre-norm"].iloc[-1] > 2 * rms["pre-norm"].iloc[0]
 # two solid lines: post-norm keeps the stream at RMS 1 after every layer, because each layer
 # ends with a normalisation; pre-norm lets it grow, roughly like $\sqrt{\text{depth}}$ (the dashed
 # curve), so that each further sublayer's update is a smaller and smaller share of the stream.
-# That is the pre-norm trade-off in one picture: the identity path dominates, which keeps
-# gradients tame, and the final layer normalisation of a pre-norm stack has real work to do.
+# That is the pre-norm trade-off in one picture: the identity path dominates, and the final layer
+# normalisation of a pre-norm stack has real work to do. What it does to the gradients is
+# measured after the figure.
 
 # %%
 from transformer.plots import use_book_renderer
@@ -371,7 +390,7 @@ reference = pd.DataFrame(
     {
         "depth": depths.numpy(),
         "RMS": (intercept + slope * depths).sqrt().numpy(),
-        "order": "√(1 + c · depth), fitted",
+        "order": "√(a + c · depth), fitted",
     }
 ).round(4)
 lines = (
@@ -396,6 +415,44 @@ fit = (
     height=260,
     title="Scale of the residual stream with depth, 24 random feed-forward sublayers",
 )
+
+# %% [markdown]
+# **The gradients.** Xiong et al.'s reason to prefer pre-norm is the scale of the gradients, so we
+# measure it on the same 24 networks: each stack (the pre-norm one with its final LayerNorm) is
+# read out by a fixed random linear map, as an output layer would be, and we backpropagate that
+# one number and take the norm of the gradient of each feed-forward network's parameters. The
+# table gives it at five depths, divided by its value at the first sublayer. Read each column
+# from top to bottom: in post-norm the gradient grows towards the output, to about four times its
+# size at the bottom, because on its way down it passes through every LayerNorm and each one
+# shrinks it a little; in pre-norm it travels down the untouched identity path and stays within
+# 25% of its size at the bottom at every depth. In a post-norm stack the sublayers nearest the
+# output get the largest gradients, which is Xiong et al.'s explanation of why a large learning
+# rate at the first steps upsets post-norm training, and why it needs the warm-up.
+
+# %%
+readout = torch.randn(d_model)  # a fixed linear read-out of the stack's output
+rows = []
+for order, norm_first in [("post-norm (paper)", False), ("pre-norm", True)]:
+    connections = [
+        SublayerConnection(d_model, norm_first=norm_first).eval() for _ in networks
+    ]
+    final_norm = nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
+    for network in networks:
+        network.zero_grad()
+    x = x0
+    for connection, network in zip(connections, networks, strict=True):
+        x = connection(x, network)
+    (final_norm(x) @ readout).mean().backward()
+    for depth, network in enumerate(networks, start=1):
+        gradient = torch.cat([p.grad.flatten() for p in network.parameters()])
+        rows.append({"order": order, "depth": depth, "norm": gradient.norm().item()})
+gradient_norm = pd.DataFrame(rows).pivot(index="depth", columns="order", values="norm")
+relative = gradient_norm / gradient_norm.iloc[0]  # 1 at the first sublayer
+shown = relative.iloc[[0, 5, 11, 17, 23]]
+assert 3 < relative["post-norm (paper)"].iloc[-1] < 5.5
+assert shown["post-norm (paper)"].is_monotonic_increasing
+assert relative["pre-norm"].between(0.75, 1.25).all()
+shown.round(2)
 
 # %% [markdown]
 # With `PositionwiseFeedForward` and `SublayerConnection` in hand, and multi-head attention from

@@ -213,13 +213,18 @@ weights[1].mean(0)  # "zwei Hunde spielen <eos>", averaged over the heads
 
 # %% [markdown]
 # A layer's parameters are those of its two sublayers and its two layer normalisations:
-# $4(d_\text{model}^2 + d_\text{model})$ for the four projections $W^Q, W^K, W^V, W^O$ with their
-# biases, $2\, d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ for the feed-forward network, and
-# $2 \cdot 2\, d_\text{model}$ for the gains and biases of the two LayerNorms. The full
-# model's chapter counts the whole model with these formulas.
+# $4 d_\text{model}^2$ for the four projections $W^Q, W^K, W^V, W^O$ and $4 d_\text{model}$ for
+# their biases, $2\, d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ for the feed-forward
+# network, and $2 \cdot 2\, d_\text{model}$ for the gains and biases of the two LayerNorms. The
+# attention biases are this book's, not the paper's: Section 3.2.2 defines the projections as
+# matrices only, and the reference code, tensor2tensor, has no biases there either, while our
+# `MultiHeadAttention`, like PyTorch's `nn.MultiheadAttention` and the Annotated Transformer,
+# has them (the multi-head attention chapter). The full model's chapter counts the whole model
+# with these formulas and measures what the biases add.
 
 # %%
-n_attention = 4 * (d_model**2 + d_model)
+# The attention biases, 4 d_model per block, are not in the paper (see above).
+n_attention = 4 * d_model**2 + 4 * d_model
 n_ffn = 2 * d_model * d_ff + d_ff + d_model
 n_norms = 2 * 2 * d_model
 assert sum(p.numel() for p in layer.parameters()) == n_attention + n_ffn + n_norms
@@ -233,12 +238,15 @@ n_attention + n_ffn + n_norms
 #
 # The layers are built explicitly, `nn.ModuleList(EncoderLayer(...) for _ in range(n_layers))`.
 # A popular alternative builds one prototype layer and deep-copies it $N$ times (the Annotated
-# Transformer's `clones`). That has two drawbacks. A deep copy copies the prototype's random
-# initial *values*, so all $N$ layers start identical unless something re-initialises every
-# parameter afterwards; the Annotated Transformer re-draws its weight matrices, but every bias
-# starts as the same copy in every layer. And it hides the structure: `clones(layer, N)` does not
-# say what a layer is made of, while the explicit loop reads as the paper's sentence "a stack of
-# $N$ identical layers", identical in shape, not in values.
+# Transformer's `clones`). A deep copy copies the prototype's random initial *values*, so the $N$
+# layers start identical until something re-draws their weights. Both full models do: the
+# Annotated Transformer re-draws every weight matrix after building the model, and ours (the full
+# model's chapter) re-draws every matrix and sets every bias to zero. In both, then, the weight
+# matrices start different and the biases equal (copies of one random bias there, zeros here).
+# The argument for the explicit loop is readability: `clones(layer, N)` does not say what a layer
+# is made of, and its layers differ only because code elsewhere re-draws them, while the loop
+# reads as the paper's sentence "a stack of $N$ identical layers", identical in shape, not in
+# values.
 #
 # The **final normalisation** depends on where the LayerNorms sit. In the paper's post-norm
 # layers every sublayer ends with a LayerNorm, so the stack's output is already normalised and
@@ -302,7 +310,8 @@ class Encoder(nn.Module):
 
 
 # %% [markdown]
-# Deep copies of a prototype start with equal weights; the explicit stack's layers do not:
+# Before any re-initialisation, deep copies of a prototype hold equal weights; the explicit
+# stack's layers do not:
 
 # %%
 from transformer.encoder import Encoder

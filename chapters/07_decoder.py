@@ -243,9 +243,9 @@ layer = DecoderLayer(d_model, n_heads, d_ff).eval()
 
 with torch.no_grad():
     memory, _ = encoder(position(embed(src)), src_mask)  # (B, S, d_model)
-    y = position(embed(tgt))  # (B, T, d_model)
+    x = position(embed(tgt))  # (B, T, d_model), the decoder's input
     out, (self_w, cross_w) = layer(
-        y, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True
+        x, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True
     )
 print("memory       ", tuple(memory.shape))
 print("output       ", tuple(out.shape))
@@ -268,13 +268,15 @@ self_w[0].mean(0)  # "<bos> a dog runs through the snow", averaged over the head
 
 # %% [markdown]
 # A decoder layer has one attention block more than an encoder layer, and one more LayerNorm:
-# $2 \cdot 4(d_\text{model}^2 + d_\text{model}) + 2\, d_\text{model} d_{ff} + d_{ff} +
-# d_\text{model} + 3 \cdot 2\, d_\text{model}$ parameters.
+# $2(4 d_\text{model}^2 + 4 d_\text{model}) + 2\, d_\text{model} d_{ff} + d_{ff} +
+# d_\text{model} + 3 \cdot 2\, d_\text{model}$ parameters. The $2 \cdot 4 d_\text{model}$
+# biases of the eight attention projections are this book's deviation from the paper, whose
+# attention has none (the multi-head attention chapter introduces them and counts them for the
+# base model).
 
 # %%
-n_decoder_layer = (
-    2 * 4 * (d_model**2 + d_model) + 2 * d_model * d_ff + d_ff + d_model + 6 * d_model
-)
+n_attention = 4 * d_model**2 + 4 * d_model  # W^Q, W^K, W^V, W^O and their biases
+n_decoder_layer = 2 * n_attention + 2 * d_model * d_ff + d_ff + d_model + 6 * d_model
 assert sum(p.numel() for p in layer.parameters()) == n_decoder_layer
 n_decoder_layer
 
@@ -374,7 +376,8 @@ class Decoder(nn.Module):
             returns (B, T, d_model) and, if need_weights, a list of n_layers pairs
             (self weights (B, H, T, T), cross weights (B, H, T, S)), else None
 
-        With a cache (decoding, chapter 14), x holds only the new positions.
+        With a cache (decoding, chapter 14), x holds only the new positions, and tgt_mask, if
+        any, covers all L cached positions: (B, 1, T, L).
         """
         all_weights = [] if need_weights else None
         for i, layer in enumerate(self.layers):
@@ -398,7 +401,7 @@ from transformer.decoder import Decoder
 decoder = Decoder(n_layers, d_model, n_heads, d_ff).eval()
 with torch.no_grad():
     hidden, all_weights = decoder(
-        y, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True
+        x, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True
     )
 print("output", tuple(hidden.shape))
 print("weights per layer", [(tuple(s.shape), tuple(c.shape)) for s, c in all_weights])

@@ -62,7 +62,7 @@ import pandas as pd
 # | `src_vocab_size` | | (required) | number of source subword tokens, $V$ |
 # | `tgt_vocab_size` | | `None` | number of target tokens; `None` means one vocabulary shared by both languages |
 # | `d_model` | $d_\text{model}$ | 512 | width of the residual stream, of the embeddings and of every sublayer's output |
-# | `n_heads` | $h$ | 8 | attention heads; each works in $d_k = d_v = d_\text{model}/h$ dimensions |
+# | `n_heads` | $h$ | 8 | attention heads ($h$ in the paper, $H$ in our shapes); each works in $d_k = d_v = d_\text{model}/h$ dimensions |
 # | `n_layers` | $N$ | 6 | identical layers in the encoder, and as many in the decoder |
 # | `d_ff` | $d_{ff}$ | 2048 | inner width of the position-wise feed-forward sublayer |
 # | `dropout` | $P_{drop}$ | 0.1 | dropout on each sublayer's output and on the embedding sums (Section 5.4) |
@@ -170,6 +170,13 @@ class TransformerConfig:
                 f"positional must be one of {', '.join(map(repr, POSITIONAL_KINDS))}, "
                 f"got {self.positional!r}"
             )
+        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
+            # The sinusoids come in sine/cosine pairs, one pair per two dimensions (3.5).
+            raise ValueError(
+                f"d_model ({self.d_model}) must be even with positional='sinusoidal': "
+                "the encoding pairs a sine and a cosine per frequency; use an even width "
+                "or positional='learned'"
+            )
         if self.share_embeddings and self.tgt_vocab_size is not None:
             raise ValueError(
                 "share_embeddings=True needs one vocabulary shared by source and target "
@@ -212,7 +219,11 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
-        """Rebuild a config from `to_dict()`'s output; unknown or missing keys are errors."""
+        """Rebuild a config from `to_dict()`'s output; unknown or missing keys are errors.
+
+        Every field is required, those with a default too: to_dict writes them all, and a
+        missing `norm_first` silently read as its default would rebuild another model.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -220,12 +231,12 @@ class TransformerConfig:
                 f"unknown TransformerConfig field(s) {', '.join(unknown)}; "
                 f"known fields: {', '.join(sorted(known))}"
             )
-        required = {
-            f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-        }
-        missing = sorted(required - set(d))
+        missing = sorted(known - set(d))
         if missing:
-            raise ValueError(f"missing TransformerConfig field(s) {', '.join(missing)}")
+            raise ValueError(
+                f"missing TransformerConfig field(s) {', '.join(missing)}: "
+                "a saved config lists every field"
+            )
         return cls(**d)
 
 
@@ -295,10 +306,12 @@ base
 
 # %% [markdown]
 # The `small` preset is this book's starting point for Multi30k, whose 29,000 training pairs are
-# a hundred times fewer than WMT's 4.5 million: half the width and half the depth of the base
-# model. The training part tunes it.
+# about 155 times fewer than the 4.5 million sentence pairs of WMT 2014 English–German
+# (Section 5.1): half the width and half the depth of the base model. The training part tunes it.
 
 # %%
+# WMT 2014 English-German sentence pairs / Multi30k training pairs
+assert round(4_500_000 / 29_000) == 155
 small = TransformerConfig.small(vocab_size=8_000)
 assert (small.n_layers, small.d_model, small.n_heads, small.d_ff) == (3, 256, 8, 1024)
 small
@@ -332,6 +345,7 @@ bad_configs = {
     "a dropout rate of 1": dict(dropout=1.0),
     "a negative dropout rate": dict(attention_dropout=-0.1),
     "an unknown positional encoding": dict(positional="rotary"),
+    "an odd width for the sinusoids": dict(d_model=513, n_heads=9),
     "shared embeddings with two vocabularies": dict(tgt_vocab_size=9_000),
 }
 for what, overrides in bad_configs.items():
@@ -355,9 +369,11 @@ two.src_vocab_size, two.target_vocab_size
 # ## Saving and loading
 #
 # A checkpoint stores the config next to the weights, as JSON. `to_dict` gives a plain dictionary
-# and `from_dict` rebuilds the config from it, running the same validation; a key that the class
-# does not know (a typo, or a checkpoint from another version of the code) is an error rather than
-# silently ignored.
+# of every field and `from_dict` rebuilds the config from it, running the same validation. A key
+# that the class does not know (a typo, or a checkpoint from another version of the code) is an
+# error rather than silently ignored, and so is a missing one, even for a field that has a
+# default: a record without `norm_first` and `n_layers` would otherwise come back as a post-norm,
+# six-layer model, whatever model wrote it.
 
 # %%
 saved = json.dumps(prenorm.to_dict())
@@ -367,10 +383,15 @@ print(saved)
 
 # %%
 damaged = prenorm.to_dict() | {"n_head": 8}
-try:
-    TransformerConfig.from_dict(damaged)
-except ValueError as err:
-    print(f"ValueError: {err}")
+incomplete = prenorm.to_dict()
+del incomplete["norm_first"], incomplete["n_layers"]
+for record in (damaged, incomplete):
+    try:
+        TransformerConfig.from_dict(record)
+    except ValueError as err:
+        print(f"ValueError: {err}")
+    else:
+        raise AssertionError("a damaged record was accepted")
 
 # %% [markdown]
 # The next chapter builds the whole model from one of these objects: `Transformer(config)`.

@@ -45,6 +45,8 @@ if importlib.util.find_spec("transformer") is None:
 #| default_exp model
 
 # %%
+import math
+
 import altair as alt
 import pandas as pd
 import torch
@@ -85,7 +87,12 @@ torch.set_printoptions(precision=3, sci_mode=False)
 #
 # ## How the weights start
 #
-# The paper does not say how it initialises the weights. We follow the reference code:
+# The paper does not say how it initialises the weights. We follow the reference code,
+# tensor2tensor, for the scales, with one difference in what there is to initialise: our
+# attention projections have biases, which neither the paper (Section 3.2.2) nor tensor2tensor
+# has; PyTorch's `nn.MultiheadAttention` and the Annotated Transformer have them, as ours do (the
+# multi-head attention chapter). They start at zero, so that at the first step our attention
+# computes what the paper's bias-free attention would. In detail:
 #
 # - every weight matrix of the encoder and the decoder (the attention projections and the two
 #   layers of each feed-forward network) is drawn from Glorot and Bengio's uniform distribution
@@ -183,8 +190,9 @@ class Transformer(nn.Module):
             self.generator.proj.weight = self.tgt_embed.embedding.weight
 
     def _init_weights(self) -> None:
-        # Glorot-uniform matrices and zero biases in both stacks, as the reference code;
-        # the embedding tables keep TokenEmbedding's N(0, 1/d_model).
+        # Glorot-uniform matrices in both stacks, as the reference code, and zero biases:
+        # the attention biases, which the reference code does not have, start inert.
+        # The embedding tables keep TokenEmbedding's N(0, 1/d_model).
         for stack in (self.encoder, self.decoder):
             for module in stack.modules():
                 if isinstance(module, nn.Linear):
@@ -227,7 +235,8 @@ class Transformer(nn.Module):
             returns (B, T, d_model)
 
         With a cache (decoding, chapter 14), tgt holds only the new tokens, which take the
-        positions after the cache.length ones already decoded.
+        positions after the cache.length ones already decoded, and tgt_mask, if any, covers
+        all L cached positions, the new ones included: (B, 1, T, L).
         """
         start = cache.length if cache is not None else 0
         out, _ = self.decoder(
@@ -359,8 +368,9 @@ assert untied.generator.proj.weight.shape == (20, config.d_model)
 # The initialisation does what the text promised: the attention and feed-forward matrices have
 # the spread of Glorot's uniform distribution, $\sqrt{2/(n_\text{in} + n_\text{out})}$, the
 # embedding table a standard deviation of $d_\text{model}^{-1/2}$, and at the start the logits
-# of the tied output layer have a standard deviation near 1, so the first predictions are close
-# to uniform over the vocabulary rather than confidently wrong.
+# of the tied output layer have a standard deviation $\sigma$ near 1, so the first predictions
+# are spread over the whole vocabulary rather than confidently wrong. Spread, not uniform: logits
+# that differ at random cost more than a uniform guess, as the training section below measures.
 
 # %%
 d = config.d_model
@@ -391,7 +401,9 @@ init = pd.DataFrame(
     index=["W^Q, encoder layer 1", "W_1, decoder layer 1", "embedding table", "logits"],
 ).round(4)
 assert ((init["measured std"] / init["expected"]).between(0.8, 1.25)).all()
-assert model.encoder.layers[0].self_attn.w_q.bias.abs().max() == 0
+# The attention biases, which the paper does not have, start at zero.
+biases = [p for n, p in model.named_parameters() if "attn.w_" in n and "bias" in n]
+assert len(biases) == 3 * config.n_layers * 4 and all((b == 0).all() for b in biases)
 init
 
 # %% [markdown]
@@ -461,16 +473,28 @@ counts.drop(columns="difference").map("{:,}".format).assign(
 
 # %% [markdown]
 # The counts follow from the layer formulas of the encoder and decoder chapters: $V
-# d_\text{model}$ for the shared table; per encoder layer $4(d_\text{model}^2 + d_\text{model})$
-# for attention, $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ for the feed-forward network
-# and $4 d_\text{model}$ for two LayerNorms; per decoder layer a second attention block and a
-# third LayerNorm. The sinusoidal encodings have no parameters.
+# d_\text{model}$ for the shared table; per encoder layer $4 d_\text{model}^2$ for the attention
+# projections and $4 d_\text{model}$ for their biases, $2 d_\text{model} d_{ff} + d_{ff} +
+# d_\text{model}$ for the feed-forward network and $4 d_\text{model}$ for two LayerNorms; per
+# decoder layer a second attention block and a third LayerNorm. The sinusoidal encodings have no
+# parameters.
+#
+# The attention biases are the one term of these formulas that the paper's model does not have:
+# its projections, and tensor2tensor's, have none, while ours have them, as PyTorch's
+# `nn.MultiheadAttention` and the Annotated Transformer do (the multi-head attention chapter; the
+# book's trained models have them, so they stay). They are $4 d_\text{model}$ per attention
+# block, and the base model has 18 blocks, one in each of the 6 encoder layers and two in each of
+# the 6 decoder layers: 36,864 parameters, 0.06% of the total, all zero at initialisation. They
+# make our count larger, not smaller, and are far too few to matter in the comparison with
+# Table 3 below.
 
 
 # %%
 def formula(config: TransformerConfig) -> dict[str, int]:
     d, d_ff, n = config.d_model, config.d_ff, config.n_layers
-    attention, ffn, norm = 4 * (d * d + d), 2 * d * d_ff + d_ff + d, 2 * d
+    # W^Q, W^K, W^V, W^O and their biases (4 d, not in the paper)
+    attention = 4 * d * d + 4 * d
+    ffn, norm = 2 * d * d_ff + d_ff + d, 2 * d
     return {
         "embeddings": config.src_vocab_size * d,
         "encoder": n * (attention + ffn + 2 * norm),
@@ -489,6 +513,18 @@ base_total, big_total = (
 )
 print(f"base: {base_total:,} parameters, {base_total / 65e6 - 1:+.2%} from 65M")
 print(f"big:  {big_total:,} parameters, {big_total / 213e6 - 1:+.2%} from 213M")
+
+attention_biases = sum(
+    p.numel()
+    for name, p in built["base"].named_parameters()
+    if "attn.w_" in name and name.endswith(".bias")
+)
+assert attention_biases == 18 * 4 * 512 == 36_864
+assert round(attention_biases / base_total, 4) == 0.0006
+print(
+    f"base, attention biases (not in the paper): {attention_biases:,}, "
+    f"{attention_biases / base_total:.2%}"
+)
 
 # %% [markdown]
 # The big model comes within 1% of the paper's count. The base model does not: our faithful base
@@ -582,9 +618,12 @@ implied
 # pairs above with the paper's optimiser, Adam with $\beta_1 = 0.9$, $\beta_2 = 0.98$ and
 # $\epsilon = 10^{-9}$ (Section 5.3), at a constant learning rate (the schedule is a later
 # chapter's), and the negative log-likelihood of the labels, ignoring padding. Four sentences can
-# be memorised: the loss should fall from about $\ln V$, a uniform guess, towards zero, and the
-# model should then reproduce every label when it reads the right target prefix. (The loss values
-# depend on the floating-point details of the CPU, so the printed values are not checked.)
+# be memorised: the loss should fall towards zero, and the model should then reproduce every
+# label when it reads the right target prefix. It does not start at $\ln V$, the loss of a
+# uniform guess, but a little above: the initial logits differ at random with a spread $\sigma$
+# near 1 (measured above), and for random logits of spread $\sigma$ the expected loss is about
+# $\ln V + \sigma^2 / 2$. (The loss values depend on the floating-point details of the CPU, so the
+# printed values are not checked, only bounds on them.)
 
 # %%
 torch.manual_seed(0)
@@ -599,12 +638,27 @@ for _ in range(steps):
     optimizer.step()
     losses.append(loss.item())
 
+# %%
+uniform = math.log(len(vocab))  # ln V
+sigma = logits.std().item()  # the initial logits' spread, measured above
+expected_start = uniform + sigma**2 / 2
+first_below_1 = next(step for step, v in enumerate(losses, start=1) if v < 1)
+rises = [b - a for a, b in zip(losses[:-1], losses[1:], strict=True) if b > a]
+assert uniform < losses[0] and abs(losses[0] - expected_start) < 0.3
+assert 15 <= first_below_1 <= 28 and losses[-1] < 0.15
+assert 0 < len(rises) and max(rises) < 0.1
+
 # %% tags=["nbval-ignore-output"]
-print(f"uniform guess ln V = {torch.tensor(float(len(vocab))).log().item():.2f}")
+print(f"uniform guess ln V = {uniform:.2f}; ln V + σ²/2 = {expected_start:.2f}")
 print(f"loss after step 1: {losses[0]:.2f}, after step {steps}: {losses[-1]:.3f}")
+print(f"first step below 1 nat: {first_below_1}; largest rise: {max(rises):.3f}")
 
 # %% [markdown]
-# The loss falls steadily; the chart shows it step by step.
+# The chart shows the loss step by step; read it from left to right. It starts near
+# $\ln V + \sigma^2 / 2$, not $\ln V$ (4.07 here, against 4.16 and 3.58, printed above), crosses
+# 1 nat after about 20 steps and ends near 0.06 at step 40. It does not fall at every step: with
+# new dropout masks at every step and a constant learning rate, the curve has small bumps, a few
+# hundredths of a nat each, on its way down.
 
 # %% tags=["nbval-ignore-output"]
 alt.Chart(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,9 @@ def test_frozen():
         ({"norm_first": "yes"}, "norm_first"),
         ({"tie_output": 1}, "tie_output"),
         ({"positional": "rotary"}, "positional"),
+        # The sinusoids pair a sine and a cosine: an odd width cannot hold them.
+        ({"d_model": 513, "n_heads": 9}, "d_model"),
+        ({"d_model": 9, "n_heads": 1}, "d_model"),
         ({"tgt_vocab_size": 9_000}, "share_embeddings"),
         ({"tgt_vocab_size": 8_000}, "share_embeddings"),
     ],
@@ -97,6 +101,14 @@ def test_valid_edge_values_are_accepted():
     )
     assert c.positional == "learned"
     TransformerConfig.base(8_000, tgt_vocab_size=8_000, share_embeddings=False)
+    # Learned positions have no sine/cosine pairs: an odd width is fine for them.
+    odd = TransformerConfig.base(8_000, d_model=513, n_heads=9, positional="learned")
+    assert odd.d_model == 513
+
+
+def test_odd_width_error_names_the_positional_option():
+    with pytest.raises(ValueError, match=r"^d_model \(513\).*positional='sinusoidal'"):
+        TransformerConfig.base(8_000, d_model=513, n_heads=9)
 
 
 def test_json_round_trip():
@@ -115,13 +127,36 @@ def test_from_dict_rejects_unknown_keys():
         TransformerConfig.from_dict(d)
 
 
-def test_from_dict_rejects_missing_required_keys():
-    d = TransformerConfig.small(8_000).to_dict()
-    del d["src_vocab_size"]
+@pytest.mark.parametrize(
+    "removed",
+    [("src_vocab_size",), ("n_layers", "norm_first"), ("tgt_vocab_size",)],
+    ids=lambda names: "-".join(names),
+)
+def test_from_dict_rejects_missing_keys_even_with_a_default(removed: tuple[str, ...]):
+    # to_dict writes every field; a record without norm_first and n_layers must not come
+    # back as a post-norm, six-layer model.
+    d = TransformerConfig.small(8_000, norm_first=True).to_dict()
+    for name in removed:
+        del d[name]
     with pytest.raises(
-        ValueError, match=r"missing TransformerConfig field\(s\) src_vocab_size"
+        ValueError, match=rf"missing TransformerConfig field\(s\) {', '.join(removed)}"
     ):
         TransformerConfig.from_dict(d)
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+def test_every_shipped_model_config_has_every_field_and_loads():
+    # The shipped models' config.json files are read by from_dict (train.load_model); a
+    # stricter from_dict must still rebuild exactly the configs they record.
+    records = [
+        json.loads(path.read_text()) for path in sorted(SHIPPED.rglob("config.json"))
+    ]
+    models = [r["model"] for r in records if isinstance(r.get("model"), dict)]
+    assert len(models) >= 4  # de-en and fr-en, each with its last/ checkpoint
+    for model in models:
+        assert TransformerConfig.from_dict(model).to_dict() == model
 
 
 def test_from_dict_validates():

@@ -178,5 +178,59 @@ def test_layers_are_built_separately_not_copied():
 
 
 def test_prenorm_stack_has_a_final_layernorm_and_postnorm_does_not():
-    assert isinstance(tiny_decoder(norm_first=False).final_norm, nn.Identity)
-    assert isinstance(tiny_decoder(norm_first=True).final_norm, nn.LayerNorm)
+    post, pre = tiny_decoder(norm_first=False), tiny_decoder(norm_first=True)
+    assert isinstance(post.final_norm, nn.Identity)
+    assert isinstance(pre.final_norm, nn.LayerNorm)
+    assert all(not s.norm_first for layer in post.layers for s in layer.sublayers)
+    assert all(s.norm_first for layer in pre.layers for s in layer.sublayers)
+    # The pre-norm output is normalised by the final LayerNorm (γ = 1, β = 0 at the start):
+    # zero mean and unit variance at every position.
+    src, tgt, memory = batch()
+    with torch.no_grad():
+        out, _ = pre(
+            embed(tgt),
+            memory,
+            src_mask=padding_mask(src, PAD),
+            tgt_mask=target_mask(tgt, PAD),
+        )
+    torch.testing.assert_close(
+        out.mean(-1), torch.zeros(out.shape[:2]), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        out.var(-1, unbiased=False), torch.ones(out.shape[:2]), atol=1e-3, rtol=0
+    )
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_dropout_is_active_in_training_and_gradients_reach_every_parameter(
+    norm_first: bool,
+):
+    decoder = Decoder(
+        N_LAYERS,
+        D_MODEL,
+        N_HEADS,
+        D_FF,
+        dropout=0.1,
+        attention_dropout=0.1,
+        ffn_dropout=0.1,
+        norm_first=norm_first,
+    ).train()
+    src, tgt, memory = batch()
+    memory.requires_grad_(True)
+    masks = {"src_mask": padding_mask(src, PAD), "tgt_mask": target_mask(tgt, PAD)}
+    torch.manual_seed(1)
+    a, _ = decoder(embed(tgt), memory, **masks)
+    b, _ = decoder(embed(tgt), memory, **masks)
+    assert not torch.equal(a, b)
+    # A weighted sum: the plain sum of a LayerNorm's output (γ = 1) does not depend on its
+    # input, so it would give every parameter below the last LayerNorm a zero gradient.
+    (a * torch.linspace(-1, 1, D_MODEL)).sum().backward()
+    assert memory.grad.abs().max() > 1e-6  # through the encoder-decoder attention
+    for name, p in decoder.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if name.endswith("attn.w_k.bias"):
+            # The key bias adds q·b to every score of a query, which the softmax ignores:
+            # its gradient is zero (rounding noise), whatever the loss.
+            assert p.grad.abs().max() < 1e-5, name
+        else:
+            assert p.grad.abs().max() > 1e-6, name

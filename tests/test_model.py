@@ -9,8 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.config import TransformerConfig
-from transformer.masking import padding_mask, target_mask
+from transformer.decoder import DecoderCache
+from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.model import Generator, Transformer
+from transformer.multihead import MultiHeadAttention
+from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 PAD = 0  # the toy vocabulary's pad id in these tests
 VOCAB = 23
@@ -115,10 +118,32 @@ def test_shared_and_tied_weights_are_one_tensor():
     assert model.tgt_embed.embedding.weight.data_ptr() == table.data_ptr()
     assert model.generator.proj.weight.data_ptr() == table.data_ptr()
     assert sum(p is table for p in model.parameters()) == 1
-    # One tensor, one gradient: the sum of its three uses.
+
+
+def test_the_tied_gradient_is_the_sum_of_the_three_uses():
+    # The same weights in a model whose three uses are separate tensors: the tied model's one
+    # gradient must be the sum of the untied model's three.
+    tied = tiny_model()
+    untied = tiny_model(tgt_vocab_size=VOCAB, share_embeddings=False, tie_output=False)
+    untied.load_state_dict(tied.state_dict())
+    uses = (
+        untied.src_embed.embedding.weight,
+        untied.tgt_embed.embedding.weight,
+        untied.generator.proj.weight,
+    )
+    assert len({p.data_ptr() for p in uses}) == 3
+    assert all(torch.equal(p, tied.src_embed.embedding.weight) for p in uses)
     src, tgt, src_mask, tgt_mask = batch()
-    model(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask).sum().backward()
-    assert model.generator.proj.weight.grad is table.grad
+    labels = torch.roll(tgt, -1, dims=1)
+    for model in (tied, untied):
+        log_probs = model(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+        F.nll_loss(
+            log_probs.flatten(0, 1), labels.flatten(), ignore_index=PAD
+        ).backward()
+    assert all(p.grad.abs().max() > 1e-4 for p in uses)  # each use contributes
+    torch.testing.assert_close(
+        tied.src_embed.embedding.weight.grad, sum(p.grad for p in uses)
+    )
 
 
 def test_two_vocabularies_have_separate_tables():
@@ -199,6 +224,128 @@ def test_learned_positions():
     )
 
 
+def test_every_dropout_rate_reaches_its_modules():
+    config = tiny_config(dropout=0.3, attention_dropout=0.2, ffn_dropout=0.1)
+    model = Transformer(config)
+    expected: dict[str, float] = {
+        "src_pos.dropout": config.dropout,  # on the embedding sums (5.4)
+        "tgt_pos.dropout": config.dropout,
+    }
+    for name, module in model.named_modules():
+        if isinstance(module, SublayerConnection):  # on each sublayer's output (5.4)
+            expected[f"{name}.dropout"] = config.dropout
+        elif isinstance(module, MultiHeadAttention):  # on the attention weights
+            expected[f"{name}.attn_dropout"] = config.attention_dropout
+        elif isinstance(module, PositionwiseFeedForward):  # after the ReLU
+            expected[f"{name}.dropout"] = config.ffn_dropout
+    found = {
+        name: module.p
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Dropout)
+    }
+    # Every dropout of the model is one of these, with the config's rate.
+    assert found == expected
+    n = config.n_layers
+    assert len(found) == 2 + n * (2 + 1 + 1) + n * (3 + 2 + 1)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_with_every_dropout_rate_zero_training_mode_equals_eval_mode(norm_first: bool):
+    model = tiny_model(
+        norm_first=norm_first, dropout=0.0, attention_dropout=0.0, ffn_dropout=0.0
+    )
+    src, tgt, src_mask, tgt_mask = batch()
+    with torch.no_grad():
+        evaluated = model.eval()(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+        trained = model.train()(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+    torch.testing.assert_close(trained, evaluated, atol=0, rtol=0)
+    # With the default rates the two modes differ.
+    model = tiny_model(norm_first=norm_first)
+    with torch.no_grad():
+        evaluated = model.eval()(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+        trained = model.train()(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+    assert not torch.allclose(trained, evaluated)
+
+
+CACHED_VARIANTS = [
+    pytest.param({}, id="post-norm"),
+    pytest.param({"norm_first": True}, id="pre-norm"),
+    pytest.param({"positional": "learned"}, id="learned-positions"),
+]
+
+
+def decode_in_pieces(
+    model: Transformer,
+    tgt: torch.Tensor,
+    memory: torch.Tensor,
+    src_mask: torch.Tensor,
+    first: int,
+) -> torch.Tensor:
+    """model.decode with a cache: the first `first` tokens at once, then one at a time."""
+    cache = DecoderCache.empty(len(model.decoder.layers))
+    outs = [
+        model.decode(
+            tgt[:, :first],
+            memory,
+            src_mask=src_mask,
+            tgt_mask=causal_mask(first),  # (T, T) = (T, L): the cache starts empty
+            cache=cache,
+        )
+    ]
+    for t in range(first, tgt.size(1)):
+        assert cache.length == t
+        # One new query may see every cached position and itself: no mask needed.
+        outs.append(
+            model.decode(
+                tgt[:, t : t + 1], memory, src_mask=src_mask, tgt_mask=None, cache=cache
+            )
+        )
+    assert cache.length == tgt.size(1)
+    return torch.cat(outs, dim=1)  # (B, T, d_model)
+
+
+@pytest.mark.parametrize("overrides", CACHED_VARIANTS)
+@pytest.mark.parametrize("first", [1, 3], ids=["token-by-token", "prefill-3"])
+def test_cached_decoding_equals_the_full_decode(overrides: dict, first: int):
+    model = tiny_model(**overrides)
+    src, tgt, src_mask, _ = batch()
+    tgt = ids_with_padding([6, 6, 6], seed=8)  # no padding: causality is the only mask
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(
+            tgt, memory, src_mask=src_mask, tgt_mask=causal_mask(tgt.size(1))
+        )
+        pieces = decode_in_pieces(model, tgt, memory, src_mask, first)
+    assert pieces.shape == full.shape
+    torch.testing.assert_close(pieces, full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", CACHED_VARIANTS)
+def test_cached_steps_with_a_padding_mask_over_the_cache(overrides: dict):
+    # With padding in the target, each step's tgt_mask covers all L cached positions,
+    # (B, 1, 1, L), and the cached decode equals the full decode under target_mask.
+    model = tiny_model(**overrides)
+    src, tgt, src_mask, tgt_mask = batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
+        cache = DecoderCache.empty(len(model.decoder.layers))
+        steps = [
+            model.decode(
+                tgt[:, t : t + 1],
+                memory,
+                src_mask=src_mask,
+                tgt_mask=padding_mask(tgt[:, : t + 1], PAD),  # (B, 1, 1, L)
+                cache=cache,
+            )
+            for t in range(tgt.size(1))
+        ]
+    real = tgt != PAD
+    torch.testing.assert_close(
+        torch.cat(steps, dim=1)[real], full[real], atol=1e-5, rtol=0
+    )
+
+
 def test_masks_are_keyword_only():
     model = tiny_model()
     src, tgt, src_mask, tgt_mask = batch()
@@ -237,6 +384,10 @@ def test_a_few_steps_reduce_the_loss_and_reach_every_parameter():
         if not losses:
             for name, p in model.named_parameters():
                 assert p.grad is not None and torch.isfinite(p.grad).all(), name
+                # The key bias adds q·b to every score of a query, which the softmax
+                # ignores: its gradient is zero. Every other parameter must get one.
+                if not name.endswith("attn.w_k.bias"):
+                    assert p.grad.abs().max() > 1e-6, name
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.6 * losses[0]
@@ -286,7 +437,8 @@ def test_base_parameter_count_as_built_faithfully():
 )
 def test_parameter_count_matches_the_layer_formulas(config: TransformerConfig):
     d, d_ff, n = config.d_model, config.d_ff, config.n_layers
-    attention, ffn, norm = 4 * (d * d + d), 2 * d * d_ff + d_ff + d, 2 * d
+    # The attention projections' biases (4 d per block) are ours, not the paper's.
+    attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * d_ff + d_ff + d, 2 * d
     expected = (
         config.src_vocab_size * d
         + n * (attention + ffn + 2 * norm)

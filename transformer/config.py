@@ -65,6 +65,13 @@ class TransformerConfig:
                 f"positional must be one of {', '.join(map(repr, POSITIONAL_KINDS))}, "
                 f"got {self.positional!r}"
             )
+        if self.positional == "sinusoidal" and self.d_model % 2 != 0:
+            # The sinusoids come in sine/cosine pairs, one pair per two dimensions (3.5).
+            raise ValueError(
+                f"d_model ({self.d_model}) must be even with positional='sinusoidal': "
+                "the encoding pairs a sine and a cosine per frequency; use an even width "
+                "or positional='learned'"
+            )
         if self.share_embeddings and self.tgt_vocab_size is not None:
             raise ValueError(
                 "share_embeddings=True needs one vocabulary shared by source and target "
@@ -107,7 +114,11 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
-        """Rebuild a config from `to_dict()`'s output; unknown or missing keys are errors."""
+        """Rebuild a config from `to_dict()`'s output; unknown or missing keys are errors.
+
+        Every field is required, those with a default too: to_dict writes them all, and a
+        missing `norm_first` silently read as its default would rebuild another model.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -115,10 +126,10 @@ class TransformerConfig:
                 f"unknown TransformerConfig field(s) {', '.join(unknown)}; "
                 f"known fields: {', '.join(sorted(known))}"
             )
-        required = {
-            f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-        }
-        missing = sorted(required - set(d))
+        missing = sorted(known - set(d))
         if missing:
-            raise ValueError(f"missing TransformerConfig field(s) {', '.join(missing)}")
+            raise ValueError(
+                f"missing TransformerConfig field(s) {', '.join(missing)}: "
+                "a saved config lists every field"
+            )
         return cls(**d)

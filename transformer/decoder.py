@@ -175,7 +175,8 @@ class Decoder(nn.Module):
             returns (B, T, d_model) and, if need_weights, a list of n_layers pairs
             (self weights (B, H, T, T), cross weights (B, H, T, S)), else None
 
-        With a cache (decoding, chapter 14), x holds only the new positions.
+        With a cache (decoding, chapter 14), x holds only the new positions, and tgt_mask, if
+        any, covers all L cached positions: (B, 1, T, L).
         """
         all_weights = [] if need_weights else None
         for i, layer in enumerate(self.layers):

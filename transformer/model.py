@@ -77,8 +77,9 @@ class Transformer(nn.Module):
             self.generator.proj.weight = self.tgt_embed.embedding.weight
 
     def _init_weights(self) -> None:
-        # Glorot-uniform matrices and zero biases in both stacks, as the reference code;
-        # the embedding tables keep TokenEmbedding's N(0, 1/d_model).
+        # Glorot-uniform matrices in both stacks, as the reference code, and zero biases:
+        # the attention biases, which the reference code does not have, start inert.
+        # The embedding tables keep TokenEmbedding's N(0, 1/d_model).
         for stack in (self.encoder, self.decoder):
             for module in stack.modules():
                 if isinstance(module, nn.Linear):
@@ -121,7 +122,8 @@ class Transformer(nn.Module):
             returns (B, T, d_model)
 
         With a cache (decoding, chapter 14), tgt holds only the new tokens, which take the
-        positions after the cache.length ones already decoded.
+        positions after the cache.length ones already decoded, and tgt_mask, if any, covers
+        all L cached positions, the new ones included: (B, 1, T, L).
         """
         start = cache.length if cache is not None else 0
         out, _ = self.decoder(
