@@ -583,3 +583,12 @@ def test_training_from_the_cache_needs_no_spacy(cache):
     )
     assert result.returncode == 0, result.stderr
     assert "encode: tokenising text needs spaCy" in result.stdout
+
+
+def test_segmentation_cache_is_bounded_and_changes_no_output(trained):
+    tokenizer = Tokenizer(trained["de-en"].bpe, languages=("de", "en"))  # a fresh cache
+    words = [f"▁{w}" for w in "Ein Mann fährt Fahrrad auf der Straße".split()] * 2
+    expected = [tuple(t.id for t in tokenizer.bpe.model.tokenize(w)) for w in words]
+    tokenizer.segmentation_cache_size = 3
+    assert [tokenizer.segment(w) for w in words] == expected
+    assert 0 < len(tokenizer._segmentations) <= 3
