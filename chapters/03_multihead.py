@@ -325,8 +325,9 @@ print(
 )
 assert blocks * per_block == 36_864 and share < 0.001
 
-# W^K's bias shifts each query's scores by a constant: no gradient reaches it.
-with torch.random.fork_rng():  # leaves the random numbers of the later cells as they were
+# W^K's bias shifts each query's scores by a constant: no gradient reaches it. (Forking
+# the generator leaves the random numbers of the later cells as they were.)
+with torch.random.fork_rng():
     torch.manual_seed(0)
     probe = MultiHeadAttention(64, 4)
     tokens = torch.randn(2, 5, 64)
