@@ -91,7 +91,7 @@ from IPython.display import display
 from transformer.plots import use_book_renderer
 
 use_book_renderer()
-torch.manual_seed(0)
+_ = torch.manual_seed(0)  # returns the generator, which need not be shown
 
 # %% [markdown]
 # ## Scores
