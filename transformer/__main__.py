@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+PROG = "python -m transformer"
 COMMANDS = {
     "prepare": ("transformer.data", "tokenise Multi30k and cache every split as token ids"),
     "train": ("transformer.train", "train a translation model (Part II)"),
@@ -20,14 +21,16 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        print("usage: python -m transformer COMMAND [options]\n\ncommands:")
+        print(f"usage: {PROG} COMMAND [options]\n\ncommands:")
         for name, (_, summary) in COMMANDS.items():
             print(f"  {name:<10} {summary}")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
+        # One line, as each command writes its errors.
         print(
-            f"unknown command {command!r}: choose one of {', '.join(COMMANDS)}",
+            f"{PROG}: error: unknown command {command!r}: choose one of "
+            f"{', '.join(COMMANDS)}",
             file=sys.stderr,
         )
         return 2

@@ -2,10 +2,10 @@
 
 # %% auto #0
 __all__ = ['DATA_DIR', 'PAIRS', 'SPLITS', 'MARK', 'PAD', 'UNK', 'BOS', 'EOS', 'SPECIALS', 'VOCAB_SIZE', 'TOKENIZER_FORMAT',
-           'CACHE_DIR', 'CACHE_FORMAT', 'MAX_TOKENS', 'DataError', 'parse_pair', 'expected_checksums', 'read_lines',
-           'load_split', 'load_pairs', 'normalize', 'pretokenize', 'Tokenizer', 'train_bpe', 'train_tokenizer',
-           'EncodedSplit', 'cache_problems', 'prepare', 'load_encoded', 'main', 'Batch', 'collate', 'token_batches',
-           'iterate_batches', 'BPEDropout']
+           'CACHE_DIR', 'CACHE_FORMAT', 'PROG', 'MAX_TOKENS', 'DataError', 'parse_pair', 'expected_checksums',
+           'read_lines', 'load_split', 'load_pairs', 'normalize', 'pretokenize', 'Tokenizer', 'train_bpe',
+           'train_tokenizer', 'EncodedSplit', 'cache_problems', 'prepare', 'load_encoded', 'main', 'Batch', 'collate',
+           'token_batches', 'iterate_batches', 'BPEDropout']
 
 # %% ../chapters/10_data.ipynb #6383e390
 """Multi30k: reading, checking, tokenising, caching and batching the data in data/multi30k."""
@@ -357,7 +357,9 @@ def train_tokenizer(
     return train_bpe(sentences, vocab_size, languages=(src_lang, tgt_lang))
 
 # %% ../chapters/10_data.ipynb #9d33d1e7
+import argparse
 import itertools
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -556,14 +558,19 @@ def cache_problems(
 
 def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) -> None:
     src_lang, tgt_lang = parse_pair(pair)
+    # Everything that can fail for want of data or of spaCy fails before the old cache is
+    # touched: a wrong --data-dir must not cost a good cache its manifest.
+    texts = {split: load_pairs(split, pair, data_dir) for split in SPLITS}
+    checksums = expected_checksums(data_dir)
+    for language in (src_lang, tgt_lang):
+        _spacy_tokenizer(language)  # raises ImportError without spaCy
     folder.mkdir(parents=True, exist_ok=True)
     # No valid cache until the build ends.
     (folder / "manifest.json").unlink(missing_ok=True)
     tokenizer = train_tokenizer(pair, vocab_size, data_dir=data_dir)
     tokenizer.save(folder / "tokenizer.json")
     splits = {}
-    for split in SPLITS:
-        pairs = load_pairs(split, pair, data_dir)
+    for split, pairs in texts.items():
         data = EncodedSplit.from_words(
             tokenizer,
             pretokenize([s for s, _ in pairs], src_lang),
@@ -578,7 +585,6 @@ def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) ->
             "src_tokens": len(data.src_ids),
             "tgt_tokens": len(data.tgt_ids),
         }
-    checksums = expected_checksums(data_dir)
     manifest = {
         "format": CACHE_FORMAT,
         "pair": pair,
@@ -640,17 +646,33 @@ def load_encoded(
     return EncodedSplit.from_bytes((folder / f"{split}.safetensors").read_bytes())
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m transformer prepare`: build, or check and keep, the encoded caches."""
-    import argparse
+PROG = "python -m transformer prepare"
 
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer prepare",
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        raise _UsageError(message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m transformer prepare`: build, or check and keep, the encoded caches.
+
+    Returns the exit status: an error (an unknown pair or option, a missing or corrupt data
+    file, no spaCy to build a cache) prints one line on standard error and returns 2.
+    """
+    parser = _Parser(
+        prog=PROG,
         description="Tokenise Multi30k and cache every split as token ids (needs spaCy "
         "unless the cache is already current).",
     )
     parser.add_argument(
-        "--pair", choices=list(PAIRS), action="append", help="default: all"
+        "--pair",
+        action="append",
+        help=f"{' or '.join(PAIRS)}; may be repeated (default: all)",
     )
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
@@ -658,27 +680,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rebuild", action="store_true", help="rebuild even a current cache"
     )
-    args = parser.parse_args(argv)
-    print(
-        f"{'pair':<6} {'split':<17} {'sentences':>9} {'src tokens':>10} {'tgt tokens':>10}"
-    )
-    for pair in args.pair or list(PAIRS):
-        tokenizer = prepare(
-            pair,
-            args.cache_dir,
-            vocab_size=args.vocab_size,
-            data_dir=args.data_dir,
-            rebuild=args.rebuild,
-        )
-        for split in SPLITS:
-            data = load_encoded(pair, split, args.cache_dir, data_dir=args.data_dir)
-            print(
-                f"{pair:<6} {split:<17} {len(data):>9,} {len(data.src_ids):>10,} "
-                f"{len(data.tgt_ids):>10,}"
+    try:
+        args = parser.parse_args(argv)
+        pairs = args.pair or list(PAIRS)
+        for pair in pairs:  # every value checked before any work
+            parse_pair(pair)
+        if args.vocab_size <= len(SPECIALS):
+            raise _UsageError(
+                f"--vocab-size must exceed {len(SPECIALS)}, got {args.vocab_size}"
             )
-        print(
-            f"{pair:<6} {tokenizer!r} in {os.path.relpath(Path(args.cache_dir) / pair)}"
-        )
+        for k, pair in enumerate(pairs):
+            tokenizer = prepare(
+                pair,
+                args.cache_dir,
+                vocab_size=args.vocab_size,
+                data_dir=args.data_dir,
+                rebuild=args.rebuild,
+            )
+            splits = {
+                split: load_encoded(pair, split, args.cache_dir, data_dir=args.data_dir)
+                for split in SPLITS
+            }
+            if k == 0:
+                print(
+                    f"{'pair':<6} {'split':<17} {'sentences':>9} {'src tokens':>10} "
+                    f"{'tgt tokens':>10}"
+                )
+            for split, data in splits.items():
+                print(
+                    f"{pair:<6} {split:<17} {len(data):>9,} {len(data.src_ids):>10,} "
+                    f"{len(data.tgt_ids):>10,}"
+                )
+            where = os.path.relpath(Path(args.cache_dir) / pair)
+            print(f"{pair:<6} {tokenizer!r} in {where}")
+    except SystemExit as stop:  # --help
+        return int(stop.code or 0)
+    except (_UsageError, DataError, ImportError) as err:  # ImportError: no spaCy
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
     return 0
 
 # %% ../chapters/10_data.ipynb #cc8d1ea8
