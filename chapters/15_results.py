@@ -436,13 +436,11 @@ assert groups[3].bleu == 0.0 and math.isnan(groups[2].bleu)
 # %%
 #| export
 import argparse
-import os
 import sys
-import tempfile
 
 import torch
 
-from transformer.data import SPLITS, DataError
+from transformer.data import SPLITS, DataError, _atomic_write
 
 # The translate command's options, model loading and error conventions, shared.
 from transformer.decode import (
@@ -503,16 +501,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
-    """Write one line per item, atomically: a temporary file beside `path`, then a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(f"{line}\n" for line in lines))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write one line per item, atomically: the data module's `_atomic_write` (a temporary
+    file beside `path`, synced to disk, then a rename)."""
+    _atomic_write(Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
