@@ -21,6 +21,7 @@ import tokenizers
 import torch
 
 import transformer.data as data
+from transformer.__main__ import main as package_main
 from transformer.data import (
     DATA_DIR,
     MARK,
@@ -136,11 +137,15 @@ def test_every_entry_comes_from_training_words_and_test_only_words_are_not_entri
     # A BPE entry is a run of adjacent symbols of some training word.
     entries = set(tokenizer.bpe.get_vocab()) - set(SPECIALS)
     assert [e for e in entries if e not in everything] == []
-    # Hence a test word that no training word contains never is one.
+    # Hence a test word that no training word contains is never one: the tokenizer spells it
+    # from several pieces of training words, without <unk>.
     test = pretokenize(load_split("test_2016_flickr", "de"), "de")
-    test_only = {w for s in test for w in s if len(w) > 4} - train_words
-    test_only = {w for w in test_only if w not in everything}
-    assert len(test_only) > 50 and test_only.isdisjoint(entries)
+    unseen = {w for s in test for w in s if len(w) > 4 and w not in everything}
+    assert len(unseen) > 50
+    for word in unseen:
+        ids = tokenizer.segment(word)
+        assert len(ids) > 1 and tokenizer.unk_id not in ids, word
+        assert "".join(tokenizer.pieces(ids)) == word
 
 
 # Special tokens, unknown characters, empty and overlong sentences -------------------------------
@@ -215,6 +220,18 @@ def test_an_overlong_sentence_is_encoded_whole_and_refused_by_collate(trained):
         token_batches([3, len(ids) + 1], [3, 2], max_tokens=1_000)
 
 
+def test_collate_refuses_an_overlong_target_as_well():
+    ids = dict(pad_id=0, bos_id=1, eos_id=2)
+    # <bos> y_1 … y_8 is 9 positions; <bos> y_1 … y_7 fits max_len=8 exactly.
+    with pytest.raises(
+        ValueError,
+        match=r"pair 7 has 2 source and 9 target tokens, more than max_len=8",
+    ):
+        collate([([5], [6]), ([5], [6] * 8)], **ids, index=[3, 7], max_len=8)
+    batch = collate([([5], [6]), ([5], [6] * 7)], **ids, max_len=8)
+    assert batch.tgt_in.shape == batch.tgt_out.shape == (2, 8)
+
+
 @needs_spacy
 def test_decode_stops_at_eos_skips_bos_and_pad_and_checks_ids(trained):
     tokenizer = trained["de-en"]
@@ -261,6 +278,33 @@ def test_save_and_load_give_the_same_tokenizer(trained, tmp_path):
         Tokenizer.load(path)
 
 
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path, monkeypatch, failing
+):
+    """Tokenizer.save and the cache's files go through _atomic_write: when the disk fails
+    (here os.fsync or os.replace raises), the previous file is intact, byte for byte, a file
+    that did not exist still does not, and no temporary file is left in the folder."""
+    old = data.train_bpe([("▁ab", "c")] * 3, 8, languages=("de", "en"))
+    new = data.train_bpe([("▁xy", "z")] * 3, 8, languages=("de", "en"))
+    path = tmp_path / "tokenizer.json"
+    old.save(path)
+    before = path.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, failing, fail)
+        with pytest.raises(OSError, match="No space left"):
+            new.save(path)
+        with pytest.raises(OSError, match="No space left"):
+            data._atomic_write(tmp_path / "manifest.json", b"{}")
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]
+    assert Tokenizer.load(path).to_json() == old.to_json()
+
+
 # Batches --------------------------------------------------------------------------------------
 
 
@@ -284,6 +328,48 @@ def test_no_batch_exceeds_the_token_budget_on_either_side(max_tokens):
     for group in token_batches(src, tgt, max_tokens=max_tokens):
         assert len(group) * src[group].max() <= max_tokens
         assert len(group) * tgt[group].max() <= max_tokens
+
+
+@pytest.mark.parametrize("max_tokens", [70, 500, 4_000])
+def test_batches_are_full_one_more_pair_would_break_the_budget(max_tokens):
+    """The cut is greedy along the length order (the longer side, then the total): a batch
+    ends only where the next pair would take B · max(S, T) over max_tokens. Shuffling changes
+    which of several equally long pairs go together, and the order of the batches: nothing
+    else."""
+    src, tgt = lengths()
+    longest = np.maximum(src, tgt)
+    batches = token_batches(src, tgt, max_tokens=max_tokens, shuffle=False)
+    order = np.concatenate(batches)
+    keys = list(zip(longest[order].tolist(), (src + tgt)[order].tolist(), strict=True))
+    assert keys == sorted(keys)
+    for batch, after in zip(batches[:-1], batches[1:], strict=True):
+        width = longest[batch].max()
+        assert len(batch) * width <= max_tokens
+        assert (len(batch) + 1) * max(width, longest[after[0]]) > max_tokens
+
+    def shapes(groups):  # each batch as the sorted (longest, total) of its pairs
+        return sorted(
+            sorted(zip(longest[g].tolist(), (src + tgt)[g].tolist(), strict=True))
+            for g in groups
+        )
+
+    shuffled = token_batches(src, tgt, max_tokens=max_tokens, seed=3, epoch=5)
+    assert shapes(shuffled) == shapes(batches)
+
+
+def test_the_batches_of_an_epoch_come_in_a_random_order():
+    """Not shortest first: the widths (longest pair) of the batches, in the order an epoch
+    serves them, are unsorted, and another epoch serves them in another order."""
+    src, tgt = lengths()
+    longest = np.maximum(src, tgt)
+
+    def widths(epoch: int) -> list[int]:
+        groups = token_batches(src, tgt, max_tokens=2_000, seed=3, epoch=epoch)
+        return [int(longest[g].max()) for g in groups]
+
+    first, second = widths(5), widths(6)
+    assert first != sorted(first) and first != sorted(first, reverse=True)
+    assert second != first and sorted(second) == sorted(first)
 
 
 def test_batches_are_reproducible_from_seed_and_epoch_and_change_between_epochs():
@@ -523,6 +609,17 @@ def test_a_corrupt_cache_is_refused_by_load_encoded_and_rebuilt_by_prepare(cache
 
 
 @needs_spacy
+def test_a_rebuild_without_readable_data_keeps_the_old_cache(cache_copy, tmp_path):
+    # A wrong data folder makes the cache look stale to prepare, which then rebuilds; the
+    # build must fail before it touches the good cache, not after deleting its manifest.
+    with pytest.raises(DataError, match="missing checksum file"):
+        prepare("de-en", cache_copy, data_dir=tmp_path / "nowhere")
+    with pytest.raises(DataError, match="missing checksum file"):
+        prepare("de-en", cache_copy, data_dir=tmp_path / "nowhere", rebuild=True)
+    assert cache_problems("de-en", cache_copy) == []
+
+
+@needs_spacy
 def test_stale_and_incomplete_caches_are_named(cache_copy, tmp_path):
     folder = cache_copy / "de-en"
     assert cache_problems("de-en", cache_copy, vocab_size=VOCAB_SIZE) == []
@@ -585,6 +682,7 @@ def test_training_from_the_cache_needs_no_spacy(cache):
     assert "encode: tokenising text needs spaCy" in result.stdout
 
 
+@needs_spacy
 def test_segmentation_cache_is_bounded_and_changes_no_output(trained):
     tokenizer = Tokenizer(trained["de-en"].bpe, languages=("de", "en"))  # a fresh cache
     words = [f"▁{w}" for w in "Ein Mann fährt Fahrrad auf der Straße".split()] * 2
@@ -592,3 +690,53 @@ def test_segmentation_cache_is_bounded_and_changes_no_output(trained):
     tokenizer.segmentation_cache_size = 3
     assert [tokenizer.segment(w) for w in words] == expected
     assert 0 < len(tokenizer._segmentations) <= 3
+
+
+# The command ----------------------------------------------------------------------------------
+
+
+def run_prepare(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`python -m transformer prepare ARGV...`, through the package's command dispatcher."""
+    capsys.readouterr()
+    status = package_main(["prepare", *argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown pair",
+        "bad option",
+        "bad value",
+        "missing data dir",
+        "corrupt SHA256SUMS",
+    ],
+)
+def test_prepare_errors_are_one_line_and_status_2(case, tmp_path, capsys):
+    # A fresh cache folder each time: a failed build must not touch the book's cache.
+    argv = ["--pair", "de-en", "--cache-dir", str(tmp_path / "cache")]
+    if case == "unknown pair":
+        argv[1] = "en-de"
+        needle = "unknown language pair 'en-de': choose one of de-en, fr-en"
+    elif case == "bad option":
+        argv.append("--vocab-size=many")
+        needle = "--vocab-size"
+    elif case == "bad value":
+        argv.append("--vocab-size=4")
+        needle = "--vocab-size must exceed 4, got 4"
+    elif case == "missing data dir":
+        argv += ["--data-dir", str(tmp_path / "nowhere")]
+        needle = f"missing checksum file {tmp_path / 'nowhere' / 'SHA256SUMS'}"
+    else:
+        data_copy = tmp_path / "multi30k"
+        shutil.copytree(DATA_DIR, data_copy)
+        sums = data_copy / "SHA256SUMS"
+        sums.write_text("not a checksum\n" + sums.read_text())
+        argv += ["--data-dir", str(data_copy)]
+        needle = f"{sums}:1: malformed line 'not a checksum'"
+    status, out, err = run_prepare(argv, capsys)
+    assert status == 2 and out == "", (out, err)
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("python -m transformer prepare: error: "), err
+    assert needle in err, err

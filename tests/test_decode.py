@@ -331,10 +331,18 @@ def test_stopping_early_returns_what_searching_to_the_limit_returns():
 
 
 def test_decoding_restores_the_training_mode_and_checks_its_arguments():
+    src = sources([3, 7, 5])
+    for decode_fn in (greedy_decode, beam_search):
+        # A model in training mode decodes without dropout, as in eval mode ...
+        model = tiny_model(dropout=0.5).train()
+        torch.manual_seed(0)
+        assert_same(decode_fn(model, src, **IDS), decode_fn(model.eval(), src, **IDS))
+        # ... and is left in the mode it was in.
+        model.train()
+        decode_fn(model, src, **IDS)
+        assert model.training and all(m.training for m in model.modules())
     model = tiny_model().train()
     src = sources([3])
-    greedy_decode(model, src, **IDS)
-    assert model.training
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(model, src, beam_size=0, **IDS)
     with pytest.raises(ValueError, match="alpha"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from transformer.evaluate import (
     score,
     spacy_words,
     translate_split,
+    write_lines,
 )
 from transformer.train import load_model
 
@@ -380,6 +382,32 @@ def test_an_output_that_cannot_be_written_is_named(shipped, data_dir, tmp_path, 
         evaluate_args(shipped, data_dir, "--output", str(target)), capsys
     )
     assert_error(status, out, err, f"cannot write {target}")
+
+
+@pytest.mark.parametrize("failure", ["rename", "encoding"])
+def test_a_failed_write_keeps_the_old_translations_and_leaves_no_temporary(
+    tmp_path, monkeypatch, failure
+):
+    """--output is written atomically: whether the rename fails (a full or read-only disk) or
+    the text cannot be encoded (a lone surrogate), the previous file is intact, byte for byte,
+    and no temporary file is left beside it."""
+    path = tmp_path / "translations.txt"
+    write_lines(path, ["Ein Hund.", "Zwei Katzen."])
+    before = path.read_bytes()
+    lines = ["A dog.", "Two cats."]
+    with monkeypatch.context() as m:
+        if failure == "rename":
+
+            def fail(*args, **kwargs):
+                raise OSError(28, "No space left on device")
+
+            m.setattr(os, "replace", fail)
+        else:
+            lines[1] = "Two \ud800 cats."
+        with pytest.raises((OSError, UnicodeEncodeError)):
+            write_lines(path, lines)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["translations.txt"]
 
 
 def test_without_spacy_a_clear_error(shipped, data_dir, capsys, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import io
 import json
 import math
@@ -31,12 +32,13 @@ from transformer.data import (
     collate,
     load_pairs,
     pretokenize,
+    token_batches,
     train_bpe,
 )
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
-from transformer.schedule import make_optimizer
+from transformer.schedule import make_optimizer, noam_lr
 from transformer.train import (
     FREQUENCY_GROUPS,
     CheckpointError,
@@ -48,6 +50,7 @@ from transformer.train import (
     _parser,
     atomic_folder,
     average_checkpoints,
+    batch_log_probs,
     by_frequency,
     config_from_args,
     count_words,
@@ -73,6 +76,8 @@ from transformer.train import (
     word_level_evaluation,
 )
 
+# The module: `transformer.train` as an attribute of the package is the function train.
+train_module = importlib.import_module("transformer.train")
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
 
 
@@ -246,6 +251,37 @@ def test_word_perplexity_divides_the_total_nll_by_the_words():
     assert metrics["val_ppl_token"] == pytest.approx(math.exp(metrics["val_nll"]))
     assert 0 <= metrics["val_accuracy"] <= 1
     assert model.training  # evaluate restores the mode it found
+
+
+def test_the_validation_loss_is_label_smoothed_and_the_nll_is_not():
+    """val_loss is the training criterion (label smoothing 0.1) per target token, in eval
+    mode; val_nll is -log p of the references per token; they differ unless smoothing is 0."""
+    data = tiny_data()
+    tok = data.tokenizer
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.small(tok.vocab_size, **TINY_MODEL))
+    ids = dict(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    batches = [
+        collate([data.val[i] for i in range(k, min(k + 5, len(data.val)))], **ids)
+        for k in range(0, len(data.val), 5)
+    ]
+    tokens = sum(b.n_tgt_tokens for b in batches)
+    criterion = LabelSmoothingLoss(pad_id=tok.pad_id, smoothing=0.1, reduction="sum")
+    smoothed = nll = 0.0
+    model.eval()
+    with torch.no_grad():
+        for b in batches:
+            log_probs = batch_log_probs(model, b, pad_id=tok.pad_id)
+            smoothed += criterion(log_probs, b.tgt_out).item()
+            picked = log_probs.gather(-1, b.tgt_out.unsqueeze(-1)).squeeze(-1)
+            nll -= picked[b.tgt_out != tok.pad_id].sum().item()
+    model.train()
+    metrics = evaluate(model, batches, pad_id=tok.pad_id, smoothing=0.1).metrics()
+    assert metrics["val_loss"] == pytest.approx(smoothed / tokens, rel=1e-5)
+    assert metrics["val_nll"] == pytest.approx(nll / tokens, rel=1e-5)
+    assert abs(metrics["val_loss"] - metrics["val_nll"]) > 0.05
+    plain = evaluate(model, batches, pad_id=tok.pad_id, smoothing=0.0).metrics()
+    assert plain["val_loss"] == pytest.approx(metrics["val_nll"], rel=1e-5)
 
 
 class _Oracle(torch.nn.Module):
@@ -593,6 +629,38 @@ def test_a_run_writes_metrics_checkpoints_and_an_average(tmp_path: Path, data):
     assert [r["step"] for r in steps] == list(range(2, result.step + 1, 2))
 
 
+def test_every_update_uses_the_learning_rate_of_equation_3(
+    tmp_path: Path, data, monkeypatch
+):
+    """Update n (from 1) runs with noam_lr(n): across an epoch's end, into the checkpoint (the
+    scheduler's count of updates, the optimizer's next rate) and across a resume. The lr in
+    the logs is computed from the step number, so it cannot show this: Adam's step is watched.
+    """
+    rates = []
+    adam_step = torch.optim.Adam.step
+
+    def watched(self, *args, **kwargs):
+        rates.append(self.param_groups[0]["lr"])
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", watched)
+    epoch = len(
+        token_batches(
+            data.train.src_lengths + 1, data.train.tgt_lengths + 1, max_tokens=48
+        )
+    )
+    k = epoch + 1  # into the second epoch
+    run = tmp_path / "run"
+    train(tiny_config(run, max_steps=k, average_last=0), data=data, echo=False)
+    state = load_state(latest_checkpoint(run), "trainer")
+    assert state["scheduler"]["last_epoch"] == k
+    lr = functools.partial(noam_lr, d_model=TINY_MODEL["d_model"], warmup=5)
+    assert state["optimizer"]["param_groups"][0]["lr"] == lr(k + 1)
+    result = train(tiny_config(run, average_last=0), resume=True, data=data, echo=False)
+    assert result.step == 2 * epoch > k
+    assert rates == [lr(n) for n in range(1, result.step + 1)]
+
+
 def _comparable(records):
     drop = {"wall_time", "tokens_per_s", "mfu"}
     return [{k: v for k, v in r.items() if k not in drop} for r in records]
@@ -641,6 +709,44 @@ def test_resume_is_exact(tmp_path: Path, data, bpe_dropout):
     assert again.metrics == resumed.metrics
 
 
+def test_resume_drops_the_records_a_killed_run_wrote_after_its_checkpoint(
+    tmp_path: Path, data
+):
+    """A run killed after its last checkpoint may have written newer records: an epoch's
+    metrics (written before its checkpoint), progress lines, and half of one. The resumed run
+    drops them all, so its logs are those of a run never stopped (besides the `partial`
+    record of the stop itself), every line whole and every step once."""
+    straight = train(tiny_config(tmp_path / "a"), data=data, echo=False)
+    run = tmp_path / "b"
+    train(tiny_config(run, max_steps=2), data=data, echo=False)
+    metrics, steps = run / "metrics.jsonl", run / "steps.jsonl"
+    [partial] = read_jsonl(metrics)
+    [logged] = read_jsonl(steps)
+    assert partial["kind"] == "partial" and partial["step"] == logged["step"] == 2
+    with open(metrics, "a") as f:
+        stale = partial | {"kind": "epoch", "epoch": 1.0, "step": 6, "val_loss": 9.0}
+        f.write(json.dumps(stale) + "\n")
+    with open(steps, "a") as f:
+        f.write(json.dumps(logged | {"step": 4, "train_loss": 9.0}) + "\n")
+        f.write(json.dumps(logged | {"step": 6})[:25])  # cut short: no newline
+    resumed = train(tiny_config(run), resume=True, data=data, echo=False)
+    kept = [r for r in _comparable(resumed.metrics) if r["kind"] != "partial"]
+    assert kept == _comparable(straight.metrics)
+    assert [r["kind"] for r in resumed.metrics] == [
+        "partial",
+        "epoch",
+        "epoch",
+        "average",
+    ]
+    records = [json.loads(line) for line in steps.read_text().splitlines()]
+    timing = {"tokens_per_s", "wall_time"}
+    assert [{k: v for k, v in r.items() if k not in timing} for r in records] == [
+        {k: v for k, v in r.items() if k not in timing}
+        for r in read_jsonl(tmp_path / "a" / "steps.jsonl")
+    ]
+    assert [r["step"] for r in records] == list(range(2, straight.step + 1, 2))
+
+
 def test_bpe_dropout_prefetched_in_a_second_process_trains_the_same(tmp_path: Path):
     """On a GPU the next epoch's segmentation comes from a worker process: same weights."""
     data = tiny_data(worded=True)
@@ -681,6 +787,45 @@ def test_bpe_dropout_needs_the_word_starts(tmp_path: Path, data):
 def test_time_limit_stops_the_run(tmp_path: Path, data):
     result = train(tiny_config(tmp_path / "t", time_limit=1e-6), data=data, echo=False)
     assert result.stopped == "time_limit"
+
+
+def test_a_run_stopped_by_the_time_limit_saves_its_place_and_resumes_exactly(
+    tmp_path: Path, data, monkeypatch
+):
+    """Time runs out in the third epoch, before its third update (the clock is asked before
+    each update): the run validates, records a `partial` epoch and checkpoints where it
+    stands, and does not average the two epochs it has; resumed, it ends with the weights and
+    the average of a run that was never stopped."""
+    config = functools.partial(tiny_config, epochs=3, time_limit=60.0)
+    straight = train(config(tmp_path / "a"), data=data, echo=False)
+    epoch = straight.metrics[0]["step"]  # updates per epoch
+    asked = []
+
+    def time_is_up(self) -> bool:
+        asked.append(self.progress.step)
+        return len(asked) > 2 * epoch + 2
+
+    run = tmp_path / "b"
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "_time_is_up", time_is_up)
+        stopped = train(config(run), data=data, echo=False)
+    step = 2 * epoch + 2
+    assert asked == list(range(step + 1))
+    assert stopped.stopped == "time_limit" and stopped.step == step
+    assert latest_checkpoint(run).name == f"step-{step:07d}"
+    progress = json.loads((latest_checkpoint(run) / "progress.json").read_text())
+    assert (progress["step"], progress["epoch"], progress["batch"]) == (step, 2, 2)
+    kinds = [(r["kind"], r["step"]) for r in stopped.metrics]
+    assert kinds == [("epoch", epoch), ("epoch", 2 * epoch), ("partial", step)]
+    assert stopped.metrics[-1]["epoch"] == round(2 + 2 / epoch, 4)
+    assert not (run / "average").exists()
+    resumed = train(config(run), resume=True, data=data, echo=False)
+    assert resumed.stopped == "completed" and resumed.step == straight.step
+    for folder in ("checkpoints/epoch-003", "average"):
+        a, b = weights_of(tmp_path / "a" / folder), weights_of(run / folder)
+        assert a.keys() == b.keys()
+        for name, value in a.items():
+            assert torch.equal(value, b[name]), (folder, name)
 
 
 def test_incompatible_checkpoints_are_refused(tmp_path: Path, data):
@@ -730,6 +875,29 @@ def test_a_model_too_short_for_the_data_is_refused_before_training(
             data=data,
             echo=False,
         )
+
+
+def test_a_batch_budget_below_the_longest_sentence_is_refused_before_training(
+    tmp_path: Path, data, monkeypatch
+):
+    longest = int(max(data.train.src_lengths.max(), data.train.tgt_lengths.max())) + 1
+    small = longest - 1
+    message = (
+        f"max_tokens={small} cannot hold the longest train sentence ({longest} tokens): "
+        "raise --max-tokens"
+    )
+    with pytest.raises(DataError) as refused:
+        train(tiny_config(tmp_path / "run", max_tokens=small), data=data, echo=False)
+    assert str(refused.value) == message
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+    # From the command line: one line on standard error, status 2.
+    monkeypatch.setattr(train_module, "load_training_data", lambda config: data)
+    out = tmp_path / "cli"
+    status, err = run_main(
+        ["--pair", "de-en", "--out", str(out), "--max-tokens", str(small)]
+    )
+    assert status == 2 and err == f"python -m transformer train: error: {message}\n"
+    assert not out.exists()
 
 
 def test_resume_removes_what_a_killed_run_left(tmp_path: Path, data):

@@ -16,6 +16,7 @@ import torch
 
 import transformer.data as data
 import transformer.decode as decode
+from transformer.__main__ import main as package_main
 from transformer.config import TransformerConfig
 from transformer.data import pretokenize, train_bpe
 from transformer.decode import beam_search, greedy_decode, main, translate
@@ -419,3 +420,14 @@ def test_help_from_the_package_command():
         "exit with status 2",
     ):
         assert documented in text, documented
+
+
+def test_an_unknown_command_is_one_line_in_the_commands_format(capsys):
+    capsys.readouterr()
+    status = package_main(["bogus", "--pair", "de-en"])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert err == (
+        "python -m transformer: error: unknown command 'bogus': choose one of "
+        "prepare, train, translate, evaluate\n"
+    )
