@@ -3855,16 +3855,10 @@ assert (others > comparison.loc[("de-en", "shipped"), "average ppl/word"]).all()
 #| export
 import argparse
 
+# the command-line conventions shared by every command: one line, status 2
+from transformer.data import _Parser, _UsageError
+
 PROG = "python -m transformer train"
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
-        raise _UsageError(message)
 
 
 def _parser() -> argparse.ArgumentParser:

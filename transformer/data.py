@@ -650,7 +650,8 @@ PROG = "python -m transformer prepare"
 
 
 class _UsageError(Exception):
-    pass
+    """A mistake on the command line: one line on standard error and exit status 2, the
+    convention of every `python -m transformer` command (train and translate use these too)."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -419,6 +419,9 @@ import argparse
 import sys
 from pathlib import Path
 
+# the command-line conventions shared by every command: one line, status 2
+from .data import _Parser, _UsageError
+
 PROG = "python -m transformer translate"
 _EPILOG = """\
 Input and output: the SENTENCEs given, or else standard input, one sentence per line
@@ -433,15 +436,6 @@ the length limit stopped before <eos>.
 
 Errors (an unknown pair or option, a missing or unusable model folder, no spaCy) print
 one line on standard error and exit with status 2."""
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
-        raise _UsageError(message)
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -1752,16 +1752,10 @@ def by_frequency(
 # %% ../chapters/13_training.ipynb #4ce8a4d4
 import argparse
 
+# the command-line conventions shared by every command: one line, status 2
+from .data import _Parser, _UsageError
+
 PROG = "python -m transformer train"
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
-        raise _UsageError(message)
 
 
 def _parser() -> argparse.ArgumentParser:
