@@ -431,3 +431,14 @@ def test_an_unknown_command_is_one_line_in_the_commands_format(capsys):
         "python -m transformer: error: unknown command 'bogus': choose one of "
         "prepare, train, translate, evaluate\n"
     )
+
+
+def test_no_command_is_an_error_on_stderr_and_help_is_not(capsys):
+    capsys.readouterr()
+    assert package_main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: python -m transformer COMMAND")
+    assert package_main(["--help"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("usage: python -m transformer COMMAND")
+    assert all(name in out for name in ("prepare", "train", "translate", "evaluate"))

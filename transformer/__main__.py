@@ -21,9 +21,12 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        print(f"usage: {PROG} COMMAND [options]\n\ncommands:")
+        # Asked for, the help goes to standard output; without a command it is an error,
+        # so the usage goes to standard error with status 2.
+        out = sys.stdout if argv else sys.stderr
+        print(f"usage: {PROG} COMMAND [options]\n\ncommands:", file=out)
         for name, (_, summary) in COMMANDS.items():
-            print(f"  {name:<10} {summary}")
+            print(f"  {name:<10} {summary}", file=out)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
