@@ -1340,7 +1340,8 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m transformer prepare`: build, or check and keep, the encoded caches.
 
     Returns the exit status: an error (an unknown pair or option, a missing or corrupt data
-    file, no spaCy to build a cache) prints one line on standard error and returns 2.
+    file, no spaCy to build a cache, a cache folder that cannot be written) prints one line on
+    standard error and returns 2.
     """
     parser = _Parser(
         prog=PROG,
@@ -1393,7 +1394,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{pair:<6} {tokenizer!r} in {where}")
     except SystemExit as stop:  # --help
         return int(stop.code or 0)
-    except (_UsageError, DataError, ImportError) as err:  # ImportError: no spaCy
+    # ImportError: no spaCy; OSError: a cache folder that cannot be written
+    except (_UsageError, DataError, ImportError, OSError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2

@@ -711,6 +711,7 @@ def run_prepare(argv: list[str], capsys) -> tuple[int, str, str]:
         "bad value",
         "missing data dir",
         "corrupt SHA256SUMS",
+        "unwritable cache dir",
     ],
 )
 def test_prepare_errors_are_one_line_and_status_2(case, tmp_path, capsys):
@@ -728,6 +729,11 @@ def test_prepare_errors_are_one_line_and_status_2(case, tmp_path, capsys):
     elif case == "missing data dir":
         argv += ["--data-dir", str(tmp_path / "nowhere")]
         needle = f"missing checksum file {tmp_path / 'nowhere' / 'SHA256SUMS'}"
+    elif case == "unwritable cache dir":
+        if importlib.util.find_spec("spacy") is None:
+            pytest.skip("the build reaches the cache folder only with spaCy")
+        (tmp_path / "cache").write_text("a file where the cache folder should be\n")
+        needle = f"Not a directory: '{tmp_path / 'cache' / 'de-en'}'"
     else:
         data_copy = tmp_path / "multi30k"
         shutil.copytree(DATA_DIR, data_copy)
