@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -965,22 +964,15 @@ def test_export_and_load_the_shipped_model(tmp_path: Path, data):
 # -- two processes against one -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_worker(rank: int, world: int, port: int, folder: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+def _ddp_worker(rank: int, world: int, folder: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # The processes meet through a file, not a port: a free port picked here could be
+    # taken by another program before the group binds it.
+    store = Path(folder) / "rendezvous"
+    dist.init_process_group(
+        "gloo", init_method=store.as_uri(), rank=rank, world_size=world
+    )
     try:
         # One update: each process takes half of the batch.
         pairs = copy_pairs(10, seed=0)
@@ -1012,7 +1004,7 @@ def _ddp_worker(rank: int, world: int, port: int, folder: str) -> None:
 
 
 def test_two_processes_make_the_update_of_one(tmp_path: Path, data):
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
 
     pairs = copy_pairs(10, seed=0)
     full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
