@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ENGLISH, GERMAN, ship, tiny_tokenizer
 from sacrebleu.metrics import BLEU, CHRF
-from test_translate import ENGLISH, GERMAN, ship, tiny_tokenizer
 
 import transformer.data as data
 import transformer.decode as decode

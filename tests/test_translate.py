@@ -13,39 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import GERMAN, MAX_LEN, ship, tiny_tokenizer
 
 import transformer.data as data
 import transformer.decode as decode
 from transformer.__main__ import main as package_main
-from transformer.config import TransformerConfig
-from transformer.data import pretokenize, train_bpe
+from transformer.data import train_bpe
 from transformer.decode import beam_search, greedy_decode, main, translate
-from transformer.model import Transformer
 from transformer.train import (
-    TrainConfig,
-    export_model,
     load_model,
-    run_record,
-    save_weights,
 )
-
-GERMAN = [
-    "Ein Hund läuft über eine Wiese.",
-    "Zwei Kinder spielen im Schnee.",
-    "Eine Frau mit einem roten Hut sitzt auf einer Bank.",
-    "Ein Mann fährt Fahrrad.",
-    "Drei Hunde spielen mit einem Ball.",
-    "Ein kleines Mädchen lacht.",
-]
-ENGLISH = [
-    "A dog runs across a meadow.",
-    "Two children play in the snow.",
-    "A woman with a red hat sits on a bench.",
-    "A man rides a bike.",
-    "Three dogs play with a ball.",
-    "A little girl laughs.",
-]
-MAX_LEN = 40  # the tiny model's positions: sources of more tokens are cut
 
 
 @pytest.fixture(autouse=True)
@@ -54,33 +31,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def tiny_tokenizer(seed_text: list[str] = GERMAN) -> data.Tokenizer:
-    words = pretokenize(seed_text, "de") + pretokenize(ENGLISH, "en")
-    return train_bpe(words, 90, languages=("de", "en"))
-
-
-def ship(
-    folder: Path, tokenizer: data.Tokenizer, pair: str = "de-en", seed: int = 0
-) -> Path:
-    """A tiny random model in the shipped form, as `export_model` writes it from a run."""
-    torch.manual_seed(seed)
-    config = TransformerConfig(
-        src_vocab_size=tokenizer.vocab_size,
-        d_model=16,
-        n_heads=2,
-        n_layers=1,
-        d_ff=32,
-        max_len=MAX_LEN,
-    )
-    checkpoint = folder.parent / f".{folder.name}-checkpoint"
-    checkpoint.mkdir(parents=True)
-    save_weights(Transformer(config), checkpoint / "model.safetensors")
-    record = run_record(TrainConfig(pair=pair), config, tokenizer)
-    (checkpoint / "config.json").write_text(json.dumps(record))
-    tokenizer.save(checkpoint / "tokenizer.json")
-    return export_model(checkpoint, folder)
 
 
 @pytest.fixture(scope="module")
