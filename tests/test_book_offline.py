@@ -28,6 +28,11 @@ CHROMIUM_ARGS = [
     "--host-resolver-rules=MAP * ~NOTFOUND",
 ]
 
+# How long a page may take to load, draw its charts or typeset its formulas. A page that
+# draws returns as soon as it has, so a generous limit costs only broken pages time, and
+# it keeps a slow or loaded 2-core CI machine from failing a page that would have drawn.
+WAIT_MS = 90_000
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
@@ -100,7 +105,7 @@ def test_every_page_renders_offline(book: Path):
                     else None
                 ),
             )
-            page.goto(page_path.as_uri(), wait_until="load")
+            page.goto(page_path.as_uri(), wait_until="load", timeout=WAIT_MS)
             charts = page.locator("div[id^='altair-viz']").count()
             if charts:
                 try:
@@ -108,7 +113,7 @@ def test_every_page_renders_offline(book: Path):
                         """n => [...document.querySelectorAll("div[id^='altair-viz']")]
                                .filter(d => d.querySelector('svg, canvas')).length === n""",
                         arg=charts,
-                        timeout=20_000,
+                        timeout=WAIT_MS,
                     )
                 except Exception:
                     drawn = page.locator(
@@ -122,7 +127,7 @@ def test_every_page_renders_offline(book: Path):
                     page.wait_for_function(
                         "n => document.querySelectorAll('mjx-container').length >= n",
                         arg=formulas,
-                        timeout=20_000,
+                        timeout=WAIT_MS,
                     )
                 except Exception:
                     typeset = page.locator("mjx-container").count()
