@@ -305,6 +305,17 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
     assert Tokenizer.load(path).to_json() == old.to_json()
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_have_the_mode_that_open_would_give(tmp_path, umask):
+    # mkstemp alone makes 0600 files: a cache copied to another user could not be read
+    previous = os.umask(umask)
+    try:
+        data._atomic_write(tmp_path / "manifest.json", b"{}")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 # Batches --------------------------------------------------------------------------------------
 
 
@@ -430,6 +441,8 @@ def test_collate_shifts_the_target_and_pads():
     assert isinstance(moved, Batch) and torch.equal(moved.tgt_out, batch.tgt_out)
     with pytest.raises(ValueError, match="empty batch"):
         collate([], pad_id=0, bos_id=2, eos_id=3)
+    with pytest.raises(ValueError, match="one entry for each of the 2 pairs"):
+        collate([([5], [6]), ([7], [8])], pad_id=0, bos_id=2, eos_id=3, index=[9])
 
 
 def test_iterate_batches_covers_the_split_within_budget():
@@ -606,6 +619,21 @@ def test_a_corrupt_cache_is_refused_by_load_encoded_and_rebuilt_by_prepare(cache
     # The rebuild trained the tokenizer again: training is deterministic, files are identical.
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert len(load_encoded("de-en", "val", cache_copy)) == 1_014
+
+
+@needs_spacy
+def test_the_cache_is_used_as_it_was_checked(cache_copy, monkeypatch):
+    # Each file is read once, checked, and those bytes are used: a rebuild that replaced a
+    # file between a check and a second read could hand out ids nobody checked.
+    reads = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(
+        Path, "read_bytes", lambda path: reads.append(path.name) or read_bytes(path)
+    )
+    load_encoded("de-en", "val", cache_copy)
+    prepare("de-en", cache_copy)
+    names = ["tokenizer.json", *(f"{split}.safetensors" for split in SPLITS)]
+    assert sorted(reads) == sorted(names * 2)
 
 
 @needs_spacy

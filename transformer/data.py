@@ -74,7 +74,7 @@ def read_lines(path: Path, sha256: str) -> list[str]:
     if digest != sha256:
         raise DataError(
             f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…, "
-            f"expected {sha256[:12]}… (restore it with `git checkout -- {path.name}`)"
+            f"expected {sha256[:12]}… (restore it with `git checkout -- {path}`)"
         )
     try:
         text = gzip.decompress(raw).decode("utf-8")
@@ -184,6 +184,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file readable by its owner only; give it the mode that open()
+        # would have, so that a cache or a checkpoint can be shared like any other file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -313,16 +318,25 @@ class Tokenizer:
     def load(cls, path: Path) -> "Tokenizer":
         """Read a tokenizer written by `save`; needs no spaCy."""
         try:
-            spec = json.loads(Path(path).read_text(encoding="utf-8"))
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise DataError(f"cannot read tokenizer {path}: {err}") from err
+        return cls.from_json(text, source=path)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: object = "JSON") -> "Tokenizer":
+        """The tokenizer of `to_json`'s text; `source` names it in the error."""
+        try:
+            spec = json.loads(text)
             if spec.get("format") != TOKENIZER_FORMAT:
                 raise ValueError(
                     f"format {spec.get('format')!r}, not {TOKENIZER_FORMAT!r}"
                 )
             bpe = tokenizers.Tokenizer.from_str(json.dumps(spec["bpe"]))
             languages = tuple(spec["languages"])
-        # Missing, truncated, not JSON, wrong format: one message.
+        # Truncated, not JSON, wrong format: one message.
         except Exception as err:
-            raise DataError(f"cannot read tokenizer {path}: {err}") from err
+            raise DataError(f"cannot read tokenizer {source}: {err}") from err
         return cls(bpe, languages=languages)
 
 
@@ -508,16 +522,24 @@ def cache_problems(
 
     With vocab_size, a cache built with another vocabulary size is stale too.
     """
+    return _read_cache(pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir)[0]
+
+
+def _read_cache(
+    pair: str, cache_dir: Path, *, vocab_size: int | None, data_dir: Path
+) -> tuple[list[str], dict[str, bytes]]:
+    """(cache_problems, the content of each file whose checksum matched). The files are
+    read once: what is checked is what the caller uses, even if a rebuild replaces them."""
     parse_pair(pair)
     folder = Path(cache_dir) / pair
     try:
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return ["no manifest.json: never built, or its build did not finish"]
+        return ["no manifest.json: never built, or its build did not finish"], {}
     except (OSError, ValueError) as err:
-        return [f"manifest.json is unreadable: {err}"]
+        return [f"manifest.json is unreadable: {err}"], {}
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
-        return [f"manifest.json is not a {CACHE_FORMAT!r} manifest"]
+        return [f"manifest.json is not a {CACHE_FORMAT!r} manifest"], {}
     problems = []
     if manifest.get("pair") != pair:
         problems.append(
@@ -545,15 +567,24 @@ def cache_problems(
             entry["file"]: entry["sha256"] for entry in manifest["splits"].values()
         }
     except (KeyError, TypeError, AttributeError) as err:
-        return [*problems, f"manifest.json is malformed ({err!r})"]
+        return [*problems, f"manifest.json is malformed ({err!r})"], {}
+    contents = {}
     for name, digest in files.items():
-        if not (folder / name).is_file():
+        try:
+            blob = (folder / name).read_bytes()
+        except FileNotFoundError:
             problems.append(f"{name} is missing")
-        elif _sha256(folder / name) != digest:
+            continue
+        except OSError as err:
+            problems.append(f"{name} is unreadable: {err}")
+            continue
+        if hashlib.sha256(blob).hexdigest() != digest:
             problems.append(
                 f"{name} is corrupt: its SHA-256 differs from manifest.json"
             )
-    return problems
+        else:
+            contents[name] = blob
+    return problems, contents
 
 
 def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) -> None:
@@ -615,16 +646,16 @@ def prepare(
     (see cache_problems) is rebuilt from the text, as is any cache with rebuild=True.
     """
     folder = Path(cache_dir) / pair
-    if rebuild or cache_problems(
-        pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir
-    ):
-        _build_cache(pair, folder, vocab_size=vocab_size, data_dir=data_dir)
-        problems = cache_problems(
-            pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir
-        )
+    options = dict(vocab_size=vocab_size, data_dir=data_dir)
+    problems, contents = _read_cache(pair, cache_dir, **options)
+    if rebuild or problems:
+        _build_cache(pair, folder, **options)
+        problems, contents = _read_cache(pair, cache_dir, **options)
         if problems:  # only if something rewrote the files while we built them
             raise DataError(f"the cache just built in {folder} is unusable: {problems}")
-    return Tokenizer.load(folder / "tokenizer.json")
+    return Tokenizer.from_json(
+        contents["tokenizer.json"].decode("utf-8"), source=folder / "tokenizer.json"
+    )
 
 
 def load_encoded(
@@ -637,13 +668,15 @@ def load_encoded(
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
     folder = Path(cache_dir) / pair
-    problems = cache_problems(pair, cache_dir, data_dir=data_dir)
+    problems, contents = _read_cache(
+        pair, cache_dir, vocab_size=None, data_dir=data_dir
+    )
     if problems:
         raise DataError(
             f"cannot use the encoded cache {folder}: {'; '.join(problems)}. Rebuild it on a "
             f"machine with spaCy: `python -m transformer prepare --pair {pair}`"
         )
-    return EncodedSplit.from_bytes((folder / f"{split}.safetensors").read_bytes())
+    return EncodedSplit.from_bytes(contents[f"{split}.safetensors"])
 
 
 PROG = "python -m transformer prepare"
@@ -779,6 +812,11 @@ def collate(
     if len(examples) == 0:
         raise ValueError("cannot collate an empty batch")
     index = np.arange(len(examples)) if index is None else np.asarray(index)
+    if index.shape != (len(examples),):
+        raise ValueError(
+            f"index has shape {index.shape}, not one entry for each of the "
+            f"{len(examples)} pairs"
+        )
     src_len = np.array([len(x) + 1 for x, _ in examples])  # + <eos>
     tgt_len = np.array([len(y) + 1 for _, y in examples])  # + <bos> (in) or <eos> (out)
     if max_len is not None:
