@@ -507,7 +507,9 @@ for size in (V, V_wmt):
 # set, the quantities that do not depend on $\epsilon$: the negative log-likelihood per token
 # (unsmoothed), its perplexity, and the token accuracy, the share of real target positions
 # whose most probable token is the right one (with the decoder fed the reference prefix, as in
-# training). A validation set is seen batch by batch, so `token_stats` returns sums and counts,
+# training). The perplexity is per subword token, `<eos>` included, as the paper's is "per
+# wordpiece" (its Table 3 warns that it "should not be compared to per-word perplexities"): it
+# depends on the vocabulary, so the training chapter also reports it per word. A validation set is seen batch by batch, so `token_stats` returns sums and counts,
 # which add up across batches; the means are taken once, at the end.
 
 
@@ -540,6 +542,7 @@ class TokenStats:
 
     @property
     def perplexity(self) -> float:
+        """e^nll: per subword token, <eos> included (the paper's per-wordpiece perplexity)."""
         return math.exp(self.nll)
 
     @property

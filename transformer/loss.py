@@ -119,6 +119,7 @@ class TokenStats:
 
     @property
     def perplexity(self) -> float:
+        """e^nll: per subword token, <eos> included (the paper's per-wordpiece perplexity)."""
         return math.exp(self.nll)
 
     @property
