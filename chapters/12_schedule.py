@@ -353,6 +353,12 @@ def make_optimizer(
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
     if not groups or any(not group for group in groups):
         raise ValueError("make_optimizer got no parameters (or an empty group)")
+    if any(isinstance(p, dict) and "lr" in p for p in params):
+        # LambdaLR multiplies a group's own lr by the schedule: noam_lr(n) would be scaled.
+        raise ValueError(
+            "a parameter group sets its own lr: the schedule sets every group's learning "
+            "rate (use factor= to scale it)"
+        )
     if fused is None:
         fused = all(t.is_cuda and t.is_floating_point() for g in groups for t in g)
     # Check the schedule's arguments before building anything.

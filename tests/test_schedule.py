@@ -130,6 +130,13 @@ def test_no_parameters_raise():
         make_optimizer([{"params": []}], d_model=64)
 
 
+def test_a_group_with_its_own_lr_is_refused():
+    # LambdaLR would multiply the group's lr by the schedule: 1e-3 * noam_lr(n), silently
+    model = nn.Linear(3, 3)
+    with pytest.raises(ValueError, match="sets its own lr"):
+        make_optimizer([{"params": model.parameters(), "lr": 1e-3}], d_model=64)
+
+
 @pytest.mark.parametrize("factor", [0.0, -1.0, float("nan")])
 def test_bad_factor_raises(factor):
     with pytest.raises(ValueError, match="factor must be positive"):
