@@ -173,6 +173,70 @@ def test_a_narrow_beam_can_miss_what_a_wide_one_finds():
     assert missed > 0
 
 
+def reference_beam_search(
+    model: Transformer, src: torch.Tensor, *, beam_size: int, alpha: float, limit: int
+) -> tuple[list[int], float]:
+    """The chapter's beam search for one sentence, written out in plain Python without a
+    cache: the K best candidates by s(Y), ended ones keeping their slot; the best ended one
+    kept aside and replaced only by a better one; stop when no open beam can overtake it."""
+    src_mask = padding_mask(src, PAD)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+
+    def next_log_probs(prefix: list[int]) -> list[float]:
+        ys = torch.tensor([[BOS, *prefix]])
+        with torch.no_grad():
+            out = model.decode(
+                ys, memory, src_mask=src_mask, tgt_mask=causal_mask(ys.size(1))
+            )
+            return model.generator(out[:, -1])[0].tolist()
+
+    beams = [([], 0.0, False)]  # (tokens, log p, ended)
+    kept = (-math.inf, [])
+    for t in range(limit):
+        candidates = []  # (s(Y), tokens, log p, ended)
+        for tokens, log_p, ended in beams:
+            if ended:
+                score = log_p / gnmt_penalty(len(tokens), alpha)
+                candidates.append((score, tokens, log_p, True))
+                continue
+            for token, x in enumerate(next_log_probs(tokens)):
+                if token not in (PAD, BOS):
+                    ends = token == EOS or t + 1 == limit
+                    score = (log_p + x) / gnmt_penalty(t + 1, alpha)
+                    candidates.append((score, [*tokens, token], log_p + x, ends))
+        candidates.sort(key=lambda c: -c[0])
+        beams = [
+            (tokens, log_p, ended) for _, tokens, log_p, ended in candidates[:beam_size]
+        ]
+        for score, tokens, _, ended in candidates[:beam_size]:
+            if ended and score > kept[0]:
+                kept = (score, tokens)
+        open_log_ps = [log_p for _, log_p, ended in beams if not ended]
+        if not open_log_ps or kept[0] >= max(open_log_ps) / gnmt_penalty(limit, alpha):
+            break
+    score, tokens = kept
+    return [t for t in tokens if t != EOS], score
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("beam_size", [2, 3])
+def test_a_narrow_beam_is_the_search_the_chapter_describes(beam_size, alpha):
+    # The brute-force test keeps every hypothesis; this one checks the pruning, ended beams
+    # sharing the K slots, and the stopping bound, against a plain reference.
+    for seed in range(6):
+        model = tiny_model(vocab_size=7, seed=seed)
+        src = sources([3 + seed % 4], vocab_size=7, seed=seed)
+        [found] = beam_search(
+            model, src, beam_size=beam_size, alpha=alpha, max_len=8, **IDS
+        )
+        tokens, score = reference_beam_search(
+            model, src, beam_size=beam_size, alpha=alpha, limit=8
+        )
+        assert found.tokens == tokens, seed
+        assert found.score == pytest.approx(score, abs=1e-4), seed
+
+
 @pytest.mark.parametrize("kind", ["greedy", "beam"])
 def test_batched_decoding_equals_one_by_one(kind):
     model = tiny_model(seed=5)
@@ -317,16 +381,25 @@ def test_the_limit_never_exceeds_the_models_positions():
     assert all(len(h.tokens) + h.ended <= 20 for h in outputs)
 
 
-def test_stopping_early_returns_what_searching_to_the_limit_returns():
-    model = tiny_model(vocab_size=8, seed=9)
-    src = sources([4, 6, 2, 8, 5], vocab_size=8, seed=9)
+@pytest.mark.parametrize(
+    ("alpha", "vocab_size", "seed", "by_the_bound"),
+    [(0.0, 8, 9, True), (0.6, 8, 9, True), (2.0, 5, 11, False)],
+)
+def test_stopping_early_returns_what_searching_to_the_limit_returns(
+    alpha, vocab_size, seed, by_the_bound
+):
+    # At alpha 0 and 0.6 the search stops with beams still open, by the bound; at alpha 2,
+    # lp(limit) is so large that these tiny models stop only when every beam has ended.
+    model = tiny_model(vocab_size=vocab_size, seed=seed)
+    src = sources([4, 6, 2, 8, 5], vocab_size=vocab_size, seed=seed)
     early_steps, late_steps = [], []
-    early = beam_search(model, src, **IDS, on_step=early_steps.append)
+    early = beam_search(model, src, alpha=alpha, **IDS, on_step=early_steps.append)
     never = torch.zeros(src.size(0), dtype=torch.bool)
     with mock.patch.object(decode, "_finished", return_value=never):
-        late = beam_search(model, src, **IDS, on_step=late_steps.append)
+        late = beam_search(model, src, alpha=alpha, **IDS, on_step=late_steps.append)
     assert len(late_steps) == 8 + 50  # the longest source's limit
     assert len(early_steps) < len(late_steps)
+    assert (~early_steps[-1].ended).any(dim=-1).all() == by_the_bound
     assert_same(early, late)
 
 
