@@ -512,8 +512,9 @@ assert cached_seconds < uncached_seconds
 # the $K$ best. With $K = 1$ it is greedy decoding.
 #
 # **The length penalty.** Every token multiplies the probability of an output by a number below
-# one, so $\log p(Y \mid X)$ only falls as $Y$ grows. Ranked by log-probability, a hypothesis that
-# ends early beats every longer continuation of itself, and beam search prefers short outputs. The paper ranks hypotheses as Google's system does
+# one, so $\log p(Y \mid X)$ only falls as $Y$ grows: a long output pays for every one of its
+# tokens, and ranked by log-probability, beam search tends to prefer short outputs. The paper
+# ranks hypotheses as Google's system does
 # {cite:p}`wu2016google`, by the log-probability divided by a *length penalty*:
 #
 # $$
@@ -742,7 +743,7 @@ for name, (g_out, b_out) in {
         f"of the strings, lower on {lower[name]:.0%}"
     )
 # the unsure model leaves the search much more to find; it is rarely worse than greedy
-assert higher["half-trained"] > 0.15 and higher["trained"] < 0.05
+assert higher["half-trained"] > 0.25 and higher["trained"] < 0.05
 assert max(lower.values()) < 0.02
 
 # %% tags=["nbval-ignore-output"]
@@ -786,7 +787,7 @@ for alpha in (0.0, 0.6, 1.0, 2.0):
     )
 by_alpha = pd.DataFrame(rows).set_index("α")
 lengths = by_alpha["output length / answer length"]
-assert lengths[0.0] == lengths.min() and lengths[2.0] == lengths.max()
+assert lengths.is_monotonic_increasing and lengths[0.0] < lengths[2.0]
 
 # %% tags=["nbval-ignore-output"]
 by_alpha.round({"% exactly right": 1, "output length / answer length": 3})
@@ -965,8 +966,9 @@ assert 1 < beam_seconds / cached_seconds < 8  # a timing: loose bounds
 
 # %% [markdown]
 # Beam search with four beams carries four rows per sentence through every step, yet takes
-# less than four times as long: much of a step's cost, Python's and that of launching each
-# operation, does not grow with its rows.
+# only a few times as long as greedy decoding (the ratio printed above; a timing, so it moves
+# from run to run): much of a step's cost, Python's and that of launching each operation, does
+# not grow with its rows.
 
 # %% [markdown]
 # ## Translating from the command line
@@ -993,8 +995,9 @@ assert 1 < beam_seconds / cached_seconds < 8  # a timing: loose bounds
 # - **Batched by length.** The sentences are sorted by their number of tokens, longest first, and
 #   decoded `--batch-size` at a time, so that each batch holds sentences of similar lengths and
 #   little padding; the translations are then put back in the input order. Batching changes no
-#   output: the decoding functions give a sentence the same result in any batch (their tests
-#   check it).
+#   output, up to floating-point rounding: the decoding functions give a sentence the same
+#   result in any batch (their tests check it on the CPU; on a GPU, other batch shapes may run
+#   other kernels, so a near-tie between two hypotheses could in principle go the other way).
 # - **Empty lines** (or lines of spaces) give empty lines, and never reach the model.
 # - **Unknown characters** (an emoji, a Chinese character: anything absent from the training
 #   text) become the `<unk>` token, as in the data chapter; the translation may then contain the
