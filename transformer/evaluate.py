@@ -28,8 +28,10 @@ class Scores:
     bleu: sacreBLEU's BLEU, cased, its 13a tokenizer on the detokenised output.
     chrf: sacreBLEU's chrF (character n-grams up to 6, β = 2).
     length_ratio, brevity_penalty: BLEU's output/reference length (13a words) and its BP.
-    bleu_lc_tok: BLEU of lowercased text cut into words by spaCy (tok:none after that), the
-        way published Multi30k results are computed: comparable with those, not with `bleu`.
+    bleu_lc_tok: BLEU of lowercased text cut into words by spaCy (tok:none after that), as
+        most published Multi30k results are computed: comparable with those that use spaCy's
+        words (torchtext's `bleu_score`), only roughly with Moses-tokenised ones, and not with
+        `bleu`.
     """
 
     sentences: int
