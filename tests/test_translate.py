@@ -383,6 +383,33 @@ def test_an_unknown_command_is_one_line_in_the_commands_format(capsys):
     )
 
 
+def test_ctrl_c_is_one_line_with_status_130(capsys, monkeypatch):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(decode, "main", interrupted)
+    capsys.readouterr()
+    assert package_main(["translate", "Ein Hund."]) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == "python -m transformer translate: interrupted\n"
+
+
+def test_a_closed_output_pipe_is_not_a_traceback(shipped):
+    # `python -m transformer translate ... | head -0`: the reader is gone before the output
+    # is written
+    process = subprocess.Popen(
+        [sys.executable, "-m", "transformer", "translate"]
+        + translate_args(shipped, "Ein Hund läuft.", "Zwei Kinder spielen."),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    # (the tiny random model's warning about the length limit may come first)
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
 def test_no_command_is_an_error_on_stderr_and_help_is_not(capsys):
     capsys.readouterr()
     assert package_main([]) == 2

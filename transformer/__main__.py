@@ -7,6 +7,7 @@ that `train` runs on a GPU machine without the book's plotting dependencies.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 PROG = "python -m transformer"
@@ -38,7 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    return module.main(rest)
+    try:
+        return module.main(rest)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not a traceback. Every file is written atomically, so what was
+        # written is whole (a run resumes from its last checkpoint with --resume).
+        print(f"{PROG} {command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader of the output went away (`... | head`): stop quietly, as other tools
+        # do, and keep Python from failing again when it flushes standard output at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
