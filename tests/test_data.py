@@ -6,7 +6,9 @@ The loader's own tests (checksums, missing files) are in test_data_files.py.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -564,6 +566,54 @@ def test_bpe_dropout_keeps_the_text_and_is_a_function_of_seed_and_epoch(cache):
     plain = BPEDropout(tokenizer, 0).resample(val, seed=3, epoch=1)
     for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "src_starts"):
         assert np.array_equal(getattr(plain, name), getattr(val, name))
+
+
+def bpe_dropout_by_definition(
+    word: str, rank: dict[tuple[str, str], int], p: float
+) -> dict[tuple[str, ...], float]:
+    """The exact distribution of BPE-dropout's spellings of `word`, as Provilkov et al.
+    define it: at each step every applicable merge is dropped independently with
+    probability p and the best survivor (lowest rank, leftmost) applies; every case of
+    kept and dropped merges enumerated."""
+    spellings: dict[tuple[str, ...], float] = {}
+
+    def walk(symbols: list[str], probability: float) -> None:
+        candidates = [
+            (rank[pair], i)
+            for i, pair in enumerate(itertools.pairwise(symbols))
+            if pair in rank
+        ]
+        for kept in itertools.product((False, True), repeat=len(candidates)):
+            q = probability * math.prod(1 - p if k else p for k in kept)
+            survivors = [c for c, k in zip(candidates, kept, strict=True) if k]
+            if not survivors:
+                spellings[tuple(symbols)] = spellings.get(tuple(symbols), 0.0) + q
+                continue
+            _, i = min(survivors)
+            walk([*symbols[:i], symbols[i] + symbols[i + 1], *symbols[i + 2 :]], q)
+
+    walk(list(word), 1.0)
+    return spellings
+
+
+@pytest.mark.parametrize("word", ["▁abab", "▁abc"])
+def test_bpe_dropout_draws_the_spellings_of_its_definition(word):
+    # segment draws only for merges that could still win; its spellings must still come
+    # with the frequencies of the definition, where every candidate is drawn at every step
+    tokenizer = data.train_bpe([("▁abab", "▁abc")] * 3, 14, languages=("de", "en"))
+    p, n = 0.3, 20_000
+    dropout, rng = BPEDropout(tokenizer, p), Random(0)
+    piece = {i: s for s, i in tokenizer.bpe.get_vocab().items()}
+    drawn: dict[tuple[str, ...], int] = {}
+    for _ in range(n):
+        spelling = tuple(piece[i] for i in dropout.segment(word, rng))
+        drawn[spelling] = drawn.get(spelling, 0) + 1
+    exact = bpe_dropout_by_definition(word, dropout._rank, p)
+    assert set(drawn) <= set(exact) and math.isclose(sum(exact.values()), 1.0)
+    assert len(exact) >= 4  # several spellings, with different frequencies
+    for spelling, q in exact.items():
+        # within 4.5 standard errors of a binomial count
+        assert abs(drawn.get(spelling, 0) / n - q) < 4.5 * math.sqrt(q * (1 - q) / n)
 
 
 def test_bpe_dropout_refuses_a_bad_probability_and_a_split_without_words():
