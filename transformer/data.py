@@ -647,7 +647,9 @@ def prepare(
     """
     folder = Path(cache_dir) / pair
     options = dict(vocab_size=vocab_size, data_dir=data_dir)
-    problems, contents = _read_cache(pair, cache_dir, **options)
+    problems, contents = [], {}
+    if not rebuild:  # a rebuild need not read and hash the old files first
+        problems, contents = _read_cache(pair, cache_dir, **options)
     if rebuild or problems:
         _build_cache(pair, folder, **options)
         problems, contents = _read_cache(pair, cache_dir, **options)
