@@ -3,14 +3,17 @@ averaging, the shipped-model format, two processes against one, and the command 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import importlib
+import importlib.util
 import io
 import json
 import math
 import os
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -78,6 +81,12 @@ from transformer.train import (
 # The module: `transformer.train` as an attribute of the package is the function train.
 train_module = importlib.import_module("transformer.train")
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
+# The command line's spelling of tiny_config below.
+TINY_CLI = [
+    *(f"--set={k}={v}" for k, v in TINY_MODEL.items()),
+    *("--epochs", "2", "--max-tokens", "48", "--warmup", "5", "--device", "cpu"),
+    *("--average-last", "2", "--log-every", "2"),
+]
 
 
 def tiny_data(
@@ -519,6 +528,52 @@ def test_atomic_folder_leaves_the_old_folder_or_the_new(tmp_path: Path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
 
+def test_atomic_folder_syncs_its_files_before_the_rename_and_the_rename_after(
+    tmp_path: Path, monkeypatch
+):
+    """A rename can reach the disk before the data of the files renamed: after a power cut
+    the folder would hold empty files. Every file of the temporary folder (save_state's
+    too) and the folder itself are flushed (os.fsync) before the rename, and the parent
+    folder after it. Files are told apart by their inode, which a rename keeps."""
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def watched_fsync(fd):
+        st = os.fstat(fd)
+        events.append(("fsync", (st.st_dev, st.st_ino)))
+        fsync(fd)
+
+    def watched_replace(src, dst):
+        events.append(("replace", Path(dst).name))
+        replace(src, dst)
+
+    def inode(path: Path) -> tuple[int, int]:
+        st = path.stat()
+        return st.st_dev, st.st_ino
+
+    monkeypatch.setattr(os, "fsync", watched_fsync)
+    monkeypatch.setattr(os, "replace", watched_replace)
+    target = tmp_path / "ckpt"
+    for content in ("old", "new"):  # into a new folder, then over an old one
+        events.clear()
+        with atomic_folder(target) as tmp:
+            (tmp / "progress.json").write_text(content)
+            save_state(tmp, "trainer", {"x": torch.ones(2)})
+        assert (target / "progress.json").read_text() == content
+        renamed = events.index(("replace", "ckpt"))
+        before = {x for kind, x in events[:renamed] if kind == "fsync"}
+        after = {x for kind, x in events[renamed:] if kind == "fsync"}
+        files = sorted(target.iterdir())
+        assert [f.name for f in files] == [
+            "progress.json",
+            "trainer.json",
+            "trainer.safetensors",
+        ]
+        for path in [*files, target]:
+            assert inode(path) in before, path.name
+        assert inode(tmp_path) in after
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 
@@ -551,6 +606,9 @@ def test_train_config_round_trips_through_json():
         (dict(accumulation=1.5), "accumulation"),
         (dict(warmup=0), "warmup"),
         (dict(lr_factor=0), "lr_factor"),
+        (dict(lr_factor=math.inf), "lr_factor must be a finite"),
+        (dict(peak_flops=math.nan), "peak_flops"),
+        (dict(device="foo"), "device must be a torch device"),
         (dict(label_smoothing=1.0), "label_smoothing"),
         (dict(bpe_dropout=1.0), "bpe_dropout"),
         (dict(bpe_dropout=True), "bpe_dropout"),
@@ -558,6 +616,7 @@ def test_train_config_round_trips_through_json():
         (dict(seed=-1), "seed"),
         (dict(bf16="yes"), "bf16"),
         (dict(time_limit=0), "time_limit"),
+        (dict(time_limit=math.inf), "time_limit must be finite"),
         (dict(max_steps=0), "max_steps"),
         (dict(average_last=-1), "average_last"),
     ],
@@ -961,6 +1020,180 @@ def test_export_and_load_the_shipped_model(tmp_path: Path, data):
         load_model(broken)
 
 
+def test_export_refuses_a_destination_it_would_wipe(tmp_path: Path, data):
+    """An export replaces its destination as a whole: a folder that holds more than an
+    earlier export's files (a model card, other runs) is refused, and so is the run
+    itself or a folder holding it; an earlier export is replaced."""
+    run = tmp_path / "runs" / "de-en"
+    train(tiny_config(run, epochs=2), data=data, echo=False)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    shipped = tmp_path / "checkpoints" / "de-en"  # as the repository ships a model
+    (shipped / "last").mkdir(parents=True)
+    (shipped / "comparison").mkdir()
+    (shipped / "README.md").write_text("model card\n")
+    with pytest.raises(
+        CheckpointError,
+        match=r"cannot export into .*de-en: it holds README.md, comparison, last,",
+    ):
+        export_model(run, shipped)
+    assert (shipped / "README.md").read_text() == "model card\n"
+    for dest in (run, tmp_path / "runs", tmp_path, run / "checkpoints" / "epoch-002"):
+        source = run / "checkpoints" / "epoch-002" if dest.name == "epoch-002" else run
+        with pytest.raises(CheckpointError, match="it holds the source"):
+            export_model(source, dest)
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(CheckpointError, match="a-file: it is not a folder"):
+        export_model(run, tmp_path / "a-file")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(CheckpointError, match="config.json that is not a shipped"):
+        export_model(run, other)
+    # An empty folder, and an earlier export, are written over.
+    (tmp_path / "empty").mkdir()
+    export_model(run, tmp_path / "empty")
+    export_model(run, tmp_path / "empty", max_file_bytes=70_000)
+    files = sorted(p.name for p in (tmp_path / "empty").iterdir())
+    assert files[:3] == ["config.json", "metrics.jsonl", "model-00001.safetensors"]
+    assert len(files) > 4 and files[-1] == "tokenizer.json"
+
+
+def test_gpu_sweep_exports_again_over_its_own_folder(tmp_path: Path, data):
+    """tools/gpu_sweep.py exports the best run into runs/export/<pair> and its last epoch
+    into last/ there, beside a RUN file: a second sweep starts that folder afresh."""
+    path = Path(__file__).resolve().parent.parent / "tools" / "gpu_sweep.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep", path)
+    gpu_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_sweep)
+    runs = tmp_path / "runs"
+    train(tiny_config(runs / "tiny", epochs=2), data=data, echo=False)
+    row = dict(name="tiny", pair="de-en", candidate=True, avg_ppl_word=1.0, epochs=2)
+    args = argparse.Namespace(runs=str(runs), out=str(tmp_path / "packed"))
+    (tmp_path / "packed").mkdir()
+    for _ in range(2):
+        with contextlib.redirect_stdout(io.StringIO()):
+            gpu_sweep.export_best([row], args)
+        export = runs / "export" / "de-en"
+        assert (export / "RUN").read_text() == "tiny\n"
+        assert json.loads((export / "config.json").read_text())["source"] == "average"
+        last = json.loads((export / "last" / "config.json").read_text())
+        assert last["source"] == "epoch-002"
+
+
+def test_the_export_takes_the_average_only_while_it_is_current(
+    tmp_path: Path, data, monkeypatch
+):
+    """A finished run continued for more epochs without averaging them has trained past
+    its average: the export takes the newest checkpoint. Continued with averaging, it has
+    two `average` records, the earlier end's (kept by the resume: it was written at the
+    step of the checkpoint resumed from) and the new end's, which the export takes. A
+    run closed at its last whole epoch after a time limit stopped it within the next
+    exports its average, which leaves the `partial` epoch out."""
+
+    def source(run: Path) -> str:
+        shipped = export_model(run, tmp_path / f"{run.name}-shipped")
+        return json.loads((shipped / "config.json").read_text())["source"]
+
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=2), data=data, echo=False)
+    assert source(run) == "average"
+    train(
+        tiny_config(run, epochs=3, average_last=0), resume=True, data=data, echo=False
+    )
+    assert source(run) == "epoch-003"
+    again = train(tiny_config(run, epochs=4), resume=True, data=data, echo=False)
+    kinds = [r["kind"] for r in again.metrics]
+    assert kinds == ["epoch", "epoch", "average", "epoch", "epoch", "average"]
+    assert again.metrics[2]["step"] == again.metrics[1]["step"]
+    assert again.metrics[-1]["averaged"] == ["epoch-003", "epoch-004"]
+    assert source(run) == "average"
+
+    closed = tmp_path / "closed"
+    asked = []
+
+    def time_is_up(self) -> bool:  # in the third epoch, after two updates
+        asked.append(self.progress.step)
+        return len(asked) > 2 * again.metrics[0]["step"] + 2
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "_time_is_up", time_is_up)
+        stopped = train(tiny_config(closed, epochs=3), data=data, echo=False)
+    assert stopped.stopped == "time_limit"
+    assert latest_checkpoint(closed).name.startswith("step-")
+    train(tiny_config(closed, epochs=2), resume=True, data=data, echo=False)
+    assert source(closed) == "average"
+
+
+def test_an_epoch_too_short_for_one_update_is_refused_before_training(
+    tmp_path: Path, data, monkeypatch
+):
+    """Six batches an epoch cannot make an update of 64: an error before anything is
+    written, not a run that validates and checkpoints epochs of no update."""
+    message = (
+        "an epoch has 6 batches, too few for one update of accumulation 64 × 1 "
+        "process(es) = 64 batches: lower --accumulation or --max-tokens"
+    )
+    with pytest.raises(DataError) as refused:
+        train(tiny_config(tmp_path / "run", accumulation=64), data=data, echo=False)
+    assert str(refused.value) == message
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(train_module, "load_training_data", lambda config: data)
+    out = tmp_path / "cli"
+    status, err = run_main(
+        ["--pair", "de-en", "--out", str(out), *TINY_CLI, "--accumulation", "64"]
+    )
+    assert status == 2 and err == f"python -m transformer train: error: {message}\n"
+    assert not out.exists()
+
+
+def test_a_grouping_that_drops_many_batches_is_logged(tmp_path: Path, data):
+    """Updates of 4 batches leave 2 of an epoch's 6 out: a warning in the log; updates
+    of 2 batches leave none out, and no warning."""
+    run = train(
+        tiny_config(tmp_path / "four", accumulation=4, epochs=1, average_last=0),
+        data=data,
+        echo=False,
+    )
+    assert run.step == 1
+    log = (tmp_path / "four" / "train.log").read_text()
+    assert "warning: an epoch leaves out 2 of its 6 batches (33%)" in log
+    train(
+        tiny_config(tmp_path / "two", accumulation=2, epochs=1, average_last=0),
+        data=data,
+        echo=False,
+    )
+    assert "warning" not in (tmp_path / "two" / "train.log").read_text()
+
+
+def test_the_time_limit_reserves_the_longest_stretch_between_two_checks(
+    tmp_path: Path, monkeypatch
+):
+    """With several processes the clock is asked every 10 updates (here in one process,
+    by setting check_every). On a fake clock where an update takes 1 s and validating
+    and saving take none, a one-minute limit is kept: the run stops at a check no later
+    than the limit less the 10 s seen between two checks, not at the first check past
+    the limit (66 s)."""
+    data = tiny_data(n_train=200)  # 28 batches an epoch
+    clock = [0.0]
+    step = train_module.train_step
+
+    def timed_step(*args, **kwargs):
+        clock[0] += 1.0
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(train_module, "train_step", timed_step)
+    config = tiny_config(tmp_path / "run", epochs=10, time_limit=1.0, average_last=0)
+    trainer = Trainer(config, data=data, echo=False)
+    trainer.check_every = 10
+    result = trainer.run()
+    assert result.stopped == "time_limit"
+    assert trainer.check_gap == 10.0
+    assert result.metrics and all(r["wall_time"] <= 60 for r in result.metrics)
+    assert clock[0] <= 60
+
+
 # -- two processes against one -------------------------------------------------------------------
 
 
@@ -1123,3 +1356,83 @@ def test_cli_refuses_a_full_folder_and_an_incompatible_checkpoint(tmp_path: Path
     assert "epoch-001" in err and "d_model=16" in err and "d_model=32" in err
     status, err = run_main(["--pair", "fr-en", "--out", str(run), "--resume"])
     assert status == 2 and "pair='de-en'" in err
+
+
+def test_cli_unknown_device(tmp_path: Path):
+    out = tmp_path / "run"
+    status, err = run_main(["--pair", "de-en", "--out", str(out), "--device", "foo"])
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "device must be a torch device" in err and "'foo'" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[1, 2]", "must hold a JSON object of TrainConfig fields, not a list"),
+        ('{"model_overrides": 5}', "model_overrides must be a JSON object"),
+        ('{"model_overrides": null}', "model_overrides must be a JSON object"),
+        ('{"model_overrides": [1, 2]}', "model_overrides must be a JSON object"),
+        ('{"model_overrides": "abc"}', "model_overrides must be a JSON object"),
+    ],
+)
+def test_cli_config_file_of_the_wrong_shape(tmp_path: Path, text, named):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    out = tmp_path / "run"
+    status, err = run_main(
+        ["--pair", "de-en", "--config", str(path), "--out", str(out)]
+    )
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert named in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--lr-factor", "inf"), ("--lr-factor", "nan"), ("--time-limit", "inf")],
+)
+def test_cli_numbers_must_be_finite(tmp_path: Path, data, monkeypatch, option, value):
+    monkeypatch.setattr(train_module, "load_training_data", lambda config: data)
+    out = tmp_path / "run"
+    status, err = run_main(
+        ["--pair", "de-en", "--out", str(out), *TINY_CLI, option, value]
+    )
+    assert status == 2 and err.count("\n") == 1
+    assert "must be finite" in err or "must be a finite" in err
+    assert not out.exists()
+
+
+def test_cli_export_refuses_a_full_folder_before_training(
+    tmp_path: Path, data, monkeypatch
+):
+    monkeypatch.setattr(train_module, "load_training_data", lambda config: data)
+    dest = tmp_path / "checkpoints" / "de-en"
+    dest.mkdir(parents=True)
+    (dest / "README.md").write_text("model card\n")
+    out = tmp_path / "run"
+    argv = ["--pair", "de-en", "--out", str(out), *TINY_CLI, "--export", str(dest)]
+    status, err = run_main(argv)
+    assert status == 2 and err.count("\n") == 1
+    assert "cannot export into" in err and "README.md" in err
+    assert not out.exists()  # refused before training
+    assert (dest / "README.md").read_text() == "model card\n"
+
+
+def test_cli_export_of_weights_too_large_for_float16(tmp_path: Path, data, monkeypatch):
+    """A weight beyond float16's range: one line, status 2, and the run is kept."""
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1, average_last=0), data=data, echo=False)
+    file = latest_checkpoint(run) / "model.safetensors"
+    weights = safetensors.torch.load_file(file)
+    name = sorted(weights)[0]
+    weights[name] = torch.full_like(weights[name], 1e6)
+    safetensors.torch.save_file(weights, file)
+    monkeypatch.setattr(train_module, "load_training_data", lambda config: data)
+    dest = tmp_path / "shipped"
+    argv = ["--pair", "de-en", "--out", str(run), "--resume", "--export", str(dest)]
+    status, err = run_main(argv)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"the run in {run} is saved, but --export failed: weight {name}" in err
+    assert "does not fit in float16" in err
+    assert not dest.exists() and latest_checkpoint(run).name == "epoch-001"

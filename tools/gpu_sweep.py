@@ -20,6 +20,7 @@ config and log). Choosing on the validation split keeps the test split for the b
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -269,6 +270,9 @@ def export_best(rows: list[dict], args: argparse.Namespace) -> None:
         best = min(mine, key=lambda r: r["avg_ppl_word"])
         run = Path(args.runs) / best["name"]
         dest = Path(args.runs) / "export" / pair
+        # This script's own folder, from an earlier sweep: export_model refuses to replace
+        # a folder that holds more than an export (here last/ and RUN).
+        shutil.rmtree(dest, ignore_errors=True)
         export_model(run, dest)
         export_model(run / "checkpoints" / f"epoch-{best['epochs']:03d}", dest / "last")
         (dest / "RUN").write_text(best["name"] + "\n")

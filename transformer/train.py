@@ -356,6 +356,15 @@ def load_weights(model: nn.Module, path: Path) -> None:
     load_tensors_into(_unwrap(model), tensors, path)
 
 
+def _fsync(path: Path) -> None:
+    """Ask the disk to hold what `path` (a file or a folder) says before going on."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_folder(path: Path) -> Iterator[Path]:
     """Yield a temporary folder that replaces `path` when the block ends without error."""
@@ -365,10 +374,18 @@ def atomic_folder(path: Path) -> Iterator[Path]:
     tmp.mkdir(parents=True)
     try:
         yield tmp
+        # A rename can reach the disk before the data of the files renamed: after a
+        # power cut the folder would be there with empty files. The data first, then
+        # the names.
+        for folder, _, files in os.walk(tmp):
+            for name in files:
+                _fsync(Path(folder) / name)
+            _fsync(Path(folder))
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         if path.exists():  # a rename cannot replace a folder that has files in it
             os.replace(path, old)
         os.replace(tmp, path)
+        _fsync(path.parent)  # the renames themselves
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -503,9 +520,11 @@ class TrainConfig:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not value > 0
+                or not 0 < value < math.inf
             ):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+                raise ValueError(
+                    f"{name} must be a finite positive number, got {value!r}"
+                )
         if not isinstance(self.label_smoothing, int | float) or not (
             0.0 <= self.label_smoothing < 1.0
         ):
@@ -524,10 +543,13 @@ class TrainConfig:
                 f"got {self.bpe_dropout_sides!r}"
             )
         if self.time_limit is not None and not (
-            isinstance(self.time_limit, int | float) and self.time_limit > 0
+            isinstance(self.time_limit, int | float)
+            and not isinstance(self.time_limit, bool)
+            and 0 < self.time_limit < math.inf
         ):
             raise ValueError(
-                f"time_limit must be positive minutes or None, got {self.time_limit!r}"
+                "time_limit must be finite positive minutes or None, "
+                f"got {self.time_limit!r}"
             )
         if self.bf16 not in (None, True, False):
             raise ValueError(f"bf16 must be True, False or None, got {self.bf16!r}")
@@ -540,6 +562,14 @@ class TrainConfig:
                 raise ValueError(
                     f"{name} must be a string or None, got {getattr(self, name)!r}"
                 )
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise ValueError(
+                    "device must be a torch device such as cpu, cuda or cuda:1, "
+                    f"got {self.device!r}"
+                ) from None
         try:  # the overrides' values, e.g. d_model % n_heads
             self.model_config(self.vocab_size)
         except (ValueError, TypeError) as err:
@@ -977,6 +1007,17 @@ class Trainer:
                 checkpoint, model_config=self.model_config, tokenizer=tokenizer
             )
         self._check_lengths()
+        # The batches of the epoch to come, in BPE's own spelling (BPE-dropout changes
+        # their number only slightly): an epoch must give at least one update.
+        epoch = Progress.read(checkpoint).epoch if checkpoint is not None else 0
+        first = token_batches(
+            self.data.train.src_lengths + 1,
+            self.data.train.tgt_lengths + 1,
+            max_tokens=c.max_tokens,
+            seed=c.seed,
+            epoch=epoch,
+        )
+        self._updates_per_epoch(len(first))
         dropout = c.bpe_dropout
         self.bpe_dropout = BPEDropout(tokenizer, dropout) if dropout else None
         if self.bpe_dropout is not None:
@@ -1035,6 +1076,9 @@ class Trainer:
         self.val_batches = list(val)[self.env.rank :: self.env.world_size]
         self.loss_acc = torch.zeros((), device=self.device, dtype=torch.float64)
         self.reserve = 0.05 * 60 * c.time_limit if c.time_limit else 0.0
+        # With several processes the time check is a collective: every 10 updates then.
+        self.check_every = 1 if self.env.world_size == 1 else 10
+        self.check_gap = 0.0  # the longest time measured between two time checks
         if self.env.is_main:  # both written atomically: --resume reads them back
             settings = json.dumps(c.to_dict(), indent=2) + "\n"
             _atomic_write(out / "train_config.json", settings.encode())
@@ -1044,6 +1088,30 @@ class Trainer:
             out / "train.log" if self.env.is_main else None, echo and self.env.is_main
         )
         self._describe(checkpoint)
+        self._warn_dropped(len(first))
+
+    def _updates_per_epoch(self, batches: int) -> int:
+        """The updates an epoch of `batches` batches gives; none is an error."""
+        c, group = self.config, self.config.accumulation * self.env.world_size
+        if batches < group:
+            raise DataError(
+                f"an epoch has {batches} batches, too few for one update of "
+                f"accumulation {c.accumulation} × {self.env.world_size} process(es) "
+                f"= {group} batches: lower --accumulation or --max-tokens"
+            )
+        return batches // group
+
+    def _warn_dropped(self, batches: int) -> None:
+        """Log a warning when grouping batches into updates drops over 10% of them."""
+        c, group = self.config, self.config.accumulation * self.env.world_size
+        dropped = batches % group
+        if dropped > 0.1 * batches:
+            self.log(
+                f"warning: an epoch leaves out {dropped} of its {batches} batches "
+                f"({dropped / batches:.0%}): an update takes accumulation "
+                f"{c.accumulation} × {self.env.world_size} process(es) = {group} "
+                "batches; lower --accumulation or --max-tokens"
+            )
 
     def _check_lengths(self) -> None:
         """Refuse, before any update, a split whose longest sentence (with its <bos> or
@@ -1151,7 +1219,11 @@ class Trainer:
         limit = self.config.time_limit
         if limit is None:
             return False
-        late = time.perf_counter() - self.start > 60 * limit - self.reserve
+        # The run goes on until the next check before it validates and saves: the
+        # longest time seen between two checks (one update, or ten with several
+        # processes) is reserved besides the time of validating and saving.
+        reserve = self.reserve + self.check_gap
+        late = time.perf_counter() - self.start > 60 * limit - reserve
         if (
             self.env.world_size > 1
         ):  # processes must stop at the same update: ask the first
@@ -1165,7 +1237,7 @@ class Trainer:
         c, p, env, tok = self.config, self.progress, self.env, self.data.tokenizer
         batches = self._epoch_batches(p.epoch)
         group = c.accumulation * env.world_size
-        total_updates = len(batches) // group
+        total_updates = self._updates_per_epoch(len(batches))
         self.model.train()
         bar = tqdm(
             total=total_updates,
@@ -1178,15 +1250,19 @@ class Trainer:
         start, updates, reason = _sync(self.device), 0, None
         window_start, window_tokens = start, 0
         window_loss = torch.zeros((), device=self.device, dtype=torch.float64)
-        # With several processes the time check is a collective: every 10 updates then.
-        check_every = 1 if env.world_size == 1 else 10
+        checked = None  # when the time was last checked
         while p.batch + group <= len(batches):
             if c.max_steps is not None and p.step >= c.max_steps:
                 reason = "max_steps"
                 break
-            if updates % check_every == 0 and self._time_is_up():
-                reason = "time_limit"
-                break
+            if updates % self.check_every == 0:
+                now = time.perf_counter()
+                if checked is not None:
+                    self.check_gap = max(self.check_gap, now - checked)
+                checked = now
+                if self._time_is_up():
+                    reason = "time_limit"
+                    break
             update = batches[p.batch : p.batch + group]
             mine = [
                 collate(
@@ -1434,22 +1510,79 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
 RECIPES = {"multi30k": multi30k_recipe, "quick": quick_config}
 
 # %% ../chapters/13_training.ipynb #e6c545da
+import re
+
 MAX_FILE_BYTES = 16 * 2**20
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _model_source(source: Path) -> Path:
-    """The folder of weights a run or checkpoint path stands for."""
+    """The folder of weights a run or checkpoint path stands for: the run's average when
+    it is current, else its newest checkpoint."""
     if (source / "model.safetensors").is_file():
         return source
-    if (source / "average" / "model.safetensors").is_file():
-        return source / "average"
-    newest = latest_checkpoint(source)
-    if newest is None:
+    found = [path for _, path in _checkpoints(source)]
+    average = source / "average"
+    if (average / "model.safetensors").is_file():
+        # A run continued after it averaged (killed, stopped by its time limit, or
+        # with average_last below 2) has trained past its average: the average is
+        # current only while it ends with the newest epoch checkpoint. A `partial`
+        # checkpoint after that one is left out, as the average of a run stopped by
+        # its time limit leaves it out.
+        epochs = [path.name for path in found if path.name.startswith("epoch-")]
+        averaged = read_record(average).get("averaged") or [None]
+        if not epochs or averaged[-1] == epochs[-1]:
+            return average
+    if not found:
         raise CheckpointError(
             f"{source} holds no trained model (no checkpoint, no average)"
         )
-    return newest
+    return found[-1]
+
+
+# What an export writes: a destination that holds anything else is not replaced.
+_EXPORT_FILES = ("config.json", "tokenizer.json", "metrics.jsonl")
+
+
+def _check_export_destination(dest: Path, source: Path) -> None:
+    """Refuse a destination that `export_model` would replace with loss: one that is, or
+    holds, the source, or holds anything but an earlier export's files."""
+    dest, source = Path(dest), Path(source)
+    if dest.resolve() == source.resolve() or source.resolve().is_relative_to(
+        dest.resolve()
+    ):
+        raise CheckpointError(
+            f"cannot export into {dest}: it holds the source {source}, which the "
+            "export would replace; choose a new or empty folder"
+        )
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise CheckpointError(f"cannot export into {dest}: it is not a folder")
+    others = sorted(
+        p.name
+        for p in dest.iterdir()
+        if not (
+            (
+                p.name in _EXPORT_FILES
+                or re.fullmatch(r"model-\d{5}\.safetensors", p.name)
+            )
+            and p.is_file()
+        )
+    )
+    if not others and (dest / "config.json").is_file():
+        try:
+            shipped = json.loads((dest / "config.json").read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            shipped = None
+        if shipped != SHIPPED_FORMAT:
+            others = ["a config.json that is not a shipped model's"]
+    if others:
+        raise CheckpointError(
+            f"cannot export into {dest}: it holds {', '.join(others[:3])}"
+            f"{' and more' if len(others) > 3 else ''}, which an export does not "
+            "write and would delete; choose a new or empty folder"
+        )
 
 
 def export_model(
@@ -1462,10 +1595,12 @@ def export_model(
     """Write the shipped form of a trained model: 16-bit safetensors files of at most
     `max_file_bytes`, config.json, tokenizer.json and the run's metrics.jsonl.
 
-    `source` is a run folder (its average, else its latest checkpoint) or a checkpoint folder.
+    `source` is a run folder (its average when current, else its latest checkpoint) or a
+    checkpoint folder. `dest` must be new, empty or an earlier export (CheckpointError).
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    _check_export_destination(Path(dest), Path(source))
     folder = _model_source(Path(source))
     record = read_record(folder)
     tensors = read_tensors(folder / "model.safetensors")
@@ -1803,7 +1938,8 @@ def _parser() -> argparse.ArgumentParser:
         "--export",
         default=None,
         metavar="DIR",
-        help="write the shipped model folder when training ends",
+        help="write the shipped model folder when training ends (a new or empty "
+        "folder, or an earlier export)",
     )
     return p
 
@@ -1849,14 +1985,22 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     fields: dict[str, Any] = {}
     if args.resume and stored_path.is_file():
         fields = json.loads(stored_path.read_text())
+        if not isinstance(fields, dict):
+            raise ValueError(f"{stored_path} does not hold a JSON object")
     elif args.quick:
         fields = quick_config(args.pair).to_dict()
     if args.config is not None:
         if args.config.endswith(".json"):
             try:
-                fields |= json.loads(Path(args.config).read_text())
+                given = json.loads(Path(args.config).read_text())
             except (OSError, ValueError) as err:
                 raise ValueError(f"cannot read --config {args.config}: {err}") from err
+            if not isinstance(given, dict):
+                raise ValueError(
+                    f"--config {args.config} must hold a JSON object of TrainConfig "
+                    f"fields, not a {type(given).__name__}"
+                )
+            fields |= given
         elif args.config in RECIPES:  # on resume, the stored run must agree with it
             fields |= RECIPES[args.config](args.pair).to_dict()
         else:
@@ -1865,7 +2009,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for name in _FIELD_OPTIONS:
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
-    overrides = dict(fields.get("model_overrides", {}))
+    overrides = fields.get("model_overrides", {})
+    if not isinstance(overrides, dict):
+        raise ValueError(
+            "model_overrides must be a JSON object of TransformerConfig fields, "
+            f"got {overrides!r}"
+        )
+    overrides = dict(overrides)
     if args.dropout is not None:
         overrides["dropout"] = args.dropout
     for item in args.set:
@@ -1908,9 +2058,16 @@ def main(argv: list[str] | None = None) -> int:
             config = config_from_args(args)
         except ValueError as err:  # a bad value for a TrainConfig field
             raise _UsageError(str(err)) from err
+        if args.export:  # before training, not after it
+            _check_export_destination(Path(args.export), config.output_dir)
         result = train(config, resume=args.resume)
         if args.export and Distributed.from_environ().is_main:
-            export_model(result.out_dir, args.export)
+            try:
+                export_model(result.out_dir, args.export)
+            except ValueError as err:  # e.g. a weight too large for float16
+                raise _UsageError(
+                    f"the run in {result.out_dir} is saved, but --export failed: {err}"
+                ) from err
     except SystemExit as stop:  # --help
         return int(stop.code or 0)
     except (_UsageError, DataError, CheckpointError) as err:
