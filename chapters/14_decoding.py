@@ -571,6 +571,28 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+# The largest α accepted: far beyond any useful one, yet small enough that lp stays
+# finite in float32 for outputs of 40,000 tokens (the decoding chapter, "The range of α").
+MAX_ALPHA = 10.0
+
+
+def _check_alpha(
+    alpha: float, *, max_len: int | None = None, name: str = "alpha"
+) -> None:
+    """α must be a number from 0 to MAX_ALPHA: lp must grow with length (α >= 0) and
+    stay finite, up to max_len tokens if given (an infinite lp makes scores NaN)."""
+    if not 0 <= alpha <= MAX_ALPHA:  # also rejects NaN and infinity
+        raise ValueError(f"{name} must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}")
+    if (
+        max_len is not None
+        and length_penalty(torch.tensor(float(max_len)), alpha).isinf()
+    ):
+        raise ValueError(
+            f"{name} {alpha} makes the length penalty overflow at the model's "
+            f"{max_len} positions: choose a smaller one"
+        )
+
+
 @dataclass(frozen=True)
 class BeamStep:
     """The beams after one step of beam search, for figures and debugging.
@@ -616,8 +638,7 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if not alpha >= 0:  # also rejects NaN
-        raise ValueError(f"alpha must be >= 0 (lp must grow with length), got {alpha}")
+    _check_alpha(alpha, max_len=model.config.max_len)
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     _check_src(src)
     B, K, device = src.size(0), beam_size, src.device
@@ -800,6 +821,36 @@ by_alpha.round({"% exactly right": 1, "output length / answer length": 3})
 # will favor shorter results over longer ones on average" {cite:p}`wu2016google`. How BLEU and
 # the output length of the translation models change with $\alpha$ and the beam size is
 # measured with those models, in the results chapter ("Beam size and the length penalty").
+#
+# **The range of $\alpha$.** The search accepts $0 \le \alpha \le 10$ (`MAX_ALPHA`). A
+# negative $\alpha$ would make $lp$ shrink as outputs grow. A large one is useless,
+# since Wu et al. try values up to 1 and $\alpha = 2$ already over-lengthens the outputs
+# here, and it breaks the arithmetic: $lp = ((5 + |Y|)/6)^\alpha$ overflows 32-bit
+# floats to $\infty$. Every candidate the search rules out has $\log p = -\infty$
+# (padding, BOS, a beam not yet open, any continuation of an ended beam but padding),
+# and its score $-\infty / \infty$ is NaN, which `topk` ranks above every number: the
+# search would keep exactly what it had ruled out. At $\alpha = 10$, $lp$ stays finite
+# for outputs of 40,000 tokens, far more positions than any model here has (the
+# translation models have 512); the search checks it for the model's `max_len` all the
+# same.
+
+# %%
+from transformer.decode import MAX_ALPHA
+
+for length, alpha in [(2, 1e308), (40_000, MAX_ALPHA)]:
+    lp = length_penalty(torch.tensor(float(length)), alpha)
+    ruled_out = (-torch.inf / lp).item()
+    print(f"α = {alpha:g}, {length:,} tokens: lp = {lp:.3g}, -inf / lp = {ruled_out}")
+assert length_penalty(torch.tensor(2.0), 1e308).isinf()
+assert length_penalty(torch.tensor(40_000.0), MAX_ALPHA).isfinite()
+for bad in (-0.1, MAX_ALPHA + 0.1, float("inf"), float("nan")):
+    message = ""
+    try:
+        beam_search(half_trained, test_src[:1], alpha=bad, **ids)
+    except ValueError as err:
+        message = str(err)
+    assert message.startswith("alpha must be >= 0 and at most 10, got"), message
+print(message)
 
 # %% [markdown]
 # ## A beam search tree
@@ -1145,8 +1196,13 @@ assert abs(bleu["ours"].score - bleu["tensor2tensor's"].score) < 0.2
 #   says how to train one), one whose files are missing, corrupt or do not fit together (the
 #   checks of `load_model`: the model's configuration, the tokenizer's fingerprint, the names
 #   and shapes of the weights), a model of the other language pair, or no spaCy.
-# - **The search** is the paper's, beam search with $K = 4$ and $\alpha = 0.6$, by default;
-#   `--beam 1` is `greedy_decode`.
+# - **A file name given as a sentence**, `translate --pair de-en sätze.txt`, is most
+#   likely a file meant as input; it is still translated as the sentence it is (the
+#   usage says arguments are sentences, and a sentence may happen to name a file), with
+#   a one-line warning that suggests standard input, `< sätze.txt`.
+# - **The search** is the paper's, beam search with $K = 4$ and $\alpha = 0.6$, by
+#   default; `--beam 1` is `greedy_decode`. `--alpha` must be a number from 0 to 10 (see
+#   "The range of $\alpha$"): any other value, `inf` or `nan` included, is an error.
 #
 # The sorting into batches, first: the indices of the sentences, longest first, cut into
 # batches.
@@ -1207,8 +1263,7 @@ def translate(
         raise TypeError("translate takes a sequence of sentences, not one string")
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if not alpha >= 0:  # also rejects NaN
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    _check_alpha(alpha, max_len=model.config.max_len)
     texts = [normalize(s) for s in sentences]
     todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
     encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
@@ -1274,6 +1329,8 @@ assert sorted(i for b in length_sorted_batches(range(10), 3) for i in b) == list
 # %%
 #| export
 import argparse
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -1285,7 +1342,9 @@ _EPILOG = """\
 Input and output: the SENTENCEs given, or else standard input, one sentence per line
 (UTF-8); one translation per line on standard output, in the same order. An empty line
 gives an empty line. Characters that the vocabulary lacks become <unk>. Put -- before
-sentences that begin with a dash.
+sentences that begin with a dash. A SENTENCE that names an existing file is translated
+as a sentence all the same, with a warning: a file of sentences goes on standard input,
+< FILE.
 
 A sentence longer than the model's positions (its config's max_len, <eos> included) is
 cut to fit: its first max_len - 1 tokens are translated, and a warning on standard error
@@ -1313,7 +1372,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.6,
         metavar="A",
-        help="length penalty α of beam search (default: 0.6, the paper's)",
+        help=f"length penalty α of beam search, from 0 to {MAX_ALPHA:g} (default: 0.6, "
+        "the paper's)",
     )
     p.add_argument(
         "--checkpoint",
@@ -1343,8 +1403,10 @@ def check_model_options(args: argparse.Namespace) -> str:
         )
     if args.beam < 1:
         raise _UsageError(f"--beam must be at least 1, got {args.beam}")
-    if not args.alpha >= 0:
-        raise _UsageError(f"--alpha must be >= 0, got {args.alpha}")
+    try:
+        _check_alpha(args.alpha, name="--alpha")
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
     if args.batch_size < 1:
         raise _UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -1412,6 +1474,10 @@ def _read_lines(stream) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m transformer translate ...`; returns the exit status."""
+
+    def warn(message: str) -> None:
+        print(f"{PROG}: warning: {message}", file=sys.stderr)
+
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         # After "--" every argument is a sentence (parse_intermixed_args mishandles "--").
@@ -1422,6 +1488,14 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer = _load(args.pair, args.checkpoint, device)
         if args.sentences:
             sentences = args.sentences
+            # isfile, not Path.is_file: a sentence too long for a file name is no error
+            for name in filter(os.path.isfile, sentences):
+                # still a sentence, as the usage says; but a file was likely meant
+                warn(
+                    f"SENTENCE {name!r} names a file, translated here as a sentence: "
+                    f"to translate the file's lines, give it as standard input, "
+                    f"< {shlex.quote(name)}"
+                )
         else:
             if sys.stdin.isatty():
                 print("one sentence per line; end with Ctrl-D", file=sys.stderr)
@@ -1433,7 +1507,7 @@ def main(argv: list[str] | None = None) -> int:
             beam_size=args.beam,
             alpha=args.alpha,
             batch_size=args.batch_size,
-            warn=lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr),
+            warn=warn,
         )
     except SystemExit as stop:  # --help
         return int(stop.code or 0)
@@ -1453,7 +1527,6 @@ def main(argv: list[str] | None = None) -> int:
 # %%
 import contextlib
 import io
-import os
 from unittest import mock
 
 from transformer.decode import main

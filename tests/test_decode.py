@@ -430,3 +430,27 @@ def test_decoding_restores_the_training_mode_and_checks_its_arguments():
         assert decode_fn(model, src[:0], **IDS) == []  # an empty batch
     with pytest.raises(ValueError, match="pad_id"):
         greedy_decode(model, src, bos_id=BOS, eos_id=PAD, pad_id=PAD)
+
+
+@pytest.mark.parametrize("alpha", [float("inf"), float("-inf"), 1e308, 10.1, -0.1])
+def test_alpha_must_be_a_number_from_0_to_10(alpha):
+    # inf and 1e308 used to pass the check, make lp infinite and every ruled-out candidate
+    # -inf / inf = NaN, which topk prefers: the search returned empty outputs.
+    with pytest.raises(ValueError, match=r"alpha must be >= 0 and at most 10, got"):
+        beam_search(tiny_model(), sources([3]), alpha=alpha, **IDS)
+
+
+def test_the_length_penalty_cannot_overflow_for_an_accepted_alpha():
+    # At the bound, 10, lp is finite far beyond any model's positions ...
+    assert length_penalty(torch.arange(1, 40_001), 10.0).isfinite().all()
+    src = sources([3, 5])
+    steps: list[BeamStep] = []
+    found = beam_search(tiny_model(), src, alpha=10.0, **IDS, on_step=steps.append)
+    assert not any(step.scores.isnan().any() for step in steps)
+    assert all(h.tokens and math.isfinite(h.score) for h in found)
+    # ... and for a model with still more positions, the search checks it.
+    model = tiny_model(max_len=50_000)
+    with pytest.raises(ValueError, match="overflow at the model's 50000 positions"):
+        beam_search(model, src, alpha=10.0, **IDS)
+    assert len(beam_search(model, src, alpha=0.6, max_len=4, **IDS)) == 2
+    assert decode.MAX_ALPHA == 10

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -322,7 +323,11 @@ def test_a_model_of_the_other_pair(tmp_path, capsys, monkeypatch):
         (["Ein Hund."], "--pair"),
         (["--pair", "de-en", "--beam", "0"], "--beam must be at least 1"),
         (["--pair", "de-en", "--beam", "four"], "--beam"),
-        (["--pair", "de-en", "--alpha", "-1"], "--alpha must be >= 0"),
+        (["--pair", "de-en", "--alpha", "-1"], "--alpha must be >= 0 and at most 10"),
+        (["--pair", "de-en", "--alpha", "inf"], "at most 10, got inf"),
+        (["--pair", "de-en", "--alpha", "1e308"], "at most 10, got 1e+308"),
+        (["--pair", "de-en", "--alpha", "nan"], "at most 10, got nan"),
+        (["--pair", "de-en", "--alpha", "10.5"], "at most 10, got 10.5"),
         (["--pair", "de-en", "--batch-size", "0"], "--batch-size must be at least 1"),
         (["--pair", "de-en", "--device", "tpu"], "--device"),
         (["--pair", "de-en", "--no-such-option"], "--no-such-option"),
@@ -332,6 +337,54 @@ def test_bad_options(argv, needle, capsys, monkeypatch):
     status, out, err = run(argv, capsys, monkeypatch)
     assert out == ""
     assert_error(status, err, needle)
+
+
+def test_a_non_finite_alpha_is_an_error_before_any_translation(
+    shipped, loaded, capsys, monkeypatch
+):
+    # It used to print an empty line, exit 0 and blame the length limit.
+    for alpha in ("inf", "1e308"):
+        argv = translate_args(shipped, "--alpha", alpha, "Hallo")
+        status, out, err = run(argv, capsys, monkeypatch)
+        assert out == ""
+        got = f"got {float(alpha)}"  # inf, 1e+308
+        assert_error(status, err, f"--alpha must be >= 0 and at most 10, {got}")
+    with pytest.raises(ValueError, match="alpha must be >= 0 and at most 10"):
+        translate(*loaded, ["Hallo"], alpha=float("inf"))
+    # The bound itself is allowed.
+    status, out, _ = run(
+        translate_args(shipped, "--alpha", "10", "Hallo"), capsys, monkeypatch
+    )
+    assert status == 0 and len(out.splitlines()) == 1
+
+
+def test_a_sentence_that_names_a_file_is_translated_with_a_warning(
+    shipped, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    name = "sätze.txt"
+    status, as_sentence, quiet = run(translate_args(shipped, name), capsys, monkeypatch)
+    assert status == 0 and "names a file" not in quiet
+    (tmp_path / name).write_text("".join(f"{s}\n" for s in GERMAN))
+    status, out, err = run(translate_args(shipped, name), capsys, monkeypatch)
+    # Still the translation of the sentence "sätze.txt", not of the file's lines ...
+    assert status == 0 and out == as_sentence
+    # ... with one more line on standard error, which suggests standard input.
+    assert err.splitlines() == [
+        "python -m transformer translate: warning: SENTENCE 'sätze.txt' names a file, "
+        "translated here as a sentence: to translate the file's lines, give it as "
+        "standard input, < 'sätze.txt'",
+        *quiet.splitlines(),
+    ]
+    # A path to a file elsewhere is named the same way; a folder, a sentence, and a
+    # sentence too long to be a file name are not.
+    path = str(tmp_path / name)
+    _, _, err = run(translate_args(shipped, path), capsys, monkeypatch)
+    assert f"SENTENCE {path!r} names a file" in err and f"< {shlex.quote(path)}" in err
+    too_long = " ".join(["Hund"] * 100)  # 499 bytes: too long for a file name
+    sentences = [str(tmp_path), GERMAN[0], too_long]
+    status, out, err = run(translate_args(shipped, *sentences), capsys, monkeypatch)
+    assert status == 0 and len(out.splitlines()) == 3 and "names a file" not in err
 
 
 def test_without_spacy_a_clear_error(shipped, capsys, monkeypatch):
@@ -360,6 +413,8 @@ def test_help_from_the_package_command():
         "--beam N",
         "1 is greedy decoding (default: 4",
         "--alpha A",
+        "from 0 to 10 (default: 0.6",
+        "A SENTENCE that names an existing file is translated as a sentence all the same",
         "--checkpoint DIR",
         "checkpoints/<pair>",
         "--device {cpu,cuda}",
