@@ -67,7 +67,10 @@ if importlib.util.find_spec("transformer") is None:
 #
 # Every file is checked against `SHA256SUMS` before it is used, so that a truncated download, a
 # file edited by accident or a wrong copy fails at once with the file's name, rather than
-# training a model on the wrong data. The three languages of a split are line-aligned (line $n$ of
+# training a model on the wrong data. A folder without `SHA256SUMS` fails too, with advice
+# that depends on whose folder it is: for the package's own `data/multi30k`, to install
+# the package from a clone of the repository; for one named with `--data-dir`, to name
+# a copy of it. The three languages of a split are line-aligned (line $n$ of
 # `train.de.gz` translates line $n$ of `train.en.gz`), so the loader also checks that both sides
 # have the same number of lines. A translation direction is named by a *pair*, `de-en` or `fr-en`:
 # this book always translates into English, where the paper's headline task translates English
@@ -111,14 +114,27 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
+def _data_dir_advice(data_dir: Path) -> str:
+    """What to do about a data folder without SHA256SUMS: it depends on whose it is."""
+    if Path(data_dir).absolute() == DATA_DIR:  # the package's own, data/multi30k
+        return (
+            "the package reads the data of the repository it was installed from: install "
+            "it with `pip install -e .` in a clone"
+        )
+    # A folder the user named (--data-dir): reinstalling would not help.
+    multi30k = (
+        "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+    )
+    if Path(data_dir).is_dir():
+        return f"{data_dir} is not a copy of {multi30k}"
+    return f"there is no folder {data_dir}: name a copy of {multi30k}"
+
+
 def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     """File name -> SHA-256 from data_dir/SHA256SUMS."""
     sums = Path(data_dir) / "SHA256SUMS"
     if not sums.is_file():
-        raise DataError(
-            f"missing checksum file {sums} (the package reads the data of the repository "
-            "it was installed from: install it with `pip install -e .` in a clone)"
-        )
+        raise DataError(f"missing checksum file {sums} ({_data_dir_advice(data_dir)})")
     checksums = {}
     for number, line in enumerate(sums.read_text().splitlines(), start=1):
         if not line.strip():

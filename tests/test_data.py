@@ -824,3 +824,40 @@ def test_prepare_errors_are_one_line_and_status_2(case, tmp_path, capsys):
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("python -m transformer prepare: error: "), err
     assert needle in err, err
+
+
+def test_a_missing_checksum_file_gives_advice_that_fits_whose_folder_it_is(
+    tmp_path, capsys, monkeypatch
+):
+    # A folder the user named: advice about the folder, not to reinstall the package.
+    nowhere = tmp_path / "nowhere"
+    multi30k = (
+        "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+    )
+    with pytest.raises(DataError) as missing:
+        data.expected_checksums(nowhere)
+    assert str(missing.value) == (
+        f"missing checksum file {nowhere / 'SHA256SUMS'} (there is no folder "
+        f"{nowhere}: name a copy of {multi30k})"
+    )
+    with pytest.raises(DataError) as empty:
+        load_split("val", "de", data_dir=tmp_path)
+    assert str(empty.value) == (
+        f"missing checksum file {tmp_path / 'SHA256SUMS'} ({tmp_path} is not a copy "
+        f"of {multi30k})"
+    )
+    cache = str(tmp_path / "cache")
+    argv = ["--pair", "de-en", "--cache-dir", cache, "--data-dir", str(nowhere)]
+    status, _, err = run_prepare(argv, capsys)
+    assert status == 2 and f"there is no folder {nowhere}" in err
+    assert "pip install" not in err
+    # The package's own folder, by default or named: install the package from a clone.
+    monkeypatch.setattr(data, "DATA_DIR", tmp_path / "multi30k")
+    reinstall = "install it with `pip install -e .` in a clone)"
+    monkeypatch.chdir(tmp_path)
+    for named in (data.DATA_DIR, Path("multi30k")):
+        with pytest.raises(DataError, match="missing checksum file") as default:
+            data.expected_checksums(named)
+        assert str(default.value).endswith(reinstall)
+    status, _, err = run_prepare(["--pair", "de-en", "--cache-dir", cache], capsys)
+    assert status == 2 and err.endswith(f"{reinstall}\n")

@@ -43,14 +43,27 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
+def _data_dir_advice(data_dir: Path) -> str:
+    """What to do about a data folder without SHA256SUMS: it depends on whose it is."""
+    if Path(data_dir).absolute() == DATA_DIR:  # the package's own, data/multi30k
+        return (
+            "the package reads the data of the repository it was installed from: install "
+            "it with `pip install -e .` in a clone"
+        )
+    # A folder the user named (--data-dir): reinstalling would not help.
+    multi30k = (
+        "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+    )
+    if Path(data_dir).is_dir():
+        return f"{data_dir} is not a copy of {multi30k}"
+    return f"there is no folder {data_dir}: name a copy of {multi30k}"
+
+
 def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     """File name -> SHA-256 from data_dir/SHA256SUMS."""
     sums = Path(data_dir) / "SHA256SUMS"
     if not sums.is_file():
-        raise DataError(
-            f"missing checksum file {sums} (the package reads the data of the repository "
-            "it was installed from: install it with `pip install -e .` in a clone)"
-        )
+        raise DataError(f"missing checksum file {sums} ({_data_dir_advice(data_dir)})")
     checksums = {}
     for number, line in enumerate(sums.read_text().splitlines(), start=1):
         if not line.strip():
