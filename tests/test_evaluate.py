@@ -20,6 +20,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 import transformer.data as data
 import transformer.decode as decode
+import transformer.evaluate as evaluate_module
 from transformer.decode import translate
 from transformer.evaluate import (
     LC_TOK_BLEU,
@@ -382,6 +383,19 @@ def test_an_output_that_cannot_be_written_is_named(shipped, data_dir, tmp_path, 
         evaluate_args(shipped, data_dir, "--output", str(target)), capsys
     )
     assert_error(status, out, err, f"cannot write {target}")
+
+
+def test_an_output_that_is_a_folder_is_refused_before_translating(
+    shipped, data_dir, tmp_path, capsys, monkeypatch
+):
+    def never(*args, **kwargs):
+        raise AssertionError("translated although the output cannot be written")
+
+    monkeypatch.setattr(evaluate_module, "translate_split", never)
+    status, out, err = run(
+        evaluate_args(shipped, data_dir, "--output", str(tmp_path)), capsys
+    )
+    assert_error(status, out, err, f"cannot write {tmp_path}: it is a folder")
 
 
 @pytest.mark.parametrize("failure", ["rename", "encoding"])

@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             raise _UsageError(
                 f"cannot write {args.output}: no folder {args.output.parent}"
             )
+        if args.output is not None and args.output.is_dir():
+            raise _UsageError(f"cannot write {args.output}: it is a folder")
         load_pairs(
             args.split, args.pair, args.data_dir
         )  # a data error before the model's
@@ -330,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             warn=lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr),
         )
-        scores = score(result.hypotheses, result.references)
+        target_language = parse_pair(args.pair)[1]
+        scores = score(result.hypotheses, result.references, language=target_language)
         if args.output is not None:
             try:
                 write_lines(args.output, result.hypotheses)
