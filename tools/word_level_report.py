@@ -8,7 +8,8 @@ The model folder is a run's `average/` (or any checkpoint folder `load_model` re
 comparison folder keeps only metrics, so this file is what is left of the weights' word-level
 scores: the perplexities and accuracies of `word_level_evaluation` and its tokens grouped by how
 often the training split has them (`by_frequency`). The pair is the model's vocabulary's.
-Needs spaCy.
+With `--bleu`, also the sacreBLEU and chrF of the model's translations of the validation
+split with the paper's search (beam 4, α = 0.6), under `val_bleu`. Needs spaCy.
 """
 
 import argparse
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 from transformer.data import load_pairs
-from transformer.evaluate import write_lines
+from transformer.evaluate import score, translate_split, write_lines
 from transformer.train import (
     CheckpointError,
     by_frequency,
@@ -27,9 +28,27 @@ from transformer.train import (
 )
 
 
-def report(model_folder: Path) -> dict:
+def val_bleu(model, tokenizer) -> dict:
+    """sacreBLEU and chrF, with their signatures, of beam-4 (α = 0.6) translations of val."""
+    found = translate_split(
+        model, tokenizer, tokenizer.pair, "val", beam_size=4, alpha=0.6
+    )
+    s = score(found.hypotheses, found.references)
+    return {
+        "beam": 4,
+        "alpha": 0.6,
+        "sentences": s.sentences,
+        "sacrebleu": s.bleu,
+        "chrf": s.chrf,
+        "length_ratio": s.length_ratio,
+        "signature": s.bleu_signature,
+    }
+
+
+def report(model_folder: Path, *, bleu: bool = False) -> dict:
     model, tokenizer = load_model(model_folder)
     w = word_level_evaluation(model, tokenizer, load_pairs("val", tokenizer.pair))
+    extra = {"val_bleu": val_bleu(model, tokenizer)} if bleu else {}
     return {
         "split": "val",
         "words": w.words,
@@ -39,18 +58,23 @@ def report(model_folder: Path) -> dict:
         "accuracy": w.accuracy,
         "unit_accuracy": w.unit_accuracy,
         "groups": by_frequency(w, english_training_counts()),
-    }
+    } | extra
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="a folder load_model reads")
     parser.add_argument("dest", type=Path, help="the comparison run's folder")
+    parser.add_argument(
+        "--bleu",
+        action="store_true",
+        help="also translate the validation split (beam 4, α = 0.6) and score it",
+    )
     args = parser.parse_args()
     if not (args.dest / "metrics.jsonl").is_file():
         sys.exit(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
     try:
-        summary = report(args.model)
+        summary = report(args.model, bleu=args.bleu)
     except CheckpointError as err:
         sys.exit(f"cannot load a model from {args.model}: {err}")
     out = args.dest / "word_level.json"
