@@ -4046,23 +4046,33 @@ recipe_twins = {
     "recipe-seed-1-cpu": "dropout 0.3, seed 1, CPU",
     "dropout-0.4-cpu": "dropout 0.4, seed 0, CPU",
 }
-twin_runs = run_epochs[
-    (run_epochs["pair"] == "de-en") & run_epochs["run"].isin(recipe_twins)
-]
-ppl_curves(
-    twin_runs.assign(recipe=twin_runs["run"].map(recipe_twins))[
-        ["recipe", "run", "epoch", "val_ppl_word"]
-    ],
-    domain=[6, 100],
-).encode(
-    color=alt.Color(
-        "recipe:N",
-        title=None,
-        sort=list(recipe_twins.values()),
-        legend=alt.Legend(orient="bottom"),
-    ),
-    tooltip=["run", "epoch", "val_ppl_word"],
-).transform_filter(alt.datum.epoch >= 5).properties(width=420, height=240)
+
+
+def recipe_curves(labels: dict[str, str]) -> alt.Chart:
+    """The German→English curves of the runs named, from epoch 5, labelled as given."""
+    runs = run_epochs[(run_epochs["pair"] == "de-en") & run_epochs["run"].isin(labels)]
+    return (
+        ppl_curves(
+            runs.assign(recipe=runs["run"].map(labels))[
+                ["recipe", "run", "epoch", "val_ppl_word"]
+            ],
+            domain=[6, 100],
+        )
+        .encode(
+            color=alt.Color(
+                "recipe:N",
+                title=None,
+                sort=list(labels.values()),
+                legend=alt.Legend(orient="bottom"),
+            ),
+            tooltip=["run", "epoch", "val_ppl_word"],
+        )
+        .transform_filter(alt.datum.epoch >= 5)
+        .properties(width=420, height=240)
+    )
+
+
+recipe_curves(recipe_twins)
 
 # %%
 de_ppl = run_epochs[run_epochs["pair"] == "de-en"].pivot(
@@ -4176,24 +4186,7 @@ smoothing_table
 # that the two runs with the paper's $\epsilon_{ls}$ span.
 
 # %%
-smoothing_epochs = run_epochs[
-    (run_epochs["pair"] == "de-en") & run_epochs["run"].isin(smoothing_runs)
-]
-labels = {name: label for name, (label, _) in smoothing_runs.items()}
-ppl_curves(
-    smoothing_epochs.assign(recipe=smoothing_epochs["run"].map(labels))[
-        ["recipe", "run", "epoch", "val_ppl_word"]
-    ],
-    domain=[6, 100],
-).encode(
-    color=alt.Color(
-        "recipe:N",
-        title=None,
-        sort=list(labels.values()),
-        legend=alt.Legend(orient="bottom"),
-    ),
-    tooltip=["run", "epoch", "val_ppl_word"],
-).transform_filter(alt.datum.epoch >= 5).properties(width=420, height=240)
+recipe_curves({name: label for name, (label, _) in smoothing_runs.items()})
 
 # %% [markdown]
 # What they show. Neither neighbour of the paper's $\epsilon_{ls}$ leaves what chance does to
