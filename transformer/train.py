@@ -992,7 +992,8 @@ class Trainer:
             )
         if checkpoint is not None:  # before loading any data: the cheap checks first
             check_recipe(checkpoint, config)
-            processes = Progress.read(checkpoint).processes
+            resumed_at = Progress.read(checkpoint)
+            processes = resumed_at.processes
             if processes != self.env.world_size:
                 raise CheckpointError(
                     f"{checkpoint}: the run was trained by {processes} process(es), this "
@@ -1009,7 +1010,7 @@ class Trainer:
         self._check_lengths()
         # The batches of the epoch to come, in BPE's own spelling (BPE-dropout changes
         # their number only slightly): an epoch must give at least one update.
-        epoch = Progress.read(checkpoint).epoch if checkpoint is not None else 0
+        epoch = resumed_at.epoch if checkpoint is not None else 0
         first = token_batches(
             self.data.train.src_lengths + 1,
             self.data.train.tgt_lengths + 1,
