@@ -201,9 +201,10 @@ print(f"any other:   {eps / V_wmt:.6e} instead of {eps / (V_wmt - 1):.6e}")
 #
 # An **all-padding batch** has no token to average over. `F.cross_entropy` returns NaN there
 # (zero divided by zero); this loss returns zero, with a zero gradient, so such a batch adds
-# nothing to the gradient (an optimiser step after it would still apply Adam's momentum). The alternative, raising an error, would need the token count on the host at
-# every step, a GPU-to-CPU synchronisation that a training loop should not pay for a case that
-# a correct data loader never produces.
+# nothing to the gradient (an optimiser step after it would still apply Adam's momentum). The
+# alternative, raising an error, would need the token count on the host at every step, a
+# GPU-to-CPU synchronisation that a training loop should not pay for a case that a correct data
+# loader never produces.
 #
 # `reduction="sum"` returns the summed loss instead of the mean, for a training loop that
 # accumulates gradients over several batches and divides by their total number of tokens;
@@ -235,12 +236,17 @@ def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
     return -(right * math.log(right) + (vocab_size - 1) * other * math.log(other))
 
 
-def _check_shapes(log_probs: Tensor, target: Tensor) -> None:
-    if log_probs.shape[:-1] != target.shape:
+def _check_inputs(log_probs: Tensor, target: Tensor) -> None:
+    """Float log-probabilities (..., V) and token ids (...) of torch.long, or a ValueError."""
+    if log_probs.dim() == 0 or log_probs.shape[:-1] != target.shape:
         raise ValueError(
             f"log_probs {tuple(log_probs.shape)} does not match target {tuple(target.shape)}: "
             "expected (..., V) and (...)"
         )
+    if not log_probs.is_floating_point():
+        raise ValueError(f"log_probs must be floating-point, got {log_probs.dtype}")
+    if target.dtype != torch.long:
+        raise ValueError(f"target must hold token ids (torch.long), got {target.dtype}")
 
 
 class LabelSmoothingLoss(nn.Module):
@@ -273,12 +279,12 @@ class LabelSmoothingLoss(nn.Module):
 
         Shapes:
             log_probs: (B, T, V) or (N, V), log-probabilities (the model's log_softmax)
-            target: (B, T) or (N,), token ids; positions equal to pad_id are ignored
+            target: (B, T) or (N,), token ids (torch.long); positions equal to pad_id are ignored
             returns a scalar, or (B, T) / (N,) with zeros at padding for reduction="none"
 
         A batch with no real token gives 0 with "mean" (and a zero gradient), not NaN.
         """
-        _check_shapes(log_probs, target)
+        _check_inputs(log_probs, target)
         eps, vocab_size = self.smoothing, log_probs.size(-1)
         real = target != self.pad_id  # (B, T)
         # Any id at padded positions will do for the gather, even a pad_id outside the vocabulary.
@@ -339,7 +345,8 @@ assert torch.allclose(ours, reference, atol=1e-12)
 # %% [markdown]
 # With $\epsilon = 0$ the target is one-hot, $H(q) = 0$, and the loss is the plain negative
 # log-likelihood. For any $\epsilon$, `reduction="sum"` gives the mean times the number of real
-# tokens (15 here: 4 + 5 + 6):
+# tokens (15 here: 4 + 5 + 6), and `reduction="none"` the loss at each position, which adds up to
+# that sum and is zero at padding:
 
 # %%
 nll = LabelSmoothingLoss(pad_id=pad_id, smoothing=0.0)(log_probs, target)
@@ -350,6 +357,9 @@ assert torch.allclose(
 n_tokens = (target != pad_id).sum()
 summed = LabelSmoothingLoss(pad_id=pad_id, reduction="sum")(log_probs, target)
 assert n_tokens == 15 and torch.allclose(summed, ours * n_tokens)
+per_position = LabelSmoothingLoss(pad_id=pad_id, reduction="none")(log_probs, target)
+assert per_position.shape == (B, T) and torch.allclose(per_position.sum(), summed)
+assert per_position[target == pad_id].abs().max() == 0
 
 # %% [markdown]
 # Padded positions do not matter: replacing the model's output there by anything leaves the loss
@@ -374,14 +384,12 @@ scrambled[target == pad_id] = 1e4 * torch.randn_like(scrambled[target == pad_id]
 assert torch.allclose(criterion(scrambled.log_softmax(-1), target), loss)
 
 all_pad = torch.full((B, T), pad_id)
-print("ours:   ", criterion(log_probs, all_pad).item())
-print(
-    "PyTorch:",
-    F.cross_entropy(
-        logits.detach().view(-1, V), all_pad.view(-1), ignore_index=pad_id
-    ).item(),
+theirs_all_pad = F.cross_entropy(
+    logits.detach().view(-1, V), all_pad.view(-1), ignore_index=pad_id
 )
-assert criterion(log_probs, all_pad) == 0
+print("ours:   ", criterion(log_probs, all_pad).item())
+print("PyTorch:", theirs_all_pad.item())
+assert criterion(log_probs, all_pad) == 0 and theirs_all_pad.isnan()
 
 # %% [markdown]
 # ## Where the loss is smallest
@@ -509,8 +517,9 @@ for size in (V, V_wmt):
 # whose most probable token is the right one (with the decoder fed the reference prefix, as in
 # training). The perplexity is per subword token, `<eos>` included, as the paper's is "per
 # wordpiece" (its Table 3 warns that it "should not be compared to per-word perplexities"): it
-# depends on the vocabulary, so the training chapter also reports it per word. A validation set is seen batch by batch, so `token_stats` returns sums and counts,
-# which add up across batches; the means are taken once, at the end.
+# depends on the vocabulary, so the training chapter also reports it per word. A validation set
+# is seen batch by batch, so `token_stats` returns sums and counts, which add up across batches;
+# the means are taken once, at the end.
 
 
 # %%
@@ -558,7 +567,7 @@ def token_stats(log_probs: Tensor, target: Tensor, *, pad_id: int) -> TokenStats
     Shapes:
         log_probs: (B, T, V) or (N, V); target: (B, T) or (N,)
     """
-    _check_shapes(log_probs, target)
+    _check_inputs(log_probs, target)
     real = target != pad_id  # (B, T)
     index = target.masked_fill(~real, 0).unsqueeze(-1)  # (B, T, 1)
     nll = -log_probs.gather(-1, index).squeeze(-1).double()  # (B, T)

@@ -182,6 +182,20 @@ for (d_model, warmup), lr in curves.items():
     assert all(a < b for a, b in zip(lr[1:top], lr[2 : top + 1], strict=True))
     assert all(a > b for a, b in zip(lr[top:-1], lr[top + 1 :], strict=True))
 
+# A wider model is lower at every step; after the longest warm-up, 8,000, the three warm-ups
+# at d_model = 512 give the same rate.
+assert all(
+    a > b > c
+    for a, b, c in zip(
+        curves[256, 4000][1:],
+        curves[512, 4000][1:],
+        curves[1024, 4000][1:],
+        strict=True,
+    )
+)
+for step in range(8000, STEPS + 1):
+    assert curves[512, 2000][step] == curves[512, 4000][step] == curves[512, 8000][step]
+
 # %%
 from transformer.plots import use_book_renderer
 
@@ -300,11 +314,12 @@ for beta_2 in (0.999, 0.98):
 
 # %% [markdown]
 # By this argument alone the warm-up could be short, of the order of $1 / (1 - \beta_2)$ updates,
-# 50 here. The paper's 4,000 are eighty times that, and the architecture adds a second reason. In the paper's *post-norm* layers (the residual sum is
-# normalised, $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$), Xiong et al. show that at
-# initialisation the expected gradients of the parameters near the output are large, so that a
-# large learning rate from the first step makes training unstable; the warm-up is what keeps
-# post-norm Transformers trainable {cite:p}`xiong2020layer`. The *pre-norm* variant
+# 50 here. The paper's 4,000 are eighty times that, and the architecture adds a second reason.
+# In the paper's *post-norm* layers (the residual sum is normalised,
+# $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$), Xiong et al. show that at initialisation the
+# expected gradients of the parameters near the output are large, so that a large learning rate
+# from the first step makes training unstable; the warm-up is what keeps post-norm Transformers
+# trainable {cite:p}`xiong2020layer`. The *pre-norm* variant
 # ($x + \mathrm{Sublayer}(\mathrm{LayerNorm}(x))$, the option `norm_first=True` of this book's
 # layers) has well-behaved gradients at initialisation and tolerates a much shorter warm-up, or
 # none.

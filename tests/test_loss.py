@@ -151,6 +151,33 @@ def test_mismatched_shapes_raise():
         )
 
 
+def test_a_scalar_log_probs_is_refused():
+    with pytest.raises(ValueError, match="does not match"):
+        LabelSmoothingLoss(pad_id=PAD)(torch.tensor(-1.0), torch.tensor(2))
+
+
+def test_wrong_dtypes_raise():
+    logits, target = padded_batch()
+    log_probs = logits.log_softmax(-1)
+    criterion = LabelSmoothingLoss(pad_id=PAD)
+    # Unchecked, integer "log-probabilities" give a (negative) loss without complaint.
+    for bad in (log_probs.long(), log_probs > -2):
+        with pytest.raises(ValueError, match="log_probs must be floating-point"):
+            criterion(bad, target)
+        with pytest.raises(ValueError, match="log_probs must be floating-point"):
+            token_stats(bad, target, pad_id=PAD)
+    # Float, boolean or int32 targets: F.cross_entropy refuses all three as well.
+    for bad in (target.double(), target > 3, target.int()):
+        with pytest.raises(
+            ValueError, match=r"target must hold token ids \(torch.long\)"
+        ):
+            criterion(log_probs, bad)
+        with pytest.raises(
+            ValueError, match=r"target must hold token ids \(torch.long\)"
+        ):
+            token_stats(log_probs, bad, pad_id=PAD)
+
+
 def test_all_padding_batch_gives_zero_and_no_gradient():
     logits = torch.randn(B, T, V, dtype=torch.float64, requires_grad=True)
     target = torch.full((B, T), PAD)

@@ -28,12 +28,17 @@ def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
     return -(right * math.log(right) + (vocab_size - 1) * other * math.log(other))
 
 
-def _check_shapes(log_probs: Tensor, target: Tensor) -> None:
-    if log_probs.shape[:-1] != target.shape:
+def _check_inputs(log_probs: Tensor, target: Tensor) -> None:
+    """Float log-probabilities (..., V) and token ids (...) of torch.long, or a ValueError."""
+    if log_probs.dim() == 0 or log_probs.shape[:-1] != target.shape:
         raise ValueError(
             f"log_probs {tuple(log_probs.shape)} does not match target {tuple(target.shape)}: "
             "expected (..., V) and (...)"
         )
+    if not log_probs.is_floating_point():
+        raise ValueError(f"log_probs must be floating-point, got {log_probs.dtype}")
+    if target.dtype != torch.long:
+        raise ValueError(f"target must hold token ids (torch.long), got {target.dtype}")
 
 
 class LabelSmoothingLoss(nn.Module):
@@ -66,12 +71,12 @@ class LabelSmoothingLoss(nn.Module):
 
         Shapes:
             log_probs: (B, T, V) or (N, V), log-probabilities (the model's log_softmax)
-            target: (B, T) or (N,), token ids; positions equal to pad_id are ignored
+            target: (B, T) or (N,), token ids (torch.long); positions equal to pad_id are ignored
             returns a scalar, or (B, T) / (N,) with zeros at padding for reduction="none"
 
         A batch with no real token gives 0 with "mean" (and a zero gradient), not NaN.
         """
-        _check_shapes(log_probs, target)
+        _check_inputs(log_probs, target)
         eps, vocab_size = self.smoothing, log_probs.size(-1)
         real = target != self.pad_id  # (B, T)
         # Any id at padded positions will do for the gather, even a pad_id outside the vocabulary.
@@ -135,7 +140,7 @@ def token_stats(log_probs: Tensor, target: Tensor, *, pad_id: int) -> TokenStats
     Shapes:
         log_probs: (B, T, V) or (N, V); target: (B, T) or (N,)
     """
-    _check_shapes(log_probs, target)
+    _check_inputs(log_probs, target)
     real = target != pad_id  # (B, T)
     index = target.masked_fill(~real, 0).unsqueeze(-1)  # (B, T, 1)
     nll = -log_probs.gather(-1, index).squeeze(-1).double()  # (B, T)
