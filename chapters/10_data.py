@@ -1978,6 +1978,24 @@ class BPEDropout:
                 "records no word starts)"
             )
 
+    def longest_spelling(
+        self, split: EncodedSplit, sides: Sequence[str] = ("src", "tgt")
+    ) -> int:
+        """The most tokens a sentence of `sides` can take when resampled, <bos> and <eos>
+        aside: one per character of its words, the spelling in which every merge drops."""
+        longest = 0
+        for side in sides:
+            ids, offsets = (
+                getattr(split, f"{side}_ids"),
+                getattr(split, f"{side}_offsets"),
+            )
+            chars = np.zeros(len(ids) + 1, dtype=np.int64)
+            np.cumsum(
+                [len(piece) for piece in self.tokenizer.pieces(ids)], out=chars[1:]
+            )
+            longest = max(longest, int(np.diff(chars[offsets]).max(initial=0)))
+        return longest
+
     def resample(
         self,
         split: EncodedSplit,
@@ -2094,6 +2112,24 @@ assert 1.1 < growth["src"] < 1.5 and 1.1 < growth["tgt"] < 1.5
 print(
     f"p = 0.1: {growth['src'] - 1:.0%} more German and {growth['tgt'] - 1:.0%} more "
     "English tokens"
+)
+
+# %% [markdown]
+# How much longer can a sentence get? A draw that drops every merge spells each word letter
+# by letter, and no draw is longer, so `longest_spelling` (the characters of a sentence's
+# words) bounds every epoch to come. The training chapter checks, before the first update,
+# that a batch and the model's positions hold that bound, not just BPE's own spelling. In
+# German→English's training pairs, the longest sentence grows from its BPE spelling to (with
+# `<eos>`):
+
+# %%
+longest_bpe = int(max(train.src_lengths.max(), train.tgt_lengths.max())) + 1
+longest_drawn = int(max(epoch_0.src_lengths.max(), epoch_0.tgt_lengths.max())) + 1
+longest_spelled = dropout.longest_spelling(train) + 1
+assert longest_bpe < longest_drawn <= longest_spelled == 256
+print(
+    f"BPE {longest_bpe} tokens, one draw at p = 0.1 {longest_drawn}, "
+    f"at most {longest_spelled} (one a character)"
 )
 
 # %% [markdown]

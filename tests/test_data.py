@@ -566,6 +566,12 @@ def test_bpe_dropout_keeps_the_text_and_is_a_function_of_seed_and_epoch(cache):
     plain = BPEDropout(tokenizer, 0).resample(val, seed=3, epoch=1)
     for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "src_starts"):
         assert np.array_equal(getattr(plain, name), getattr(val, name))
+    # The longest spelling bounds every draw, and dropping every merge reaches it.
+    bound = dropout.longest_spelling(val)
+    assert max(a.src_lengths.max(), a.tgt_lengths.max()) <= bound
+    letters = BPEDropout(tokenizer, 1 - 1e-12).resample(val, seed=0, epoch=0)
+    assert max(letters.src_lengths.max(), letters.tgt_lengths.max()) == bound
+    assert dropout.longest_spelling(val, ("src",)) == letters.src_lengths.max()
 
 
 def bpe_dropout_by_definition(

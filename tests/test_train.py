@@ -29,6 +29,7 @@ from transformer.config import TransformerConfig
 from transformer.data import (
     DATA_DIR,
     MARK,
+    BPEDropout,
     DataError,
     EncodedSplit,
     collate,
@@ -834,6 +835,32 @@ def test_bpe_dropout_that_never_drops_trains_as_without_it(tmp_path: Path):
     folder = "checkpoints/epoch-002"
     for name, value in weights_of(tmp_path / "off" / folder).items():
         assert torch.equal(value, weights_of(tmp_path / "tiny" / folder)[name]), name
+
+
+def test_a_batch_budget_that_a_bpe_dropout_spelling_could_overflow_is_refused(
+    tmp_path: Path,
+):
+    """BPE's own spelling fits, but a later epoch may spell a sentence in one token per
+    character: refused before training, not when that epoch comes."""
+    data = tiny_data(worded=True)
+    spelled = BPEDropout(data.tokenizer, 0.1).longest_spelling(data.train) + 1
+    longest = int(max(data.train.src_lengths.max(), data.train.tgt_lengths.max())) + 1
+    assert spelled > longest
+    config = functools.partial(tiny_config, bpe_dropout=0.1, max_tokens=spelled - 1)
+    with pytest.raises(
+        DataError, match=rf"BPE-dropout may spell.*\({spelled} tokens\)"
+    ):
+        train(config(tmp_path / "run"), data=data, echo=False)
+    assert not (tmp_path / "run").exists()
+    overrides = TINY_MODEL | {"max_len": spelled - 1}
+    with pytest.raises(DataError, match=rf"max_len={spelled - 1} .*BPE-dropout"):
+        train(
+            config(tmp_path / "run", max_tokens=spelled, model_overrides=overrides),
+            data=data,
+            echo=False,
+        )
+    # Without BPE-dropout, the same budget holds every sentence as BPE spells it.
+    train(config(tmp_path / "ok", bpe_dropout=0.0, epochs=1), data=data, echo=False)
 
 
 def test_bpe_dropout_needs_the_word_starts(tmp_path: Path, data):

@@ -989,6 +989,24 @@ class BPEDropout:
                 "records no word starts)"
             )
 
+    def longest_spelling(
+        self, split: EncodedSplit, sides: Sequence[str] = ("src", "tgt")
+    ) -> int:
+        """The most tokens a sentence of `sides` can take when resampled, <bos> and <eos>
+        aside: one per character of its words, the spelling in which every merge drops."""
+        longest = 0
+        for side in sides:
+            ids, offsets = (
+                getattr(split, f"{side}_ids"),
+                getattr(split, f"{side}_offsets"),
+            )
+            chars = np.zeros(len(ids) + 1, dtype=np.int64)
+            np.cumsum(
+                [len(piece) for piece in self.tokenizer.pieces(ids)], out=chars[1:]
+            )
+            longest = max(longest, int(np.diff(chars[offsets]).max(initial=0)))
+        return longest
+
     def resample(
         self,
         split: EncodedSplit,

@@ -1007,6 +1007,10 @@ class Trainer:
             check_compatible(
                 checkpoint, model_config=self.model_config, tokenizer=tokenizer
             )
+        dropout = c.bpe_dropout
+        self.bpe_dropout = BPEDropout(tokenizer, dropout) if dropout else None
+        if self.bpe_dropout is not None:
+            self.bpe_dropout.check(self.data.train)
         self._check_lengths()
         # The batches of the epoch to come, in BPE's own spelling (BPE-dropout changes
         # their number only slightly): an epoch must give at least one update.
@@ -1019,10 +1023,6 @@ class Trainer:
             epoch=epoch,
         )
         self._updates_per_epoch(len(first))
-        dropout = c.bpe_dropout
-        self.bpe_dropout = BPEDropout(tokenizer, dropout) if dropout else None
-        if self.bpe_dropout is not None:
-            self.bpe_dropout.check(self.data.train)
         # With a GPU, a second process spells the next epoch while this one trains (the CPU
         # is otherwise idle); on a CPU, the training itself keeps every core busy.
         self.prefetch = self.device.type == "cuda"
@@ -1116,19 +1116,31 @@ class Trainer:
 
     def _check_lengths(self) -> None:
         """Refuse, before any update, a split whose longest sentence (with its <bos> or
-        <eos>) fits neither a batch nor the model's positional table."""
+        <eos>) fits neither a batch nor the model's positional table. With BPE-dropout, a
+        training sentence counts in its longest spelling too, which a later epoch may draw."""
         c, data = self.config, self.data
-        for name, split in (("train", data.train), ("val", data.val)):
-            longest = int(max(split.src_lengths.max(), split.tgt_lengths.max())) + 1
-            if longest > c.max_tokens:
+        longest = {
+            f"{name} sentence": int(
+                max(split.src_lengths.max(), split.tgt_lengths.max())
+            )
+            for name, split in (("train", data.train), ("val", data.val))
+        }
+        if self.bpe_dropout is not None:
+            sides = BPE_DROPOUT_SIDES[c.bpe_dropout_sides]
+            longest[
+                "train sentence as BPE-dropout may spell it, one token a character"
+            ] = self.bpe_dropout.longest_spelling(data.train, sides)
+        for what, tokens in longest.items():
+            tokens += 1  # <bos> or <eos>
+            if tokens > c.max_tokens:
                 raise DataError(
-                    f"max_tokens={c.max_tokens} cannot hold the longest {name} sentence "
-                    f"({longest} tokens): raise --max-tokens"
+                    f"max_tokens={c.max_tokens} cannot hold the longest {what} "
+                    f"({tokens} tokens): raise --max-tokens"
                 )
-            if longest > self.model_config.max_len:
+            if tokens > self.model_config.max_len:
                 raise DataError(
                     f"the model's max_len={self.model_config.max_len} cannot place the "
-                    f"longest {name} sentence ({longest} tokens): raise --set max_len"
+                    f"longest {what} ({tokens} tokens): raise --set max_len"
                 )
 
     def _describe(self, checkpoint: Path | None) -> None:
