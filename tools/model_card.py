@@ -72,8 +72,9 @@ def card(pair: str, command: str, hardware: str) -> str:
     )
     if wl_met and not val_met:
         status += (
-            ". Read per word-level token, the unit of word-level implementations, the "
-            "validation targets are met (below)"
+            ". Read per word-level token, the unit of word-level implementations (an "
+            "evaluation written after the runs), its validation figures are within the "
+            "targets (below), which stay judged per word"
         )
     comparisons = sorted(
         p.name for p in (folder / "comparison").iterdir() if p.is_dir()
