@@ -3,12 +3,13 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# On a machine without an NVIDIA driver, install the CPU build of torch first so that the
-# project's `torch>=2.5` is already satisfied and pip never downloads CUDA wheels.
+# On a machine without an NVIDIA driver, install torch first so that the project's `torch>=2.5`
+# is already satisfied. The default is the CPU build that CI machines hold on disk; from PyPI
+# that pin is the CUDA build, so elsewhere pass pip arguments for a CPU build (README.md).
 TORCH_CPU ?= torch==2.13.0
 CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 
-.PHONY: help book test check export sync execute venv browser clean
+.PHONY: help book test check export sync execute venv clean
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv first)"
@@ -22,8 +23,8 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
-	  echo "no NVIDIA driver found: installing the CPU build ($(TORCH_CPU))"; \
-	  $(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
+	  echo "no NVIDIA driver found: installing $(TORCH_CPU) first"; \
+	  $(BIN)/python -m pip install -q $(TORCH_CPU); fi
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 

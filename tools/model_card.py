@@ -172,7 +172,7 @@ training chapter compares them).
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("pair", choices=sorted(NAMES))
     p.add_argument(
         "--command", required=True, help="the command that trained the model"
