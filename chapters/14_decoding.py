@@ -1433,9 +1433,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(
-    pair: str, checkpoint: Path | None, device: str
+    pair: str, checkpoint: Path | None, device: str, *, alpha: float | None = None
 ) -> tuple[Transformer, Tokenizer]:
-    """The model and tokenizer to translate with, or a one-line error naming the folder."""
+    """The model and tokenizer to translate with, or a one-line error naming the folder; with
+    `alpha`, also one if the length penalty would overflow within the model's positions."""
     from transformer.train import load_model  # only now: --help stays quick
 
     folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
@@ -1457,6 +1458,11 @@ def _load(
         raise _UsageError(f"cannot load the model: {message}") from err
     if tokenizer.languages != PAIRS[pair]:
         raise _UsageError(f"{folder} holds a {tokenizer.pair} model, not a {pair} one")
+    if alpha is not None:
+        try:
+            _check_alpha(alpha, max_len=model.config.max_len, name="--alpha")
+        except ValueError as err:
+            raise _UsageError(str(err)) from None
     return model, tokenizer
 
 
@@ -1485,7 +1491,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_intermixed_args(argv[:cut])
         args.sentences += argv[cut + 1 :]
         device = check_model_options(args)
-        model, tokenizer = _load(args.pair, args.checkpoint, device)
+        model, tokenizer = _load(args.pair, args.checkpoint, device, alpha=args.alpha)
         if args.sentences:
             sentences = args.sentences
             # isfile, not Path.is_file: a sentence too long for a file name is no error

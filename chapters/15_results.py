@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         load_pairs(
             args.split, args.pair, args.data_dir
         )  # a data error before the model's
-        model, tokenizer = _load(args.pair, args.checkpoint, device)
+        model, tokenizer = _load(args.pair, args.checkpoint, device, alpha=args.alpha)
         result = translate_split(
             model,
             tokenizer,

@@ -40,7 +40,11 @@ def tiny_tokenizer(seed_text: list[str] = GERMAN) -> data.Tokenizer:
 
 
 def ship(
-    folder: Path, tokenizer: data.Tokenizer, pair: str = "de-en", seed: int = 0
+    folder: Path,
+    tokenizer: data.Tokenizer,
+    pair: str = "de-en",
+    seed: int = 0,
+    max_len: int = MAX_LEN,
 ) -> Path:
     """A tiny random model in the shipped form, as `export_model` writes it from a run."""
     torch.manual_seed(seed)
@@ -50,7 +54,7 @@ def ship(
         n_heads=2,
         n_layers=1,
         d_ff=32,
-        max_len=MAX_LEN,
+        max_len=max_len,
     )
     checkpoint = folder.parent / f".{folder.name}-checkpoint"
     checkpoint.mkdir(parents=True)

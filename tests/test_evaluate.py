@@ -310,6 +310,14 @@ def test_bad_options(more, needle, shipped, data_dir, capsys):
     assert_error(status, out, err, needle)
 
 
+def test_an_alpha_whose_penalty_overflows_within_the_models_positions_is_one_line(
+    data_dir, tmp_path, capsys
+):
+    long = ship(tmp_path / "de-en", tiny_tokenizer(), max_len=50_000)
+    status, out, err = run(evaluate_args(long, data_dir, "--alpha", "10"), capsys)
+    assert_error(status, out, err, "makes the length penalty overflow")
+
+
 def test_no_pair_is_an_error(capsys):
     status, out, err = run([], capsys)
     assert_error(status, out, err, "--pair")

@@ -358,6 +358,26 @@ def test_a_non_finite_alpha_is_an_error_before_any_translation(
     assert status == 0 and len(out.splitlines()) == 1
 
 
+def test_an_alpha_whose_penalty_overflows_within_the_models_positions_is_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    # ((5 + 50,000) / 6) ** 10 is beyond float32: a traceback from beam_search before.
+    long = ship(tmp_path / "de-en", tiny_tokenizer(), max_len=50_000)
+    status, out, err = run(
+        translate_args(long, "--alpha", "10", "Hallo"), capsys, monkeypatch
+    )
+    assert out == ""
+    assert_error(
+        status,
+        err,
+        "--alpha 10.0 makes the length penalty overflow at the model's 50000 positions",
+    )
+    status, out, _ = run(
+        translate_args(long, "--alpha", "1", "Hallo"), capsys, monkeypatch
+    )
+    assert status == 0 and len(out.splitlines()) == 1
+
+
 def test_a_sentence_that_names_a_file_is_translated_with_a_warning(
     shipped, tmp_path, capsys, monkeypatch
 ):
