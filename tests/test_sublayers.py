@@ -134,11 +134,17 @@ def test_sublayer_connection_in_eval_mode_is_deterministic(stream):
 
 
 def test_gradients_reach_the_input_through_both_paths(stream):
+    # A weighted sum: the plain sum of a layer-normalised vector does not depend on x.
+    weight = torch.linspace(-1, 1, 16)
     for norm_first in (False, True):
         x = stream.clone().requires_grad_(True)
         ffn = PositionwiseFeedForward(16, 32)
         out = SublayerConnection(16, dropout=0.0, norm_first=norm_first)(x, ffn)
-        # A weighted sum: the plain sum of a layer-normalised vector does not depend on x.
-        (out * torch.linspace(-1, 1, 16)).sum().backward()
+        (out * weight).sum().backward()
         assert x.grad is not None and x.grad.abs().max() > 1e-3
         assert ffn.w_1.weight.grad.abs().max() > 1e-3
+        # The gradient of the formula, residual path included (LayerNorm's γ = 1, β = 0).
+        y = stream.clone().requires_grad_(True)
+        formula = y + ffn(layer_norm(y)) if norm_first else layer_norm(y + ffn(y))
+        (expected,) = torch.autograd.grad((formula * weight).sum(), y)
+        assert torch.allclose(x.grad, expected, atol=1e-5), norm_first

@@ -1006,11 +1006,17 @@ def test_export_and_load_the_shipped_model(tmp_path: Path, data):
     assert {"config.json", "tokenizer.json", "metrics.jsonl"} <= {
         p.name for p in shipped.iterdir()
     }
-    assert all(
-        t.dtype == torch.float16
+    stored = {
+        name: t
         for f in files
-        for t in safetensors.torch.load_file(shipped / f).values()
-    )
+        for name, t in safetensors.torch.load_file(shipped / f).items()
+    }
+    # The average's weights, each rounded once to float16 (not through a coarser type).
+    average = weights_of(run / "average")
+    assert stored.keys() == average.keys()
+    for name, value in average.items():
+        assert stored[name].dtype == torch.float16, name
+        assert torch.equal(stored[name], value.to(torch.float16)), name
     model, tokenizer = load_model(shipped)
     reference, _ = load_model(run / "average")
     assert (
