@@ -76,7 +76,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # next chapter but one); here we let all three be the word vectors themselves, $Q = K = V = X$.
 # A word's score with its own key is then its squared length $\lVert x \rVert^2$. That is not
 # always its largest score: a longer vector $y$ pointing roughly the same way gives
-# $x \cdot y > \lVert x \rVert^2$. But random vectors of 16 dimensions are nearly orthogonal to
+# $x \cdot y > \lVert x \rVert^2$. But random vectors of 16 dimensions are roughly orthogonal to
 # one another, so here each word's query does match its own key best, as the softmax step below
 # checks.
 
@@ -129,7 +129,7 @@ output.shape
 # %% [markdown]
 # The heatmap below shows the weights: one row per query, one column per key; hover over a cell
 # to read its value. Look at the diagonal and at the two *the* rows: every word attends mostly to
-# itself, because its query is its own key and the random vectors are nearly orthogonal, and
+# itself, because its query is its own key and the random vectors are roughly orthogonal, and
 # each *the* gives the same weight to both
 # occurrences of *the*, because their keys are identical. Nothing in equation (1) knows where a
 # word stands in the sentence; the two *the* are indistinguishable until the chapter on
@@ -334,6 +334,10 @@ assert (
     at.loc[(1024, "q·k"), "softmax gradient norm"]
     < 0.3 * at.loc[(1024, "q·k / √d_k"), "softmax gradient norm"]
 )
+# with the scale, both stay within 15% of their values at d_k = 4
+scaled = saturation[saturation["scores"] == "q·k / √d_k"].set_index("d_k")
+for column in ("largest weight", "softmax gradient norm"):
+    assert (scaled[column] / scaled.loc[4, column]).between(0.85, 1.15).all(), column
 
 # %% [markdown]
 # ## Checking against PyTorch

@@ -113,7 +113,8 @@ assert torch.equal(q.transpose(1, 2).reshape(B, T, d_model), steps["w_q(x)"])
 # builds them without biases. Ours add a bias vector to each of the four projections by default,
 # as PyTorch's `nn.MultiheadAttention` and the Annotated Transformer (plain `nn.Linear` layers)
 # do; `bias=False` gives the paper's layer. The cost is $4 d_\text{model}$ parameters per
-# attention block, a few hundredths of a percent of the base model (counted below the module).
+# attention block, in all 18 blocks of the base model 36,864, 0.06% of it (counted below the
+# module).
 # The book's trained models were trained with the biases, so the default stays. One of the four
 # does nothing at all: $W^K$'s bias $b_K$ adds $q \cdot b_K / \sqrt{d_k}$ to every score of the
 # query $q$, the same amount for every key, and the softmax removes a constant added to a whole
