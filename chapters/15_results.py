@@ -69,7 +69,8 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where]
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
     subprocess.run(pip, check=True)
     sys.path.insert(0, where)  # an editable install is seen only after a restart
 

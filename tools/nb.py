@@ -90,7 +90,8 @@ def setup_cell_source(url: str) -> str:
         f'    repo = "{url}"\n'
         '    where = "/content/transformer-book"\n'
         '    subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)\n'
-        '    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where]\n'
+        "    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs\n"
+        '    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]\n'
         "    subprocess.run(pip, check=True)\n"
         "    sys.path.insert(0, where)  # an editable install is seen only after a restart"
     )
