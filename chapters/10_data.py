@@ -106,6 +106,22 @@ class DataError(Exception):
     """A data file is missing, corrupt or inconsistent, or a split or pair is unknown."""
 
 
+def check_split(split: str, signature: str) -> None:
+    """A clear error for a split the book does not have, naming a swapped argument order.
+
+    The loaders of raw text take the split first, `load_encoded` takes the pair first (as the
+    cache is laid out, one folder per pair): `signature` is the caller's, shown when `split`
+    looks like the other argument.
+    """
+    if split not in SPLITS:
+        languages = {lang for pair in PAIRS.values() for lang in pair}
+        swapped = split in PAIRS or split in languages
+        hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
+        raise DataError(
+            f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
+        )
+
+
 def parse_pair(pair: str) -> tuple[str, str]:
     """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not have."""
     if pair not in PAIRS:
@@ -172,8 +188,7 @@ def read_lines(path: Path, sha256: str) -> list[str]:
 
 def load_split(split: str, language: str, data_dir: Path = DATA_DIR) -> list[str]:
     """The sentences of one split in one language, one per line of the file."""
-    if split not in SPLITS:
-        raise DataError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
+    check_split(split, "load_split(split, language)")
     name = f"{split}.{language}.gz"
     checksums = expected_checksums(data_dir)
     if name not in checksums:
@@ -185,6 +200,7 @@ def load_pairs(
     split: str, pair: str, data_dir: Path = DATA_DIR
 ) -> list[tuple[str, str]]:
     """(source, target) sentence pairs of a split, e.g. load_pairs("val", "de-en")."""
+    check_split(split, "load_pairs(split, pair)")
     src_lang, tgt_lang = parse_pair(pair)
     src = load_split(split, src_lang, data_dir)
     tgt = load_split(split, tgt_lang, data_dir)
@@ -1367,8 +1383,7 @@ def load_encoded(
 
     A missing, stale or corrupt cache raises DataError; it is never used.
     """
-    if split not in SPLITS:
-        raise DataError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
+    check_split(split, "load_encoded(pair, split)")
     folder = Path(cache_dir) / pair
     problems, contents = _read_cache(
         pair, cache_dir, vocab_size=None, data_dir=data_dir

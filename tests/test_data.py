@@ -736,6 +736,19 @@ def test_stale_and_incomplete_caches_are_named(cache_copy, tmp_path):
         load_encoded("de-en", "test", cache_copy)
 
 
+def test_swapped_loader_arguments_are_named():
+    """The raw-text loaders take the split first, load_encoded the pair: a swap says so."""
+    for call, signature in [
+        (lambda: load_split("de", "val"), r"load_split\(split, language\): swapped"),
+        (lambda: load_pairs("de-en", "val"), r"load_pairs\(split, pair\): swapped"),
+        (lambda: load_encoded("val", "de-en"), r"load_encoded\(pair, split\): swapped"),
+    ]:
+        with pytest.raises(DataError, match=signature):
+            call()
+    with pytest.raises(DataError, match="choose one of train, val, test_2016_flickr$"):
+        load_split("test", "de")  # not a swap: no hint
+
+
 @needs_spacy
 def test_training_from_the_cache_needs_no_spacy(cache):
     """On a machine without spaCy (the GPU machine), the cache is all training needs."""

@@ -2,10 +2,10 @@
 
 # %% auto #0
 __all__ = ['DATA_DIR', 'PAIRS', 'SPLITS', 'MARK', 'PAD', 'UNK', 'BOS', 'EOS', 'SPECIALS', 'VOCAB_SIZE', 'TOKENIZER_FORMAT',
-           'CACHE_DIR', 'CACHE_FORMAT', 'PROG', 'MAX_TOKENS', 'DataError', 'parse_pair', 'expected_checksums',
-           'read_lines', 'load_split', 'load_pairs', 'normalize', 'pretokenize', 'Tokenizer', 'train_bpe',
-           'train_tokenizer', 'EncodedSplit', 'cache_problems', 'prepare', 'load_encoded', 'main', 'Batch', 'collate',
-           'token_batches', 'iterate_batches', 'BPEDropout']
+           'CACHE_DIR', 'CACHE_FORMAT', 'PROG', 'MAX_TOKENS', 'DataError', 'check_split', 'parse_pair',
+           'expected_checksums', 'read_lines', 'load_split', 'load_pairs', 'normalize', 'pretokenize', 'Tokenizer',
+           'train_bpe', 'train_tokenizer', 'EncodedSplit', 'cache_problems', 'prepare', 'load_encoded', 'main', 'Batch',
+           'collate', 'token_batches', 'iterate_batches', 'BPEDropout']
 
 # %% ../chapters/10_data.ipynb #6383e390
 """Multi30k: reading, checking, tokenising, caching and batching the data in data/multi30k."""
@@ -32,6 +32,22 @@ SPLITS = ("train", "val", "test_2016_flickr")
 
 class DataError(Exception):
     """A data file is missing, corrupt or inconsistent, or a split or pair is unknown."""
+
+
+def check_split(split: str, signature: str) -> None:
+    """A clear error for a split the book does not have, naming a swapped argument order.
+
+    The loaders of raw text take the split first, `load_encoded` takes the pair first (as the
+    cache is laid out, one folder per pair): `signature` is the caller's, shown when `split`
+    looks like the other argument.
+    """
+    if split not in SPLITS:
+        languages = {lang for pair in PAIRS.values() for lang in pair}
+        swapped = split in PAIRS or split in languages
+        hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
+        raise DataError(
+            f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
+        )
 
 
 def parse_pair(pair: str) -> tuple[str, str]:
@@ -100,8 +116,7 @@ def read_lines(path: Path, sha256: str) -> list[str]:
 
 def load_split(split: str, language: str, data_dir: Path = DATA_DIR) -> list[str]:
     """The sentences of one split in one language, one per line of the file."""
-    if split not in SPLITS:
-        raise DataError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
+    check_split(split, "load_split(split, language)")
     name = f"{split}.{language}.gz"
     checksums = expected_checksums(data_dir)
     if name not in checksums:
@@ -113,6 +128,7 @@ def load_pairs(
     split: str, pair: str, data_dir: Path = DATA_DIR
 ) -> list[tuple[str, str]]:
     """(source, target) sentence pairs of a split, e.g. load_pairs("val", "de-en")."""
+    check_split(split, "load_pairs(split, pair)")
     src_lang, tgt_lang = parse_pair(pair)
     src = load_split(split, src_lang, data_dir)
     tgt = load_split(split, tgt_lang, data_dir)
@@ -680,8 +696,7 @@ def load_encoded(
 
     A missing, stale or corrupt cache raises DataError; it is never used.
     """
-    if split not in SPLITS:
-        raise DataError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
+    check_split(split, "load_encoded(pair, split)")
     folder = Path(cache_dir) / pair
     problems, contents = _read_cache(
         pair, cache_dir, vocab_size=None, data_dir=data_dir
