@@ -4,6 +4,7 @@ options and for missing, corrupt or mismatched model folders."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import shlex
@@ -494,3 +495,30 @@ def test_no_command_is_an_error_on_stderr_and_help_is_not(capsys):
     out, err = capsys.readouterr()
     assert err == "" and out.startswith("usage: python -m transformer COMMAND")
     assert all(name in out for name in ("prepare", "train", "translate", "evaluate"))
+
+
+# -- the same translations on a GPU -----------------------------------------------------------
+
+SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(
+    importlib.util.find_spec("spacy") is None, reason="needs spaCy (transformer[data])"
+)
+@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_shipped_model_translates_alike_on_cuda_and_on_the_cpu(pair, beam_size):
+    """Float32 on both devices (no TF32): their kernels round differently in the last bits,
+    which may flip a near-tie between two words in a rare sentence of 100, not more."""
+    sources = [source for source, _ in data.load_pairs("val", pair)][:100]
+    model, tokenizer = load_model(SHIPPED / pair)
+    on_cpu = translate(model, tokenizer, sources, beam_size=beam_size)
+    model, _ = load_model(SHIPPED / pair, device="cuda")
+    assert next(model.parameters()).is_cuda
+    assert not torch.backends.cuda.matmul.allow_tf32
+    on_gpu = translate(model, tokenizer, sources, beam_size=beam_size)
+    differ = [i for i, (a, b) in enumerate(zip(on_cpu, on_gpu, strict=True)) if a != b]
+    assert len(differ) <= 3, [(on_cpu[i], on_gpu[i]) for i in differ]
+    assert sum(map(len, on_gpu)) > 10 * len(sources)  # real sentences, not empty lines
