@@ -4120,7 +4120,7 @@ def recipe_curves(labels: dict[str, str]) -> alt.Chart:
                 "recipe:N",
                 title=None,
                 sort=list(labels.values()),
-                legend=alt.Legend(orient="bottom"),
+                legend=alt.Legend(orient="bottom", labelLimit=0),  # whole labels
             ),
             tooltip=["run", "epoch", "val_ppl_word"],
         )
