@@ -1469,3 +1469,32 @@ def test_cli_export_of_weights_too_large_for_float16(tmp_path: Path, data, monke
     assert f"the run in {run} is saved, but --export failed: weight {name}" in err
     assert "does not fit in float16" in err
     assert not dest.exists() and latest_checkpoint(run).name == "epoch-001"
+
+
+def test_average_windows_reproduce_the_trainers_own_records(tmp_path: Path, data):
+    """tools/average_windows.py validates as the trainer does: its window of the last three
+    epochs gives the run's `average` record, its last epoch alone the epoch's record; windows
+    never cross a gap in the kept epochs."""
+    path = Path(__file__).resolve().parent.parent / "tools" / "average_windows.py"
+    spec = importlib.util.spec_from_file_location("average_windows", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    run = tmp_path / "run"
+    result = train(tiny_config(run, epochs=3, average_last=3), data=data, echo=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = tool.report(run / "checkpoints", 2, tmp_path, val=data.val)
+    found = {(w["first"], w["last"]): w for w in summary["windows"]}
+    assert sorted(found) == [(1, 2), (1, 3), (2, 3), (3, 3)]
+    records = {
+        r["kind"]: r for r in result.metrics
+    }  # the last epoch's, and the average's
+    for window, kind in (((1, 3), "average"), ((3, 3), "epoch")):
+        for key in ("val_loss", "val_ppl_word", "val_accuracy"):
+            assert found[window][key] == pytest.approx(records[kind][key], rel=1e-9)
+    assert found[(1, 3)]["val_ppl_word"] != found[(3, 3)]["val_ppl_word"]
+    # epoch 4 missing: no window of two crosses it, and the last stretch is 5-6
+    assert tool.windows([1, 2, 3, 5, 6], 2) == [(6, 6), (1, 2), (2, 3), (5, 6)]
+    shutil.rmtree(run / "checkpoints" / "epoch-001")
+    shutil.rmtree(run / "checkpoints" / "epoch-002")
+    with pytest.raises(CheckpointError, match="fewer than two epoch checkpoints"):
+        tool.epoch_folders(run / "checkpoints")

@@ -1,0 +1,120 @@
+"""Validate averages of consecutive epoch checkpoints of one run and write them beside a
+comparison run's metrics, as averages.json (the training chapter reads it):
+
+    python tools/average_windows.py /root/keep/recipe-s1-60 \
+        checkpoints/de-en/comparison/recipe-seed-1-cpu-60-epochs
+
+The first folder holds the run's epoch checkpoints, `epoch-NNN/` each with its
+`model.safetensors` and `config.json`. The trainer keeps only the last `average_last` of them,
+so a run whose other windows are wanted needs its epochs copied aside as it trains (or a large
+`--average-last`); gaps are allowed. Every window of K consecutive kept epochs (`--k`, default
+5) is averaged as the trainer averages (float64 sums) and validated as the trainer validates
+after each epoch (teacher forcing, the run's label smoothing and batch size), so the numbers
+compare with its `metrics.jsonl`; so are the last epoch alone, the average of the last 10, and
+that of the last stretch of epochs without a gap. Needs the pair's encoded cache, not spaCy.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from transformer.data import DataError, EncodedSplit, iterate_batches, load_encoded
+from transformer.evaluate import write_lines
+from transformer.train import (
+    CheckpointError,
+    average_checkpoints,
+    count_words,
+    evaluate,
+    load_model,
+    load_tensors_into,
+    read_record,
+)
+
+
+def epoch_folders(folder: Path) -> dict[int, Path]:
+    """epoch number -> checkpoint folder, for the epoch-NNN folders that hold weights."""
+    found = {
+        int(path.name.removeprefix("epoch-")): path
+        for path in folder.glob("epoch-[0-9][0-9][0-9]")
+        if (path / "model.safetensors").is_file()
+    }
+    if len(found) < 2:
+        raise CheckpointError(f"{folder} holds fewer than two epoch checkpoints")
+    return found
+
+
+def windows(epochs: list[int], k: int) -> list[tuple[int, int]]:
+    """(first, last) epochs of the windows to average, each of consecutive kept epochs: every
+    window of k ending at a kept epoch; the last 1 and 10; and the last stretch without gaps."""
+    kept, last = set(epochs), epochs[-1]
+    stretch = last
+    while stretch - 1 in kept:
+        stretch -= 1
+    wanted = [(end - k + 1, end) for end in epochs]
+    wanted += [(last, last), (last - 9, last), (stretch, last)]
+    whole = {w for w in wanted if kept.issuperset(range(w[0], w[1] + 1))}
+    return sorted(whole, key=lambda w: (w[1] - w[0], w[1]))
+
+
+def report(
+    folder: Path, k: int, cache_dir: Path, *, val: EncodedSplit | None = None
+) -> dict:
+    """The windows' validation metrics; `val` instead of the pair's cached split, if given."""
+    found = epoch_folders(folder)
+    epochs = sorted(found)
+    train = read_record(found[epochs[-1]])["train"]
+    model, tokenizer = load_model(found[epochs[-1]])
+    if val is None:
+        val = load_encoded(tokenizer.pair, "val", cache_dir)
+    batches = list(
+        iterate_batches(
+            val,
+            tokenizer,
+            max_tokens=train["max_tokens"],
+            shuffle=False,
+            max_len=model.config.max_len,
+        )
+    )
+    words = count_words(tokenizer, val)
+    rows = []
+    for first, last in windows(epochs, k):
+        chosen = [found[e] for e in range(first, last + 1)]
+        load_tensors_into(
+            model, average_checkpoints(chosen), f"{folder} {first}-{last}"
+        )
+        validation = evaluate(
+            model,
+            batches,
+            pad_id=tokenizer.pad_id,
+            smoothing=train["label_smoothing"],
+            words=words,
+        )
+        rows.append({"first": first, "last": last, **validation.metrics()})
+        print(
+            f"epochs {first}-{last}: ppl/word {rows[-1]['val_ppl_word']:.3f}",
+            flush=True,
+        )
+    return {"split": "val", "pair": tokenizer.pair, "windows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("epochs", type=Path, help="a folder of epoch-NNN checkpoints")
+    parser.add_argument("dest", type=Path, help="the comparison run's folder")
+    parser.add_argument("--k", type=int, default=5, help="epochs per sliding window")
+    parser.add_argument("--cache-dir", type=Path, default=Path("cache"))
+    args = parser.parse_args()
+    if not (args.dest / "metrics.jsonl").is_file():
+        sys.exit(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
+    if args.k < 1:
+        sys.exit(f"--k must be at least 1, got {args.k}")
+    try:
+        summary = report(args.epochs, args.k, args.cache_dir)
+    except (CheckpointError, DataError) as err:
+        sys.exit(f"average_windows: {err}")
+    write_lines(args.dest / "averages.json", [json.dumps(summary, indent=1)])
+
+
+if __name__ == "__main__":
+    main()
