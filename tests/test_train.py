@@ -1498,3 +1498,30 @@ def test_average_windows_reproduce_the_trainers_own_records(tmp_path: Path, data
     shutil.rmtree(run / "checkpoints" / "epoch-002")
     with pytest.raises(CheckpointError, match="fewer than two epoch checkpoints"):
         tool.epoch_folders(run / "checkpoints")
+
+
+def test_gpu_sweep_keeps_the_windows_of_a_run_that_kept_more_than_five_epochs(
+    tmp_path: Path, data, monkeypatch
+):
+    """A sweep run with --average-last above 5 gets averages.json (every window of five of
+    its kept epochs, and all of them: the run's own average) and its best five in the
+    summary; a run that kept five gets nothing."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "tools"))
+    gpu_sweep = importlib.import_module("gpu_sweep")
+    average_windows = importlib.import_module("average_windows")
+    monkeypatch.setattr(average_windows, "load_encoded", lambda *args: data.val)
+    run = tmp_path / "run"
+    result = train(tiny_config(run, epochs=6, average_last=6), data=data, echo=False)
+    row = gpu_sweep.windows_of(run, str(tmp_path))
+    saved = json.loads((run / "averages.json").read_text())["windows"]
+    ppl = {(w["first"], w["last"]): w["val_ppl_word"] for w in saved}
+    fives = {w: p for w, p in ppl.items() if w[1] - w[0] == 4}
+    assert sorted(fives) == [(1, 5), (2, 6)]
+    assert row["best_five_ppl_word"] == min(fives.values())
+    assert tuple(row["best_five"]) == min(fives, key=fives.get)
+    average = [r for r in result.metrics if r["kind"] == "average"][-1]
+    assert ppl[(1, 6)] == pytest.approx(average["val_ppl_word"], rel=1e-9)
+    short = tmp_path / "short"
+    train(tiny_config(short, epochs=2), data=data, echo=False)
+    assert gpu_sweep.windows_of(short, str(tmp_path)) == {}
+    assert not (short / "averages.json").exists()

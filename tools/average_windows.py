@@ -58,13 +58,19 @@ def windows(epochs: list[int], k: int) -> list[tuple[int, int]]:
 
 
 def report(
-    folder: Path, k: int, cache_dir: Path, *, val: EncodedSplit | None = None
+    folder: Path,
+    k: int,
+    cache_dir: Path,
+    *,
+    val: EncodedSplit | None = None,
+    device: str = "cpu",
 ) -> dict:
-    """The windows' validation metrics; `val` instead of the pair's cached split, if given."""
+    """The windows' validation metrics, on `device`; `val` instead of the pair's cached
+    split, if given."""
     found = epoch_folders(folder)
     epochs = sorted(found)
     train = read_record(found[epochs[-1]])["train"]
-    model, tokenizer = load_model(found[epochs[-1]])
+    model, tokenizer = load_model(found[epochs[-1]], device=device)
     if val is None:
         val = load_encoded(tokenizer.pair, "val", cache_dir)
     batches = list(
@@ -104,13 +110,16 @@ def main() -> None:
     parser.add_argument("dest", type=Path, help="the comparison run's folder")
     parser.add_argument("--k", type=int, default=5, help="epochs per sliding window")
     parser.add_argument("--cache-dir", type=Path, default=Path("cache"))
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda where there is one"
+    )
     args = parser.parse_args()
     if not (args.dest / "metrics.jsonl").is_file():
         sys.exit(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
     if args.k < 1:
         sys.exit(f"--k must be at least 1, got {args.k}")
     try:
-        summary = report(args.epochs, args.k, args.cache_dir)
+        summary = report(args.epochs, args.k, args.cache_dir, device=args.device)
     except (CheckpointError, DataError) as err:
         sys.exit(f"average_windows: {err}")
     write_lines(args.dest / "averages.json", [json.dumps(summary, indent=1)])

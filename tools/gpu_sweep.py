@@ -130,7 +130,8 @@ PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
     # 110-epoch run was at its lowest by epoch 42. A third command, before targets-batch, with
     # --minutes 7 as the others (the 110-epoch runs, two at a time, took 3.9 s an epoch; four at
     # a time may not reach 60 in 7 minutes): a run that the time limit stops short of 60 epochs
-    # is closed at its last whole one, and the summary shows how many it had.
+    # is closed at its last whole one, and the summary shows how many it had. Keeping ten
+    # epochs, each run also gets averages.json (every window of five of them; windows_of).
     "targets-long": {
         **both("recipe-60", ["--epochs", "60", "--average-last", "10"]),
         **both("recipe-60-s1", ["--epochs", "60", "--average-last", "10"] + SEED1),
@@ -255,6 +256,29 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
     return BLEU().corpus_score(hypotheses, [[r for _, r in pairs]]).score
 
 
+def windows_of(out: Path, cache: str) -> dict:
+    """A run that kept more than five epochs (--average-last above 5): the validation metrics
+    of the averages of its windows (tools/average_windows.py) into out/averages.json, and
+    the best five-epoch window for the summary."""
+    import torch
+    from average_windows import report  # tools/ is on the path: this script is in it
+
+    if len(list((out / "checkpoints").glob("epoch-*"))) <= 5:
+        return {}
+    try:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        found = report(out / "checkpoints", 5, Path(cache), device=device)
+    except Exception as err:  # windows are not worth losing the run for
+        return {"windows_error": repr(err)}
+    (out / "averages.json").write_text(json.dumps(found, indent=1) + "\n")
+    fives = [w for w in found["windows"] if w["last"] - w["first"] == 4]
+    best = min(fives, key=lambda w: w["val_ppl_word"])
+    return {
+        "best_five": [best["first"], best["last"]],
+        "best_five_ppl_word": best["val_ppl_word"],
+    }
+
+
 def summarise(runs: dict, args: argparse.Namespace) -> list[dict]:
     rows = []
     for name, (pair, options, candidate) in runs.items():
@@ -280,6 +304,7 @@ def summarise(runs: dict, args: argparse.Namespace) -> list[dict]:
             "last_ppl_word": epochs[-1]["val_ppl_word"],
             "last_accuracy": epochs[-1]["val_accuracy"],
         }
+        row |= windows_of(out, cache_dir(options, args))
         if averages:
             row["avg_ppl_word"] = averages[-1]["val_ppl_word"]
             row["avg_accuracy"] = averages[-1]["val_accuracy"]
@@ -345,6 +370,7 @@ def main() -> int:
                 "steps.jsonl",
                 "train_config.json",
                 "train.log",
+                "averages.json",
             ):
                 path = Path(args.runs) / name / file
                 if path.is_file():
