@@ -1494,6 +1494,9 @@ def test_average_windows_reproduce_the_trainers_own_records(tmp_path: Path, data
     assert found[(1, 3)]["val_ppl_word"] != found[(3, 3)]["val_ppl_word"]
     # epoch 4 missing: no window of two crosses it, and the last stretch is 5-6
     assert tool.windows([1, 2, 3, 5, 6], 2) == [(6, 6), (1, 2), (2, 3), (5, 6)]
+    assert (3, 12) in tool.windows(list(range(1, 13)), 5)  # the last ten
+    with pytest.raises(CheckpointError, match="no 4 consecutive kept epochs"):
+        tool.report(run / "checkpoints", 4, tmp_path, val=data.val)
     shutil.rmtree(run / "checkpoints" / "epoch-001")
     shutil.rmtree(run / "checkpoints" / "epoch-002")
     with pytest.raises(CheckpointError, match="fewer than two epoch checkpoints"):
@@ -1505,13 +1508,18 @@ def test_gpu_sweep_keeps_the_windows_of_a_run_that_kept_more_than_five_epochs(
 ):
     """A sweep run with --average-last above 5 gets averages.json (every window of five of
     its kept epochs, and all of them: the run's own average) and its best five in the
-    summary; a run that kept five gets nothing."""
+    summary, once the cache's vocabulary is the run's; a run that kept five gets nothing."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "tools"))
     gpu_sweep = importlib.import_module("gpu_sweep")
     average_windows = importlib.import_module("average_windows")
     monkeypatch.setattr(average_windows, "load_encoded", lambda *args: data.val)
     run = tmp_path / "run"
     result = train(tiny_config(run, epochs=6, average_last=6), data=data, echo=False)
+    (tmp_path / "de-en").mkdir()  # the cache's tokenizer, checked against the run's
+    tiny_data(seed=1).tokenizer.save(tmp_path / "de-en" / "tokenizer.json")
+    row = gpu_sweep.windows_of(run, str(tmp_path))
+    assert "another vocabulary" in row["windows_error"]
+    data.tokenizer.save(tmp_path / "de-en" / "tokenizer.json")
     row = gpu_sweep.windows_of(run, str(tmp_path))
     saved = json.loads((run / "averages.json").read_text())["windows"]
     ppl = {(w["first"], w["last"]): w["val_ppl_word"] for w in saved}

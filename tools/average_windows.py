@@ -10,8 +10,9 @@ so a run whose other windows are wanted needs its epochs copied aside as it trai
 `--average-last`); gaps are allowed. Every window of K consecutive kept epochs (`--k`, default
 5) is averaged as the trainer averages (float64 sums) and validated as the trainer validates
 after each epoch (teacher forcing, the run's label smoothing and batch size), so the numbers
-compare with its `metrics.jsonl`; so are the last epoch alone, the average of the last 10, and
-that of the last stretch of epochs without a gap. Needs the pair's encoded cache, not spaCy.
+compare with its `metrics.jsonl` (under bfloat16 autocast where the run had it); so are the
+last epoch alone, the last 10 where they are all kept, and the last stretch of epochs without a
+gap. Needs the pair's encoded cache, built with the run's vocabulary (checked), not spaCy.
 """
 
 import argparse
@@ -19,11 +20,18 @@ import json
 import sys
 from pathlib import Path
 
-from transformer.data import DataError, EncodedSplit, iterate_batches, load_encoded
+from transformer.data import (
+    DataError,
+    EncodedSplit,
+    Tokenizer,
+    iterate_batches,
+    load_encoded,
+)
 from transformer.evaluate import write_lines
 from transformer.train import (
     CheckpointError,
     average_checkpoints,
+    check_compatible,
     count_words,
     evaluate,
     load_model,
@@ -71,8 +79,13 @@ def report(
     epochs = sorted(found)
     train = read_record(found[epochs[-1]])["train"]
     model, tokenizer = load_model(found[epochs[-1]], device=device)
-    if val is None:
+    if val is None:  # the cache's ids must be the checkpoint's vocabulary's
         val = load_encoded(tokenizer.pair, "val", cache_dir)
+        cached = Tokenizer.load(Path(cache_dir) / tokenizer.pair / "tokenizer.json")
+        check_compatible(found[epochs[-1]], model_config=model.config, tokenizer=cached)
+    # bfloat16 autocast where the trainer had it: the config's, or on by default on a GPU
+    bf16 = train.get("bf16")
+    bf16 = bf16 if bf16 is not None else device.startswith("cuda")
     batches = list(
         iterate_batches(
             val,
@@ -84,7 +97,10 @@ def report(
     )
     words = count_words(tokenizer, val)
     rows = []
-    for first, last in windows(epochs, k):
+    chosen_windows = windows(epochs, k)
+    if not any(last - first + 1 == k for first, last in chosen_windows):
+        raise CheckpointError(f"{folder} has no {k} consecutive kept epochs")
+    for first, last in chosen_windows:
         chosen = [found[e] for e in range(first, last + 1)]
         load_tensors_into(
             model, average_checkpoints(chosen), f"{folder} {first}-{last}"
@@ -95,6 +111,7 @@ def report(
             pad_id=tokenizer.pad_id,
             smoothing=train["label_smoothing"],
             words=words,
+            bf16=bf16,
         )
         rows.append({"first": first, "last": last, **validation.metrics()})
         print(
