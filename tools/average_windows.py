@@ -1,4 +1,4 @@
-"""Validate averages of consecutive epoch checkpoints of one run and write them beside a
+r"""Validate averages of consecutive epoch checkpoints of one run and write them beside a
 comparison run's metrics, as averages.json (the training chapter reads it):
 
     python tools/average_windows.py /root/keep/recipe-s1-60 \
@@ -122,7 +122,9 @@ def report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("epochs", type=Path, help="a folder of epoch-NNN checkpoints")
     parser.add_argument("dest", type=Path, help="the comparison run's folder")
     parser.add_argument("--k", type=int, default=5, help="epochs per sliding window")

@@ -55,7 +55,9 @@ def measure(name: str, fields: dict, cache_dir: str, pair: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--cache-dir", default="cache")
     p.add_argument("--pair", default="de-en")
     p.add_argument("--out", default="bench.json")

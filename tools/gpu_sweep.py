@@ -348,7 +348,9 @@ def export_best(rows: list[dict], args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("phase", choices=sorted(PHASES))
     p.add_argument("--cache-dir", default="cache")
     p.add_argument("--runs", default="runs")

@@ -1,4 +1,4 @@
-"""Write the model card, checkpoints/<pair>/README.md, from the shipped files and a fresh
+r"""Write the model card, checkpoints/<pair>/README.md, from the shipped files and a fresh
 evaluation of the shipped and last-epoch weights on test_2016_flickr (beam 4, α 0.6).
 
     python tools/model_card.py de-en --command "python -m transformer train ..." \
@@ -172,7 +172,9 @@ training chapter compares them).
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("pair", choices=sorted(NAMES))
     p.add_argument(
         "--command", required=True, help="the command that trained the model"

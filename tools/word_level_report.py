@@ -1,4 +1,4 @@
-"""Score a trained model word by word on the validation split and write the summary beside a
+r"""Score a trained model word by word on the validation split and write the summary beside a
 comparison run's metrics, as word_level.json (the training chapter reads it):
 
     python tools/word_level_report.py /root/runs/d2-de-en/average \
@@ -62,7 +62,9 @@ def report(model_folder: Path, *, bleu: bool = False) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("model", type=Path, help="a folder load_model reads")
     parser.add_argument("dest", type=Path, help="the comparison run's folder")
     parser.add_argument(
