@@ -262,9 +262,11 @@ for name, batches in [("one batch", [full]), ("three micro-batches", parts)]:
     gradients[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
 one, three = gradients["one batch"], gradients["three micro-batches"]
 assert torch.allclose(one, three, rtol=1e-4, atol=1e-7)
+# The size of the rounding differences depends on the CPU's kernels: bounded, not printed.
+assert (one - three).abs().max() < 1e-6
 print(
     f"{full.n_tgt_tokens} target tokens; gradient entries up to {one.abs().max():.2f}, "
-    f"largest difference {(one - three).abs().max():.1e}"
+    "the largest difference below 1e-6"
 )
 
 # %% [markdown]
@@ -2866,7 +2868,10 @@ units = pd.DataFrame(
         }
         for pair, w in word_level.items()
     }
-).T.round(4)
+).T
+# perplexities to two decimals: the fourth moves with the CPU's floating-point kernels
+ppl_columns = ["ppl per word (W)", "ppl per word-level token (W')"]
+units = units.round(dict.fromkeys(ppl_columns, 2)).round(4)
 units["targets met per word (W)"] = summary["target met"]
 units["targets met per word-level token (W')"] = (
     units["ppl per word-level token (W')"] <= units["target ppl"]
