@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from transformer.data import (
     DataError,
     EncodedSplit,
@@ -30,6 +32,7 @@ from transformer.data import (
 from transformer.evaluate import write_lines
 from transformer.train import (
     CheckpointError,
+    TrainConfig,
     average_checkpoints,
     check_compatible,
     count_words,
@@ -84,8 +87,7 @@ def report(
         cached = Tokenizer.load(Path(cache_dir) / tokenizer.pair / "tokenizer.json")
         check_compatible(found[epochs[-1]], model_config=model.config, tokenizer=cached)
     # bfloat16 autocast where the trainer had it: the config's, or on by default on a GPU
-    bf16 = train.get("bf16")
-    bf16 = bf16 if bf16 is not None else device.startswith("cuda")
+    bf16 = TrainConfig.from_dict(train).uses_bf16(torch.device(device).type)
     batches = list(
         iterate_batches(
             val,

@@ -580,6 +580,11 @@ class TrainConfig:
         preset = getattr(TransformerConfig, self.model)
         return preset(vocab_size, **self.model_overrides)
 
+    def uses_bf16(self, device_type: str) -> bool:
+        """Whether to train and validate under bfloat16 autocast on a `device_type` device:
+        `bf16` if set, otherwise on with CUDA only."""
+        return self.bf16 if self.bf16 is not None else device_type == "cuda"
+
     @property
     def output_dir(self) -> Path:
         return Path(self.out_dir if self.out_dir is not None else f"runs/{self.pair}")
@@ -1064,7 +1069,7 @@ class Trainer:
             self.step_model = DistributedDataParallel(self.model, device_ids=ids)
         if c.compile:
             self.step_model = torch.compile(self.step_model)
-        self.bf16 = c.bf16 if c.bf16 is not None else self.device.type == "cuda"
+        self.bf16 = c.uses_bf16(self.device.type)
 
         self.words = count_words(tokenizer, self.data.val)
         val = iterate_batches(
