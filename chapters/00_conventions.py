@@ -77,8 +77,8 @@ if importlib.util.find_spec("transformer") is None:
 # and where a chart has selectors, use them. In the built book they draw without a network
 # connection, because the book serves the Vega libraries itself. The chapters call
 # `use_book_renderer()` once so that each chart is stored in the notebook as HTML, which both the
-# book and Colab can show. The matrices of this book (attention weights, masks) are all drawn by
-# one function, `heatmap`, with the row and column tokens on the axes.
+# book and Colab can show. The masks and attention weights of Part I are drawn by one function,
+# `heatmap`, with the row and column tokens on the axes.
 
 # %%
 #| export

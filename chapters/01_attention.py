@@ -162,8 +162,9 @@ heatmap(
 # - **Dropout on the weights**, optional. The paper applies dropout to sublayer outputs and
 #   embedding sums only; later implementations (tensor2tensor's second set of hyperparameters,
 #   the Annotated Transformer) also drop attention weights during training. The caller passes a
-#   dropout module, or nothing. The book's `MultiHeadAttention` always passes its own
-#   `nn.Dropout`, whose probability `attention_dropout` is 0 by default, so that by default no
+#   dropout module, or nothing. The book's `MultiHeadAttention` owns an `nn.Dropout` (passed
+#   here on its explicit path, and as `dropout_p` to PyTorch's fused function on its fast path)
+#   whose probability, the config's `attention_dropout`, is 0 by default, so that by default no
 #   weight is dropped, as in the paper.
 
 # %%

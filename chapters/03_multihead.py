@@ -215,7 +215,7 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
-        # Dropout on the attention weights; 0 in the paper, which drops sublayer outputs only.
+        # Dropout on the attention weights; 0 in the paper, which never drops them.
         self.attn_dropout = nn.Dropout(dropout)
 
     def _split_heads(self, x: Tensor) -> Tensor:
@@ -367,10 +367,13 @@ def head_by_head(mha, query, key, value, mask):
     return mha.w_o(torch.cat(heads, dim=-1))  # (B, T_q, d_model)
 
 
-pad_id = 0
+specials = ["<pad>", "<bos>", "<eos>"]  # a toy vocabulary, as in the masking chapter
+pad_id, bos_id = specials.index("<pad>"), specials.index("<bos>")
 S = 5
-tgt_ids = torch.tensor([[1, 5, 6, 7, pad_id, pad_id], [1, 5, 6, 7, 8, 9]])  # (B, T)
-src_ids = torch.tensor([[1, 5, 6, pad_id, pad_id], [1, 5, 6, 7, 8]])  # (B, S)
+# (B, T) targets and (B, S) sources: ids from 5 on stand for words, and only where the
+# padding is matters to the masks.
+tgt_ids = torch.tensor([[bos_id, 5, 6, 7, pad_id, pad_id], [bos_id, 5, 6, 7, 8, 9]])
+src_ids = torch.tensor([[5, 6, 7, pad_id, pad_id], [5, 6, 7, 8, 9]])
 memory = torch.randn(B, S, d_model)  # stands in for the encoder's output
 
 mha = MultiHeadAttention(d_model, H).eval()
@@ -536,13 +539,14 @@ print(f"the softmax is at most {softmax_share:.2%} of the total")
 assert softmax_share < 0.01
 
 # %% [markdown]
-# Every column but the softmax is the same for 1 head of width 512 and for 32 heads of width 16,
-# and the counter confirms the formulas. What does grow with $H$ is memory: the explicit path
-# stores $H$ weight matrices of $T \times T$, which the fused kernels of the fast path avoid. At
-# this sentence length the projections dominate: the two $T^2$ terms, $4 T^2 d_\text{model}$
-# together, overtake the projections' $8 T d_\text{model}^2$ only beyond $T = 2 d_\text{model}$.
-# The paper's Table 3 (rows A) varies $H$ at this constant cost: "while single-head attention is
-# 0.9 BLEU worse than the best setting, quality also drops off with too many heads."
+# Every matrix-product column is the same for 1 head of width 512 and for 32 heads of width 16, and
+# the counter confirms the formulas; only the softmax, and with it the total, grows with $H$, by a
+# hair. What grows in earnest with $H$ is memory: the explicit path stores $H$ weight matrices of
+# $T \times T$, which the fused kernels of the fast path avoid. At this sentence length the
+# projections dominate: the two $T^2$ terms, $4 T^2 d_\text{model}$ together, overtake the
+# projections' $8 T d_\text{model}^2$ only beyond $T = 2 d_\text{model}$. The paper's Table 3 (rows
+# A) varies $H$ at this constant cost: "while single-head attention is 0.9 BLEU worse than the best
+# setting, quality also drops off with too many heads."
 
 # %% [markdown]
 # ## What the heads look at

@@ -220,17 +220,17 @@ assert 0.49 < ffn_parameters / decoder_layer < 0.5
 #
 # **Why two orders?** Pre-norm is what much code silently uses. The Annotated Transformer's text
 # quotes the paper's $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$, while its code computes
-# `x + self.dropout(sublayer(self.norm(x)))`, with only a docstring line, "for code simplicity
-# the norm is first as opposed to last", to say so; readers who copy it get pre-norm without
-# knowing. The authors' own tensor2tensor {cite:p}`vaswani2018tensor2tensor` switched its default
-# `transformer_base` hyperparameters to pre-norm after the paper (`transformer_base_v2`). The reason is training stability. Xiong et al.
-# {cite:p}`xiong2020layer` show that with post-norm the gradients of the parameters near the
-# output are large at initialisation, so a large learning rate from the first step makes training
-# diverge; the *warm-up* of the paper's learning-rate schedule (Section 5.3, the schedule
-# chapter), which starts from a tiny learning rate, is what makes post-norm train. With pre-norm
-# the gradients are well behaved, training works without warm-up, and deep stacks train more
-# easily. This book follows the paper: `norm_first=False` is the default, and `norm_first=True`
-# is the named option for the pre-norm order.
+# `x + self.dropout(sublayer(self.norm(x)))`, with only a docstring line, "for code simplicity the
+# norm is first as opposed to last", to say so; readers who copy it get pre-norm without knowing.
+# The authors' own tensor2tensor {cite:p}`vaswani2018tensor2tensor` switched its default
+# `transformer_base` hyperparameters to pre-norm after the paper (`transformer_base_v2`). The reason
+# is training stability. Xiong et al. {cite:p}`xiong2020layer` show that with post-norm the
+# gradients of the parameters near the output are large at initialisation, so a large learning rate
+# from the first step makes training diverge; the *warm-up* of the paper's learning-rate schedule
+# (Section 5.3, the schedule chapter), which starts from a tiny learning rate, is what makes
+# post-norm train. With pre-norm the gradients are well behaved, training works without warm-up, and
+# deep stacks train more easily. This book follows the paper: `norm_first=False` is the default, and
+# `norm_first=True` is the named option for the pre-norm order.
 
 
 # %%

@@ -461,14 +461,15 @@ print(f"largest change at positions 0 and 1 without the causal mask: {leak:.2f}"
 # %% [markdown]
 # ## Both kinds of attention, for one sentence pair
 #
-# The figure shows the first layer's weights for the first pair, *ein Hund läuft durch den
-# Schnee* → *a dog runs through the snow*, averaged over the heads (the two panels have separate
-# colour scales). On the left, the masked self-attention over the decoder's input: everything
-# above the diagonal is empty, so each row spreads its weight over the tokens up to itself, and
-# the `<bos>` row puts all of it on `<bos>`. On the right, the encoder–decoder attention: a
-# $T \times S$ matrix in which every target position, the first one included, may look at the
-# whole source sentence, but never at the source's padding columns. The target's padding rows
-# attend like any other query; nothing downstream reads them. With random weights the rows are
+# The figure shows the first layer's weights for the first pair, *ein Hund läuft durch den Schnee* →
+# *a dog runs through the snow*, averaged over the heads (the two panels have separate colour
+# scales). On the left, the masked self-attention over the decoder's input: everything above the
+# diagonal is empty, and so are the two `<pad>` columns in every row, since the target mask also
+# hides padding keys; each row spreads its weight over the real tokens up to itself, and the `<bos>`
+# row puts all of it on `<bos>`. On the right, the encoder–decoder attention: a $T \times S$ matrix
+# in which every target position, the first one included, may look at the whole source sentence, but
+# never at the source's padding columns. The target's padding rows attend to real tokens like any
+# other query, in both panels; nothing downstream reads them. With random weights the rows are
 # diffuse; a trained model learns to concentrate them, for instance on the source word being
 # translated.
 

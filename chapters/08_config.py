@@ -87,9 +87,9 @@ import pandas as pd
 #   $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$). Normalising the sublayer's *input* instead
 #   (pre-norm) trains more stably without a long warm-up {cite:p}`xiong2020layer`; the sublayers
 #   chapter shows both.
-# - `positional="learned"`: the paper's Table 3, row E, replaces the sinusoids with learned
-#   position embeddings, which gave "nearly identical results" (Section 3.5); it kept the sinusoids because they
-#   may extrapolate to longer sentences.
+# - `positional="learned"`: the paper's Table 3, row E, replaces the sinusoids with learned position
+#   embeddings, which gave "nearly identical results" (Section 3.5); it kept the sinusoids because
+#   they may extrapolate to longer sentences.
 # - `tgt_vocab_size` with `share_embeddings=False`: two vocabularies, one per language, and two
 #   embedding matrices. The paper uses one shared byte-pair vocabulary of about 37,000 tokens for
 #   English–German {cite:p}`sennrich2016neural` and a word-piece vocabulary of 32,000 for

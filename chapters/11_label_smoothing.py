@@ -171,7 +171,8 @@ print(f"any other:   {eps / V_wmt:.6e} instead of {eps / (V_wmt - 1):.6e}")
 #
 # $$
 # \mathrm{KL}(q \,\Vert\, p) = \sum_v q_v \log \frac{q_v}{p_v}
-# = \underbrace{\sum_v q_v \log q_v}_{-H(q)} \; \underbrace{- \sum_v q_v \log p_v}_{\mathrm{CE}_q(p)}
+# = \underbrace{\sum_v q_v \log q_v}_{-H(q)}
+# \; \underbrace{- \sum_v q_v \log p_v}_{\mathrm{CE}_q(p)}
 # = \mathrm{CE}_q(p) - H(q).
 # $$
 #

@@ -62,7 +62,7 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
-        # Dropout on the attention weights; 0 in the paper, which drops sublayer outputs only.
+        # Dropout on the attention weights; 0 in the paper, which never drops them.
         self.attn_dropout = nn.Dropout(dropout)
 
     def _split_heads(self, x: Tensor) -> Tensor:
