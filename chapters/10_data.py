@@ -152,8 +152,14 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     sums = Path(data_dir) / "SHA256SUMS"
     if not sums.is_file():
         raise DataError(f"missing checksum file {sums} ({_data_dir_advice(data_dir)})")
+    try:
+        text = sums.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"corrupt checksum file {sums}: not UTF-8 text ({err})"
+        ) from err
     checksums = {}
-    for number, line in enumerate(sums.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         # `sha256sum` writes "digest  name", or "digest *name" in binary mode
@@ -995,11 +1001,11 @@ sharing
 # %% [markdown]
 # ## Sentence lengths
 #
-# The figure shows, for each language and split, the share of sentences of each length, counted
-# in words (left) and in subword tokens (right; English with the de-en vocabulary). Look at how
-# closely the three splits of a language overlap: validation and test are drawn from the same
-# captions as training. In tokens every curve moves a little to the right, German most, and
-# keeps a long right tail of captions several times the typical length.
+# The figure shows, for each language and split, the share of sentences of each length, counted in
+# words (left) and in subword tokens (right; English with the de-en vocabulary). Look at how closely
+# the three splits of a language overlap: validation and test are the captions of other images of
+# the same Flickr30k corpus as training. In tokens every curve moves a little to the right, German
+# most, and keeps a long right tail of captions several times the typical length.
 
 # %%
 rows = []
@@ -1270,9 +1276,15 @@ def _read_cache(
     except DataError as err:
         problems.append(str(err))
     else:
-        for name in _data_files(pair):
-            if manifest.get("data", {}).get(name) != checksums.get(name):
-                problems.append(f"{name} has changed since the cache was built")
+        recorded = manifest.get("data")
+        if not isinstance(recorded, dict):
+            problems.append(
+                "manifest.json holds no table of data checksums (field data)"
+            )
+        else:
+            for name in _data_files(pair):
+                if recorded.get(name) != checksums.get(name):
+                    problems.append(f"{name} has changed since the cache was built")
     try:
         files = {"tokenizer.json": manifest["tokenizer_sha256"]}
         if set(manifest["splits"]) != set(SPLITS):
@@ -1579,16 +1591,16 @@ assert main(["--pair", "en-de"]) == 2
 # `pad_id`, giving `src` of shape (B, S) and `tgt_in`, `tgt_out` of shape (B, T). It also counts
 # the real tokens, because the loss is averaged over target tokens, not sentences.
 #
-# **Empty and overlong sentences.** An empty sentence encodes as no ids at all, and becomes
-# `<eos>` alone on the source side, `<bos>` in `tgt_in` and `<eos>` in `tgt_out`: `collate`
-# accepts it, though Multi30k has no empty sentence (the normalisation cell checks), so the
-# model never learns what to do with one; the translation command passes an empty line through
-# as an empty line, without calling the model. In training nothing is ever truncated: `encode` returns
-# every piece, and `collate(..., max_len=...)` raises a `ValueError` naming the pair when a side
-# would not fit the model's positional table. A truncated target would teach the model
-# translations that stop halfway; better to fail and let the caller filter. (No Multi30k
-# sentence comes close, as the table of the longest ones above shows.) Translating is another
-# matter: there the decoding chapter cuts an overlong source to fit, with a warning.
+# **Empty and overlong sentences.** An empty sentence encodes as no ids at all, and becomes `<eos>`
+# alone on the source side, `<bos>` in `tgt_in` and `<eos>` in `tgt_out`: `collate` accepts it,
+# though Multi30k has no empty sentence (the normalisation cell checks), so the model never learns
+# what to do with one; the translation command passes an empty line through as an empty line,
+# without calling the model. In training nothing is ever truncated: `encode` returns every piece,
+# and `collate(..., max_len=...)` raises a `ValueError` naming the pair when a side would not fit
+# the model's positional table. A truncated target would teach the model translations that stop
+# halfway; better to fail and let the caller filter. (No Multi30k sentence comes close, as the table
+# of the longest ones above shows.) Translating is another matter: there the decoding chapter cuts
+# an overlong source to fit, with a warning.
 
 # %%
 #| export
@@ -2076,13 +2088,13 @@ for pair, (src_lang, tgt_lang) in PAIRS.items():
     print(f"{pair}: {len(distinct):,} distinct words, each segmented as by BPE")
 
 # %% [markdown]
-# With $p = 0.1$ a word comes out in several spellings. Here are the six commonest of those
-# that 1,000 draws give two words of the German training captions, a frequent one and one
-# seen once, with how often each came out; the first row is BPE's own spelling. `▁Mann` leaves
-# it in 28% of the draws, `▁Polizeihund` in 16%: how often depends on the word's chain of
-# merges, not on how often the word is seen. What differs is what the model gains: `▁Mann` is seen thousands of times anyway,
-# while `▁Polizeihund` now also appears as `▁Poliz ei hund` and `▁Pol iz ei hund`, whose
-# pieces the model meets in many other words.
+# With $p = 0.1$ a word comes out in several spellings. Here are the six commonest of those that
+# 1,000 draws give two words of the German training captions, a frequent one and one seen once, with
+# how often each came out; the first row is BPE's own spelling. `▁Mann` leaves it in 28% of the
+# draws, `▁Polizeihund` in 16%: how often depends on the word's chain of merges, not on how often
+# the word is seen. What differs is what the model gains: `▁Mann` is seen thousands of times anyway,
+# while `▁Polizeihund` now also appears as `▁Poliz ei hund` and `▁Pol iz ei hund`, whose pieces the
+# model meets in many other words.
 
 # %%
 from collections import Counter
@@ -2164,16 +2176,16 @@ n_words = int(train.src_starts.sum() + train.tgt_starts.sum())
 print(f"{n_words:,} words resampled in {seconds:.1f} s on this machine")
 
 # %% [markdown]
-# The cost is one pass of Python over the training words each epoch, a few seconds of one
-# CPU core, and the extra tokens: at $p = 0.1$ an epoch holds about 30% more of them (28%
-# more English ones), and so about 30% more batches to compute. The training chapter measures what it buys on this corpus:
-# nothing, in two CPU runs with the book's small model against the same model without it (the
-# CPU baseline, with ordinary dropout 0.2): on both sides it was far worse and was stopped
-# after 10 epochs, and on the source side only its average of the last five epochs' weights
-# ended 9.8% worse in perplexity per word after 20.
+# The cost is one pass of Python over the training words each epoch, a few seconds of one CPU core,
+# and the extra tokens: at $p = 0.1$ an epoch holds about 30% more of them (28% more English ones),
+# and so about 30% more batches to compute. The training chapter measures what it buys on this
+# corpus: nothing, in two CPU runs with the book's small model against the same model without it
+# (the CPU baseline, with ordinary dropout 0.2): on both sides it was far worse and was stopped
+# after 10 epochs, and on the source side only its average of the last five epochs' weights ended
+# 9.8% worse in perplexity per word after 20.
 #
-# That is all the data the model needs. The training chapter calls
-# `prepare(pair)` for the tokenizer, `load_encoded(pair, split)` for the ids, `token_batches`
-# once per epoch and `collate` for each batch (and, with BPE-dropout, `BPEDropout.resample`
-# before them), and `iterate_batches` for validation; the decoding chapter uses `tokenizer.encode` and `tokenizer.decode` to turn a sentence
-# into a translation and back into text.
+# That is all the data the model needs. The training chapter calls `prepare(pair)` for the
+# tokenizer, `load_encoded(pair, split)` for the ids, `token_batches` once per epoch and `collate`
+# for each batch (and, with BPE-dropout, `BPEDropout.resample` before them), and `iterate_batches`
+# for validation; the decoding chapter uses `tokenizer.encode` and `tokenizer.decode` to turn a
+# sentence into a translation and back into text.

@@ -335,14 +335,20 @@ for beta_2 in (0.999, 0.98):
 # `optimizer.step()` then `scheduler.step()`, once per update (several batches make one update
 # when gradients are accumulated, as the training chapter allows).
 #
-# Adam's `fused=True` implementation does the whole update of a group of tensors in one GPU
-# kernel, where PyTorch's default (`foreach`) launches several kernels per operation;
-# `make_optimizer` turns it on when every parameter is on a CUDA device and off otherwise
-# (`fused=None`, the default), and `fused=` chooses. Weight decay is zero, as in the paper.
+# Adam's `fused=True` implementation does the whole update of a group of tensors in one GPU kernel,
+# where PyTorch's default (`foreach`) launches one kernel per elementwise operation over all the
+# tensors, several per update; `make_optimizer` turns it on when every parameter is on a CUDA device
+# and off otherwise (`fused=None`, the default), and `fused=` chooses. Weight decay is zero, as in
+# the paper.
 
 
 # %%
 #| export
+def _param_list(params: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """A parameter group's tensors as a list: one tensor, or an iterable of them."""
+    return [params] if isinstance(params, torch.Tensor) else list(params)
+
+
 def make_optimizer(
     model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
     *,
@@ -361,9 +367,10 @@ def make_optimizer(
         params: list = list(model_or_params.parameters())
     else:
         # A group's "params" may be a generator (`model.encoder.parameters()`): make it a
-        # list, or reading it here would leave Adam an empty group.
+        # list, or reading it here would leave Adam an empty group. It may also be one tensor,
+        # as torch.optim allows, which list() would cut into its rows.
         params = [
-            p | {"params": list(p["params"])} if isinstance(p, dict) else p
+            p | {"params": _param_list(p["params"])} if isinstance(p, dict) else p
             for p in model_or_params
         ]
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]

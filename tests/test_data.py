@@ -683,9 +683,13 @@ def test_the_cache_is_used_as_it_was_checked(cache_copy, monkeypatch):
     # file between a check and a second read could hand out ids nobody checked.
     reads = []
     read_bytes = Path.read_bytes
-    monkeypatch.setattr(
-        Path, "read_bytes", lambda path: reads.append(path.name) or read_bytes(path)
-    )
+
+    def counted(path: Path) -> bytes:
+        if cache_copy in path.parents:  # the cache's files, not the data's SHA256SUMS
+            reads.append(path.name)
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
     load_encoded("de-en", "val", cache_copy)
     prepare("de-en", cache_copy)
     names = ["tokenizer.json", *(f"{split}.safetensors" for split in SPLITS)]
@@ -720,6 +724,16 @@ def test_stale_and_incomplete_caches_are_named(cache_copy, tmp_path):
     ]
     with pytest.raises(DataError, match="val.de.gz has changed"):
         load_encoded("de-en", "test_2016_flickr", cache_copy, data_dir=data_copy)
+    # A manifest whose table of data checksums is not a table: named, not an AttributeError.
+    manifest = folder / "manifest.json"
+    intact = manifest.read_text()
+    manifest.write_text(json.dumps(json.loads(intact) | {"data": None}))
+    assert cache_problems("de-en", cache_copy) == [
+        "manifest.json holds no table of data checksums (field data)"
+    ]
+    with pytest.raises(DataError, match=r"no table of data checksums \(field data\)"):
+        load_encoded("de-en", "val", cache_copy)
+    manifest.write_text(intact)
     # A missing split file, then a build that never finished (no manifest).
     (folder / "test_2016_flickr.safetensors").unlink()
     assert cache_problems("de-en", cache_copy) == [

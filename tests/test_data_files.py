@@ -68,6 +68,15 @@ def test_a_malformed_checksum_line_is_named(data_copy: Path):
         load_split("val", "de", data_dir=data_copy)
 
 
+def test_a_checksum_file_that_is_not_text_is_named(data_copy: Path):
+    sums = data_copy / "SHA256SUMS"
+    sums.write_bytes(b"\xff\xfe" + sums.read_bytes())
+    with pytest.raises(
+        DataError, match=r"corrupt checksum file .*SHA256SUMS: not UTF-8"
+    ):
+        load_split("val", "de", data_dir=data_copy)
+
+
 def _replace(data_copy: Path, name: str, text: str) -> None:
     """Write a gzipped file and its checksum, in `sha256sum -b` style ("digest *name")."""
     path = data_copy / name

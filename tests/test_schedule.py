@@ -121,6 +121,11 @@ def test_accepts_parameters_and_parameter_groups():
     assert all(
         not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
     )
+    # A group may hold one tensor, as torch.optim allows: not cut into its rows.
+    weight = model[0].weight
+    optimizer, _ = make_optimizer([{"params": weight}], d_model=64, warmup=10)
+    (group,) = optimizer.param_groups
+    assert len(group["params"]) == 1 and group["params"][0] is weight
 
 
 def test_no_parameters_raise():

@@ -80,8 +80,14 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     sums = Path(data_dir) / "SHA256SUMS"
     if not sums.is_file():
         raise DataError(f"missing checksum file {sums} ({_data_dir_advice(data_dir)})")
+    try:
+        text = sums.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"corrupt checksum file {sums}: not UTF-8 text ({err})"
+        ) from err
     checksums = {}
-    for number, line in enumerate(sums.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         # `sha256sum` writes "digest  name", or "digest *name" in binary mode
@@ -583,9 +589,15 @@ def _read_cache(
     except DataError as err:
         problems.append(str(err))
     else:
-        for name in _data_files(pair):
-            if manifest.get("data", {}).get(name) != checksums.get(name):
-                problems.append(f"{name} has changed since the cache was built")
+        recorded = manifest.get("data")
+        if not isinstance(recorded, dict):
+            problems.append(
+                "manifest.json holds no table of data checksums (field data)"
+            )
+        else:
+            for name in _data_files(pair):
+                if recorded.get(name) != checksums.get(name):
+                    problems.append(f"{name} has changed since the cache was built")
     try:
         files = {"tokenizer.json": manifest["tokenizer_sha256"]}
         if set(manifest["splits"]) != set(SPLITS):

@@ -35,6 +35,11 @@ def noam_lr(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> flo
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 # %% ../chapters/12_schedule.ipynb #bb785b9b
+def _param_list(params: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """A parameter group's tensors as a list: one tensor, or an iterable of them."""
+    return [params] if isinstance(params, torch.Tensor) else list(params)
+
+
 def make_optimizer(
     model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
     *,
@@ -53,9 +58,10 @@ def make_optimizer(
         params: list = list(model_or_params.parameters())
     else:
         # A group's "params" may be a generator (`model.encoder.parameters()`): make it a
-        # list, or reading it here would leave Adam an empty group.
+        # list, or reading it here would leave Adam an empty group. It may also be one tensor,
+        # as torch.optim allows, which list() would cut into its rows.
         params = [
-            p | {"params": list(p["params"])} if isinstance(p, dict) else p
+            p | {"params": _param_list(p["params"])} if isinstance(p, dict) else p
             for p in model_or_params
         ]
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
