@@ -248,8 +248,8 @@ def output_limits(
 
 # %%
 #| export
-def _check_src(src: Tensor) -> None:
-    """A batch of sources must be a (B, S) tensor of token ids with at least one position."""
+def _check_src(src: Tensor, pad_id: int) -> None:
+    """A batch of sources must be a (B, S) tensor of token ids, each row with a real token."""
     if src.dim() != 2 or src.dtype != torch.long:
         raise ValueError(
             "src must be a (B, S) tensor of token ids (torch.long), got shape "
@@ -257,6 +257,13 @@ def _check_src(src: Tensor) -> None:
         )
     if src.size(1) == 0:
         raise ValueError("src has no positions: encode each source with its <eos>")
+    # A row of padding alone would be decoded from a memory the mask hides entirely.
+    empty = (src == pad_id).all(dim=1)  # (B,)
+    if empty.any():
+        raise ValueError(
+            f"src row {int(empty.nonzero()[0])} is all padding: encode each source with "
+            "its <eos>"
+        )
 
 
 def _check_ids(*, bos_id: int, eos_id: int, pad_id: int) -> None:
@@ -339,7 +346,7 @@ def greedy_decode(
         returns B hypotheses, in the order of the batch (their score is their log_prob)
     """
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    _check_src(src)
+    _check_src(src, pad_id)
     B = src.size(0)
     if B == 0:
         return []
@@ -556,13 +563,13 @@ assert cached_seconds < uncached_seconds
 #   returns (a test checks it).
 # - The result is each sentence's kept hypothesis, the best ended one by $s(Y)$.
 #
-# The reference implementation, tensor2tensor's {cite:p}`vaswani2018tensor2tensor`, keeps open
-# and finished hypotheses in two separate sets of $K$ and draws $2K$ candidates at each step, so
-# that $K$ beams always stay open. Ours keeps the ended hypotheses in the beam, where they
-# compete with the open ones by the same score and take up slots, so fewer than $K$ beams may
-# stay open; the best ended one is also kept aside, as above. Both rank by $s(Y)$; ours makes
-# beam size 1 exactly greedy decoding (a test checks that too) and draws only $K$ candidates.
-# What the difference costs a translation model is measured at the end of this section.
+# The reference implementation, tensor2tensor's {cite:p}`vaswani2018tensor2tensor`, keeps open and
+# finished hypotheses in two separate sets of $K$ and draws $2K$ candidates at each step, so that
+# $K$ beams always stay open. Ours keeps the ended hypotheses in the beam, where they compete with
+# the open ones by the same score and take up slots, so fewer than $K$ beams may stay open; the best
+# ended one is also kept aside, as above. Both rank by $s(Y)$; ours makes beam size 1 exactly greedy
+# decoding (a test checks that too) and draws only $K$ candidates. What the difference costs a
+# translation model is measured below, in "Ended beams that keep their slot".
 
 
 # %%
@@ -641,7 +648,7 @@ def beam_search(
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     _check_alpha(alpha, max_len=model.config.max_len)
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    _check_src(src)
+    _check_src(src, pad_id)
     B, K, device = src.size(0), beam_size, src.device
     if B == 0:
         return []
@@ -787,15 +794,15 @@ print("% of the 200 strings exactly right:")
 (accuracy * 100).round(1)
 
 # %% [markdown]
-# With the trained model, greedy decoding already gets most strings right (the table), and
-# beam search finds a higher-scoring output for only a few of them: there is little left for a
-# search to find. On the half-trained one, beam search finds a higher score for many more
-# strings, and (almost) never a lower one; but the exact matches move far less than that: it
-# gets some strings right that greedy decoding gets wrong, and a few wrong that greedy decoding
-# gets right (the counts above). A higher $s(Y)$ is not the same as the right answer when the
-# model itself is unsure. (The shares and counts depend on the trained weights, which depend on
-# the CPU that trained them; the cells assert what the prose says, not the figures.) What
-# search does for the translation models, in BLEU, the results chapter measures.
+# With the trained model, greedy decoding already gets most strings right (the table), and beam
+# search finds a higher-scoring output for almost none of them: there is little left for a search to
+# find. On the half-trained one, beam search finds a higher score for many more strings, and
+# (almost) never a lower one; but the exact matches move far less than that: it gets some strings
+# right that greedy decoding gets wrong, and a few wrong that greedy decoding gets right (the counts
+# above). A higher $s(Y)$ is not the same as the right answer when the model itself is unsure. (The
+# shares and counts depend on the trained weights, which depend on the CPU that trained them; the
+# cells assert what the prose says, not the figures.) What search does for the translation models,
+# in BLEU, the results chapter measures.
 
 # %% [markdown]
 # ### What the length penalty does
@@ -830,11 +837,12 @@ by_alpha.round({"% exactly right": 1, "output length / answer length": 3})
 # %% [markdown]
 # The length of the outputs grows with $\alpha$. Whether that gets more strings exactly right
 # depends on whether the model's outputs were too short or too long to begin with (the length column
-# says which), and the differences are a few points, too few to rank the values. The penalty's
-# purpose shows in translation, where, without it, "regular beam search will favor shorter results
-# over longer ones on average" {cite:p}`wu2016google`. How BLEU and the output length of the
-# translation models change with $\alpha$ and the beam size is measured with those models, in the
-# results chapter ("Beam size and the length penalty").
+# says which), and the exact matches move by a few points at most (in the stored run, not at all),
+# too few to rank the values. The penalty's purpose shows in translation, where, without it,
+# "regular beam search will favor shorter results over longer ones on average"
+# {cite:p}`wu2016google`. How BLEU and the output length of the translation models change with
+# $\alpha$ and the beam size is measured with those models, in the results chapter ("Beam size and
+# the length penalty").
 #
 # **The range of $\alpha$.** The search accepts $0 \le \alpha \le 10$ (`MAX_ALPHA`). A
 # negative $\alpha$ would make $lp$ shrink as outputs grow. A large one is useless,
@@ -1037,7 +1045,7 @@ assert 1 < beam_seconds / cached_seconds < 8  # a timing: loose bounds
 # not grow with its rows.
 
 # %% [markdown]
-# ### Ended beams that keep their slot: what it costs
+# ## Ended beams that keep their slot: what it costs
 #
 # Our search lets a hypothesis that has ended keep its slot among the $K$, where
 # tensor2tensor keeps $K$ beams open at every step and sets the ended ones aside (the

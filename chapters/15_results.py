@@ -1077,17 +1077,17 @@ pd.concat([best, paper]).set_index(["model", "setting"]).sort_index()[
 # %% [markdown]
 # ## How sure are these differences?
 #
-# Every score above comes from one sample of sentences, the 1,000 of the test set or the 1,014
-# of the validation split; another sample of the same kind of captions would give other
-# numbers. The *paired bootstrap* {cite:p}`koehn2004statistical` measures how much they could
-# move: draw as many sentences as the set has, with replacement, score both systems on that
-# same draw, and repeat, here 1,000 times (sacreBLEU's implementation, with its fixed seed).
-# The spread of one system's scores over the draws gives a 95% interval for its score. For a
-# difference between two systems, the *p-value* is the share of draws whose difference, shifted
-# so that the differences average zero as they would for two equally good systems, is larger
-# than the difference measured on the whole set. A small p-value (we use 0.05) says the
-# difference is unlikely to be the luck of this sample; a large one, that this test set cannot
-# tell the two apart, not that they are equal.
+# Every score above comes from one sample of sentences, the 1,000 of the test set or the 1,014 of
+# the validation split; another sample of the same kind of captions would give other numbers. The
+# *paired bootstrap* {cite:p}`koehn2004statistical` measures how much they could move: draw as many
+# sentences as the set has, with replacement, score both systems on that same draw, and repeat, here
+# 1,000 times (sacreBLEU's implementation, with its fixed seed). The spread of one system's scores
+# over the draws gives a 95% interval for its score. For a difference between two systems, the
+# *p-value* is the share of draws whose absolute difference, shifted so that those average zero as
+# they would for two equally good systems, is larger than the absolute difference measured on the
+# whole set (a two-sided test: either system may be the better one). A small p-value (we use 0.05)
+# says the difference is unlikely to be the luck of this sample; a large one, that this test set
+# cannot tell the two apart, not that they are equal.
 #
 # The three comparisons of this chapter, for each model: beam search against greedy decoding
 # and the averaged weights against the last epoch alone (on the test set), and the best setting
@@ -1221,16 +1221,15 @@ significance
 # %% [markdown]
 # ## Speed
 #
-# How fast the models translate on this machine's CPU, from the test-set runs above: the
-# sentences per second of the whole `translate` call (tokenising, searching in batches of 32
-# sentences of similar length, detokenising), for beam search with $K = 4$ and for greedy
-# decoding, side by side. The times vary from machine to machine and run to run, the ratio
-# less so. The runs are not quite alike: the beam searches ran first and cut the test
-# sentences into spaCy's words, which the greedy runs then found in the data module's cache of
-# whole splits, so the greedy figures are flattered by the time that cut takes; the next cell
-# times it for the 1,000 German test sentences, against seconds of search. The book's outputs were computed on a machine
-# without a GPU, so there is no GPU figure here; on a GPU, `python -m transformer evaluate
-# --pair de-en --device cuda` prints one.
+# How fast the models translate on this machine's CPU, from the test-set runs above: the sentences
+# per second of the whole `translate` call (tokenising, searching in batches of 32 sentences of
+# similar length, detokenising), for beam search with $K = 4$ and for greedy decoding, side by side.
+# The times vary from machine to machine and run to run, the ratio less so. The runs are not quite
+# alike: the beam searches ran first and cut the test sentences into spaCy's words, which the greedy
+# runs then found in the data module's cache of whole splits, so the greedy figures are flattered by
+# the time that cut takes; the next cell times it for the 1,000 German test sentences, against
+# seconds of search. The book's outputs were computed on a machine without a GPU, so there is no GPU
+# figure here; on a GPU, `python -m transformer evaluate --pair de-en --device cuda` prints one.
 
 
 # %% tags=["nbval-ignore-output"]
@@ -1414,12 +1413,12 @@ for name, run in epochs.groupby("model"):
 # %% [markdown]
 # ## Examples, good and bad
 #
-# Corpus scores hide what the errors look like. To show typical translations without choosing
-# them by hand, we score every test sentence on its own with chrF (sentence-level BLEU is too
-# coarse for one short sentence: with no 4-gram in common it is zero, or, smoothed, an
-# arbitrary small number), keep the sentences whose source has 8 to 20 words, sort them by their chrF (ties by line number), and
-# show for each model those at the 10th, 50th and 90th percentile: a poor, a middling and a
-# good translation.
+# Corpus scores hide what the errors look like. To show typical translations without choosing them
+# by hand, we score every test sentence on its own with chrF (sentence-level BLEU is too coarse for
+# one short sentence: with no 4-gram in common it is zero, or, smoothed, an arbitrary small number),
+# keep the sentences whose source has 8 to 20 words, sort them by their chrF (ties by line number),
+# and show for each model those at the 10th, 50th and 90th percentile: a poor, a middling and a good
+# translation.
 
 # %% tags=["nbval-ignore-output"]
 chrf = CHRF()

@@ -427,6 +427,9 @@ def test_decoding_restores_the_training_mode_and_checks_its_arguments():
             decode_fn(model, src[0], **IDS)  # one sentence without its batch dimension
         with pytest.raises(ValueError, match="no positions"):
             decode_fn(model, src[:, :0], **IDS)
+        padding_only = torch.cat([src, torch.full_like(src, PAD)])  # row 1: no token
+        with pytest.raises(ValueError, match="src row 1 is all padding"):
+            decode_fn(model, padding_only, **IDS)
         assert decode_fn(model, src[:0], **IDS) == []  # an empty batch
     with pytest.raises(ValueError, match="pad_id"):
         greedy_decode(model, src, bos_id=BOS, eos_id=PAD, pad_id=PAD)

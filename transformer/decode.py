@@ -57,8 +57,8 @@ def output_limits(
     return limits.clamp(max=model.config.max_len)
 
 # %% ../chapters/14_decoding.ipynb #33c1c23b
-def _check_src(src: Tensor) -> None:
-    """A batch of sources must be a (B, S) tensor of token ids with at least one position."""
+def _check_src(src: Tensor, pad_id: int) -> None:
+    """A batch of sources must be a (B, S) tensor of token ids, each row with a real token."""
     if src.dim() != 2 or src.dtype != torch.long:
         raise ValueError(
             "src must be a (B, S) tensor of token ids (torch.long), got shape "
@@ -66,6 +66,13 @@ def _check_src(src: Tensor) -> None:
         )
     if src.size(1) == 0:
         raise ValueError("src has no positions: encode each source with its <eos>")
+    # A row of padding alone would be decoded from a memory the mask hides entirely.
+    empty = (src == pad_id).all(dim=1)  # (B,)
+    if empty.any():
+        raise ValueError(
+            f"src row {int(empty.nonzero()[0])} is all padding: encode each source with "
+            "its <eos>"
+        )
 
 
 def _check_ids(*, bos_id: int, eos_id: int, pad_id: int) -> None:
@@ -148,7 +155,7 @@ def greedy_decode(
         returns B hypotheses, in the order of the batch (their score is their log_prob)
     """
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    _check_src(src)
+    _check_src(src, pad_id)
     B = src.size(0)
     if B == 0:
         return []
@@ -251,7 +258,7 @@ def beam_search(
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     _check_alpha(alpha, max_len=model.config.max_len)
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    _check_src(src)
+    _check_src(src, pad_id)
     B, K, device = src.size(0), beam_size, src.device
     if B == 0:
         return []
