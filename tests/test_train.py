@@ -614,6 +614,7 @@ def test_train_config_round_trips_through_json():
         (dict(bpe_dropout=1.0), "bpe_dropout"),
         (dict(bpe_dropout=True), "bpe_dropout"),
         (dict(bpe_dropout_sides="target"), "bpe_dropout_sides"),
+        (dict(bpe_dropout_sides=["source"]), "bpe_dropout_sides"),
         (dict(seed=-1), "seed"),
         (dict(bf16="yes"), "bf16"),
         (dict(time_limit=0), "time_limit"),
@@ -1391,6 +1392,24 @@ def test_cli_refuses_a_full_folder_and_an_incompatible_checkpoint(tmp_path: Path
     assert status == 2 and "pair='de-en'" in err
 
 
+def test_resume_where_there_is_no_run_starts_one_and_says_so(tmp_path: Path, data):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1, max_steps=2), resume=True, data=data, echo=False)
+    first = (run / "train.log").read_text().splitlines()[0]
+    assert f"nothing to resume in {run}: starting a new run" in first
+    train(tiny_config(run, epochs=1, max_steps=4), resume=True, data=data, echo=False)
+    assert "resuming from" in (run / "train.log").read_text()
+
+
+def test_cli_names_a_corrupt_stored_config(tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_config.json").write_text("{not json")
+    status, err = run_main(["--pair", "de-en", "--out", str(run), "--resume"])
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"cannot read {run / 'train_config.json'}" in err
+
+
 def test_cli_unknown_device(tmp_path: Path):
     out = tmp_path / "run"
     status, err = run_main(["--pair", "de-en", "--out", str(out), "--device", "foo"])
@@ -1407,6 +1426,7 @@ def test_cli_unknown_device(tmp_path: Path):
         ('{"model_overrides": null}', "model_overrides must be a JSON object"),
         ('{"model_overrides": [1, 2]}', "model_overrides must be a JSON object"),
         ('{"model_overrides": "abc"}', "model_overrides must be a JSON object"),
+        ('{"bpe_dropout_sides": ["source"]}', "bpe_dropout_sides must be one of"),
     ],
 )
 def test_cli_config_file_of_the_wrong_shape(tmp_path: Path, text, named):

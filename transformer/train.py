@@ -537,7 +537,10 @@ class TrainConfig:
             or not 0.0 <= self.bpe_dropout < 1.0
         ):
             raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout!r}")
-        if self.bpe_dropout_sides not in BPE_DROPOUT_SIDES:
+        if (
+            not isinstance(self.bpe_dropout_sides, str)
+            or self.bpe_dropout_sides not in BPE_DROPOUT_SIDES
+        ):
             raise ValueError(
                 f"bpe_dropout_sides must be one of {', '.join(BPE_DROPOUT_SIDES)}, "
                 f"got {self.bpe_dropout_sides!r}"
@@ -1093,7 +1096,7 @@ class Trainer:
         self.log = _Log(
             out / "train.log" if self.env.is_main else None, echo and self.env.is_main
         )
-        self._describe(checkpoint)
+        self._describe(checkpoint, resume=resume)
         self._warn_dropped(len(first))
 
     def _updates_per_epoch(self, batches: int) -> int:
@@ -1148,9 +1151,16 @@ class Trainer:
                     f"longest {what} ({tokens} tokens): raise --set max_len"
                 )
 
-    def _describe(self, checkpoint: Path | None) -> None:
+    def _describe(self, checkpoint: Path | None, *, resume: bool) -> None:
         c, n = self.config, sum(p.numel() for p in self.model.parameters())
-        where = f"resuming from {checkpoint}" if checkpoint else "starting"
+        if checkpoint is not None:
+            where = f"resuming from {checkpoint}"
+        elif (
+            resume
+        ):  # the same command repeated across stops starts the run the first time
+            where = f"nothing to resume in {self.out}: starting a new run"
+        else:
+            where = "starting"
         self.log(
             f"{where}: {c.pair}, model {c.model} {c.model_overrides or ''} "
             f"({n:,} parameters), {self.env.world_size} process(es) on {self.device}, "
@@ -1921,7 +1931,11 @@ def _parser() -> argparse.ArgumentParser:
         "default small) or a TrainConfig JSON",
     )
     p.add_argument("--out", default=None, help="output folder (default runs/<pair>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out (where there is none yet, start it)",
+    )
     p.add_argument("--epochs", type=int)
     p.add_argument("--max-steps", type=int)
     p.add_argument("--max-tokens", type=int, help="padded tokens per batch and side")
@@ -2002,7 +2016,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     stored_path = Path(out) / "train_config.json"
     fields: dict[str, Any] = {}
     if args.resume and stored_path.is_file():
-        fields = json.loads(stored_path.read_text())
+        try:
+            fields = json.loads(stored_path.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read {stored_path}: {err}") from err
         if not isinstance(fields, dict):
             raise ValueError(f"{stored_path} does not hold a JSON object")
     elif args.quick:
