@@ -13,12 +13,14 @@ after each epoch (teacher forcing, the run's label smoothing and batch size), so
 compare with its `metrics.jsonl` (under bfloat16 autocast where the run had it); so are the
 last epoch alone, the last 10 where they are all kept, and the last stretch of epochs without a
 gap. Needs the pair's encoded cache, built with the run's vocabulary (checked), not spaCy.
+A bad input is one line on standard error and exit status 2; a `--device` that this machine
+does not have (cuda without a GPU) is refused before any checkpoint is read.
 """
 
 import argparse
 import json
-import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -135,14 +137,31 @@ def main() -> None:
         "--device", default="cpu", help="cpu, or cuda where there is one"
     )
     args = parser.parse_args()
+
+    # A bad input: one line on standard error and status 2, as the package's commands.
+    def fail(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
     if not (args.dest / "metrics.jsonl").is_file():
-        sys.exit(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
+        fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
     if args.k < 1:
-        sys.exit(f"--k must be at least 1, got {args.k}")
+        fail(f"--k must be at least 1, got {args.k}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        fail(f"--device {args.device!r} is not a device: choose cpu, or cuda")
+    if device.type not in {"cpu", "cuda"}:
+        fail(f"--device {args.device}: choose cpu, or cuda where there is one")
+    # torch would fail only once the first checkpoint is moved, with a traceback
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {args.device}, but no CUDA GPU is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        last = torch.cuda.device_count() - 1
+        fail(f"--device {args.device}, but the GPUs here are cuda:0 to cuda:{last}")
     try:
         summary = report(args.epochs, args.k, args.cache_dir, device=args.device)
     except (CheckpointError, DataError) as err:
-        sys.exit(f"average_windows: {err}")
+        fail(str(err))
     write_lines(args.dest / "averages.json", [json.dumps(summary, indent=1)])
 
 

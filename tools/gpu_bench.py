@@ -5,10 +5,12 @@
 Each variant trains alone on the GPU for two epochs of real Multi30k batches (German→English)
 with `transformer.train.train`; the numbers are those of the second epoch (the first holds
 CUDA's start-up and, with `--compile`, the compilation): target tokens per second (padding
-excluded) and MFU, the model FLOPs of ../shared/GPU.md's formula over the epoch's time and the
+excluded) and MFU, the model FLOPs of the formula in the training chapter's section "Counting
+the work: tokens per second and MFU" (chapters/13_training.ipynb) over the epoch's time and the
 card's measured bf16 matrix-multiply rate (PEAK_BF16_FLOPS). Variants: the book's Multi30k
 recipe (3,000-token batches) and the paper's base model on the paper's 25,000-token batches,
-each in float32, bf16 autocast, and bf16 with torch.compile.
+each in float32, bf16 autocast, and bf16 with torch.compile (`--only` names some of them).
+The rows are rewritten into OUT after each variant, atomically: it always holds whole JSON.
 """
 
 import argparse
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from transformer.evaluate import write_lines
 from transformer.train import TrainConfig, multi30k_recipe, train
 
 BASE = dict(model="base", max_tokens=25_000, warmup=4000)
@@ -61,7 +64,13 @@ def main() -> int:
     p.add_argument("--cache-dir", default="cache")
     p.add_argument("--pair", default="de-en")
     p.add_argument("--out", default="bench.json")
-    p.add_argument("--only", nargs="*", help="variants to run (default: all)")
+    p.add_argument(
+        "--only",
+        nargs="*",
+        choices=list(VARIANTS),  # a misspelt name is an error, not a run of nothing
+        metavar="VARIANT",
+        help=f"variants to run, each quoted (default: all): {', '.join(VARIANTS)}",
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("gpu_bench: no CUDA GPU", file=sys.stderr)
@@ -79,7 +88,7 @@ def main() -> int:
             f"({row['updates_per_epoch']} updates/epoch, {row['run_seconds']:.0f} s)",
             flush=True,
         )
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+        write_lines(Path(args.out), [json.dumps(rows, indent=2)])
     print(f"device: {device}, torch {torch.__version__}")
     return 0
 

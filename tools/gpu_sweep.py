@@ -15,9 +15,14 @@ as candidates (the sizes that can be shipped), is exported in the shipped format
 epoch in last/ (`export_model`), and packed into OUT as <pair>.tar (split into pieces of 15 MiB
 when larger, `cat` joins them). OUT also gets summary.json and runs.tar.gz (every run's metrics,
 config and log). Choosing on the validation split keeps the test split for the book's results.
+
+A sweep starts afresh: it refuses to launch anything while a folder of one of its runs is in
+RUNS already (from an earlier sweep; `train` would refuse it, and the old run would be scored
+and exported as new). Every file it writes into OUT is whole or absent, never half-written.
 """
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -27,6 +32,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from transformer.data import _atomic_write
+from transformer.evaluate import write_lines
 from transformer.train import read_jsonl
 
 RECIPE = ["--config", "multi30k"]
@@ -167,14 +174,30 @@ def cache_dir(options: list[str], args: argparse.Namespace) -> str:
     return args.cache_dir
 
 
-def launch(runs: dict, args: argparse.Namespace) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def problems(runs: dict, args: argparse.Namespace) -> list[str]:
+    """What keeps the sweep from starting, one line each, checked before anything runs."""
+    found = []
     missing = sorted(
         {cache_dir(o, args) for _, o, _ in runs.values()} - {args.cache_dir}
     )
     missing = [m for m in missing if not Path(m).is_dir()]
     if missing:  # no spaCy on a GPU machine: the caches must travel with the tree
-        raise SystemExit(f"no encoded cache {', '.join(missing)}: build it first")
+        found.append(f"no encoded cache {', '.join(missing)}: build it first")
+    # `train` refuses a folder that is not empty and exits, but the sweep would go on to
+    # close, score and export what an earlier sweep left there as if it were new.
+    taken = [str(Path(args.runs) / n) for n in runs if (Path(args.runs) / n).exists()]
+    if taken:
+        found.append(
+            f"{', '.join(taken)} already exist (an earlier sweep's runs?): move them "
+            "aside or choose another --runs"
+        )
+    return found
+
+
+def launch(runs: dict, args: argparse.Namespace) -> dict[str, int]:
+    """Start every run, wait for them all (to the time limit and two minutes more), and
+    return each run's exit status."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     procs = {}
     for name, (pair, options, _) in runs.items():
         out = Path(args.runs) / name
@@ -196,9 +219,11 @@ def launch(runs: dict, args: argparse.Namespace) -> None:
             proc.wait(timeout=max(deadline - time.time(), 1))
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()  # its exit status, for the summary
             print(f"{name}: killed at the deadline", flush=True)
         log.close()
         print(f"{name}: exit {proc.returncode}", flush=True)
+    return {name: proc.returncode for name, (proc, _) in procs.items()}
 
 
 def close(runs: dict, args: argparse.Namespace) -> None:
@@ -321,6 +346,35 @@ def summarise(runs: dict, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def letters(i: int) -> str:
+    """The suffix of the i-th piece as `split` names them (aa, ab, ...): `cat` joins them in
+    order."""
+    return chr(ord("a") + i // 26) + chr(ord("a") + i % 26)
+
+
+def write_tar(path: Path, data: bytes) -> None:
+    """`path`, or pieces of at most PIECE bytes path.aa, path.ab, ... when larger, each written
+    atomically. Whatever an earlier export left under that name goes first: a stale piece
+    beside a new tar would make `cat path.*` a corrupt file."""
+    for old in [path, *path.parent.glob(f"{path.name}.*")]:
+        old.unlink(missing_ok=True)
+    if len(data) <= PIECE:
+        _atomic_write(path, data)
+        return
+    for i, start in enumerate(range(0, len(data), PIECE)):
+        _atomic_write(Path(f"{path}.{letters(i)}"), data[start : start + PIECE])
+
+
+def tar_bytes(members: list[tuple[Path, str]], mode: str = "w") -> bytes:
+    """A tar archive of (path, name in the archive) pairs, built in memory (an export and the
+    runs' logs are tens of megabytes) so that it can be written atomically."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as t:
+        for path, arcname in members:
+            t.add(path, arcname=arcname)
+    return buffer.getvalue()
+
+
 def export_best(rows: list[dict], args: argparse.Namespace) -> None:
     from transformer.train import export_model
 
@@ -337,14 +391,31 @@ def export_best(rows: list[dict], args: argparse.Namespace) -> None:
         shutil.rmtree(dest, ignore_errors=True)
         export_model(run, dest)
         export_model(run / "checkpoints" / f"epoch-{best['epochs']:03d}", dest / "last")
-        (dest / "RUN").write_text(best["name"] + "\n")
-        tar = Path(args.out) / f"{pair}.tar"
-        with tarfile.open(tar, "w") as t:
-            t.add(dest, arcname=pair)
-        if tar.stat().st_size > PIECE:
-            subprocess.run(["split", "-b", str(PIECE), str(tar), f"{tar}."], check=True)
-            tar.unlink()
+        write_lines(dest / "RUN", [best["name"]])
+        write_tar(Path(args.out) / f"{pair}.tar", tar_bytes([(dest, pair)]))
         print(f"{pair}: exported {best['name']}", flush=True)
+
+
+def run_files(runs: dict, args: argparse.Namespace) -> list[tuple[Path, str]]:
+    """What runs.tar.gz keeps of each run, as (path, name in the archive): its own logs
+    (`<name>.stdout`, `<name>.close.stdout`; not another run's whose name starts with it,
+    de-en-d3-ff1024's beside de-en-d3's) and its metrics, config and log."""
+    kept = []
+    for name in runs:
+        for log in (f"{name}.stdout", f"{name}.close.stdout"):
+            if (Path(args.runs) / log).is_file():
+                kept.append((Path(args.runs) / log, log))
+        for file in (
+            "metrics.jsonl",
+            "steps.jsonl",
+            "train_config.json",
+            "train.log",
+            "averages.json",
+        ):
+            path = Path(args.runs) / name / file
+            if path.is_file():
+                kept.append((path, f"{name}/{file}"))
+    return kept
 
 
 def main() -> int:
@@ -359,39 +430,34 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=400)
     args = p.parse_args()
     runs = PHASES[args.phase]
+    found = problems(runs, args)
+    for problem in found:
+        print(f"{p.prog}: error: {problem}", file=sys.stderr)
+    if found:
+        return 2
     Path(args.runs).mkdir(parents=True, exist_ok=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    launch(runs, args)
+    exits = launch(runs, args)
     close(runs, args)
     rows = summarise(runs, args)
-    (Path(args.out) / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
-    with tarfile.open(Path(args.out) / "runs.tar.gz", "w:gz") as t:
-        for name in runs:
-            for path in sorted(Path(args.runs).glob(f"{name}*")):
-                if path.is_file():
-                    t.add(path, arcname=path.name)
-            for file in (
-                "metrics.jsonl",
-                "steps.jsonl",
-                "train_config.json",
-                "train.log",
-                "averages.json",
-            ):
-                path = Path(args.runs) / name / file
-                if path.is_file():
-                    t.add(path, arcname=f"{name}/{file}")
+    for row in rows:  # a run that crashed may still have epochs to average and score
+        row["exit"] = exits[row["name"]]
+    write_lines(Path(args.out) / "summary.json", [json.dumps(rows, indent=2)])
+    packed = tar_bytes(run_files(runs, args), "w:gz")
+    _atomic_write(Path(args.out) / "runs.tar.gz", packed)
     export_best(rows, args)
     head = f"{'run':<20}{'ep':>4}{'best':>5}{'ppl best':>9}{'ppl avg':>8}{'acc avg':>8}"
     print(head + f"{'BLEU':>6}{'tok/s':>9}")
     for r in rows:
         if r.get("failed"):
-            print(f"{r['name']:<20} failed")
+            print(f"{r['name']:<20} failed, exit {r['exit']}")
             continue
         print(
             f"{r['name']:<20}{r['epochs']:>4}{r['best_epoch']:>5}{r['best_ppl_word']:>9.2f}"
             f"{r.get('avg_ppl_word', float('nan')):>8.2f}"
             f"{r.get('avg_accuracy', float('nan')):>8.1%}"
             f"{r.get('avg_val_bleu', float('nan')):>6.1f}{r['tokens_per_s']:>9,.0f}"
+            + (f"  exit {r['exit']}" if r["exit"] else "")  # killed, or it crashed
         )
     return 0
 

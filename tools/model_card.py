@@ -4,18 +4,22 @@ evaluation of the shipped and last-epoch weights on test_2016_flickr (beam 4, α
     python tools/model_card.py de-en --command "python -m transformer train ..." \
         --hardware "2-core Intel Xeon CPU, ..."
 
-Every number in the card is read from the folder (config.json, metrics.jsonl, comparison/) or
-measured here; the command and the hardware are the two facts the folder does not hold.
+Every number in the card is read from the folder (config.json, metrics.jsonl, comparison/ where
+there is one: a folder that tools/gpu_sweep.py exported has none) or measured here; the command
+and the hardware are the two facts the folder does not hold. The folder is checked before the
+test split is translated: a missing part is one line on standard error and exit status 2.
 """
 
 import argparse
 import json
 import os
+from pathlib import Path
 
-from transformer.data import load_pairs
+from transformer.data import DataError, load_pairs
 from transformer.decode import CHECKPOINTS_DIR
 from transformer.evaluate import score, translate_split
 from transformer.train import (
+    CheckpointError,
     load_model,
     multi30k_recipe,
     read_jsonl,
@@ -29,21 +33,37 @@ TARGETS = {
 }  # ppl/word, acc, BLEU
 
 
-def card(pair: str, command: str, hardware: str) -> str:
-    folder = CHECKPOINTS_DIR / pair
+def comparison_runs(folder: Path) -> list[str]:
+    """The names of the runs kept in folder/comparison, none when it has no such folder."""
+    if not (folder / "comparison").is_dir():
+        return []
+    return sorted(p.name for p in (folder / "comparison").iterdir() if p.is_dir())
+
+
+def card(pair: str, command: str, hardware: str, folder: Path | None = None) -> str:
+    """The card of the shipped folder (checkpoints/<pair> unless `folder` is given).
+    CheckpointError for a folder without both models or an average in its metrics, raised
+    before the test split's two translations, the slow part."""
+    folder = CHECKPOINTS_DIR / pair if folder is None else Path(folder)
+    model, tokenizer = load_model(folder)
+    weights = {
+        "averaged (shipped)": (model, tokenizer),
+        "last epoch (`last/`)": load_model(folder / "last"),
+    }
     record = json.loads((folder / "config.json").read_text())
     metrics = read_jsonl(folder / "metrics.jsonl")
     epochs = [r for r in metrics if r["kind"] == "epoch"]
-    average = [r for r in metrics if r["kind"] == "average"][-1]
+    averages = [r for r in metrics if r["kind"] == "average"]
+    if not epochs or not averages:
+        raise CheckpointError(
+            f"{folder / 'metrics.jsonl'} holds no epoch or no average record"
+        )
+    average = averages[-1]
+    comparisons = comparison_runs(folder)
     tc, mc = record["train"], record["model"]
-    model, tokenizer = load_model(folder)
     n_params = sum(p.numel() for p in model.parameters())
     results = {}
-    for name, sub in (
-        ("averaged (shipped)", folder),
-        ("last epoch (`last/`)", folder / "last"),
-    ):
-        m, t = load_model(sub)
+    for name, (m, t) in weights.items():
         tr = translate_split(m, t, pair, "test_2016_flickr")
         results[name] = score(tr.hypotheses, tr.references)
     shipped = results["averaged (shipped)"]
@@ -76,16 +96,19 @@ def card(pair: str, command: str, hardware: str) -> str:
             "evaluation written after the runs), its validation figures are within the "
             "targets (below), which stay judged per word"
         )
-    comparisons = sorted(
-        p.name for p in (folder / "comparison").iterdir() if p.is_dir()
-    )
     files = sorted(p.name for p in folder.iterdir())
     cpu_note = (
         f" and a median MFU of {mfu:.2%} (the training chapter's table measures the GPU alone)"
         if on_gpu
         else " (a lower bound for this CPU; MFU is not reported for a CPU)"
     )
-    tried = ", ".join(f"`{c}`" for c in comparisons)
+    tried = (  # the same lines as before comparison/ became optional
+        "; `comparison/`\nthe metrics and configurations of the other recipes tried ("
+        + ", ".join(f"`{c}`" for c in comparisons)
+        + "; the\ntraining chapter compares them)"
+        if comparisons
+        else ""
+    )
     recipe_model = multi30k_recipe(pair).model_config(mc["src_vocab_size"]).to_dict()
     changed = [f"`{k}={v}`" for k, v in mc.items() if recipe_model.get(k) != v]
     recipe = "The training chapter's `multi30k_recipe`" + (
@@ -165,9 +188,7 @@ Target: sacreBLEU at least {bleu_t:g}: {"met" if bleu_met else "not met"}.
 
 {", ".join(f"`{f}`" for f in files)}: `config.json` holds the model's and the training's
 configuration and the vocabulary's fingerprint; `metrics.jsonl` the run's metrics; `last/` the
-last epoch's weights without averaging (for the results chapter's ablation); `comparison/`
-the metrics and configurations of the other recipes tried ({tried}; the
-training chapter compares them).
+last epoch's weights without averaging (for the results chapter's ablation){tried}.
 """
 
 
@@ -181,8 +202,12 @@ def main() -> None:
     )
     p.add_argument("--hardware", required=True, help="where and how it was trained")
     args = p.parse_args()
-    text = card(args.pair, args.command, args.hardware)
-    path = CHECKPOINTS_DIR / args.pair / "README.md"
+    folder = CHECKPOINTS_DIR / args.pair
+    try:
+        text = card(args.pair, args.command, args.hardware, folder)
+    except (CheckpointError, DataError) as err:
+        p.exit(2, f"{p.prog}: error: {err}\n")
+    path = folder / "README.md"
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

@@ -13,7 +13,9 @@ generated module, or a chapter changed without `make export`, fails `make check`
 from __future__ import annotations
 
 import filecmp
+import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -119,10 +121,39 @@ def setup_cells(root: Path = ROOT) -> None:
 
 
 def _write_pair(path: Path, nb) -> None:
+    """The notebook and its py:percent twin, as `nbformat.write` and `jupytext.write` would
+    write them, each atomically."""
     import jupytext
 
-    nbformat.write(nb, path)
-    jupytext.write(nb, path.with_suffix(".py"), fmt="py:percent")
+    _write_text(path, nbformat.writes(nb))
+    _write_text(path.with_suffix(".py"), jupytext.writes(nb, fmt="py:percent"))
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write `text` into a temporary file beside `path`, then rename it over `path`: the
+    chapters are the source, and an interrupted run must leave one as it was, not cut short.
+    The text ends with a newline, as nbformat's and jupytext's writers end it; the file keeps
+    its permissions (a new one gets those `open` would give it). This tool does not import
+    the package, whose helper does the same: it must run while the package is broken."""
+    if not text.endswith("\n"):
+        text += "\n"
+    if path.exists():
+        mode = stat.S_IMODE(path.stat().st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def notebook_problems(path: Path, url: str) -> list[str]:

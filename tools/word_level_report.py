@@ -9,15 +9,17 @@ comparison folder keeps only metrics, so this file is what is left of the weight
 scores: the perplexities and accuracies of `word_level_evaluation` and its tokens grouped by how
 often the training split has them (`by_frequency`). The pair is the model's vocabulary's.
 With `--bleu`, also the sacreBLEU and chrF of the model's translations of the validation
-split with the paper's search (beam 4, α = 0.6), under `val_bleu`. Needs spaCy.
+split with the paper's search (beam 4, α = 0.6), under `val_bleu`. Needs spaCy. A bad input
+(a folder without a model, a missing or corrupt data file, no spaCy) is one line on standard
+error and exit status 2.
 """
 
 import argparse
 import json
-import sys
 from pathlib import Path
+from typing import NoReturn
 
-from transformer.data import load_pairs
+from transformer.data import DataError, load_pairs
 from transformer.evaluate import score, translate_split, write_lines
 from transformer.train import (
     CheckpointError,
@@ -73,12 +75,19 @@ def main() -> None:
         help="also translate the validation split (beam 4, α = 0.6) and score it",
     )
     args = parser.parse_args()
+
+    # A bad input: one line on standard error and status 2, as the package's commands.
+    def fail(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
     if not (args.dest / "metrics.jsonl").is_file():
-        sys.exit(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
+        fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
     try:
         summary = report(args.model, bleu=args.bleu)
     except CheckpointError as err:
-        sys.exit(f"cannot load a model from {args.model}: {err}")
+        fail(f"cannot load a model from {args.model}: {err}")
+    except (DataError, ImportError) as err:  # a data file, or no spaCy: it says which
+        fail(str(err))
     out = args.dest / "word_level.json"
     write_lines(out, [json.dumps(summary, indent=1)])
     print(

@@ -1,7 +1,10 @@
 """`python -m transformer COMMAND ...`: the command-line face of the package.
 
-Each command lives in the module its chapter exports and is imported only when asked for, so
-that `train` runs on a GPU machine without the book's plotting dependencies.
+Each command lives in the module its chapter exports. Python imports the package before this
+module, and `transformer/__init__.py` imports every command's module with it; none of them
+imports Altair or pandas (only `transformer.plots` does, which the package leaves out), and spaCy
+is imported only when text is tokenised, so `train` from an encoded cache runs on a GPU machine
+without the book's plotting and tokenising dependencies.
 """
 
 from __future__ import annotations
