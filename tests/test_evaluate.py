@@ -260,7 +260,10 @@ def test_the_command_prints_scores_signatures_and_time(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["translations.txt"]
 
 
-def test_the_command_reads_the_split_beam_alpha_and_limit(shipped, data_dir, capsys):
+def test_the_command_reads_the_split_beam_alpha_and_limit(
+    shipped, loaded, data_dir, tmp_path, capsys
+):
+    output = tmp_path / "translations.txt"
     status, out, _ = run(
         evaluate_args(
             shipped,
@@ -270,14 +273,22 @@ def test_the_command_reads_the_split_beam_alpha_and_limit(shipped, data_dir, cap
             "--beam",
             "3",
             "--alpha",
-            "1",
+            "2",
             "--limit",
             "2",
+            "--output",
+            str(output),
         ),
         capsys,
     )
     assert status == 0
-    assert out.splitlines()[0].startswith("de-en val: 2 sentences, beam 3, α 1, model ")
+    assert out.splitlines()[0].startswith("de-en val: 2 sentences, beam 3, α 2, model ")
+    # The translations are those of the search the options ask for, not only the header's:
+    # for the tiny model, α = 2 translates the first two validation sentences otherwise.
+    model, tokenizer = loaded
+    asked = translate(model, tokenizer, GERMAN[:2], beam_size=3, alpha=2.0)
+    assert asked != translate(model, tokenizer, GERMAN[:2], beam_size=3)
+    assert output.read_text(encoding="utf-8") == "".join(f"{h}\n" for h in asked)
 
 
 def test_the_default_model_is_checkpoints_pair(

@@ -127,11 +127,14 @@ def test_empty_lines_give_empty_lines(shipped, capsys, monkeypatch):
 
 def test_crlf_and_undecodable_bytes(shipped, capsys, monkeypatch):
     raw = f"{GERMAN[0]}\r\n".encode() + b"Ein \xff Hund.\r\n"
+    # The reader drops the \r of each line and turns the undecodable byte into U+FFFD ...
+    lines = decode._read_lines(io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8"))
+    assert lines == [GERMAN[0], "Ein \ufffd Hund."]
+    # ... and the command translates those lines.
     stdin = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
     status, out, _ = run(translate_args(shipped), capsys, monkeypatch, stdin)
-    _, first, _ = run(translate_args(shipped, GERMAN[0]), capsys, monkeypatch)
-    assert status == 0 and len(out.splitlines()) == 2
-    assert out.splitlines()[0] == first.strip("\n")
+    _, alone, _ = run(translate_args(shipped, *lines), capsys, monkeypatch)
+    assert status == 0 and out == alone and len(out.splitlines()) == 2
 
 
 def test_unknown_characters_do_not_crash(shipped, loaded, capsys, monkeypatch):
@@ -162,14 +165,27 @@ def test_beam_1_is_greedy_decoding(shipped, loaded, capsys, monkeypatch):
     )
     assert status == 0 and out.splitlines() == expected
     # ... and the default is the paper's beam search, K = 4 and α = 0.6.
+    default = run(translate_args(shipped, *GERMAN), capsys, monkeypatch)[1]
+    assert default.splitlines() == translate(model, tokenizer, GERMAN)
     assert (
-        run(translate_args(shipped, *GERMAN), capsys, monkeypatch)[1]
+        default
         == run(
             translate_args(shipped, "--beam", "4", "--alpha", "0.6", *GERMAN),
             capsys,
             monkeypatch,
         )[1]
     )
+
+
+def test_alpha_reaches_the_search(shipped, loaded, capsys, monkeypatch):
+    model, tokenizer = loaded
+    # For the tiny model the length penalty changes some translations: α = 2 is no default.
+    longer = translate(model, tokenizer, GERMAN, alpha=2.0)
+    assert longer != translate(model, tokenizer, GERMAN)
+    status, out, _ = run(
+        translate_args(shipped, "--alpha", "2", *GERMAN), capsys, monkeypatch
+    )
+    assert status == 0 and out.splitlines() == longer
 
 
 def test_an_overlong_sentence_is_cut_with_a_warning(
