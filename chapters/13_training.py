@@ -4271,7 +4271,7 @@ assert [round(final_train_loss[n], 2) for n in ("dropout-0.4-cpu", "shipped")] =
 # accuracy and BLEU score". On this corpus, though, turning it off made the perplexity higher
 # (`no-label-smoothing`, above): without it the model overfits sooner. Between those ends, two
 # German→English runs of the recipe on the project's CPU (post-norm, dropout 0.3, seed 0,
-# 35 epochs, float32, one thread each, side by side, about two hours each) try
+# 35 epochs, float32, one thread each, side by side, about 2.3 hours each) try
 # $\epsilon_{ls} = 0.05$ and $0.2$; the seed-1 run of the section above is the yardstick for
 # chance. Besides perplexity and accuracy, the table gives each averaged model's validation
 # sacreBLEU with the paper's search (beam 4, $\alpha = 0.6$; for the CPU runs kept by
