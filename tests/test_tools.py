@@ -290,3 +290,45 @@ def test_average_windows_wants_a_gpu_for_cuda_before_reading_a_checkpoint(
     argv[-1] = "gpu"
     status, err = run_main(average_windows, argv, monkeypatch, capsys)
     assert_one_line_error(status, err, "--device 'gpu' is not a device")
+
+
+def test_ensemble_report_scores_the_members_and_their_mean(
+    tmp_path: Path, tool, monkeypatch, capsys
+):
+    from helpers import ENGLISH, GERMAN, ship, tiny_tokenizer
+
+    ensemble_report = tool("ensemble_report")
+    tokenizer = tiny_tokenizer()
+    a = ship(tmp_path / "a" / "de-en", tokenizer, seed=0)
+    b = ship(tmp_path / "b" / "de-en", tokenizer, seed=1)
+    val = list(zip(GERMAN, ENGLISH, strict=True))
+    monkeypatch.setattr(ensemble_report, "load_pairs", lambda *_: val)
+    # An ensemble of a model with itself is that model.
+    same = ensemble_report.report([a, a])
+    alone = {k: v for k, v in same["members"][0].items() if k != "model"}
+    assert same["ensemble"] == pytest.approx(alone)
+    # The NLL of a mean probability is at most the mean of the members' NLLs (Jensen), and
+    # below it where the members differ: the perplexity is below their geometric mean.
+    two = ensemble_report.report([a, b])
+    ppl_a, ppl_b = (m["ppl_word"] for m in two["members"])
+    assert ppl_a != ppl_b
+    assert two["ensemble"]["ppl_word"] < (ppl_a * ppl_b) ** 0.5
+    assert two["pair"] == "de-en" and two["words"] == sum(
+        len(s.split()) for s in ENGLISH
+    )
+    # The command: ensemble.json in the comparison folder, or one line and status 2.
+    dest = tmp_path / "comparison"
+    dest.mkdir()
+    (dest / "metrics.jsonl").write_text("")
+    argv = [str(a), str(b), "--dest", str(dest)]
+    assert run_main(ensemble_report, argv, monkeypatch, capsys)[0] is None
+    assert json.loads((dest / "ensemble.json").read_text()) == two
+    status, err = run_main(
+        ensemble_report, [str(a), "--dest", str(dest)], monkeypatch, capsys
+    )
+    assert_one_line_error(status, err, "two or more models")
+    other = ship(tmp_path / "c" / "de-en", tiny_tokenizer(ENGLISH))
+    status, err = run_main(
+        ensemble_report, [str(a), str(other), "--dest", str(dest)], monkeypatch, capsys
+    )
+    assert_one_line_error(status, err, "do not share one vocabulary")
