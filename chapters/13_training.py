@@ -2695,13 +2695,15 @@ alt.hconcat(
 ).properties(title="The book's models: validation after each epoch")
 
 # %% [markdown]
-# **Which words.** A figure per word depends on what counts as a word, and so does an accuracy.
-# The training loop divides the total NLL by the whitespace-separated words of the references
-# and counts `<eos>` in the loss but not as a word (the section "What validation measures"),
-# and it counts its accuracy over its own BPE tokens. Word-level implementations, such as the
-# published notebook above, predict spaCy's tokens, punctuation marks included, and then
-# `<eos>`; they report the perplexity per predicted token (more units for the same sentences,
-# so a lower figure for the same predictions) and the share of those tokens predicted right.
+# ### Which words
+#
+# A figure per word depends on what counts as a word, and so does an accuracy. The training loop
+# divides the total NLL by the whitespace-separated words of the references and counts `<eos>` in
+# the loss but not as a word (the section "What validation measures"), and it counts its accuracy
+# over its own BPE tokens. Word-level implementations, such as the published notebook above, predict
+# spaCy's tokens, punctuation marks included, and then `<eos>`; they report the perplexity per
+# predicted token (more units for the same sentences, so a lower figure for the same predictions)
+# and the share of those tokens predicted right.
 #
 # `word_level_evaluation` scores a model in both units at once. Since the BPE vocabulary never
 # merges across spaCy's tokens, every piece belongs to exactly one of them, and a word-level
@@ -2920,12 +2922,14 @@ pd.DataFrame(
 ).round(4)
 
 # %% [markdown]
-# **Where the loss goes.** The perplexity is an average of the NLL, and an average hides where
-# the NLL comes from. Group the word-level tokens of the validation references by how often the
-# same token occurs in the training split's English side: a word the model saw hundreds of times
-# costs it little, a word it never saw must be spelled out piece by piece, each piece a guess.
-# In the chart, compare the two bars of each group: the share of the word-level tokens that fall
-# in it (left bar) against the share of the total NLL they carry (right bar).
+# ### Where the loss goes
+#
+# The perplexity is an average of the NLL, and an average hides where the NLL comes from. Group the
+# word-level tokens of the validation references by how often the same token occurs in the training
+# split's English side: a word the model saw hundreds of times costs it little, a word it never saw
+# must be spelled out piece by piece, each piece a guess. In the chart, compare the two bars of each
+# group: the share of the word-level tokens that fall in it (left bar) against the share of the
+# total NLL they carry (right bar).
 
 # %%
 #| export
@@ -3105,13 +3109,15 @@ assert fr.ppl_unit > 4.0 and fr.unit_accuracy < 0.78
 assert abs(oov.loc["fr-en", "ppl per word-level token, the others"] - 3.14) < 0.01
 
 # %% [markdown]
-# **Two runs together.** How much of the French→English distance would a second run of the recipe
-# close, if both were kept? An *ensemble* averages the probabilities of several models at each
-# token. The shipped run and the recipe with seed 1 on the CPU (the section on the pre-norm order,
-# below) were scored together that way, teacher-forced on the validation split as above, with
-# `tools/ensemble_report.py`, which keeps the result beside the seed-1 run's metrics. An ensemble
-# is not a model the book ships: translating with one runs both models at every step, and the
-# targets are set for one model. It measures how far chance and a second run could go.
+# ### Two runs together
+#
+# How much of the French→English distance would a second run of the recipe close, if both were kept?
+# An *ensemble* averages the probabilities of several models at each token. The shipped run and the
+# recipe with seed 1 on the CPU (the section on the pre-norm order, below) were scored together that
+# way, teacher-forced on the validation split as above, with `tools/ensemble_report.py`, which keeps
+# the result beside the seed-1 run's metrics. An ensemble is not a model the book ships: translating
+# with one runs both models at every step, and the targets are set for one model. It measures how
+# far chance and a second run could go.
 
 # %%
 seed_1_folder = CHECKPOINTS_DIR / "fr-en" / "comparison" / "recipe-seed-1-cpu"
@@ -3161,19 +3167,21 @@ assert both_runs[0] > 1.3 * TARGETS["fr-en"][0] and both_runs[1] < TARGETS["fr-e
 assert both_runs[2] > TARGETS["fr-en"][0] and both_runs[3] < TARGETS["fr-en"][1]
 
 # %% [markdown]
-# **Is it the label smoothing?** The paper notes that label smoothing "hurts perplexity, as the
-# model learns to be more unsure", and both models were trained with $\epsilon_{ls} = 0.1$. If their
-# probabilities were merely too flat, sharpening them would lower the perplexity without changing a
-# single prediction: divide the logits $z$ by a *temperature* $T$ before the softmax,
-# $p_T = \mathrm{softmax}(z / T)$, with $T < 1$. The most probable token stays the same for every
-# $T > 0$, so the accuracy cannot move; only the perplexity can. (The model returns
-# log-probabilities $z - \log \sum e^{z}$, a constant shift of the logits per position, and the
-# softmax ignores such shifts: dividing the log-probabilities by $T$ gives the same $p_T$.) Below,
-# the perplexity per token of each shipped model against $T$, relative to $T = 1$, on the whole
-# validation split and on 1,014 sentence pairs drawn at random from the training split (as many as
-# the validation split has): solid lines for validation, dashed for the training sample. Look at
-# where each curve has its lowest point. Choosing $T$ on the validation split itself, the split that
-# is scored, is an oracle: its gain is the most that one temperature could give.
+# ### Is it the label smoothing?
+#
+# The paper notes that label smoothing "hurts perplexity, as the model learns to be more unsure",
+# and both models were trained with $\epsilon_{ls} = 0.1$. If their probabilities were merely too
+# flat, sharpening them would lower the perplexity without changing a single prediction: divide the
+# logits $z$ by a *temperature* $T$ before the softmax, $p_T = \mathrm{softmax}(z / T)$, with
+# $T < 1$. The most probable token stays the same for every $T > 0$, so the accuracy cannot move;
+# only the perplexity can. (The model returns log-probabilities $z - \log \sum e^{z}$, a constant
+# shift of the logits per position, and the softmax ignores such shifts: dividing the
+# log-probabilities by $T$ gives the same $p_T$.) Below, the perplexity per token of each shipped
+# model against $T$, relative to $T = 1$, on the whole validation split and on 1,014 sentence pairs
+# drawn at random from the training split (as many as the validation split has): solid lines for
+# validation, dashed for the training sample. Look at where each curve has its lowest point.
+# Choosing $T$ on the validation split itself, the split that is scored, is an oracle: its gain is
+# the most that one temperature could give.
 
 # %%
 from collections.abc import Iterable, Sequence
@@ -3334,20 +3342,22 @@ for pair in TARGETS:
     assert 1.05 < ppl_word[0.9] / ppl_word[1.0] < 1.07
 
 # %% [markdown]
-# **How fast.** The model is small for an H100: each update launches many small kernels, and the
-# GPU probably waits for Python more than it computes (we did not profile it). `tools/gpu_bench.py`
-# measured the training loop alone on the GPU, two epochs of German→English per variant, the
-# second one timed (one timing each, not a median; the repeated row shows the noise), with the
-# recipe's model at dropout 0.2, its dropout when this was measured: target
-# tokens per second (padding excluded) and MFU, the formula of the section "Counting the work"
-# over the epoch's time and the card's measured bf16 rate of 790 TFLOP/s. The paper's base model
-# on the paper's batches of 25,000 tokens shows what the same loop does with enough work per
-# kernel, and what bfloat16 autocast buys then. Every row's MFU is against the bf16 rate, the
-# float32 rows included: it says how much of the card's best the run uses. (The shipped runs,
-# sharing the GPU with seven others, record 0.2% MFU in their metrics. These MFUs were measured
-# before the count charged the cross-attention's key and value projections to the source
-# positions, as it now does; over Multi30k's training pairs that adds 0.17% to the count for
-# German→English and 0.55% for French→English, less than the noise between two timings.)
+# ### How fast
+#
+# The model is small for an H100: each update launches many small kernels, and the GPU probably
+# waits for Python more than it computes (we did not profile it). `tools/gpu_bench.py` measured the
+# training loop alone on the GPU, two epochs of German→English per variant, the second one timed
+# (one timing each, not a median; the repeated row shows the noise), with the recipe's model at
+# dropout 0.2, its dropout when this was measured: target tokens per second (padding excluded) and
+# MFU, the formula of the section "Counting the work" over the epoch's time and the card's measured
+# bf16 rate of 790 TFLOP/s. The paper's base model on the paper's batches of 25,000 tokens shows
+# what the same loop does with enough work per kernel, and what bfloat16 autocast buys then. Every
+# row's MFU is against the bf16 rate, the float32 rows included: it says how much of the card's best
+# the run uses. (The shipped runs, sharing the GPU with seven others, record 0.2% MFU in their
+# metrics. These MFUs were measured before the count charged the cross-attention's key and value
+# projections to the source positions, as it now does; over Multi30k's training pairs that adds
+# 0.17% to the count for German→English and 0.55% for French→English, less than the noise between
+# two timings.)
 
 # %%
 bench = pd.DataFrame(json.loads((CHECKPOINTS_DIR / "throughput-h100.json").read_text()))
@@ -3389,18 +3399,19 @@ for pair, expected in (("de-en", 0.0017), ("fr-en", 0.0055)):
     assert round(moved / (now - moved), 4) == expected, pair
 
 # %% [markdown]
-# **The comparison runs.** Each shipped folder keeps the `metrics.jsonl` and `train_config.json`
-# of the other recipes tried, in `comparison/<name>/`. Those whose names contain `cpu` were
-# trained on the project's 2-core CPU; the others on the same H100 as the shipped runs, several
-# at a time, and those that hit the time limit were closed at their last whole epoch, like the
-# shipped ones. Not everything else is equal: eight GPU runs (`dropout-0.2` and `4-layers` for
-# both pairs, German→English's `no-label-smoothing` and its three `base` runs) trained under
-# bfloat16 autocast, the default when they ran, where the shipped, `d_ff-1024` and `110-epochs`
-# runs trained in float32, and several stopped before 35 epochs (the table's `epochs` and
-# `trained on` columns). Next to the small gaps below, read those comparisons as indications.
-# Three more runs of the sweep that trained the shipped ones, $d_{ff} = 1024$ with dropout 0.25
-# (one for each pair) and the base model with dropout 0.3 at the lower learning rate, are not
-# among them: their records are not in the repository. The runs:
+# ## The comparison runs
+#
+# Each shipped folder keeps the `metrics.jsonl` and `train_config.json` of the other recipes tried,
+# in `comparison/<name>/`. Those whose names contain `cpu` were trained on the project's 2-core CPU;
+# the others on the same H100 as the shipped runs, several at a time, and those that hit the time
+# limit were closed at their last whole epoch, like the shipped ones. Not everything else is equal:
+# eight GPU runs (`dropout-0.2` and `4-layers` for both pairs, German→English's `no-label-smoothing`
+# and its three `base` runs) trained under bfloat16 autocast, the default when they ran, where the
+# shipped, `d_ff-1024` and `110-epochs` runs trained in float32, and several stopped before 35
+# epochs (the table's `epochs` and `trained on` columns). Next to the small gaps below, read those
+# comparisons as indications. Three more runs of the sweep that trained the shipped ones,
+# $d_{ff} = 1024$ with dropout 0.25 (one for each pair) and the base model with dropout 0.3 at the
+# lower learning rate, are not among them: their records are not in the repository. The runs:
 #
 # - `dropout-0.1-cpu`: the recipe with the paper's dropout of 0.1, 20 epochs, trained on the
 #   project's 2-core CPU (the book's first shipped model);
@@ -3836,8 +3847,10 @@ twin_curves(
 
 
 # %% [markdown]
-# **Where the twins differ.** The CPU twins' weights are not shipped, but their word-level scores
-# are: `tools/word_level_report.py` scored each averaged model on the validation split (the section
+# ### Where the twins differ
+#
+# The CPU twins' weights are not shipped, but their word-level scores are:
+# `tools/word_level_report.py` scored each averaged model on the validation split (the section
 # "Where the loss goes") and kept the result as `word_level.json` beside its metrics. The chart
 # divides each twin's NLL per word-level token, group by group, by the baseline's
 # (`dropout-0.2-cpu`): below the grey line at 1, the twin predicts that group of words better than
@@ -3984,14 +3997,16 @@ for name, r in twin_scores.items():  # the files belong to the runs' averaged mo
 
 
 # %% [markdown]
-# **BPE-dropout.** It was the one idea aimed at the rare words of "Where the loss goes". Two
-# twins of the baseline test it at $p = 0.1$: `bpe-dropout-cpu` on both sides, and
-# `bpe-dropout-source-cpu` on the German side only, which leaves the English targets spelt as
-# validation scores them. Resampled words come in more pieces (about 30% more, the data chapter
-# measured), so with the same token budget per batch both runs make more updates per epoch (210
-# and 198, against the baseline's 161), and more computation. Their curves from epoch 2 on, on
-# a log scale, with the baseline's two seeds (seed 1 dashed); what to look for: how far above
-# the baseline each BPE-dropout curve lies, and whether the gap closes.
+# ### BPE-dropout
+#
+# It was the one idea aimed at the rare words of "Where the loss goes". Two twins of the baseline
+# test it at $p = 0.1$: `bpe-dropout-cpu` on both sides, and `bpe-dropout-source-cpu` on the German
+# side only, which leaves the English targets spelt as validation scores them. Resampled words come
+# in more pieces (about 30% more, the data chapter measured), so with the same token budget per
+# batch both runs make more updates per epoch (210 and 198, against the baseline's 161), and more
+# computation. Their curves from epoch 2 on, on a log scale, with the baseline's two seeds (seed 1
+# dashed); what to look for: how far above the baseline each BPE-dropout curve lies, and whether the
+# gap closes.
 
 # %%
 bpe_runs = [
@@ -4055,19 +4070,20 @@ assert abs(source_groups["100+"] - 1) < 0.01 and abs(seed["100+"]) < 0.01
 
 
 # %% [markdown]
-# **Depth and where the norm goes.** On the GPU, 4 + 4 layers learned far more slowly than the
-# recipe's 3 + 3: 33.7 per word after ten epochs against 15.0 (the runs above). Two
-# explanations come to mind. Our peak learning rate is twice the paper's, and a deeper stack may
-# need a smaller one. Or it is the paper's post-norm order itself (the sublayers chapter): a
-# post-norm stack has large gradients near its output at initialisation
-# {cite:p}`xiong2020layer`, and it leans so heavily on its residual branches that the effect of
-# an update on the output grows with depth {cite:p}`liu2020understanding`. Four CPU twins of
-# the baseline tell the two apart: `4-layers-cpu` (4 + 4 layers), `4-layers-lr-0.35-cpu` (the
-# same at half the learning rate), `4-layers-pre-norm-cpu` (4 + 4 layers in the pre-norm
-# order, `norm_first=True`, with its last LayerNorm on each stack), 10 epochs each, and
-# `pre-norm-cpu` (3 + 3 layers, pre-norm), 20 epochs like the baseline. Their curves, with the
-# baseline's two seeds (seed 1 dashed); what to look for: which curves run together, which
-# lag, and where the pre-norm curve meets the baseline's.
+# ### Depth and where the norm goes
+#
+# On the GPU, 4 + 4 layers learned far more slowly than the recipe's 3 + 3: 33.7 per word after ten
+# epochs against 15.0 (the runs above). Two explanations come to mind. Our peak learning rate is
+# twice the paper's, and a deeper stack may need a smaller one. Or it is the paper's post-norm order
+# itself (the sublayers chapter): a post-norm stack has large gradients near its output at
+# initialisation {cite:p}`xiong2020layer`, and it leans so heavily on its residual branches that the
+# effect of an update on the output grows with depth {cite:p}`liu2020understanding`. Four CPU twins
+# of the baseline tell the two apart: `4-layers-cpu` (4 + 4 layers), `4-layers-lr-0.35-cpu` (the
+# same at half the learning rate), `4-layers-pre-norm-cpu` (4 + 4 layers in the pre-norm order,
+# `norm_first=True`, with its last LayerNorm on each stack), 10 epochs each, and `pre-norm-cpu` (3 +
+# 3 layers, pre-norm), 20 epochs like the baseline. Their curves, with the baseline's two seeds
+# (seed 1 dashed); what to look for: which curves run together, which lag, and where the pre-norm
+# curve meets the baseline's.
 
 # %%
 depth_runs = [
@@ -4148,11 +4164,13 @@ assert round(gpu["4-layers"][10], 1) == 33.7 and round(gpu["shipped"][10], 1) ==
 
 
 # %% [markdown]
-# **The recipe in the pre-norm order.** With the recipe's dropout of 0.3 and its 35 epochs, does
-# the faster start turn into a lower end? Two runs of `multi30k_recipe` with `norm_first=True`
-# for each pair, with seeds 0 and 1, trained two at a time on the project's CPU (float32, one
-# thread each, 2.2 to 2.3 hours each), answer. In both pairs they learn far faster than the
-# shipped post-norm run (on the GPU, also float32), and in both the lead shrinks.
+# ### The recipe in the pre-norm order
+#
+# With the recipe's dropout of 0.3 and its 35 epochs, does the faster start turn into a lower end?
+# Two runs of `multi30k_recipe` with `norm_first=True` for each pair, with seeds 0 and 1, trained
+# two at a time on the project's CPU (float32, one thread each, 2.2 to 2.3 hours each), answer. In
+# both pairs they learn far faster than the shipped post-norm run (on the GPU, also float32), and in
+# both the lead shrinks.
 #
 # French→English: both seeds are ahead after each of the first 30 epochs, by 41% after two, 23% and
 # 21% after ten (seed 0 first), and 11% and 9% after twenty. But the post-norm run improves to its
@@ -4355,14 +4373,15 @@ assert (others > comparison.loc[("de-en", "shipped"), "average ppl/word"]).all()
 
 
 # %% [markdown]
-# **The recipe's own seed, and more dropout.** Two more German→English runs of the recipe in the
-# paper's post-norm order, for its 35 epochs, trained two at a time on the project's CPU
-# (float32, one thread each, about 2.4 hours each): `recipe-seed-1-cpu`, the recipe itself with
-# seed 1, and `dropout-0.4-cpu`, the recipe with dropout 0.4 instead of 0.3 (seed 0). The first
-# is the yardstick the comparisons above lacked: how far the recipe's end moves when only
-# chance changes (other initial weights, batches and dropout masks), and the machine, CPU
-# instead of GPU. The second asks whether more dropout, which helped from 0.1 to 0.2 to 0.3,
-# helps once more.
+# ### The recipe's own seed, and more dropout
+#
+# Two more German→English runs of the recipe in the paper's post-norm order, for its 35 epochs,
+# trained two at a time on the project's CPU (float32, one thread each, about 2.4 hours each):
+# `recipe-seed-1-cpu`, the recipe itself with seed 1, and `dropout-0.4-cpu`, the recipe with dropout
+# 0.4 instead of 0.3 (seed 0). The first is the yardstick the comparisons above lacked: how far the
+# recipe's end moves when only chance changes (other initial weights, batches and dropout masks),
+# and the machine, CPU instead of GPU. The second asks whether more dropout, which helped from 0.1
+# to 0.2 to 0.3, helps once more.
 #
 # Chance and the machine first. The seed-1 run starts a little ahead (8% and 10% lower than the
 # shipped run after one and two epochs), then trails it after every epoch from the third on but the
@@ -4491,19 +4510,21 @@ assert [round(final_train_loss[n], 2) for n in ("dropout-0.4-cpu", "shipped")] =
 
 
 # %% [markdown]
-# **How much label smoothing.** The project's targets are perplexities, and label smoothing works
-# against them by design. A model trained towards the smoothed target $q$ does best, on a token it
-# is sure of, by giving that token $1 - \epsilon_{ls} + \epsilon_{ls}/V$ and no more, so the token
-# still costs $-\ln(1 - \epsilon_{ls} + \epsilon_{ls}/V)$ nats of the validation NLL, where a model
-# trained without smoothing could drive it towards zero. (On held-out sentences the shipped models
-# are not too unsure overall: no temperature lowers their validation perplexity by even half a
-# percent, "Is it the label smoothing?" above.) The paper accepted that cost: smoothing "hurts
-# perplexity, as the model learns to be more unsure, but improves accuracy and BLEU score". On this
-# corpus, though, turning it off made the perplexity higher (`no-label-smoothing`, above): without
-# it the model overfits sooner. Between those ends, two German→English runs of the recipe on the
-# project's CPU (post-norm, dropout 0.3, seed 0, 35 epochs, float32, one thread each, side by side,
-# about 2.3 hours each) try $\epsilon_{ls} = 0.05$ and $0.2$; the seed-1 run of the section above is
-# the yardstick for chance. Besides perplexity and accuracy, the table gives each averaged model's
+# ### How much label smoothing
+#
+# The project's targets are perplexities, and label smoothing works against them by design. A model
+# trained towards the smoothed target $q$ does best, on a token it is sure of, by giving that token
+# $1 - \epsilon_{ls} + \epsilon_{ls}/V$ and no more, so the token still costs
+# $-\ln(1 - \epsilon_{ls} + \epsilon_{ls}/V)$ nats of the validation NLL, where a model trained
+# without smoothing could drive it towards zero. (On held-out sentences the shipped models are not
+# too unsure overall: no temperature lowers their validation perplexity by even half a percent, "Is
+# it the label smoothing?" above.) The paper accepted that cost: smoothing "hurts perplexity, as the
+# model learns to be more unsure, but improves accuracy and BLEU score". On this corpus, though,
+# turning it off made the perplexity higher (`no-label-smoothing`, above): without it the model
+# overfits sooner. Between those ends, two German→English runs of the recipe on the project's CPU
+# (post-norm, dropout 0.3, seed 0, 35 epochs, float32, one thread each, side by side, about 2.3
+# hours each) try $\epsilon_{ls} = 0.05$ and $0.2$; the seed-1 run of the section above is the
+# yardstick for chance. Besides perplexity and accuracy, the table gives each averaged model's
 # validation sacreBLEU with the paper's search (beam 4, $\alpha = 0.6$; for the CPU runs kept by
 # `tools/word_level_report.py --bleu`, for the shipped model translated here), for the paper's claim
 # about BLEU, and the cost of a sure token for each $\epsilon_{ls}$:
@@ -4605,14 +4626,15 @@ assert [round(val_bleu[n], 2) for n in ("shipped", "recipe-seed-1-cpu")] == [
 ]
 
 # %% [markdown]
-# **How many tokens per batch.** The recipe's batches of at most 3,000 padded tokens per side
-# rest on arithmetic alone (the recipe table): about 160 updates per epoch. Two more
-# German→English runs of the recipe on the project's CPU (post-norm, dropout 0.3, seed 0,
-# 35 epochs, float32, one thread each, side by side) halve and double it: at most 1,500 tokens,
-# about twice the updates, and 6,000, about half as many. Each keeps the warm-up at about five
-# epochs (1,600 and 400 updates) and the factor 0.7, so the peak learning rate moves with the
-# square root of the batch size (divided and multiplied by $\sqrt 2$), a common rule of thumb for
-# Adam; the seed-1 run is again the yardstick for chance:
+# ### How many tokens per batch
+#
+# The recipe's batches of at most 3,000 padded tokens per side rest on arithmetic alone (the recipe
+# table): about 160 updates per epoch. Two more German→English runs of the recipe on the project's
+# CPU (post-norm, dropout 0.3, seed 0, 35 epochs, float32, one thread each, side by side) halve and
+# double it: at most 1,500 tokens, about twice the updates, and 6,000, about half as many. Each
+# keeps the warm-up at about five epochs (1,600 and 400 updates) and the factor 0.7, so the peak
+# learning rate moves with the square root of the batch size (divided and multiplied by $\sqrt 2$),
+# a common rule of thumb for Adam; the seed-1 run is again the yardstick for chance:
 
 # %%
 batch_runs = {  # run -> label
@@ -4710,15 +4732,16 @@ assert [round(f, 3) for f in falls] == [0.032, 0.023]
 
 
 # %% [markdown]
-# **A longer run with its own average.** The recipe stops after 35 epochs with its validation
-# perplexity still falling, and the German→English 110-epoch run reaches its lowest only at
-# epoch 57, but its average was taken at epoch 110, long past it. So the seed-1 run of the
-# recipe, on the project's CPU, went on from its epoch-35 checkpoint to epoch 60 (`--resume
-# --epochs 60` in a copy of its folder, which restores the run's state exactly, though on two
-# threads where the first 35 epochs had one, so not to the last digit), and averaged its last
-# five epochs again, 56 to 60. Its first 35 epochs are those of `recipe-seed-1-cpu`, so the two
-# averages differ by the 25 epochs, not by the seed (where the five are taken still moves an
-# average, below):
+# ### A longer run with its own average
+#
+# The recipe stops after 35 epochs with its validation perplexity still falling, and the
+# German→English 110-epoch run reaches its lowest only at epoch 57, but its average was taken at
+# epoch 110, long past it. So the seed-1 run of the recipe, on the project's CPU, went on from its
+# epoch-35 checkpoint to epoch 60 (`--resume --epochs 60` in a copy of its folder, which restores
+# the run's state exactly, though on two threads where the first 35 epochs had one, so not to the
+# last digit), and averaged its last five epochs again, 56 to 60. Its first 35 epochs are those of
+# `recipe-seed-1-cpu`, so the two averages differ by the 25 epochs, not by the seed (where the five
+# are taken still moves an average, below):
 
 # %%
 longer = "recipe-seed-1-cpu-60-epochs"
@@ -4789,14 +4812,15 @@ late_epochs = run_epochs[
 # asks for both, and the perplexity is the one far off. The validation sacreBLEU is 42.74, against
 # 41.38 after 35 epochs and the shipped run's 42.81.
 #
-# **Which epochs to average.** The trainer keeps the weights of the last five epochs only, to
-# average them at the end. From epoch 47 on, this run's weights were copied aside as it
-# trained; the weights of epochs 31 to 35 were still in the 35-epoch run's folder; those of
-# epochs 36 to 46 were gone. `tools/average_windows.py` averaged every five consecutive kept
-# epochs, the last ten and all fourteen from 47, and validated each average as the trainer
-# does, into the comparison folder's `averages.json`. What to look for: whether the averages
-# follow the single epochs' ups and downs, how far below them they lie, and where the longer
-# averages (the bars) fall against the grey line, the shipped run's average.
+# ### Which epochs to average
+#
+# The trainer keeps the weights of the last five epochs only, to average them at the end. From epoch
+# 47 on, this run's weights were copied aside as it trained; the weights of epochs 31 to 35 were
+# still in the 35-epoch run's folder; those of epochs 36 to 46 were gone. `tools/average_windows.py`
+# averaged every five consecutive kept epochs, the last ten and all fourteen from 47, and validated
+# each average as the trainer does, into the comparison folder's `averages.json`. What to look for:
+# whether the averages follow the single epochs' ups and downs, how far below them they lie, and
+# where the longer averages (the bars) fall against the grey line, the shipped run's average.
 
 # %%
 windows = pd.DataFrame(
