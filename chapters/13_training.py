@@ -701,7 +701,7 @@ from pathlib import Path
 import safetensors.torch
 
 CHECKPOINT_FORMAT = "transformer-book checkpoint 1"
-# and the form `export_model` writes (the section "The shipped models")
+# and the form `export_model` writes (the section "Exporting and loading a model")
 SHIPPED_FORMAT = "transformer-book model 1"
 
 
@@ -2354,7 +2354,7 @@ print(
 )
 
 # %% [markdown]
-# ## The shipped models
+# ## Exporting and loading a model
 #
 # A trained run is exported into a small folder that the repository ships and that
 # `load_model` reads:
@@ -3210,8 +3210,8 @@ def nll_by_temperature(
     *,
     pad_id: int,
 ) -> tuple[list[float], int]:
-    """The total NLL of the reference tokens with the logits divided by each temperature, and
-    the number of those tokens (teacher forcing, in eval mode)."""
+    """The total NLL of the reference tokens, the logits divided by each temperature,
+    and the number of those tokens (teacher forcing, in eval mode)."""
     model.eval()
     totals, tokens = torch.zeros(len(temperatures), dtype=torch.float64), 0
     for batch in batches:

@@ -236,7 +236,7 @@ from pathlib import Path
 import safetensors.torch
 
 CHECKPOINT_FORMAT = "transformer-book checkpoint 1"
-# and the form `export_model` writes (the section "The shipped models")
+# and the form `export_model` writes (the section "Exporting and loading a model")
 SHIPPED_FORMAT = "transformer-book model 1"
 
 
