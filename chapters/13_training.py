@@ -2224,7 +2224,7 @@ def train(
 #
 # The evidence for these choices is a set of runs trained on one NVIDIA H100 with
 # `tools/gpu_sweep.py` (several runs at a time, each in its own process), and 28 runs on the
-# project's 2-core CPU; the section "The book's models" compares them all with the recipe.
+# project's 2-core CPU; the section "The comparison runs" compares them all with the recipe.
 # `multi30k_recipe` is the recipe as a `TrainConfig`, and
 # `python -m transformer train --pair de-en --config multi30k` trains with it.
 

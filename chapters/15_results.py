@@ -1842,17 +1842,16 @@ alt.Chart(by_length).mark_bar().encode(
 # %% [markdown]
 # ## Summary
 #
-# The tables above give the shipped models' sacreBLEU and chrF on `test_2016_flickr` with
-# their signatures, whether the targets were met, and the reference numbers with how each was
-# obtained; the ablations give what beam search and checkpoint averaging add, the sweep how
-# BLEU and the output length change with the beam size and $\alpha$, and the paired bootstrap
-# which of these differences the test set can tell from chance (averaging's gain for both
-# models and beam search's for German→English, not beam search's quarter point for
-# French→English nor the grid's best over the paper's setting). The shipped models,
-# trained on one H100 in about seven minutes each, meet the BLEU targets on the test set.
-# Neither meets its validation targets as they were set, per word (the training chapter,
-# "The book's models", measures them and what was tried to close the gap). To score a model of
-# your own, or the shipped ones on another split:
+# The tables above give the shipped models' sacreBLEU and chrF on `test_2016_flickr` with their
+# signatures, whether the targets were met, and the reference numbers with how each was obtained;
+# the ablations give what beam search and checkpoint averaging add, the sweep how BLEU and the
+# output length change with the beam size and $\alpha$, and the paired bootstrap which of these
+# differences the test set can tell from chance (averaging's gain for both models and beam search's
+# for German→English, not beam search's quarter point for French→English nor the grid's best over
+# the paper's setting). The shipped models, trained on one H100 in about seven minutes each, meet
+# the BLEU targets on the test set. Neither meets its validation targets as they were set, per word
+# (the training chapter measures them in "The book's models", and what was tried to close the gap in
+# "The comparison runs"). To score a model of your own, or the shipped ones on another split:
 #
 # ```
 # python -m transformer evaluate --pair de-en --split val --beam 4 --alpha 0.6
