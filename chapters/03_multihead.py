@@ -153,7 +153,7 @@ assert torch.equal(q.transpose(1, 2).reshape(B, T, d_model), steps["w_q(x)"])
 # cache marked `static` (for attention over the encoder's output, which does not change while a
 # sentence is translated) projects its keys and values at the first call and reuses them. The
 # section [Keys and values kept for decoding](#kv-cache) below checks it, and
-# [the decoding chapter](14_decoding.ipynb) explains why it matters.
+# [the decoding chapter](15_decoding.ipynb) explains why it matters.
 
 # %%
 #| export

@@ -96,7 +96,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # translation, which feeds the layer one new target position per step: the two attention blocks'
 # `KVCache`s (the multi-head attention chapter) keep the keys and values of the earlier positions
 # and of the memory, so that they are not computed again at every step
-# ([the decoding chapter](14_decoding.ipynb)).
+# ([the decoding chapter](15_decoding.ipynb)).
 
 # %%
 #| export
@@ -288,7 +288,7 @@ n_decoder_layer
 # (the encoder chapter says why not deep copies), and a final LayerNorm only for a pre-norm stack.
 # Every layer attends to the *same* memory, the output of the encoder's last layer. A
 # `DecoderCache` gathers the two caches of every layer for translation, where the stack runs once
-# per output token; [the decoding chapter](14_decoding.ipynb) explains and measures it.
+# per output token; [the decoding chapter](15_decoding.ipynb) explains and measures it.
 
 
 # %%

@@ -113,7 +113,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # `encode` and `decode`, because translation runs them at different rates: the encoder once per
 # sentence, the decoder once per output token. For that, `decode` takes an optional `cache` of
 # the keys and values computed at the earlier steps and then reads only the newest tokens, which
-# it places at the positions after the cached ones; [the decoding chapter](14_decoding.ipynb)
+# it places at the positions after the cached ones; [the decoding chapter](15_decoding.ipynb)
 # explains it.
 
 # %%

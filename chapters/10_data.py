@@ -1939,11 +1939,11 @@ padding_table
 # %% [markdown]
 # ## BPE-dropout: many spellings of one word (an option, off by default)
 #
-# BPE gives every word one segmentation. A frequent word is one piece; a word the training
-# captions hold once or never is spelt out in several pieces, and each spelling is seen in
-# few contexts. The training chapter measures what that costs: a quarter of the French→English
-# model's validation NLL (counted per word-level token) falls on the 2% of words seen fewer
-# than twice in training.
+# BPE gives every word one segmentation. A frequent word is one piece; a word the training captions
+# hold once or never is spelt out in several pieces, and each spelling is seen in few contexts. The
+# chapter on the book's models measures what that costs: a quarter of the French→English model's
+# validation NLL (counted per word-level token) falls on the 2% of words seen fewer than twice in
+# training.
 #
 # **BPE-dropout** {cite:p}`provilkov2020bpe` segments each word of the training
 # data afresh each time it is used. BPE segments a word by starting from its characters and
@@ -1956,8 +1956,8 @@ padding_table
 # test text keep the deterministic segmentation, as Provilkov et al. do; they used $p = 0.1$.
 #
 # It is not part of "Attention Is All You Need": the book's models do not use it, and training
-# turns it on with `TrainConfig(bpe_dropout=p)` (`--bpe-dropout p`). The training chapter
-# compares a run with it to one without. Hugging Face's BPE has a `dropout` setting, but it
+# turns it on with `TrainConfig(bpe_dropout=p)` (`--bpe-dropout p`). The chapter on the book's
+# models compares a run with it to one without. Hugging Face's BPE has a `dropout` setting, but it
 # draws from a random generator that cannot be seeded, and an epoch must be a function of
 # the seed so that a resumed run makes the same updates. So `BPEDropout` segments
 # in Python, from the tokenizer's merges, with a generator seeded by (seed, epoch). It reads
@@ -2178,11 +2178,11 @@ print(f"{n_words:,} words resampled in {seconds:.1f} s on this machine")
 # %% [markdown]
 # The cost is one pass of Python over the training words each epoch, a few seconds of one CPU core,
 # and the extra tokens: at $p = 0.1$ an epoch holds about 30% more of them (28% more English ones),
-# and so about 30% more batches to compute. The training chapter measures what it buys on this
-# corpus: nothing, in two CPU runs with the book's small model against the same model without it
-# (the CPU baseline, with ordinary dropout 0.2): on both sides it was far worse and was stopped
-# after 10 epochs, and on the source side only its average of the last five epochs' weights ended
-# 9.8% worse in perplexity per word after 20.
+# and so about 30% more batches to compute. The chapter on the book's models measures what it buys
+# on this corpus: nothing, in two CPU runs with the book's small model against the same model
+# without it (the CPU baseline, with ordinary dropout 0.2): on both sides it was far worse and was
+# stopped after 10 epochs, and on the source side only its average of the last five epochs' weights
+# ended 9.8% worse in perplexity per word after 20.
 #
 # That is all the data the model needs. The training chapter calls `prepare(pair)` for the
 # tokenizer, `load_encoded(pair, split)` for the ids, `token_batches` once per epoch and `collate`

@@ -508,10 +508,10 @@ for size in (V, V_wmt):
 # *most* probable one, not to be certain. A model that is not pushed towards extreme logits
 # generalises better, and its probabilities are better calibrated (its confidence matches how often
 # it is right), which Müller et al. show can significantly improve beam search
-# {cite:p}`muller2019does`. The training chapter measures both sides on Multi30k, by training with
-# $\epsilon = 0.1$ and with $\epsilon = 0$, and it asks whether the shipped models, trained with
-# $\epsilon = 0.1$, came out too unsure ("Is it the label smoothing?"): on the sentences they
-# trained on they did, on held-out sentences they did not.
+# {cite:p}`muller2019does`. The chapter on the book's models measures both sides on Multi30k, by
+# training with $\epsilon = 0.1$ and with $\epsilon = 0$, and it asks whether the shipped models,
+# trained with $\epsilon = 0.1$, came out too unsure ("Is it the label smoothing?"): on the
+# sentences they trained on they did, on held-out sentences they did not.
 #
 # ## Validation metrics
 #

@@ -250,7 +250,10 @@ def test_model_card_of_a_folder_without_comparison_runs(
     (shipped / "comparison" / "dropout-0.2-cpu").mkdir(parents=True)
     assert model_card.comparison_runs(shipped) == ["dropout-0.2-cpu"]
     text = model_card.card("de-en", "c", "h", shipped)
-    assert "tried (`dropout-0.2-cpu`; the\ntraining chapter compares them).\n" in text
+    assert (
+        "tried (`dropout-0.2-cpu`; the\nchapter on the book's models compares them).\n"
+        in text
+    )
 
 
 @pytest.mark.parametrize(

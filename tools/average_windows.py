@@ -1,5 +1,5 @@
 r"""Validate averages of consecutive epoch checkpoints of one run and write them beside a
-comparison run's metrics, as averages.json (the training chapter reads it):
+comparison run's metrics, as averages.json (the chapter on the book's models reads it):
 
     python tools/average_windows.py /root/keep/recipe-s1-60 \
         checkpoints/de-en/comparison/recipe-seed-1-cpu-60-epochs

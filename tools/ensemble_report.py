@@ -1,6 +1,6 @@
 r"""Score an ensemble of trained models of one pair on the validation split, beside each of its
 members alone, and write the summary as ensemble.json into a comparison run's folder (the
-training chapter reads it):
+chapter on the book's models reads it):
 
     python tools/ensemble_report.py checkpoints/fr-en runs/fr-recipe-s1/average \
         --dest checkpoints/fr-en/comparison/recipe-seed-1-cpu
@@ -25,13 +25,8 @@ from torch import Tensor, nn
 
 from transformer.data import DataError, load_pairs
 from transformer.evaluate import write_lines
-from transformer.train import (
-    CheckpointError,
-    WordLevel,
-    load_model,
-    read_record,
-    word_level_evaluation,
-)
+from transformer.train import CheckpointError, load_model, read_record
+from transformer.words import WordLevel, word_level_evaluation
 
 
 class Ensemble(nn.Module):

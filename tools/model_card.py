@@ -23,8 +23,8 @@ from transformer.train import (
     load_model,
     multi30k_recipe,
     read_jsonl,
-    word_level_evaluation,
 )
+from transformer.words import word_level_evaluation
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
 TARGETS = {
@@ -98,14 +98,15 @@ def card(pair: str, command: str, hardware: str, folder: Path | None = None) -> 
         )
     files = sorted(p.name for p in folder.iterdir())
     cpu_note = (
-        f" and a median MFU of {mfu:.2%} (the training chapter's table measures the GPU alone)"
+        f" and a median MFU of {mfu:.2%} (the throughput table of the chapter on the book's"
+        " models measures the GPU alone)"
         if on_gpu
         else " (a lower bound for this CPU; MFU is not reported for a CPU)"
     )
     tried = (  # the same lines as before comparison/ became optional
         "; `comparison/`\nthe metrics and configurations of the other recipes tried ("
         + ", ".join(f"`{c}`" for c in comparisons)
-        + "; the\ntraining chapter compares them)"
+        + "; the\nchapter on the book's models compares them)"
         if comparisons
         else ""
     )

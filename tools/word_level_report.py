@@ -1,5 +1,5 @@
 r"""Score a trained model word by word on the validation split and write the summary beside a
-comparison run's metrics, as word_level.json (the training chapter reads it):
+comparison run's metrics, as word_level.json (the chapter on the book's models reads it):
 
     python tools/word_level_report.py /root/runs/d2-de-en/average \
         checkpoints/de-en/comparison/dropout-0.2-cpu
@@ -21,11 +21,10 @@ from typing import NoReturn
 
 from transformer.data import DataError, load_pairs
 from transformer.evaluate import score, translate_split, write_lines
-from transformer.train import (
-    CheckpointError,
+from transformer.train import CheckpointError, load_model
+from transformer.words import (
     by_frequency,
     english_training_counts,
-    load_model,
     word_level_evaluation,
 )
 

@@ -1047,14 +1047,14 @@ assert 1 < beam_seconds / cached_seconds < 8  # a timing: loose bounds
 # %% [markdown]
 # ## Ended beams that keep their slot: what it costs
 #
-# Our search lets a hypothesis that has ended keep its slot among the $K$, where
-# tensor2tensor keeps $K$ beams open at every step and sets the ended ones aside (the
-# deviation named above). With a slot taken by an ended beam, fewer continuations are
-# explored, so our search can miss an output that tensor2tensor's bookkeeping finds. The cost,
-# measured on a real model: the shipped German→English model (the training chapter) translates
-# the 1,000 sentences of the test set both ways. `two_set_beam_search` below is
-# tensor2tensor's bookkeeping for one sentence, with our scores, length limit and stopping
-# rule; it decodes one sentence at a time, so this cell takes a minute or two of CPU time.
+# Our search lets a hypothesis that has ended keep its slot among the $K$, where tensor2tensor keeps
+# $K$ beams open at every step and sets the ended ones aside (the deviation named above). With a
+# slot taken by an ended beam, fewer continuations are explored, so our search can miss an output
+# that tensor2tensor's bookkeeping finds. The cost, measured on a real model: the shipped
+# German→English model (the chapter on the book's models) translates the 1,000 sentences of the test
+# set both ways. `two_set_beam_search` below is tensor2tensor's bookkeeping for one sentence, with
+# our scores, length limit and stopping rule; it decodes one sentence at a time, so this cell takes
+# a minute or two of CPU time.
 
 # %% tags=["nbval-ignore-output"]
 import math

@@ -1404,7 +1404,7 @@ for name, run in epochs.groupby("model"):
 
 # %% [markdown]
 # The validation loss is lowest at or next to the last epoch: the curves have not yet turned.
-# Would training longer have paid? The training chapter ran the recipe for 110 epochs
+# Would training longer have paid? The chapter on the book's models runs the recipe for 110 epochs
 # (French→English 111) to see:
 # its best single epoch per word, after 57 epochs for German→English and 42 for French→English,
 # is about where the shipped averages of the last five are (7.49 against 7.51; 5.87 against
@@ -1850,8 +1850,8 @@ alt.Chart(by_length).mark_bar().encode(
 # for German→English, not beam search's quarter point for French→English nor the grid's best over
 # the paper's setting). The shipped models, trained on one H100 in about seven minutes each, meet
 # the BLEU targets on the test set. Neither meets its validation targets as they were set, per word
-# (the training chapter measures them in "The book's models", and what was tried to close the gap in
-# "The comparison runs"). To score a model of your own, or the shipped ones on another split:
+# (the chapter on the book's models measures them, and its section "The comparison runs" what was
+# tried to close the gap). To score a model of your own, or the shipped ones on another split:
 #
 # ```
 # python -m transformer evaluate --pair de-en --split val --beam 4 --alpha 0.6
