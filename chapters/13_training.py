@@ -2839,8 +2839,9 @@ for argv in (
     print(stderr.getvalue().strip().replace(str(run), "<run>"))
 
 # %% [markdown]
-# The next chapter turns a trained model into a translator: greedy decoding with a cache, and
-# the paper's beam search.
+# The next chapter, "The book's models", follows the two models that this loop trained with
+# `multi30k_recipe` on a GPU: their curves against the project's targets, where their remaining
+# loss lies, and the comparison runs behind each choice of the recipe.
 
 # %% tags=["remove-cell"]
 # The temporary folders of this chapter's runs.

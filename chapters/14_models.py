@@ -2499,3 +2499,163 @@ assert (
     round(window_ppl["51-60"], 2) == 7.54 and window_ppl["51-60"] > window_ppl["47-51"]
 )
 assert round(window_ppl["51-60"] / window_ppl["31-35"] - 1, 3) == -0.031
+
+# %% [markdown]
+# ## Where the gap stands
+#
+# The targets ask for a perplexity per word 20% below the shipped German→English model's and 32%
+# below the French→English model's. In the quantity that training lowers, the NLL per word (the
+# logarithm of the perplexity), that is 11% and 22% less. The table sets every way of lowering it
+# that this chapter measured beside that distance, each as its change against the shipped model:
+# the lowest average of all the comparison runs of the pair, the best temperature (chosen on the
+# validation split itself, so an upper bound on what a temperature can do), and for
+# French→English the two runs as an ensemble.
+
+# %%
+ENSEMBLE = "the shipped and seed-1 runs as an ensemble"
+run_ends = run_averages["val_ppl_word"].drop(index="shipped", level="run")
+# the (pair, run) of each pair's lowest comparison run
+lowest_run = run_ends.groupby(level="pair").idxmin()
+best_tempered_nll = (
+    tempered[tempered["split"] == "validation"].groupby("pair")["nll"].min()
+)
+shipped_ppl = averages["val_ppl_word"]
+distance_rows = []
+for pair, (target_ppl, _) in TARGETS.items():
+    measured = {
+        "shipped model": shipped_ppl[pair],
+        f"lowest comparison run ({lowest_run[pair][1]})": run_ends[lowest_run[pair]],
+        "best temperature on validation": math.exp(
+            best_tempered_nll[pair] / val_words[pair]
+        ),
+    }
+    if pair == "fr-en":
+        measured[ENSEMBLE] = together.loc["the two as an ensemble", "ppl/word"]
+    measured["target"] = target_ppl
+    distance_rows += [
+        {
+            "pair": pair,
+            "what": what,
+            "ppl/word": ppl,
+            "against the shipped model": ppl / shipped_ppl[pair] - 1,
+            "NLL per word against it": math.log(ppl) / math.log(shipped_ppl[pair]) - 1,
+        }
+        for what, ppl in measured.items()
+    ]
+distance = pd.DataFrame(distance_rows).set_index(["pair", "what"])
+changes = ["against the shipped model", "NLL per word against it"]
+distance.round({"ppl/word": 2}).assign(
+    **{column: distance[column].map("{:+.1%}".format) for column in changes}
+)
+
+# %% [markdown]
+# The same as a picture: each pair's validation perplexity per word on a logarithmic scale, its
+# comparison runs in grey, the shipped model as a blue diamond, the ensemble as an orange square,
+# and the target as a red tick (the nine runs that end above 13 per word are off the scale). What
+# to look for: the shipped model sits at or near the left end of its pair's runs, and the target
+# lies well to the left of every point, the ensemble's included.
+
+# %%
+X_MAX = 13.0
+KINDS = {
+    "comparison run": "#bbbbbb",
+    "shipped model": "#1f77b4",
+    "ensemble of two runs": "#ff7f0e",
+}
+dots = pd.DataFrame(
+    [
+        {"pair": p, "what": "comparison run", "run": r, "ppl/word": v}
+        for (p, r), v in run_ends.items()
+    ]
+    + [
+        {"pair": p, "what": "shipped model", "run": "shipped", "ppl/word": v}
+        for p, v in shipped_ppl.items()
+    ]
+    + [
+        {
+            "pair": "fr-en",
+            "what": "ensemble of two runs",
+            "run": "shipped + recipe-seed-1-cpu",
+            "ppl/word": distance.loc[("fr-en", ENSEMBLE), "ppl/word"],
+        }
+    ]
+).round({"ppl/word": 2})
+shown = dots[dots["ppl/word"] <= X_MAX]
+ppl_axis = alt.X(
+    "ppl/word:Q",
+    title="validation perplexity per word",
+    scale=alt.Scale(type="log", domain=[3.5, X_MAX], nice=False),
+)
+pair_axis = alt.Y("pair:N", title=None)
+points = (
+    alt.Chart(shown)
+    .mark_point(filled=True, size=90, opacity=0.8)
+    .encode(
+        x=ppl_axis,
+        y=pair_axis,
+        color=alt.Color(
+            "what:N",
+            title=None,
+            scale=alt.Scale(domain=list(KINDS), range=list(KINDS.values())),
+        ),
+        shape=alt.Shape(
+            "what:N",
+            title=None,
+            scale=alt.Scale(domain=list(KINDS), range=["circle", "diamond", "square"]),
+        ),
+        tooltip=["pair", "run", "ppl/word"],
+    )
+)
+target_ticks = (
+    alt.Chart(targets)
+    .mark_tick(color="#d62728", thickness=3, size=30)
+    .encode(x="val_ppl_word:Q", y=pair_axis, tooltip=["pair", "val_ppl_word"])
+)
+(points + target_ticks).properties(
+    width=520, height=120, title="Every run measured, and the targets (red)"
+)
+
+# %% [markdown]
+# No single run comes within a fifth of the distance. Of the German→English comparison runs,
+# none ends lower than the shipped run; of the French→English ones, the recipe in the pre-norm
+# order with seed 0 ends 2.6% lower, and the same recipe with seed 1 4.3% above that. The
+# ensemble, the largest step measured, goes about a third of the way, and the best temperature
+# less than a fiftieth. What is left untried on this recipe is prepared for a GPU
+# (`tools/gpu_sweep.py`, phases `targets`, `targets-fr` and `targets-long`, each with two seeds:
+# four pre-norm layers and other vocabularies for French→English, 60 epochs with a ten-epoch
+# average for both pairs); on the CPU, 60 epochs lowered the German→English seed-1 run's average
+# by 2.8%. Whatever closes the gap is likely of another kind: more data, such as back-translated
+# captions or one model trained on both pairs, or another model. In the unit of the word-level
+# implementations that the brief quotes, the German→English model already meets both targets,
+# and the French→English model lacks about a tenth of its perplexity and one point of accuracy
+# (the section "Which words").
+#
+# The chapters that follow translate with these two models: greedy decoding with a key/value
+# cache, the paper's beam search, and their scores on the test split.
+
+# %%
+steps = -distance["against the shipped model"]  # how much lower than the shipped model
+needed = steps.xs("target", level="what")
+assert [round(needed[p], 3) for p in TARGETS] == [0.201, 0.318]
+nll_needed = -distance["NLL per word against it"].xs("target", level="what")
+assert [round(nll_needed[p], 3) for p in TARGETS] == [0.111, 0.216]
+# the comparison runs: none below the shipped de-en run, at most a fifth of the way
+assert run_ends["de-en"].min() > shipped_ppl["de-en"]
+assert (run_ends.groupby(level="pair").min() > (1 - needed / 5) * shipped_ppl).all()
+assert lowest_run["fr-en"] == ("fr-en", "recipe-pre-norm-cpu")
+fr_pre = run_ends["fr-en"][["recipe-pre-norm-cpu", "recipe-pre-norm-cpu-seed-1"]]
+assert round(1 - fr_pre.iloc[0] / shipped_ppl["fr-en"], 3) == 0.026
+assert round(fr_pre.iloc[1] / fr_pre.iloc[0] - 1, 3) == 0.043
+# the ensemble about a third of the way; the best temperature under a fiftieth
+assert 0.3 < steps[("fr-en", ENSEMBLE)] / needed["fr-en"] < 0.36
+temperature_steps = steps.xs("best temperature on validation", level="what")
+assert (temperature_steps / needed < 1 / 50).all()
+assert (dots["ppl/word"] > X_MAX).sum() == 9
+# every point of each pair lies above that pair's target
+assert (
+    shown.groupby("pair")["ppl/word"].min() > targets.set_index("pair")["val_ppl_word"]
+).all()
+# per word-level token: de-en within both targets; fr-en about 10% and one point short
+fr_unit = word_level["fr-en"]
+assert 0.09 < 1 - TARGETS["fr-en"][0] / fr_unit.ppl_unit < 0.11
+assert 0.005 < TARGETS["fr-en"][1] - fr_unit.unit_accuracy < 0.015
