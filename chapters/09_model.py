@@ -235,7 +235,7 @@ class Transformer(nn.Module):
             src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T) (target_mask)
             returns (B, T, d_model)
 
-        With a cache (decoding, chapter 14), tgt holds only the new tokens, which take the
+        With a cache (decoding, chapter 15), tgt holds only the new tokens, which take the
         positions after the cache.length ones already decoded, and tgt_mask, if any, covers
         all L cached positions, the new ones included: (B, 1, T, L).
         """

@@ -930,7 +930,7 @@ for pair, (model, tokenizer) in last_models.items():
     last = translate_split(model, tokenizer, pair, limit=ABLATION_LIMIT)
     last_translations[pair] = last
     n = len(last.sources)
-    # A sentence's translation does not depend on the others in its batch (chapter 14).
+    # A sentence's translation does not depend on the others in its batch (chapter 15).
     shipped = score(test[pair].hypotheses[:n], test[pair].references[:n])
     averaging_rows += [
         score_row(

@@ -471,7 +471,7 @@ one line on standard error and exit with status 2."""
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """The options of every command that decodes with a trained model (`translate` and
-    chapter 15's `evaluate`): the pair, the search and its defaults, the model folder, the device
+    chapter 16's `evaluate`): the pair, the search and its defaults, the model folder, the device
     and the batch size. `check_model_options` checks their values."""
     p.add_argument("--pair", required=True, help="de-en or fr-en")
     p.add_argument(
