@@ -43,7 +43,7 @@ NBVAL := $(BIN)/python -m pytest -q --nbval --nbval-sanitize-with tests/sanitize
 OTHER_CPU := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 DNNL_MAX_CPU_ISA=SSE41
 
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests experiments/tests
 	$(NBVAL) $(CHAPTERS)
 
 test-other-cpu: $(BIN)/.installed

@@ -16,21 +16,17 @@
 # %% [markdown]
 # # Masks: padding and the future
 #
-# Scaled dot-product attention lets every query look at every key. Two kinds of key must be hidden
-# from view. **Padding**: sentences are batched together, so the shorter ones are filled up to the
-# longest with a `<pad>` token that is not part of the sentence and must not change its meaning.
-# **The future**: the decoder is trained on whole target sentences at once, and a position must not
-# read the words it is being trained to predict. The paper describes the second, for the
-# decoder's self-attention: it hides the future positions inside the attention function "by
-# masking out (setting to $-\infty$) all values in the input of the softmax which correspond to
-# illegal connections" {cite:p}`vaswani2017attention` (Section 3.2.3). It does not discuss
-# padding, but implementations hide padded keys with the same $-\infty$ trick, and so does this
-# book.
+# Scaled dot-product attention lets every query look at every key. Two kinds of key must be
+# hidden. **Padding**: sentences are batched together, so the shorter ones are filled up with a
+# `<pad>` token that is not part of the sentence. **The future**: the decoder is trained on whole
+# target sentences at once, and a position must not read the words it is being trained to
+# predict. The paper hides the future inside the attention function "by masking out (setting to
+# $-\infty$) all values in the input of the softmax which correspond to illegal connections"
+# {cite:p}`vaswani2017attention` (Section 3.2.3); padded keys are hidden the same way.
 #
-# This chapter writes the three masks the model needs as small pure functions in
-# `transformer.masking`, draws them for a padded batch, explains how their shapes broadcast over
-# heads and queries, and checks with chapter 1's attention that the causal mask does what the
-# paper asks: an output never depends on a later token.
+# This chapter writes the masks as small pure functions in `transformer.masking`, shows how their
+# shapes broadcast, and checks that under the causal mask an output never depends on a later
+# token.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -62,10 +58,11 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # %% [markdown]
 # ## A padded target batch
 #
-# Take two target sentences of different lengths, *a dog runs* and *two dogs play in snow*, and a
-# toy vocabulary whose first entries are the special tokens. The ids of `<pad>`, `<bos>` and
-# `<eos>` are looked up in the vocabulary, never written as numbers: in the real model they come
-# from the tokenizer ([the data chapter](10_data.ipynb)).
+# Two target sentences, *a dog runs* and *two dogs play in snow*, over a toy vocabulary whose
+# first entries are the special tokens; in the model their ids come from the tokenizer. The
+# decoder's input is the sentence shifted right behind `<bos>` and its labels are the sentence
+# followed by `<eos>`, the paper's "output embeddings are offset by one position" (Section 3.1):
+# position $t$ holds $y_t$ and is trained to predict $y_{t+1}$. Both are padded to $T$ tokens.
 
 # %%
 specials = ["<pad>", "<bos>", "<eos>"]
@@ -74,17 +71,6 @@ vocab = {
     t: i for i, t in enumerate(specials + sorted({w for s in sentences for w in s}))
 }
 pad_id, bos_id, eos_id = vocab["<pad>"], vocab["<bos>"], vocab["<eos>"]
-
-# %% [markdown]
-# During training the decoder reads the whole target sentence at once. Its input is the sentence
-# shifted right by one position behind a `<bos>` token, and its labels are the sentence followed by
-# `<eos>`: the paper's "output embeddings are offset by one position" (Section 3.1). For a target
-# $y_1 \dots y_n$ the decoder input is $\texttt{<bos>}\, y_1 \dots y_n$ and the labels are
-# $y_1 \dots y_n\, \texttt{<eos>}$, so that, writing $y_0 = \texttt{<bos>}$ and
-# $y_{n+1} = \texttt{<eos>}$, position $t$ holds $y_t$ and is trained to predict $y_{t+1}$. Both
-# are padded to the longest sentence of the batch, $T$ tokens:
-
-# %%
 T = max(len(s) for s in sentences) + 1
 decoder_input = [["<bos>", *s] + ["<pad>"] * (T - 1 - len(s)) for s in sentences]
 labels = [[*s, "<eos>"] + ["<pad>"] * (T - 1 - len(s)) for s in sentences]
@@ -100,16 +86,14 @@ pd.DataFrame(
 # %% [markdown]
 # ## The three masks
 #
-# A mask is a boolean tensor in which `True` means *may attend*, broadcastable to
-# $(B, H, T_q, T_k)$: one entry for every sentence, head, query and key (the book's convention,
-# shared with `torch.nn.functional.scaled_dot_product_attention`).
+# A mask is boolean, `True` meaning *may attend*, and broadcastable to $(B, H, T_q, T_k)$:
 #
-# - `padding_mask(ids, pad_id)` is `True` at the real tokens of a batch of ids $(B, S)$. Its shape
-#   is $(B, 1, 1, S)$: padding hides *keys*, and the same row serves every head and every query.
-# - `causal_mask(T)` is the lower triangle of a $T \times T$ matrix, diagonal included: query $t$
-#   may attend to keys $0, \dots, t$. Its shape is $(1, 1, T, T)$, the same for every sentence and
-#   head.
-# - `target_mask(ids, pad_id)` is both at once for the decoder's self-attention, $(B, 1, T, T)$.
+# - `padding_mask(ids, pad_id)`, $(B, 1, 1, S)$, is `True` at the real tokens. Padding hides
+#   *keys*, so one row serves every head and every query.
+# - `causal_mask(T)`, $(1, 1, T, T)$, is the lower triangle with the diagonal: query $t$ may
+#   attend to keys $0, \dots, t$, in every sentence and head.
+# - `target_mask(ids, pad_id)`, $(B, 1, T, T)$, is both at once, for the decoder's
+#   self-attention.
 
 # %%
 #| export
@@ -138,9 +122,6 @@ def target_mask(ids: Tensor, pad_id: int) -> Tensor:
     return padding_mask(ids, pad_id) & causal_mask(ids.size(-1), device=ids.device)
 
 
-# %% [markdown]
-# For our batch of two sentences of at most six tokens:
-
 # %%
 from transformer.masking import causal_mask, padding_mask, target_mask
 
@@ -154,14 +135,12 @@ assert pad.dtype == causal.dtype == both.dtype == torch.bool
 assert pad[0, 0, 0].tolist() == [True, True, True, True, False, False]
 assert pad[1].all()
 assert torch.equal(both, pad & causal)
-pad.squeeze(1).squeeze(1), causal[0, 0]
 
 # %% [markdown]
-# The three heatmaps below are the masks of the first, padded, sentence, each as a $T \times T$
-# grid of queries (rows) by keys (columns); dark means *may attend*. Look at how the combination
-# keeps a key only where both masks keep it: on or below the diagonal and left of the first
-# `<pad>`. Note also the two `<pad>` *rows* at the bottom of the right panel: they are not empty,
-# because the padding mask hides padded keys, not padded queries (more on those rows below).
+# The heatmaps show the masks of the first, padded, sentence, queries as rows and keys as
+# columns; dark means *may attend*. The combination keeps a key only on or below the diagonal
+# and left of the first `<pad>`. The two `<pad>` *rows* are not empty: padding hides keys, not
+# queries.
 
 # %%
 import altair as alt
@@ -185,12 +164,11 @@ alt.hconcat(
 # %% [markdown]
 # ## How the shapes broadcast
 #
-# The attention scores of a multi-head layer are $(B, H, T_q, T_k)$. None of the masks is stored at
-# that size: each keeps a dimension of size 1 wherever its value does not depend on the index,
-# and PyTorch's broadcasting repeats it. A padding mask depends only on the sentence and the key;
-# a causal mask only on the query and the key. The table lists where each mask is used and what
-# it broadcasts to for $H$ = 8 heads, checked with `torch.broadcast_shapes`; the source here is a
-# batch of $S$ = 7 tokens.
+# No mask is stored at the full size of the scores: each keeps a dimension of size 1 wherever its
+# value does not depend on the index, and broadcasting repeats it. The table checks each use
+# against the scores' shape for $H$ = 8 heads and a source of $S$ = 7 tokens. In cross-attention
+# the source padding mask serves all $T$ target queries, with no causal part: the whole source is
+# known before decoding starts.
 
 # %%
 H, S = 8, 7
@@ -215,29 +193,14 @@ for where, call, m, T_q, T_k in uses:
 pd.DataFrame(rows).set_index("attention")
 
 # %% [markdown]
-# In cross-attention the queries are target positions and the keys are source positions, so the
-# same source padding mask serves as a $(B, 1, 1, S)$ row for all $T$ target queries. There is no
-# causal mask there: the whole source sentence is known before decoding starts.
-
-# %% [markdown]
 # ## Why the decoder must not see the future
 #
-# At translation time the decoder writes the target one token at a time: to choose $y_{t+1}$ it
-# has only $\texttt{<bos>}\, y_1 \dots y_t$, because nothing to the right exists yet. During
-# training it reads the whole shifted target at once, so that all $T$ positions are trained in
-# parallel, and position $t$'s input row sits next to positions $t+1, t+2, \dots$ whose input
-# tokens *are* the labels $y_{t+1}, y_{t+2}, \dots$ If position $t$ could attend to position
-# $t+1$, it could copy the label instead of predicting it: the training loss would fall towards
-# zero and the model would learn nothing it can use when the future is missing. The paper
-# therefore masks every key to the right of the query, "to prevent leftward information flow in
-# the decoder to preserve the auto-regressive property" (Section 3.2.3), and notes that the mask
-# together with the offset "ensures that the predictions for position $i$ can depend only on the
-# known outputs at positions less than $i$" (Section 3.1).
-#
-# A demonstration with chapter 1's `scaled_dot_product_attention`. Give every token a random
-# vector, attend with $Q = K = V = X$ under the causal mask, then change the last word of the
-# second sentence (*snow* becomes *dog*). The outputs of all earlier positions do not change at
-# all; without the mask every one of them does.
+# When translating, the decoder chooses $y_{t+1}$ from $\texttt{<bos>}\, y_1 \dots y_t$ alone.
+# In training it reads the whole shifted target at once, and the inputs right of position $t$
+# *are* its labels: without the mask it could copy them instead of predicting. The mask, with the
+# offset, "ensures that the predictions for position $i$ can depend only on the known outputs at
+# positions less than $i$" (Section 3.1). Below, we change the last word (*snow* becomes *dog*):
+# under the causal mask no earlier output moves; without it every one does.
 
 # %%
 from transformer.attention import scaled_dot_product_attention
@@ -262,11 +225,8 @@ for mask in (causal[0, 0], None):
         assert not same.any()  # every earlier position saw the change
 
 # %% [markdown]
-# The same fact, stated the other way round: the masked computation over the whole sentence gives,
-# at every position $t$, exactly what attention over the prefix $0, \dots, t$ alone gives, with no
-# mask at all. Training all positions in parallel is therefore the same computation as generating
-# one token at a time. (A whole decoder keeps this property: its other sublayers work on each
-# position separately, so a stack of causally masked layers is causal too.)
+# Equivalently, each position $t$ gets what attention over the prefix $0, \dots, t$ alone gives:
+# training all positions in parallel computes what generating token by token computes.
 
 # %%
 out, _ = scaled_dot_product_attention(X, X, X, mask=causal[0, 0])
@@ -274,14 +234,12 @@ for t in range(T):
     prefix = X[: t + 1]
     step, _ = scaled_dot_product_attention(prefix, prefix, prefix)
     assert torch.allclose(out[t], step[-1], atol=1e-6)
-print(f"all {T} positions match their prefix-only computation")
 
 # %% [markdown]
 # ## What padding changes, and what it does not
 #
-# Padding must not change a sentence's meaning: with the target mask, the real positions of the
-# padded first sentence get exactly the outputs they get when the sentence is processed alone,
-# unpadded, whatever vectors the `<pad>` tokens have.
+# Under the target mask, the real positions of the padded sentence get exactly the outputs they
+# get unpadded, whatever the `<pad>` vectors hold.
 
 # %%
 alone = tgt[0, : len(sentences[0]) + 1]  # <bos> a dog runs
@@ -305,14 +263,10 @@ out_scrambled, _ = scaled_dot_product_attention(
 assert torch.allclose(out_scrambled[0, :n], out_alone, atol=1e-6)
 
 # %% [markdown]
-# And the padded *queries*? The heatmap shows the attention weights of the first sentence under the
-# target mask. The rows of the real tokens put no weight on `<pad>` keys. The two `<pad>` rows at
-# the bottom still attend, to the real tokens on their left: a `<pad>` query always has at least
-# `<bos>` to look at, so its row is never fully masked and never NaN. Its output is meaningless but
-# harmless. It never reaches a real position, since no real query attends to it, and the loss
-# skips positions whose label is `<pad>` (see [label smoothing](11_label_smoothing.ipynb)).
-# Masking those query rows as well would only replace finite garbage with zeros that the loss
-# ignores just the same.
+# The heatmap shows the weights of the first sentence. Real rows put no weight on `<pad>` keys.
+# The `<pad>` rows still attend to the real tokens on their left (at least `<bos>`), so they are
+# never fully masked and never NaN; their outputs reach no real position, and the loss skips
+# positions whose label is `<pad>`.
 
 # %%
 heatmap(
@@ -328,5 +282,20 @@ assert (w_batch[0][:, pad_keys] == 0).all()  # no query attends to a <pad> key
 assert torch.allclose(w_batch[0, n:].sum(-1), torch.ones(T - n))  # <pad> queries attend
 
 # %% [markdown]
-# The masks are ready for the model: the next chapter splits attention into several heads, and
-# the $H$ dimension of size 1 in every mask is what lets one mask serve all of them.
+# ## Summary
+#
+# - Masks are boolean, `True` meaning *may attend*, and keep size-1 dimensions that broadcast to
+#   the scores $(B, H, T_q, T_k)$.
+# - `padding_mask` hides padded keys, `causal_mask` hides the future, `target_mask` does both for
+#   the decoder's self-attention.
+# - Under the causal mask, training on whole sentences computes exactly what generating one token
+#   at a time computes.
+# - Padding changes nothing at the real positions.
+#
+# ## Exercises
+#
+# 1. In the chapter that puts the model together, train the copy task with
+#    `tgt_mask=padding_mask(tgt, pad_id)` instead of `target_mask`. What happens to the training
+#    loss, and to greedy decoding?
+# 2. Call the model's `encode` on a padded batch with `src_mask=None`: how do the real
+#    positions' outputs change as you add padding?

@@ -16,19 +16,15 @@
 # %% [markdown]
 # # Feed-forward sublayers and residual connections
 #
-# Every layer of the Transformer {cite:p}`vaswani2017attention` is a short stack of *sublayers*:
-# an encoder layer has two, self-attention and a feed-forward network, and a decoder layer three.
-# Section 3.1 says how they are joined: "We employ a residual connection {cite:p}`he2016deep`
-# around each of the two sub-layers, followed by layer normalization {cite:p}`ba2016layer`. That
-# is, the output of each sub-layer is $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$."
+# Each layer of the Transformer {cite:p}`vaswani2017attention` is a short stack of *sublayers*,
+# joined as Section 3.1 says: "We employ a residual
+# connection {cite:p}`he2016deep` around each of the two sub-layers, followed by layer
+# normalization {cite:p}`ba2016layer`. That is, the output of each sub-layer is
+# $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$."
 #
-# This chapter writes the two pieces that are not attention, as the module
-# `transformer.sublayers`: `PositionwiseFeedForward`, the network of Section 3.3, and
-# `SublayerConnection`, the residual connection with dropout and layer normalisation that wraps
-# every sublayer. The order of those last three operations has a history: many implementations,
-# including the best-known annotated one, put the normalisation *first*. We explain the two
-# orders, measure how they differ on a deep stack (in the scale of the signal going forward and of
-# the gradients coming back), and default to the paper's.
+# This chapter writes `transformer.sublayers`: `PositionwiseFeedForward`, the network of
+# Section 3.3, and `SublayerConnection`, which wraps every sublayer in that residual connection,
+# dropout and layer normalisation.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -64,8 +60,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # ## The position-wise feed-forward network
 #
 # After attention has mixed information *between* positions, each position is transformed on its
-# own by the same small network, two linear maps with a ReLU between them (Section 3.3,
-# equation 2):
+# own by two linear maps with a ReLU between them (Section 3.3, equation 2):
 #
 # $$
 # \mathrm{FFN}(x) = \max(0,\; x W_1 + b_1)\, W_2 + b_2
@@ -73,14 +68,9 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # $$
 #
 # with $W_1 \in \mathbb{R}^{d_\text{model} \times d_{ff}}$ and
-# $W_2 \in \mathbb{R}^{d_{ff} \times d_\text{model}}$. The base model widens each vector from
-# $d_\text{model} = 512$ to $d_{ff} = 2048$ and back. "While the linear transformations are the
-# same across different positions, they use different parameters from layer to layer. Another
-# way of describing this is as two convolutions with kernel size 1."
-#
-# The paper applies dropout to sublayer outputs, not inside the network; later implementations
-# (tensor2tensor's `relu_dropout`, the Annotated Transformer) also drop the hidden ReLU units.
-# That is the optional `dropout` argument, off by default.
+# $W_2 \in \mathbb{R}^{d_{ff} \times d_\text{model}}$ (512 to 2048 and back in the base model):
+# "two convolutions with kernel size 1". The optional `dropout` on the hidden units is not in the
+# paper and is off by default.
 
 # %%
 #| export
@@ -114,10 +104,8 @@ class PositionwiseFeedForward(nn.Module):
 
 
 # %% [markdown]
-# "Position-wise" means what it says: the network sees one vector at a time. Applying it to a
-# whole batch of sequences gives exactly what applying it to each position separately gives, and
-# it equals the paper's other description, a convolution over the positions with kernel size 1
-# that shares the same weights.
+# Applied to a batch, the network gives what it gives position by position, and what the paper's
+# 1-wide convolutions give; changing one position changes that position's output only:
 
 # %%
 from transformer.sublayers import PositionwiseFeedForward
@@ -141,8 +129,8 @@ moved = (ffn(x_changed) - whole).abs().amax(dim=(0, 2))  # (L,)
 assert moved[4] > 0 and (moved[torch.arange(10) != 4] == 0).all()
 
 # %% [markdown]
-# The ReLU sets every negative pre-activation $x W_1 + b_1$ to zero, so for a given input only
-# part of the $d_{ff}$ hidden units are active; at initialisation, on random inputs, about half:
+# The ReLU zeroes every negative pre-activation, so at initialisation about half of the $d_{ff}$
+# hidden units are active for a given input:
 
 # %%
 with torch.no_grad():
@@ -154,13 +142,9 @@ assert abs(active - 0.5) < 0.02
 print(f"hidden units active: {active:.3f}")
 
 # %% [markdown]
-# Small as it looks, the feed-forward network holds two thirds of an encoder layer's parameters.
-# With the base sizes it has $2 \cdot d_\text{model} \cdot d_{ff} + d_{ff} + d_\text{model}$ of
-# them, against $4(d_\text{model}^2 + d_\text{model})$ for the four projections of multi-head
-# attention and their biases, and $2\, d_\text{model}$ for each of the layer's LayerNorms (a gain
-# and a bias per feature, below). An encoder layer has one attention block and two LayerNorms; a
-# decoder layer has two attention blocks and three LayerNorms, so there the feed-forward network
-# holds just under half:
+# The network has $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ parameters, against
+# $4(d_\text{model}^2 + d_\text{model})$ for attention and $2 d_\text{model}$ per LayerNorm: two
+# thirds of an encoder layer, just under half of a decoder layer:
 
 # %%
 d_model, d_ff = 512, 2048
@@ -179,58 +163,38 @@ assert 0.49 < ffn_parameters / decoder_layer < 0.5
 # %% [markdown]
 # ## Residual connection, dropout and layer normalisation
 #
-# Three operations surround each sublayer.
+# Three operations surround each sublayer:
 #
-# - **The residual connection** {cite:p}`he2016deep` adds the sublayer's input to its output,
-#   $x + \mathrm{Sublayer}(x)$. The sublayer only has to learn a correction to $x$, and the
-#   identity path gives the signal, and the gradient, a route around every sublayer. Whether that
-#   route crosses a deep stack *unchanged* depends on where the normalisation sits, as we will see:
-#   in the paper's order every LayerNorm lies on it. The residual connection is also why every
-#   sublayer, and the embeddings, have the same width $d_\text{model}$.
-# - **Dropout** (Section 5.4): "We apply dropout to the output of each sub-layer, before it is
-#   added to the sub-layer input and normalized", with $P_\text{drop} = 0.1$ for the base model.
-# - **Layer normalisation** {cite:p}`ba2016layer` rescales each position's vector to mean 0 and
-#   variance 1 over its $d_\text{model}$ features, then applies a learned gain $\gamma$ and bias
-#   $\beta$:
+# - **The residual connection**, $x + \mathrm{Sublayer}(x)$: the sublayer learns a correction to
+#   $x$, and signal and gradient have a route around it. Hence one width, $d_\text{model}$,
+#   everywhere.
+# - **Dropout** (Section 5.4), "to the output of each sub-layer, before it is added to the
+#   sub-layer input and normalized", $P_{drop} = 0.1$.
+# - **Layer normalisation** rescales each position's vector to mean 0 and variance 1 over its
+#   features, then applies a learned gain $\gamma$ and bias $\beta$:
 #   $\mathrm{LayerNorm}(v) = \gamma \odot (v - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta$, with
-#   $\mu$ and $\sigma^2$ the mean and variance of $v$'s entries. Unlike batch normalisation it
-#   uses no statistics across the batch, so it behaves the same in training and at inference,
-#   and for one sentence or many.
+#   no statistics across the batch.
 #
-# The paper's order, *post-norm*, normalises after the addition:
+# The paper's order, *post-norm*, normalises after the addition; *pre-norm* normalises only the
+# sublayer's input and leaves the residual stream itself un-normalised:
 #
 # $$
 # x \mapsto \mathrm{LayerNorm}\big(x + \mathrm{Dropout}(\mathrm{Sublayer}(x))\big)
 # \qquad \text{(post-norm)}
 # $$
 #
-# The alternative, *pre-norm*, normalises only the sublayer's input and leaves the residual
-# stream itself un-normalised:
-#
 # $$
 # x \mapsto x + \mathrm{Dropout}\big(\mathrm{Sublayer}(\mathrm{LayerNorm}(x))\big)
 # \qquad \text{(pre-norm)}
 # $$
 #
-# A pre-norm stack then needs one more layer normalisation after its last layer (the encoder and
-# decoder chapters add it when `norm_first=True`); a post-norm stack already ends normalised.
-# Only in pre-norm is the identity path untouched from the stack's input to that last
-# LayerNorm: in post-norm the stream passes through one LayerNorm per sublayer, which rescales
-# the signal on its way forward and the gradient on its way back.
+# A pre-norm stack therefore needs one more LayerNorm after its last layer; the encoder and the
+# decoder add it when `norm_first=True`.
 #
-# **Why two orders?** Pre-norm is what much code silently uses. The Annotated Transformer's text
-# quotes the paper's $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$, while its code computes
-# `x + self.dropout(sublayer(self.norm(x)))`, with only a docstring line, "for code simplicity the
-# norm is first as opposed to last", to say so; readers who copy it get pre-norm without knowing.
-# The authors' own tensor2tensor {cite:p}`vaswani2018tensor2tensor` switched its default
-# `transformer_base` hyperparameters to pre-norm after the paper (`transformer_base_v2`). The reason
-# is training stability. Xiong et al. {cite:p}`xiong2020layer` show that with post-norm the
-# gradients of the parameters near the output are large at initialisation, so a large learning rate
-# from the first step makes training diverge; the *warm-up* of the paper's learning-rate schedule
-# (Section 5.3, the schedule chapter), which starts from a tiny learning rate, is what makes
-# post-norm train. With pre-norm the gradients are well behaved, training works without warm-up, and
-# deep stacks train more easily. This book follows the paper: `norm_first=False` is the default, and
-# `norm_first=True` is the named option for the pre-norm order.
+# Much later code is pre-norm (the Annotated Transformer, whose text quotes the paper's formula;
+# tensor2tensor {cite:p}`vaswani2018tensor2tensor` after the paper), because it trains stably
+# without a long warm-up {cite:p}`xiong2020layer`. The book follows the paper, `norm_first=False`
+# (the appendix *Deviations from the paper* lists every option).
 
 
 # %%
@@ -264,9 +228,9 @@ class SublayerConnection(nn.Module):
 
 
 # %% [markdown]
-# The sublayer is passed in as a function, so that one class wraps attention (a closure that
-# supplies the mask) and the feed-forward network alike. With dropout off, each order matches
-# its formula computed by hand, with the layer normalisation written out:
+# The sublayer is passed in as a function, so one class wraps attention (a closure that supplies
+# the mask) and the feed-forward network alike. With dropout off, each order matches its formula
+# computed by hand:
 
 # %%
 from transformer.sublayers import SublayerConnection
@@ -302,9 +266,8 @@ assert torch.allclose(post_out.std(-1, unbiased=False), torch.ones(2, 10), atol=
 statistics
 
 # %% [markdown]
-# In training mode, dropout acts on the sublayer's output only, never on the residual path:
-# with a sublayer that returns zeros, dropout has nothing to drop and the connection passes
-# $x$ through (normalised, in the paper's order) unchanged.
+# In training, dropout acts on the sublayer's output only, never on the residual path: a sublayer
+# that returns zeros leaves $x$ unchanged (normalised, in post-norm).
 
 # %%
 training = SublayerConnection(512, dropout=0.5, norm_first=True).train()
@@ -315,12 +278,10 @@ assert torch.allclose(training(x, torch.zeros_like), layer_norm(x), atol=1e-5)
 # %% [markdown]
 # ## The two orders on a deep stack
 #
-# What changes in practice is the scale of the *residual stream*, the vector $x$ that flows from
-# sublayer to sublayer. We stack 24 sublayer connections, each wrapping its own random
-# feed-forward network ($d_\text{model} = 512$, $d_{ff} = 2048$, weight matrices initialised with
-# Xavier/Glorot {cite:p}`glorot2010understanding` and biases at zero, as in our model), feed in a
-# batch of random vectors with unit variance, and record the root mean square of $x$ after each
-# connection, in evaluation mode, for both orders and the same networks.
+# The orders differ in the scale of the *residual stream*, the $x$ passed from sublayer to
+# sublayer. We stack 24 connections around random feed-forward networks (Xavier/Glorot weights
+# {cite:p}`glorot2010understanding`, zero biases, as in our model), feed in unit-variance vectors,
+# and record the root mean square (RMS) of $x$ after each connection.
 
 # %%
 n_connections = 24
@@ -352,11 +313,9 @@ rms = depth_scale.pivot(index="depth", columns="order", values="RMS")
 rms.iloc[[0, 5, 11, 17, 23]]
 
 # %% [markdown]
-# Each pre-norm sublayer adds to the stream an update that is roughly uncorrelated with it and of
-# roughly constant size, so the variances add up: the mean square grows linearly with depth,
-# $\mathrm{RMS}^2 \approx a + c \cdot \text{depth}$, with $a$ near 1, the mean square of the
-# input. A least-squares line through the measured mean squares gives $a$ and $c$, and the dashed
-# curve $\sqrt{a + c \cdot \text{depth}}$ in the figure.
+# Each pre-norm sublayer adds an update of roughly constant size, uncorrelated with the stream,
+# so the variances add up: $\mathrm{RMS}^2 \approx a + c \cdot \text{depth}$, with $a$
+# near 1. A least-squares line gives $a$ and $c$:
 
 # %%
 depths = torch.arange(1, n_connections + 1, dtype=torch.float64)
@@ -377,13 +336,9 @@ assert (rms["post-norm (paper)"] - 1).abs().max() < 1e-3
 assert rms["pre-norm"].iloc[-1] > 2 * rms["pre-norm"].iloc[0]
 
 # %% [markdown]
-# The figure shows the RMS of the residual stream after each sublayer connection. Look at the
-# two solid lines: post-norm keeps the stream at RMS 1 after every layer, because each layer
-# ends with a normalisation; pre-norm lets it grow, roughly like $\sqrt{\text{depth}}$ (the dashed
-# curve), so that each further sublayer's update is a smaller and smaller share of the stream.
-# That is the pre-norm trade-off in one picture: the identity path dominates, and the final layer
-# normalisation of a pre-norm stack has real work to do. What it does to the gradients is
-# measured after the figure.
+# In the figure, post-norm holds the stream's RMS at 1, since every connection ends normalised;
+# pre-norm lets it grow like $\sqrt{\text{depth}}$ (the dashed fit), so each further update is a
+# smaller share of the stream and the final LayerNorm has real work to do.
 
 # %%
 from transformer.plots import use_book_renderer
@@ -420,17 +375,12 @@ fit = (
 )
 
 # %% [markdown]
-# **The gradients.** Xiong et al.'s reason to prefer pre-norm is the scale of the gradients, so we
-# measure it on the same 24 networks: each stack (the pre-norm one with its final LayerNorm) is
-# read out by a fixed random linear map, as an output layer would be, and we backpropagate that
-# one number and take the norm of the gradient of each feed-forward network's parameters. The
-# table gives it at five depths, divided by its value at the first sublayer. Read each column
-# from top to bottom: in post-norm the gradient grows towards the output, to about four times its
-# size at the bottom, because on its way down it passes through every LayerNorm and each one
-# shrinks it a little; in pre-norm it travels down the untouched identity path and stays within
-# 25% of its size at the bottom at every depth. In a post-norm stack the sublayers nearest the
-# output get the largest gradients, which is Xiong et al.'s explanation of why a large learning
-# rate at the first steps upsets post-norm training, and why it needs the warm-up.
+# **The gradients.** We read each stack out through a fixed random linear map, backpropagate, and
+# take the gradient norm of each feed-forward network, relative to the first. Read each column
+# downwards: in post-norm the gradient grows towards the output, to about four times its size at
+# the bottom, since every LayerNorm on the way down shrinks it a little; in pre-norm it travels the
+# untouched identity path and stays within 25%. Those large gradients near the output are why
+# post-norm needs the warm-up.
 
 # %%
 readout = torch.randn(d_model)  # a fixed linear read-out of the stack's output
@@ -458,6 +408,21 @@ assert relative["pre-norm"].between(0.75, 1.25).all()
 shown.round(2)
 
 # %% [markdown]
-# With `PositionwiseFeedForward` and `SublayerConnection` in hand, and multi-head attention from
-# the chapter before last, the next chapter assembles them into an encoder layer:
-# self-attention and a feed-forward network, each inside its own sublayer connection.
+# ## Summary
+#
+# - `PositionwiseFeedForward` is equation (2), position by position: most of a layer's
+#   parameters.
+# - `SublayerConnection` wraps any sublayer in a residual connection, dropout and LayerNorm:
+#   post-norm as in the paper, or pre-norm with `norm_first=True`.
+# - Post-norm keeps the stream at unit scale, but its gradients grow towards the output;
+#   pre-norm keeps the gradients even and lets the stream grow.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Set `n_connections = 96`. Does pre-norm's RMS still follow the fit, and how large does
+#    post-norm's gradient ratio grow?
+# 2. Switch on `PositionwiseFeedForward(512, 2048, dropout=0.1)` (the model's `ffn_dropout`): which
+#    asserts of the position-wise cell still hold in training mode?
+# 3. Train a pre-norm model: `norm_first=True` in the copy task of *Putting it together*, or
+#    `python -m transformer train --quick --set norm_first=true`.

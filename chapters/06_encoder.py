@@ -18,13 +18,9 @@
 #
 # The encoder reads the source sentence and turns each of its $S$ tokens into a vector of width
 # $d_\text{model}$ that describes the token *in its context*: the left half of the paper's
-# Figure 1 {cite:p}`vaswani2017attention`, described in Section 3.1.
-#
-# Every piece already exists: multi-head attention, the feed-forward network and the residual
-# connection with layer normalisation (`SublayerConnection`) from the previous chapters. This
-# chapter assembles them into one encoder layer and a stack of `n_layers` of them, checks that
-# padding cannot leak into the result, and looks at what the layers of a random-weight encoder
-# attend to.
+# Figure 1 {cite:p}`vaswani2017attention`, Section 3.1. This chapter assembles earlier pieces into
+# an encoder layer and a stack of `n_layers` of them, and checks that
+# padding cannot leak into the result.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -60,15 +56,11 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # %% [markdown]
 # ## One encoder layer
 #
-# Section 3.1 describes the encoder in four sentences:
-#
 # > The encoder is composed of a stack of $N = 6$ identical layers. Each layer has two
 # > sub-layers. The first is a multi-head self-attention mechanism, and the second is a simple,
-# > position-wise fully connected feed-forward network. We employ a residual connection around
-# > each of the two sub-layers, followed by layer normalization.
+# > position-wise fully connected feed-forward network. (Section 3.1)
 #
-# For an input $x$ of shape $(B, S, d_\text{model})$, one layer of the paper's (post-norm)
-# encoder computes
+# For an input $x$ of shape $(B, S, d_\text{model})$, one post-norm layer computes
 #
 # $$
 # \begin{aligned}
@@ -77,19 +69,9 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # \end{aligned}
 # $$
 #
-# *Self*-attention means that the queries, keys and values all come from the same sequence, the
-# layer's input: every source position looks at every other source position. The one thing it
-# must not look at is padding, so the layer takes the source's padding mask, of shape
-# $(B, 1, 1, S)$: one row per sentence, shared by every head and every query. The feed-forward
-# network then transforms each position on its own. Dropout (the paper's $P_{drop}$) sits on each
-# sublayer's output, inside `SublayerConnection`; `norm_first=True` switches both sublayers to the
-# pre-norm order, an option that the sublayers chapter explains.
-#
-# `SublayerConnection` takes the sublayer as a function of one argument. For the feed-forward
-# network that is the module itself; for attention it is a small closure that feeds the same
-# (possibly normalised) input as query, key and value, and keeps the attention weights when the
-# caller asks for them. The weights are *returned*, never stored on the module: a forward pass
-# has no side effects.
+# *Self*-attention takes queries, keys and values from the same sequence, and the source's padding
+# mask, $(B, 1, 1, S)$, hides the padding keys. The attention sublayer is a closure that feeds its
+# input in three times and *returns* the weights when asked for: a forward pass stores nothing.
 
 # %%
 #| export
@@ -149,10 +131,8 @@ class EncoderLayer(nn.Module):
 
 
 # %% [markdown]
-# A toy batch: three German sentences of different lengths, in a toy vocabulary whose first
-# entries are the special tokens. As everywhere in this book, the id of `<pad>` is looked up,
-# not written as a number. Each sentence ends with `<eos>` and is padded to the longest one,
-# $S = 9$.
+# A toy batch: three German sentences, each ending with `<eos>` and padded to $S = 9$. The id of
+# `<pad>` is looked up, never written as a number.
 
 # %%
 from transformer.embedding import PositionalEncoding, TokenEmbedding
@@ -176,12 +156,9 @@ src_mask = padding_mask(src, pad_id)
 src, src_mask.shape
 
 # %% [markdown]
-# The layer's input is what the paper feeds the encoder: token embeddings, scaled by
-# $\sqrt{d_\text{model}}$, plus positional encodings (the embeddings chapter). A small width keeps
-# everything readable: $d_\text{model} = 32$, $H = 4$ heads, $d_{ff} = 64$. The weights are random
-# (PyTorch's default initialisation; the full model's chapter chooses its own), and the modules
-# are put in evaluation mode, which switches dropout off, so that the outputs below are
-# deterministic.
+# The input is token embeddings plus positional encodings (the embeddings chapter) at a small
+# width, $d_\text{model} = 32$, $H = 4$, $d_{ff} = 64$, with random weights, in evaluation mode
+# (no dropout):
 
 # %%
 from transformer.encoder import EncoderLayer
@@ -202,9 +179,8 @@ assert y.shape == x.shape and weights.shape == (len(sentences), n_heads, S, S)
 assert layer(x, src_mask)[1] is None  # no weights unless asked for
 
 # %% [markdown]
-# The mask did its job: no query gives any weight to a padding key, and every query's weights
-# over the real keys sum to one. Padding hides *keys*, not queries: the rows of the padding
-# positions are computed like any other and hold vectors that nothing downstream will read.
+# No query gives weight to a padding key, and each query's weights sum to one. Padding hides
+# *keys*, not queries: the padding rows hold vectors that nothing downstream reads.
 
 # %%
 real = src_mask[:, 0, 0, :]  # (B, S)
@@ -213,15 +189,10 @@ assert torch.allclose(weights.sum(-1), torch.ones(len(sentences), n_heads, S))
 weights[1].mean(0)  # "zwei Hunde spielen <eos>", averaged over the heads
 
 # %% [markdown]
-# A layer's parameters are those of its two sublayers and its two layer normalisations:
-# $4 d_\text{model}^2$ for the four projections $W^Q, W^K, W^V, W^O$ and $4 d_\text{model}$ for
-# their biases, $2\, d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ for the feed-forward
-# network, and $2 \cdot 2\, d_\text{model}$ for the gains and biases of the two LayerNorms. The
-# attention biases are this book's, not the paper's: Section 3.2.2 defines the projections as
-# matrices only, and the reference code, tensor2tensor, has no biases there either, while our
-# `MultiHeadAttention`, like PyTorch's `nn.MultiheadAttention` and the Annotated Transformer,
-# has them (the multi-head attention chapter). The full model's chapter counts the whole model
-# with these formulas and measures what the biases add.
+# A layer has $4 d_\text{model}^2 + 4 d_\text{model}$ attention parameters,
+# $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ feed-forward ones and $2 \cdot 2 d_\text{model}$
+# in two LayerNorms. The $4 d_\text{model}$ attention biases are not in the paper (the appendix
+# *Deviations from the paper*).
 
 # %%
 # The attention biases, 4 d_model per block, are not in the paper (see above).
@@ -234,26 +205,14 @@ n_attention + n_ffn + n_norms
 # %% [markdown]
 # ## The stack
 #
-# The encoder is `n_layers` such layers applied one after the other, each with its own weights;
-# the output of the last one is the *memory* that the decoder attends to.
+# The encoder is `n_layers` such layers, each with its own weights; the last one's output is the
+# *memory* that the decoder attends to. The layers are built explicitly,
+# `nn.ModuleList(EncoderLayer(...) for _ in range(n_layers))`, which reads as the paper's "stack
+# of $N$ identical layers": identical in shape, not in values. Deep copies of one prototype (the
+# Annotated Transformer's `clones`) would all start from the same random values.
 #
-# The layers are built explicitly, `nn.ModuleList(EncoderLayer(...) for _ in range(n_layers))`.
-# A popular alternative builds one prototype layer and deep-copies it $N$ times (the Annotated
-# Transformer's `clones`). A deep copy copies the prototype's random initial *values*, so the $N$
-# layers start identical until something re-draws their weights. Both full models do: the
-# Annotated Transformer re-draws every weight matrix after building the model, and ours (the full
-# model's chapter) re-draws every matrix and sets every bias to zero. In both, then, the weight
-# matrices start different and the biases equal (copies of one random bias there, zeros here).
-# The argument for the explicit loop is readability: `clones(layer, N)` does not say what a layer
-# is made of, and its layers differ only because code elsewhere re-draws them, while the loop
-# reads as the paper's sentence "a stack of $N$ identical layers", identical in shape, not in
-# values.
-#
-# The **final normalisation** depends on where the LayerNorms sit. In the paper's post-norm
-# layers every sublayer ends with a LayerNorm, so the stack's output is already normalised and
-# `final_norm` is the identity. In a pre-norm stack each sublayer normalises its *input* and
-# adds its output to an unnormalised residual stream, so the stack needs one more LayerNorm at
-# the end {cite:p}`xiong2020layer`.
+# A post-norm stack ends normalised, so its `final_norm` is the identity; a pre-norm stack needs
+# one more LayerNorm at the end {cite:p}`xiong2020layer`.
 
 
 # %%
@@ -311,8 +270,7 @@ class Encoder(nn.Module):
 
 
 # %% [markdown]
-# Before any re-initialisation, deep copies of a prototype hold equal weights; the explicit
-# stack's layers do not:
+# Deep copies start equal; the explicit stack's layers do not:
 
 # %%
 from transformer.encoder import Encoder
@@ -332,8 +290,7 @@ print("deep copies start equal:", same_start(copies))
 print("explicit layers start equal:", same_start(encoder.layers))
 
 # %% [markdown]
-# The stack maps the embedded batch to a memory of the same shape and, on request, returns one
-# weight tensor per layer. The post-norm stack has no final LayerNorm; the pre-norm one does.
+# The stack returns a memory of the input's shape and, on request, one weight tensor per layer:
 
 # %%
 with torch.no_grad():
@@ -350,11 +307,9 @@ encoder.final_norm, prenorm.final_norm
 # %% [markdown]
 # ## Padding changes nothing
 #
-# A sentence's encoding must not depend on how many padding tokens the batch appended to it: the
-# same sentence, batched with a longer one, must come out the same. We append five more `<pad>`
-# tokens to every sentence and compare the memory at the real positions. With the mask, the
-# largest difference is floating-point noise (different sums are reduced in a different order);
-# without it, the padding leaks into every real position through attention.
+# A sentence's encoding must not depend on how much padding its batch adds. We append five more
+# `<pad>` tokens to every sentence: with the mask, the memory at the real positions moves only by
+# rounding noise; without it, the padding leaks in through attention.
 
 # %%
 longer = torch.cat([src, torch.full((len(sentences), 5), pad_id)], dim=1)
@@ -374,13 +329,10 @@ print(f"largest change at real positions, without the mask: {unmasked_gap:.2f}")
 # %% [markdown]
 # ## What the layers attend to
 #
-# The figure shows the self-attention weights of each of the three layers for the first
-# sentence, *ein Hund läuft durch den Schnee*, averaged over the four heads. Look first at the
-# last two columns: the padding keys get no weight in any layer, while the padding *rows* attend
-# like any other query. Then compare the layers: with random weights nothing is learned, and the
-# attention is spread thinly over the whole sentence, with no sharp pattern; whatever structure
-# a trained model's attention shows is learned, not built in. The table after the figure
-# measures how spread out each layer is.
+# The figure shows each layer's self-attention for the first sentence, averaged over the four
+# heads. Padding columns get no weight in any layer; padding rows attend like any other
+# query. With random weights the attention is spread thinly, with no sharp pattern: whatever
+# structure a trained model shows is learned, not built in.
 
 # %%
 from transformer.plots import heatmap, use_book_renderer
@@ -397,9 +349,8 @@ alt.hconcat(
 )
 
 # %% [markdown]
-# For each layer: the largest weight of each real query, averaged over the queries and heads of
-# this sentence, against the weight $1/7$ that uniform attention over its 7 real tokens would
-# give. A head that picked out one key would score near 1.
+# Each layer's largest weight per real query, averaged, against the $1/7$ of uniform attention
+# over the 7 real tokens (a head that picked one key would score near 1):
 
 # %%
 n_real = int(real[0].sum())
@@ -421,5 +372,21 @@ assert (
 spread
 
 # %% [markdown]
-# The decoder, next, is the same stack with one more sublayer: attention from the target
-# positions to this memory.
+# ## Summary
+#
+# - `EncoderLayer` is self-attention and a feed-forward network, each in a `SublayerConnection`;
+#   the source's padding mask hides the padding keys.
+# - `Encoder` stacks `n_layers` layers built one by one, with a final LayerNorm only when
+#   pre-norm.
+# - Padding does not move the memory at real positions, and the attention weights are returned,
+#   never stored.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Repeat the padding test with `Encoder(3, d_model, n_heads, d_ff, norm_first=True)`. Does it
+#    still hold?
+# 2. Build the layer with `attention_dropout=0.1` and call it in training mode: do each query's
+#    weights still sum to one, and why not?
+# 3. Redraw the figure with `n_layers = 6`: does depth alone sharpen a random encoder's
+#    attention?

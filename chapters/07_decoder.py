@@ -17,16 +17,11 @@
 # # The decoder
 #
 # The decoder writes the translation. At each target position it reads the target tokens so far
-# and the encoder's memory of the source sentence, and produces a vector from which the output
-# layer predicts the next token: the right half of the paper's Figure 1
-# {cite:p}`vaswani2017attention`, described in Section 3.1. It is the encoder's stack with one
-# more sublayer in each layer, *encoder–decoder attention*, through which the target looks at
-# the source, and with a mask on its self-attention that keeps each position from seeing the
-# positions after it.
-#
-# This chapter builds the decoder layer and the stack, checks that the mask makes the decoder
-# causal (no output depends on a later target token), and draws both kinds of attention for one
-# sentence pair.
+# and the encoder's memory of the source, and produces a vector from which the output layer
+# predicts the next token: the right half of the paper's Figure 1 {cite:p}`vaswani2017attention`.
+# It is the encoder's stack with one more sublayer, *encoder–decoder attention*, and a mask that
+# keeps each position from seeing the later ones. This chapter builds it, checks that it is
+# causal, and draws both kinds of attention.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -59,14 +54,10 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # %% [markdown]
 # ## One decoder layer
 #
-# Section 3.1 again:
-#
-# > The decoder is also composed of a stack of $N = 6$ identical layers. In addition to the two
-# > sub-layers in each encoder layer, the decoder inserts a third sub-layer, which performs
-# > multi-head attention over the output of the encoder stack. Similar to the encoder, we employ
-# > residual connections around each of the sub-layers, followed by layer normalization. We also
-# > modify the self-attention sub-layer in the decoder stack to prevent positions from attending
-# > to subsequent positions.
+# > In addition to the two sub-layers in each encoder layer, the decoder inserts a third
+# > sub-layer, which performs multi-head attention over the output of the encoder stack. [...] We
+# > also modify the self-attention sub-layer in the decoder stack to prevent positions from
+# > attending to subsequent positions. (Section 3.1)
 #
 # For the decoder's input $x$, $(B, T, d_\text{model})$, and the encoder's memory $m$,
 # $(B, S, d_\text{model})$, one post-norm layer computes
@@ -82,20 +73,13 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # $$
 #
 # 1. **Masked self-attention** over the target, with `tgt_mask` $(B, 1, T, T)$: the causal
-#    triangle combined with the target's padding (`target_mask` of the masking chapter).
-# 2. **Encoder–decoder attention**, which Section 3.2.3 describes: "the queries come from the
-#    previous decoder layer, and the memory keys and values come from the output of the encoder".
-#    Each of the $T$ target positions is a query over the $S$ source positions, so its weights
-#    are $T \times S$; `src_mask` $(B, 1, 1, S)$ hides the source padding. This is the
-#    sublayer through which the translation depends on the source at all.
-# 3. The **feed-forward network**, position by position, as in the encoder.
+#    triangle and the target's padding (`target_mask`, the masking chapter).
+# 2. **Encoder–decoder attention** (Section 3.2.3): queries from the decoder, keys and values from
+#    the memory, so its weights are $T \times S$; `src_mask` $(B, 1, 1, S)$ hides source padding.
+# 3. The **feed-forward network**, as in the encoder.
 #
-# Each sublayer sits in its own `SublayerConnection`. The two masks are keyword-only arguments:
-# both are boolean tensors, and when $S = T$ a swapped pair would broadcast without complaint and
-# silently let the decoder see the future. Two more, `self_cache` and `cross_cache`, serve
-# translation, which feeds the layer one new target position per step: the two attention blocks'
-# `KVCache`s (the multi-head attention chapter) keep the keys and values of the earlier positions
-# and of the memory, so that they are not computed again at every step
+# The two masks are keyword-only: when $S = T$ a swapped pair would broadcast without complaint.
+# The caches `self_cache` and `cross_cache` serve translation, one token at a time
 # ([the decoding chapter](15_decoding.ipynb)).
 
 # %%
@@ -156,7 +140,7 @@ class DecoderLayer(nn.Module):
             returns (B, T, d_model) and, if need_weights, (self weights (B, H, T, T),
             cross weights (B, H, T, S)), else None
 
-        With caches (decoding, chapter 15), x holds only the new positions, and tgt_mask, if
+        With caches (the decoding chapter), x holds only the new positions, and tgt_mask, if
         any, covers all L cached positions: (B, 1, T, L).
         """
         self_weights = cross_weights = None
@@ -188,10 +172,8 @@ class DecoderLayer(nn.Module):
 
 
 # %% [markdown]
-# A toy batch of sentence pairs, German to English, in one toy vocabulary shared by both
-# languages (the paper shares one vocabulary between English and German, too). The decoder's
-# input is the target shifted right behind `<bos>` (the masking chapter), padded to $T$; the
-# source is padded to $S$.
+# A toy batch of German–English pairs in one shared toy vocabulary, as the paper shares one. The
+# decoder's input is the target shifted right behind `<bos>` (the masking chapter), padded to $T$.
 
 # %%
 from transformer.embedding import PositionalEncoding, TokenEmbedding
@@ -227,10 +209,9 @@ print("src", tuple(src.shape), " src_mask", tuple(src_mask.shape))
 print("tgt", tuple(tgt.shape), " tgt_mask", tuple(tgt_mask.shape))
 
 # %% [markdown]
-# The memory would come from the encoder of the previous chapter; here we build one with random
-# weights, of width $d_\text{model} = 32$ with $H = 4$ heads and $d_{ff} = 64$, in evaluation mode
-# (no dropout), and embed the target with its own positional encodings. All weights are random,
-# so the numbers say nothing about translation; the shapes and the masks are what matter.
+# The memory comes from a random-weight encoder ($d_\text{model} = 32$, $H = 4$, $d_{ff} = 64$,
+# evaluation mode). With random weights the numbers say nothing about translation; the shapes and
+# the masks are what matter.
 
 # %%
 from transformer.decoder import DecoderLayer
@@ -256,9 +237,8 @@ assert out.shape == (B, T, d_model)
 assert self_w.shape == (B, n_heads, T, T) and cross_w.shape == (B, n_heads, T, S)
 
 # %% [markdown]
-# The masks show in the weights. No query gives weight to a later target position (the upper
-# triangle is zero) or to a source padding token, and the first position, `<bos>`, can only
-# attend to itself.
+# The masks show in the weights: no query gives weight to a later target position or to source
+# padding, and `<bos>` attends only to itself.
 
 # %%
 later = ~torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), True above the diagonal
@@ -268,12 +248,9 @@ assert torch.allclose(self_w[:, :, 0, 0], torch.ones(B, n_heads))
 self_w[0].mean(0)  # "<bos> a dog runs through the snow", averaged over the heads
 
 # %% [markdown]
-# A decoder layer has one attention block more than an encoder layer, and one more LayerNorm:
+# A decoder layer has one attention block and one LayerNorm more than an encoder layer:
 # $2(4 d_\text{model}^2 + 4 d_\text{model}) + 2\, d_\text{model} d_{ff} + d_{ff} +
-# d_\text{model} + 3 \cdot 2\, d_\text{model}$ parameters. The $2 \cdot 4 d_\text{model}$
-# biases of the eight attention projections are this book's deviation from the paper, whose
-# attention has none (the multi-head attention chapter introduces them and counts them for the
-# base model).
+# d_\text{model} + 3 \cdot 2\, d_\text{model}$ parameters, the attention biases included.
 
 # %%
 n_attention = 4 * d_model**2 + 4 * d_model  # W^Q, W^K, W^V, W^O and their biases
@@ -284,18 +261,16 @@ n_decoder_layer
 # %% [markdown]
 # ## The stack
 #
-# Like the encoder, the decoder is `n_layers` layers built explicitly, each with its own weights
-# (the encoder chapter says why not deep copies), and a final LayerNorm only for a pre-norm stack.
-# Every layer attends to the *same* memory, the output of the encoder's last layer. A
-# `DecoderCache` gathers the two caches of every layer for translation, where the stack runs once
-# per output token; [the decoding chapter](15_decoding.ipynb) explains and measures it.
+# Like the encoder, the decoder is `n_layers` layers built one by one, with a final LayerNorm only
+# when pre-norm. Every layer attends to the *same* memory. A `DecoderCache` holds the two caches
+# of every layer for translation, where the stack runs once per output token.
 
 
 # %%
 #| export
 @dataclass
 class DecoderCache:
-    """Each decoder layer's keys and values, kept between decoding steps (chapter 15).
+    """Each decoder layer's keys and values, kept between decoding steps.
 
     self_attn[i] grows by one position per step; cross_attn[i] is static: the memory's keys and
     values, projected at the first step.
@@ -377,7 +352,7 @@ class Decoder(nn.Module):
             returns (B, T, d_model) and, if need_weights, a list of n_layers pairs
             (self weights (B, H, T, T), cross weights (B, H, T, S)), else None
 
-        With a cache (decoding, chapter 15), x holds only the new positions, and tgt_mask, if
+        With a cache (the decoding chapter), x holds only the new positions, and tgt_mask, if
         any, covers all L cached positions: (B, 1, T, L).
         """
         all_weights = [] if need_weights else None
@@ -413,13 +388,10 @@ assert isinstance(Decoder(1, 8, 2, 16, norm_first=True).final_norm, nn.LayerNorm
 # %% [markdown]
 # ## The decoder is causal
 #
-# During training the decoder reads the whole shifted target at once and predicts all $T$ next
-# tokens in one pass. That is only honest if the output at position $t$ depends on the target
-# tokens at positions $0, \dots, t$ alone, as it will at translation time, when the later tokens
-# do not exist yet. Self-attention is the only place where positions mix in the decoder (the
-# cross-attention reads the source, the feed-forward network one position at a time), and the
-# causal mask closes it. We check the promise directly: for every $t$, replace all target tokens
-# after $t$ by random ones, and compare the stack's outputs at positions $0, \dots, t$.
+# In training, the decoder reads the whole shifted target at once and predicts all $T$ next tokens
+# in one pass. That is honest only if the output at position $t$ depends on the target tokens
+# $0, \dots, t$ alone, as it will at translation time. We check it: for every $t$, replace the
+# target tokens after $t$ by random ones and compare the outputs up to $t$.
 
 # %%
 generator = torch.Generator().manual_seed(1)
@@ -459,19 +431,14 @@ assert leak > 1e-2
 print(f"largest change at positions 0 and 1 without the causal mask: {leak:.2f}")
 
 # %% [markdown]
-# ## Both kinds of attention, for one sentence pair
+# ## Both kinds of attention
 #
-# The figure shows the first layer's weights for the first pair, *ein Hund läuft durch den Schnee* →
-# *a dog runs through the snow*, averaged over the heads (the two panels have separate colour
-# scales). On the left, the masked self-attention over the decoder's input: everything above the
-# diagonal is empty, and so are the two `<pad>` columns in every row, since the target mask also
-# hides padding keys; each row spreads its weight over the real tokens up to itself, and the `<bos>`
-# row puts all of it on `<bos>`. On the right, the encoder–decoder attention: a $T \times S$ matrix
-# in which every target position, the first one included, may look at the whole source sentence, but
-# never at the source's padding columns. The target's padding rows attend to real tokens like any
-# other query, in both panels; nothing downstream reads them. With random weights the rows are
-# diffuse; a trained model learns to concentrate them, for instance on the source word being
-# translated.
+# The figure shows the first layer's weights for the first pair, averaged over the heads, with
+# separate colour scales. Left, the masked self-attention: empty above the diagonal and in the two
+# `<pad>` columns; the `<bos>` row puts all its weight on `<bos>`. Right, the encoder–decoder
+# attention, $T \times S$: every target position may look at the whole source except its padding.
+# With random weights the rows are diffuse; a trained model learns to concentrate them, for
+# instance on the source word being translated.
 
 # %%
 from transformer.plots import heatmap, use_book_renderer
@@ -500,6 +467,18 @@ alt.hconcat(
 )
 
 # %% [markdown]
-# The encoder and decoder are complete. The next chapter collects their hyperparameters in one
-# configuration object, and the one after it joins embeddings, encoder, decoder and an output
-# layer into the full model.
+# ## Summary
+#
+# - `DecoderLayer` is masked self-attention, encoder–decoder attention over the memory and a
+#   feed-forward network, each in a `SublayerConnection`.
+# - Its masks are keyword-only: `tgt_mask` (causal, and target padding) and `src_mask` (source
+#   padding).
+# - The causal mask makes no output depend on a later target token, so training predicts all
+#   positions in one pass.
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Repeat the causality check with `Decoder(n_layers, d_model, n_heads, d_ff, norm_first=True)`.
+# 2. Pass `tgt_mask=causal_mask(T)` (from `transformer.masking`, without the padding) and compare
+#    the outputs: which positions change, and does the loss, which ignores padding, see it?

@@ -19,7 +19,7 @@
 # The paper trains on WMT 2014, 4.5 million English–German sentence pairs. This book trains on
 # Multi30k {cite:p}`elliott2016multi30k`, image captions in English with German translations and,
 # since the WMT 2017 shared task {cite:p}`elliott2017findings`, French ones: 29,000 training
-# pairs, small enough to train a real model on one GPU in minutes and to understand every step.
+# pairs, small enough to train a real model on one GPU in minutes.
 #
 # | split | sentences | used for |
 # | --- | --- | --- |
@@ -27,21 +27,10 @@
 # | `val` | 1,014 | choosing hyperparameters and checkpoints |
 # | `test_2016_flickr` | 1,000 | the BLEU scores we report, never used to choose anything |
 #
-# Tutorials that download Multi30k at run time break when the download does (the URLs that
-# torchtext used are dead). This book ships the raw text in the repository, in `data/multi30k/`,
-# gzipped (about 2 MB), with a `SHA256SUMS` file.
-#
-# A model reads integers, not text. This chapter builds the whole road from one to the other and
-# back, and exports it as `transformer.data`:
-#
-# 1. a loader that reads a split and checks it;
-# 2. one normalisation of the text, then words from spaCy's rule-based tokenizers;
-# 3. a subword vocabulary learned by byte-pair encoding (BPE) and shared by source and target, as
-#    in the paper, with an exact round trip from text to ids and back;
-# 4. an on-disk cache of every split as token ids, so that training needs neither spaCy nor a
-#    second pass over the text;
-# 5. batches of sentences of similar length holding about a fixed number of tokens, as in the
-#    paper's Section 5.1.
+# A model reads integers, not text. This chapter builds the road from one to the other and back,
+# in two modules: `transformer.tokenizer` (spaCy's words and a subword vocabulary shared by both
+# languages) and `transformer.data` (the files, a cache of token ids, and batches of sentences
+# of similar length).
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -64,23 +53,17 @@ if importlib.util.find_spec("transformer") is None:
 #| default_exp data
 
 # %% [markdown]
-# ## Reading a split, safely
+# ## Reading a split
 #
-# Every file is checked against `SHA256SUMS` before it is used, so that a truncated download, a
-# file edited by accident or a wrong copy fails at once with the file's name, rather than
-# training a model on the wrong data. A folder without `SHA256SUMS` fails too, with advice
-# that depends on whose folder it is: for the package's own `data/multi30k`, to install
-# the package from a clone of the repository; for one named with `--data-dir`, to name
-# a copy of it. The three languages of a split are line-aligned (line $n$ of
-# `train.de.gz` translates line $n$ of `train.en.gz`), so the loader also checks that both sides
-# have the same number of lines. A translation direction is named by a *pair*, `de-en` or `fr-en`:
-# this book always translates into English, where the paper's headline task translates English
-# into German. One target language for both pairs keeps them comparable: the same English
-# references, the same English word statistics, translations every reader can judge.
+# The raw text ships with the repository, gzipped in `data/multi30k/` (about 2 MB). Every file is checked against its SHA-256 digest in `SHA256SUMS` before
+# it is used, and both sides of a split must have as many lines, so a truncated or edited file
+# fails at once with its name. A translation direction is a *pair*, `de-en` or `fr-en`: the book
+# always translates into English, so both pairs share their references and every reader can judge
+# the output.
 
 # %%
 #| export
-"""Multi30k: reading, checking, tokenising, caching and batching the data in data/multi30k."""
+"""Multi30k: the checked files of data/multi30k, the encoded cache, batches and BPE-dropout."""
 
 import gzip
 import hashlib
@@ -107,15 +90,11 @@ class DataError(Exception):
 
 
 def check_split(split: str, signature: str) -> None:
-    """A clear error for a split the book does not have, naming a swapped argument order.
-
-    The loaders of raw text take the split first, `load_encoded` takes the pair first (as the
-    cache is laid out, one folder per pair): `signature` is the caller's, shown when `split`
-    looks like the other argument.
-    """
+    """A clear error for a split the book does not have; `signature`, the caller's, is shown
+    when `split` looks like a pair or a language (raw text loaders take the split first,
+    `load_encoded` the pair)."""
     if split not in SPLITS:
-        languages = {lang for pair in PAIRS.values() for lang in pair}
-        swapped = split in PAIRS or split in languages
+        swapped = split in PAIRS or any(split in langs for langs in PAIRS.values())
         hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
         raise DataError(
             f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
@@ -131,6 +110,9 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
+_MULTI30K = "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+
+
 def _data_dir_advice(data_dir: Path) -> str:
     """What to do about a data folder without SHA256SUMS: it depends on whose it is."""
     if Path(data_dir).absolute() == DATA_DIR:  # the package's own, data/multi30k
@@ -139,12 +121,9 @@ def _data_dir_advice(data_dir: Path) -> str:
             "it with `pip install -e .` in a clone"
         )
     # A folder the user named (--data-dir): reinstalling would not help.
-    multi30k = (
-        "the repository's data/multi30k, which holds the data files and SHA256SUMS"
-    )
     if Path(data_dir).is_dir():
-        return f"{data_dir} is not a copy of {multi30k}"
-    return f"there is no folder {data_dir}: name a copy of {multi30k}"
+        return f"{data_dir} is not a copy of {_MULTI30K}"
+    return f"there is no folder {data_dir}: name a copy of {_MULTI30K}"
 
 
 def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
@@ -246,60 +225,32 @@ for pair in PAIRS:
         print(f"{pair}  {source}\n       {target}")
 
 # %% [markdown]
-# A damaged file is named in the error. Here we copy the data to a scratch folder, cut one file
-# short, and try to load it:
-
-# %%
-import shutil
-import tempfile
-from pathlib import Path
-
-from transformer.data import DATA_DIR, DataError
-
-with tempfile.TemporaryDirectory() as scratch:
-    copy = Path(scratch) / "multi30k"
-    shutil.copytree(DATA_DIR, copy)
-    damaged = copy / "val.de.gz"
-    damaged.write_bytes(damaged.read_bytes()[:1000])
-    try:
-        load_pairs("val", "de-en", data_dir=copy)
-    except DataError as err:
-        message = str(err).replace(scratch, "<scratch>")
-        print(message)
-assert "val.de.gz" in message and "corrupt or truncated" in message
-
-# %% [markdown]
 # ## From text to words
 #
-# The paper says only that "sentences were encoded using byte-pair encoding" (Section 5.1).
-# Two steps come before that, and they decide whether a translation can be turned back into
-# text exactly.
+# The paper says only that "sentences were encoded using byte-pair encoding" (Section 5.1). Two
+# steps come first, and they decide whether a translation can be turned back into text exactly.
 #
 # **One normalisation.** A sentence is put in Unicode normal form C (an "é" is always one code
-# point, never an "e" followed by a combining accent), every run of whitespace (spaces, tabs,
-# non-breaking spaces) becomes one space, and the ends are stripped. That is the *only* change
-# the text ever undergoes: for every sentence $x$ of every split,
+# point, never an "e" followed by a combining accent), every run of whitespace becomes one space,
+# and the ends are stripped. That is the only change the text ever undergoes: for every
+# sentence $x$,
 #
 # $$
 # \mathrm{decode}(\mathrm{encode}(x)) = \mathrm{normalize}(x).
 # $$
 #
-# The raw files need it: a few of their sentences hold a double space, a tab, a non-breaking
-# space, or a space at the start or the end (the sentences changed are counted below).
-#
 # **Words.** Subwords are learned inside words, so the text is first cut into words and
-# punctuation marks by spaCy's rule-based tokenizers {cite:p}`honnibal2020spacy`:
-# `spacy.blank("de")`, `spacy.blank("fr")` and `spacy.blank("en")` apply each language's rules
-# for punctuation, elisions and abbreviations, with no trained model to download. *Büsche.*
-# becomes *Büsche* and *.*; French *l'homme* becomes *l'* and *homme*. The cut loses where the
-# spaces were, so each word that starts the sentence or follows a space gets the prefix ▁
-# (U+2581), the convention of SentencePiece {cite:p}`kudo2018sentencepiece`: gluing the words
-# together and turning each ▁ into a space gives the normalised sentence back. The mark is
-# reserved; a ▁ in the input is read as a character never seen in training (below, such
-# characters become `<unk>`).
+# punctuation marks by spaCy's rule-based tokenizers {cite:p}`honnibal2020spacy`
+# (`spacy.blank("de")`, with no trained model to download): *Büsche.* becomes *Büsche* and *.*;
+# French *l'homme* becomes *l'* and *homme*. Each word that starts the sentence or follows a
+# space gets the prefix ▁ (U+2581), as in SentencePiece {cite:p}`kudo2018sentencepiece`, so that
+# gluing the words together and turning each ▁ into a space gives the normalised sentence back.
+# A ▁ in the input is read as an unknown character.
 
 # %%
-#| export
+#| export tokenizer
+"""Text to token ids and back: one normalisation, spaCy's words and a joint BPE vocabulary."""
+
 import unicodedata
 from collections.abc import Sequence
 from functools import cache, lru_cache
@@ -359,7 +310,8 @@ def pretokenize(texts: Sequence[str], language: str) -> tuple[tuple[str, ...], .
 # A messy sentence, normalised and cut into words:
 
 # %%
-from transformer.data import MARK, load_split, normalize, pretokenize
+from transformer.data import load_split
+from transformer.tokenizer import MARK, normalize, pretokenize
 
 messy = " Ein  Hund\tläuft\u00a0über die Wiese, nicht wahr? "
 print(repr(normalize(messy)))
@@ -368,42 +320,12 @@ assert normalize(messy) == "Ein Hund läuft über die Wiese, nicht wahr?"
 assert pretokenize(["l'homme"], "fr")[0] == (MARK + "l'", "homme")
 
 # %% [markdown]
-# How many sentences of each file the normalisation changes; none through NFC, all of them
-# through whitespace:
+# Every sentence of every file, cut into words, glues back into its normalised self (spaCy over
+# the three languages takes a few seconds):
 
 # %%
-import unicodedata
-
 LANGUAGES = ("de", "fr", "en")
 raw = {lang: {split: load_split(split, lang) for split in SPLITS} for lang in LANGUAGES}
-changed = pd.DataFrame(
-    [
-        {
-            "language": lang,
-            "split": split,
-            "changed": sum(normalize(s) != s for s in raw[lang][split]),
-            "changed by NFC": sum(
-                unicodedata.normalize("NFC", s) != s for s in raw[lang][split]
-            ),
-        }
-        for lang in LANGUAGES
-        for split in SPLITS
-    ]
-)
-assert changed["changed by NFC"].sum() == 0
-# and no sentence is empty, before or after normalisation
-assert all(
-    normalize(s) for lang in LANGUAGES for split in SPLITS for s in raw[lang][split]
-)
-changed.pivot(index="language", columns="split", values="changed").loc[
-    list(LANGUAGES), list(SPLITS)
-]
-
-# %% [markdown]
-# Every sentence of every file, cut into words, glues back into its normalised self. (This cell
-# runs spaCy over every sentence of the three languages, a few seconds.)
-
-# %%
 words = {
     lang: {split: pretokenize(raw[lang][split], lang) for split in SPLITS}
     for lang in LANGUAGES
@@ -411,6 +333,7 @@ words = {
 for lang in LANGUAGES:
     for split in SPLITS:
         for sentence, ws in zip(raw[lang][split], words[lang][split], strict=True):
+            assert normalize(sentence)  # no sentence is empty
             assert "".join(ws).replace(MARK, " ").strip() == normalize(sentence)
 print(
     f"{sum(len(words[lang][split]) for lang in LANGUAGES for split in SPLITS):,} sentences"
@@ -421,47 +344,35 @@ print("the first German training sentence:", words["de"]["train"][0])
 # ## A subword vocabulary shared by both languages
 #
 # A vocabulary of whole words has no entry for a word it has not seen, and German compounds
-# (*Kampfkunststellungen*, *Feuerwehrangehörige*) make many of those. Byte-pair encoding
-# {cite:p}`sennrich2016neural` starts from single characters and learns *merges*: it repeatedly
-# finds the most frequent pair of adjacent symbols in the training words and fuses it into a new
-# symbol, until the vocabulary holds the number of entries asked for. Frequent words end up as
-# one symbol, rare ones as a few pieces, and every word made of known characters can be
-# written. The paper learns one vocabulary for source and target together, "a shared
-# source-target vocabulary of about 37000 tokens" (Section 5.1); that is what lets the model use
-# one embedding matrix for the encoder, the decoder and the output layer (Section 3.4,
-# {cite:p}`press2017using`). The book does the same: one vocabulary per language pair, learned
-# with Hugging Face's `tokenizers` from the German (or French) and the English sides of the
-# training split together.
+# (*Feuerwehrangehörige*) make many of those. Byte-pair encoding {cite:p}`sennrich2016neural`
+# starts from single characters and learns *merges*: it repeatedly fuses the most frequent pair
+# of adjacent symbols in the training words into a new symbol, until the vocabulary holds the
+# number of entries asked for. Frequent words end up as one symbol, rare ones as a few pieces,
+# and every word made of known characters can be written. The paper learns "a shared
+# source-target vocabulary" (Section 5.1), which lets the model use one embedding matrix for the
+# encoder, the decoder and the output layer (Section 3.4, {cite:p}`press2017using`). So does the
+# book, with Hugging Face's `tokenizers`: one vocabulary per pair, learned from both sides of the
+# training split only, since validation and test stand for text the model has never seen.
 #
-# **From the training split only.** Validation and test sentences stand for text the model has
-# never seen; a vocabulary learned from them would leak their words into training.
-# `train_tokenizer` takes no split argument: it reads `train` and nothing else.
+# **Four special tokens.** `<pad>` fills a batch's rows up to its longest sentence, `<unk>`
+# stands for a character never seen in training, `<bos>` starts the decoder's input and `<eos>`
+# ends a sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`,
+# `bos_id`, `eos_id`), never from a constant.
 #
-# **Four special tokens.** `<pad>` fills the rows of a batch up to its longest sentence,
-# `<unk>` stands for a character never seen in training, `<bos>` starts the decoder's input and
-# `<eos>` ends a sentence. BPE gives them the first ids, but no code relies on that: every
-# other module reads `tokenizer.pad_id`, `bos_id`, `eos_id` and `unk_id`.
-#
-# **Unknown characters become `<unk>`.** Byte fallback, the alternative, writes an unseen
-# character as its UTF-8 bytes with 256 extra entries. The encoder would never meet those
-# entries as input in training, so nothing would teach the model what they mean, and every
-# character of the validation and test sets occurs in training anyway (checked below). So the
-# vocabulary holds exactly the characters of the training text, and anything else encodes as
-# `<unk>` and decodes as the text `<unk>`: it never crashes, and the round trip is exact for every
-# sentence of Multi30k.
-#
-# **No special tokens in `encode`.** `encode` returns the pieces of the text and nothing else,
-# and never truncates; `collate`, below, adds `<eos>` to the source and `<bos>`/`<eos>` to the
-# target.
+# **Unknown characters become `<unk>`.** The vocabulary holds exactly the characters of the
+# training text; anything else encodes as `<unk>` and decodes as the text `<unk>`, so encoding
+# never fails. `encode` returns the pieces of the text and nothing else, and never truncates;
+# `collate`, below, adds `<bos>` and `<eos>`.
 
 # %%
-#| export
+#| export tokenizer
 import json
-import os
-import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 
 import tokenizers
+
+from transformer.files import atomic_write
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIALS = (PAD, UNK, BOS, EOS)
@@ -469,25 +380,8 @@ VOCAB_SIZE = 8_000  # entries, specials included; the chapter explains the choic
 TOKENIZER_FORMAT = "transformer-book tokenizer 1"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp makes the file readable by its owner only; give it the mode that open()
-        # would have, so that a cache or a checkpoint can be shared like any other file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+class TokenizerError(Exception):
+    """A tokenizer file is unreadable or malformed, or a vocabulary lacks the special tokens."""
 
 
 class Tokenizer:
@@ -510,7 +404,9 @@ class Tokenizer:
         vocab = bpe.get_vocab()
         missing = [t for t in SPECIALS if t not in vocab]
         if missing:
-            raise DataError(f"the BPE vocabulary lacks the special tokens {missing}")
+            raise TokenizerError(
+                f"the BPE vocabulary lacks the special tokens {missing}"
+            )
         self._pieces = [""] * len(vocab)
         for piece, i in vocab.items():
             self._pieces[i] = piece
@@ -603,7 +499,7 @@ class Tokenizer:
 
     def save(self, path: Path) -> None:
         """Write the tokenizer as one JSON file (atomically: a temporary file, then a rename)."""
-        _atomic_write(Path(path), self.to_json().encode("utf-8"))
+        atomic_write(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: Path) -> "Tokenizer":
@@ -611,7 +507,7 @@ class Tokenizer:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise DataError(f"cannot read tokenizer {path}: {err}") from err
+            raise TokenizerError(f"cannot read tokenizer {path}: {err}") from err
         return cls.from_json(text, source=path)
 
     @classmethod
@@ -627,7 +523,7 @@ class Tokenizer:
             languages = tuple(spec["languages"])
         # Truncated, not JSON, wrong format: one message.
         except Exception as err:
-            raise DataError(f"cannot read tokenizer {source}: {err}") from err
+            raise TokenizerError(f"cannot read tokenizer {source}: {err}") from err
         return cls(bpe, languages=languages)
 
 
@@ -648,28 +544,32 @@ def train_bpe(
 
 
 def train_tokenizer(
-    pair: str, vocab_size: int = VOCAB_SIZE, *, data_dir: Path = DATA_DIR
+    pairs: Sequence[tuple[str, str]],
+    vocab_size: int = VOCAB_SIZE,
+    *,
+    languages: tuple[str, str],
 ) -> Tokenizer:
-    """The joint BPE tokenizer of a pair, learned from both sides of its training split.
-
-    There is no split argument: validation and test text never reach the vocabulary.
-    """
-    src_lang, tgt_lang = parse_pair(pair)
-    train = load_pairs("train", pair, data_dir)
-    sentences = pretokenize([s for s, _ in train], src_lang) + pretokenize(
-        [t for _, t in train], tgt_lang
+    """The joint BPE tokenizer of a language pair, learned from both sides of its (source,
+    target) sentence pairs: give it the training split, and validation and test text never
+    reach the vocabulary."""
+    src_lang, tgt_lang = languages
+    sentences = pretokenize([s for s, _ in pairs], src_lang) + pretokenize(
+        [t for _, t in pairs], tgt_lang
     )
     return train_bpe(sentences, vocab_size, languages=(src_lang, tgt_lang))
 
 
 # %% [markdown]
-# One tokenizer per language pair, each learned from the training sentences of its two
-# languages:
+# One tokenizer per language pair, each learned from the training pairs of its two languages:
 
 # %%
-from transformer.data import SPECIALS, VOCAB_SIZE, Tokenizer, train_tokenizer
+from transformer.data import PAIRS, load_pairs
+from transformer.tokenizer import SPECIALS, VOCAB_SIZE, train_tokenizer
 
-trained = {pair: train_tokenizer(pair) for pair in PAIRS}
+trained = {
+    pair: train_tokenizer(load_pairs("train", pair), languages=PAIRS[pair])
+    for pair in PAIRS
+}
 for tokenizer in trained.values():
     specials = [tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]
     print(tokenizer, dict(zip(SPECIALS, specials, strict=True)))
@@ -696,8 +596,7 @@ for (pair, lang), sentence in examples.items():
 
 # %% [markdown]
 # A character that never occurs in the training text, here an emoji, a snowman and a Chinese
-# word, becomes `<unk>` and nothing breaks; so does a literal ▁. The rest of the sentence is
-# encoded as usual:
+# word, becomes `<unk>`; so does a literal ▁. The rest of the sentence is encoded as usual:
 
 # %%
 tokenizer = trained["de-en"]
@@ -711,12 +610,9 @@ assert (
 )
 
 # %% [markdown]
-# ## The round trip holds on every sentence
-#
-# Decoding joins the pieces, turns each ▁ back into a space and strips the one space before the
-# first word. The pieces of a word spell the word exactly, as long as every character has an
-# entry of its own in the vocabulary. BPE puts every character of the training text there, so the
-# question is whether validation and test bring new ones. They do not:
+# Validation and test bring no character that training lacks (the table counts the distinct
+# characters of each file), so every sentence of every split, on both sides of both pairs, comes
+# back as its normalised self:
 
 # %%
 rows = []
@@ -738,15 +634,7 @@ for pair, tokenizer in trained.items():
             )
 alphabet = pd.DataFrame(rows)
 assert alphabet["not in the vocabulary"].sum() == 0
-alphabet.pivot(
-    index=["pair", "language"], columns="split", values="distinct characters"
-)[list(SPLITS)]
 
-# %% [markdown]
-# So every sentence of every split of both pairs, source and target side, must come back as its
-# normalised self. We encode them all (keeping the ids for the statistics below) and check:
-
-# %%
 encoded = {}
 checked = 0
 for pair, tokenizer in trained.items():
@@ -759,349 +647,71 @@ for pair, tokenizer in trained.items():
                 assert tokenizer.decode(sentence_ids) == normalize(sentence)
             checked += len(ids)
 print(f"{checked:,} sentences encoded and decoded back exactly")
+alphabet.pivot(
+    index=["pair", "language"], columns="split", values="distinct characters"
+)[list(SPLITS)]
 
 # %% [markdown]
 # ## How large a vocabulary?
 #
-# The vocabulary size trades sequence length against how often each entry is seen. Few entries
-# mean many pieces per word: longer sequences, more attention to compute, and more steps for
-# the decoder to get right. Many entries mean short sequences, but a long tail of entries, each
-# a rare word seen a handful of times in training, whose embeddings are barely trained. The
-# paper's 37,000 shared entries serve 4.5 million sentence pairs; Multi30k has 29,000, and
-# on small data smaller vocabularies work better {cite:p}`sennrich2019revisiting`.
-#
-# BPE is greedy: the merges learned for a small vocabulary are exactly the first merges learned
-# for a large one. So one training run at the largest size gives every smaller vocabulary by
-# keeping its first entries, and we can check that against the 8,000-entry tokenizers trained
-# above:
+# The vocabulary size trades sequence length against how often each entry is seen: few entries
+# make long sequences, many make a long tail of rare entries whose embeddings are barely trained.
+# The paper's 37,000 entries serve 4.5 million sentence pairs; for Multi30k's 29,000 the book
+# takes 8,000 (`VOCAB_SIZE`), where a larger vocabulary no longer shortens the sentences much but
+# starts to fill up with rarely seen entries; small data wants small vocabularies
+# {cite:p}`sennrich2019revisiting`. The measurements are in the appendix on the experiments.
+# An average training word takes little more than one piece:
 
 # %%
-import json
-from collections import Counter
-
-import tokenizers as hf
-
-
-def truncated(tokenizer: Tokenizer, size: int) -> Tokenizer:
-    """The tokenizer that BPE training with a vocabulary of `size` entries would have learned."""
-    spec = json.loads(tokenizer.bpe.to_str())
-    model = spec["model"]
-    n_merges = size - (len(model["vocab"]) - len(model["merges"]))
-    model["vocab"] = {piece: i for piece, i in model["vocab"].items() if i < size}
-    model["merges"] = model["merges"][:n_merges]
-    return Tokenizer(
-        hf.Tokenizer.from_str(json.dumps(spec)), languages=tokenizer.languages
-    )
-
-
-SIZES = [1_000, 2_000, 4_000, 8_000, 12_000, 16_000, 24_000]
-largest = {pair: train_tokenizer(pair, max(SIZES)) for pair in PAIRS}
-for pair in PAIRS:
-    assert largest[pair].vocab_size == max(SIZES)
-    assert truncated(largest[pair], VOCAB_SIZE).to_json() == trained[pair].to_json()
-
-# %% [markdown]
-# For each size we measure, over the training split, the average number of pieces per word
-# (a spaCy word: punctuation marks count as words) in each language, and the share of entries
-# that occur fewer than 10 times in the encoded training text:
-
-# %%
-RARE = 10
-fertility, rarity = [], []
-for pair, big in largest.items():
-    counts = {
-        lang: Counter(w for s in words[lang]["train"] for w in s)
-        for lang in PAIRS[pair]
-    }
-    for size in SIZES:
-        tokenizer = truncated(big, size)
-        occurrences = Counter()
-        for lang, count in counts.items():
-            types = list(count)
-            n_pieces = 0
-            for word, ids in zip(
-                types, tokenizer.encode_words([[w] for w in types]), strict=True
-            ):
-                n_pieces += len(ids) * count[word]
-                for i in ids:
-                    occurrences[i] += count[word]
-            fertility.append(
-                {
-                    "language": f"{lang} ({pair})",
-                    "vocabulary size": size,
-                    "tokens per word": round(n_pieces / count.total(), 4),
-                }
-            )
-        specials = {
-            tokenizer.pad_id,
-            tokenizer.unk_id,
-            tokenizer.bos_id,
-            tokenizer.eos_id,
-        }
-        entries = [i for i in range(size) if i not in specials]
-        rare = sum(occurrences[i] < RARE for i in entries)
-        rarity.append(
+rows = []
+for pair in trained:
+    for lang in PAIRS[pair]:
+        n_words = sum(map(len, words[lang]["train"]))
+        n_tokens = sum(map(len, encoded[pair, lang, "train"]))
+        rows.append(
             {
                 "pair": pair,
-                "vocabulary size": size,
-                f"share of entries seen < {RARE} times": round(rare / len(entries), 4),
+                "language": lang,
+                "words": n_words,
+                "tokens": n_tokens,
+                "tokens per word": round(n_tokens / n_words, 3),
             }
         )
-fertility, rarity = pd.DataFrame(fertility), pd.DataFrame(rarity)
-sweep = fertility.pivot(
-    index="vocabulary size", columns="language", values="tokens per word"
-).join(rarity.pivot(index="vocabulary size", columns="pair").droplevel(0, axis=1))
-sweep
+per_word = pd.DataFrame(rows).set_index(["pair", "language"])
+assert (per_word["tokens per word"] < 1.3).all()
+per_word
 
 # %% [markdown]
-# In the figure, look at where each curve bends. On the left, pieces per word fall quickly up
-# to a few thousand entries and then flatten out: past 8,000 (the grey rule), every doubling of
-# the vocabulary shortens the sentences by only a few per cent. On the right, the share of
-# rarely seen entries stays low up to 8,000 and then shoots up: most of what a larger vocabulary
-# adds are words that training shows the model only a few times.
-
-# %%
-import altair as alt
-
-from transformer.plots import use_book_renderer
-
-use_book_renderer()
-x = alt.X(
-    "vocabulary size:Q",
-    scale=alt.Scale(type="log", domain=[min(SIZES), max(SIZES)], nice=False),
-    axis=alt.Axis(values=SIZES, format="~s"),
-    title="vocabulary size (log scale)",
-)
-rule = (
-    alt.Chart(pd.DataFrame({"vocabulary size": [VOCAB_SIZE]}))
-    .mark_rule(color="grey", strokeDash=[4, 4])
-    .encode(x="vocabulary size:Q")
-)
-left = (
-    alt.Chart(fertility)
-    .mark_line(point=True)
-    .encode(
-        x=x,
-        y=alt.Y("tokens per word:Q", scale=alt.Scale(zero=False)),
-        color=alt.Color("language:N", title="language (pair)"),
-        tooltip=["language", "vocabulary size", "tokens per word"],
-    )
-)
-right = (
-    alt.Chart(rarity.rename(columns={f"share of entries seen < {RARE} times": "rare"}))
-    .mark_line(point=True)
-    .encode(
-        x=x,
-        y=alt.Y(
-            "rare:Q",
-            title=f"share of entries seen < {RARE} times",
-            axis=alt.Axis(format="%"),
-        ),
-        color=alt.Color("pair:N"),
-        tooltip=["pair", "vocabulary size", alt.Tooltip("rare:Q", format=".1%")],
-    )
-)
-alt.hconcat(
-    (left + rule).properties(width=280, height=220, title="Subword pieces per word"),
-    (right + rule).properties(width=280, height=220, title="Rarely seen entries"),
-).resolve_scale(color="independent")
-
-# %% [markdown]
-# The book takes 8,000 entries (`VOCAB_SIZE`), the last size before the bend on the right: an
-# average word is little more than one piece, and most entries occur often enough in training
-# to learn an embedding. The numbers behind that choice:
-
-# %%
-at, larger, double = (sweep.loc[k * VOCAB_SIZE // 2] for k in (2, 3, 4))
-print(
-    f"{VOCAB_SIZE:,} entries: {at['de (de-en)']:.2f} pieces per German word, "
-    f"{at['fr (fr-en)']:.2f} per French word, {at['en (de-en)']:.2f} per English word; "
-    f"{at['de-en']:.0%} of the de-en entries are seen fewer than {RARE} times."
-)
-print(
-    f"{3 * VOCAB_SIZE // 2:,} entries: {larger['de-en']:.0%} rarely seen; "
-    f"{2 * VOCAB_SIZE:,} entries: {double['de-en']:.0%} rarely seen, for German sentences "
-    f"{1 - double['de (de-en)'] / at['de (de-en)']:.1%} and English ones "
-    f"{1 - double['en (de-en)'] / at['en (de-en)']:.1%} shorter than at {VOCAB_SIZE:,}."
-)
-assert at["de-en"] < 0.2 and larger["de-en"] > 2 * at["de-en"]
-assert 1 - double["de (de-en)"] / at["de (de-en)"] < 0.1
-
-# %% [markdown]
-# ### Pieces per word, split by split
+# ## A cache on disk
 #
-# With the chosen vocabulary, the statistics of every split. A word is *split* when it takes two
-# pieces or more. Validation and test look like training: the vocabulary, learned without them,
-# segments them about as finely.
-
-# %%
-rows = []
-for pair, tokenizer in trained.items():
-    for lang in PAIRS[pair]:
-        for split in SPLITS:
-            sentences = words[lang][split]
-            types = sorted({w for s in sentences for w in s})
-            n_pieces = dict(
-                zip(
-                    types,
-                    map(len, tokenizer.encode_words([[w] for w in types])),
-                    strict=True,
-                )
-            )
-            all_words = [w for s in sentences for w in s]
-            n_tokens = sum(map(len, encoded[pair, lang, split]))
-            assert n_tokens == sum(n_pieces[w] for w in all_words)
-            rows.append(
-                {
-                    "pair": pair,
-                    "language": lang,
-                    "split": split,
-                    "words": len(all_words),
-                    "tokens": n_tokens,
-                    "tokens per word": round(n_tokens / len(all_words), 3),
-                    "words split": round(
-                        sum(n_pieces[w] > 1 for w in all_words) / len(all_words), 3
-                    ),
-                }
-            )
-per_split = pd.DataFrame(rows).set_index(["pair", "language", "split"])
-# the German training tokens that the attention chapter quotes: under 15 per sentence
-assert per_split.loc[("de-en", "de", "train"), "tokens"] == 425_424 < 15 * 29_000
-per_split
-
-# %% [markdown]
-# The vocabulary is shared, but not every entry serves both languages. Counting which entries
-# the training text of each side uses: a large block serves both (names, numbers, punctuation,
-# word pieces the languages have in common), and some entries are used by neither, because BPE
-# kept merging them into longer ones:
-
-# %%
-rows = []
-for pair, tokenizer in trained.items():
-    src_lang, tgt_lang = PAIRS[pair]
-    used = {
-        lang: {i for ids in encoded[pair, lang, "train"] for i in ids}
-        for lang in (src_lang, tgt_lang)
-    }
-    specials = {tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id}
-    entries = set(range(tokenizer.vocab_size)) - specials
-    rows.append(
-        {
-            "pair": pair,
-            "source only": len(used[src_lang] - used[tgt_lang]),
-            "English only": len(used[tgt_lang] - used[src_lang]),
-            "both": len(used[src_lang] & used[tgt_lang]),
-            "neither": len(entries - used[src_lang] - used[tgt_lang]),
-        }
-    )
-sharing = pd.DataFrame(rows).set_index("pair")
-assert (sharing.sum(axis=1) == VOCAB_SIZE - len(SPECIALS)).all()
-sharing
-
-# %% [markdown]
-# ## Sentence lengths
-#
-# The figure shows, for each language and split, the share of sentences of each length, counted in
-# words (left) and in subword tokens (right; English with the de-en vocabulary). Look at how closely
-# the three splits of a language overlap: validation and test are the captions of other images of
-# the same Flickr30k corpus as training. In tokens every curve moves a little to the right, German
-# most, and keeps a long right tail of captions several times the typical length.
-
-# %%
-rows = []
-for lang in LANGUAGES:
-    pair = "fr-en" if lang == "fr" else "de-en"
-    for split in SPLITS:
-        n = len(words[lang][split])
-        for unit, lengths in (
-            ("words", map(len, words[lang][split])),
-            ("subword tokens", map(len, encoded[pair, lang, split])),
-        ):
-            for length, count in sorted(Counter(lengths).items()):
-                rows.append(
-                    {
-                        "language": lang,
-                        "split": split,
-                        "unit": unit,
-                        "length": length,
-                        "share": round(count / n, 4),
-                    }
-                )
-lengths = pd.DataFrame(rows)
-assert len(lengths) < 5_000
-alt.Chart(lengths).mark_line().encode(
-    x=alt.X("length:Q", title="sentence length"),
-    y=alt.Y("share:Q", title="share of sentences", axis=alt.Axis(format="%")),
-    color=alt.Color("split:N", sort=list(SPLITS)),
-    tooltip=[
-        "language",
-        "split",
-        "unit",
-        "length",
-        alt.Tooltip("share:Q", format=".2%"),
-    ],
-).properties(width=260, height=110).facet(
-    row=alt.Row("language:N", sort=list(LANGUAGES)),
-    column=alt.Column("unit:N", sort=["words", "subword tokens"], title=None),
-)
-
-# %% [markdown]
-# The longest sentences, in subword tokens. Even with the `<bos>` or `<eos>` that the model adds,
-# every one of them is far shorter than the 512 positions of the model's positional encoding:
-
-# %%
-longest = pd.DataFrame(
-    [
-        {
-            "pair": pair,
-            "language": lang,
-            "split": split,
-            "longest": max(map(len, encoded[pair, lang, split])),
-        }
-        for pair in PAIRS
-        for lang in PAIRS[pair]
-        for split in SPLITS
-    ]
-).pivot(index=["pair", "language"], columns="split", values="longest")[list(SPLITS)]
-assert longest.to_numpy().max() + 1 < 512
-longest
-
-# %% [markdown]
-# ## Encoding once: a cache on disk
-#
-# Training reads the same 29,000 pairs for dozens of epochs; tokenising them each time would be
-# wasted work, and the GPU machine that trains the book's models has no spaCy at all. So
-# `prepare(pair)` encodes every split once and stores it under `cache/<pair>/`:
-#
-# | file | holds |
-# | --- | --- |
-# | `tokenizer.json` | the tokenizer (`Tokenizer.save`): Hugging Face's BPE JSON plus the languages |
-# | `train.safetensors`, `val.safetensors`, `test_2016_flickr.safetensors` | for each side, all token ids of the split as one flat int32 array, an int64 array of $N + 1$ offsets (sentence $i$ is `ids[offsets[i]:offsets[i + 1]]`), and one bool per id that is true where a word of `pretokenize` begins (BPE-dropout, at the end of the chapter, needs the words) |
-# | `manifest.json` | what the cache was built from: the pair, the vocabulary size, the SHA-256 of the six data files and of each file above |
-#
-# The ids are stored without special tokens; `collate` adds them. The files are safetensors and
-# JSON, never pickle, which would run code on loading. Every file is written atomically (to a
-# temporary file, then renamed), and `manifest.json` is written last and deleted first when a
-# rebuild starts, so a cache interrupted halfway has no manifest and counts as missing.
-#
-# **A stale or corrupt cache.** `cache_problems(pair)` lists what makes a cache unusable: no
-# manifest, data files that have changed since it was built, another vocabulary size, a file
-# whose checksum differs from the manifest. `prepare` *rebuilds* such a cache: it has the text
-# and spaCy. `load_encoded(pair, split)`, which training calls and which needs no spaCy,
-# *refuses* it with a `DataError` that lists the problems and says how to rebuild. Neither ever
-# uses a cache that does not match the data.
+# Training reads the same 29,000 pairs for dozens of epochs: tokenising them each time would be
+# wasted work, and a training machine need not have spaCy at all. `prepare(pair)` encodes every
+# split once into `cache/<pair>/`, with the tokenizer and a manifest of checksums, and
+# `load_encoded(pair, split)` reads a split back without spaCy. `prepare` rebuilds a cache that is
+# missing, stale or corrupt; `load_encoded` refuses one with a `DataError` that says how to
+# rebuild it. The appendix 'Engineering the package' describes its files and how they are kept
+# whole. From the command line, `python -m transformer prepare` builds the caches of both pairs.
 
 # %%
 #| export
-import argparse
 import itertools
-import sys
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
 import numpy as np
 from safetensors.numpy import load as _load_safetensors
 from safetensors.numpy import save as _save_safetensors
+
+from transformer.files import atomic_write
+from transformer.tokenizer import (
+    VOCAB_SIZE,
+    Tokenizer,
+    TokenizerError,
+    pretokenize,
+    train_tokenizer,
+)
 
 CACHE_DIR = _repository_root() / "cache"
 CACHE_FORMAT = "transformer-book encoded multi30k 2"
@@ -1138,22 +748,18 @@ class EncodedSplit:
 
     def __post_init__(self) -> None:
         for side in ("src", "tgt"):
-            ids, offsets = (
-                getattr(self, f"{side}_ids"),
-                getattr(self, f"{side}_offsets"),
+            ids, offsets, starts = (
+                getattr(self, f"{side}_{name}") for name in ("ids", "offsets", "starts")
             )
             if not (
-                ids.ndim == 1
-                and ids.dtype == np.int32
-                and offsets.ndim == 1
-                and offsets.dtype == np.int64
+                (ids.ndim, ids.dtype, offsets.ndim, offsets.dtype)
+                == (1, np.int32, 1, np.int64)
                 and len(offsets) > 0
                 and offsets[0] == 0
                 and offsets[-1] == len(ids)
-                and bool(np.all(np.diff(offsets) >= 0))
+                and (np.diff(offsets) >= 0).all()
             ):
                 raise DataError(f"inconsistent {side} ids and offsets")
-            starts = getattr(self, f"{side}_starts")
             if starts is not None:
                 first = offsets[:-1][np.diff(offsets) > 0]  # of each non-empty sentence
                 if not (
@@ -1225,10 +831,6 @@ class EncodedSplit:
         return cls(**{name: arrays[name] for name in names})
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def _data_files(pair: str) -> list[str]:
     return [f"{split}.{lang}.gz" for split in SPLITS for lang in parse_pair(pair)]
 
@@ -1240,15 +842,13 @@ def cache_problems(
     vocab_size: int | None = None,
     data_dir: Path = DATA_DIR,
 ) -> list[str]:
-    """What makes the cache of a pair unusable; an empty list means it is complete and current.
-
-    With vocab_size, a cache built with another vocabulary size is stale too.
-    """
+    """What makes the cache of a pair unusable, [] if it is complete and current; with
+    vocab_size, a cache built with another vocabulary size is stale too."""
     return _read_cache(pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir)[0]
 
 
 def _read_cache(
-    pair: str, cache_dir: Path, *, vocab_size: int | None, data_dir: Path
+    pair: str, cache_dir: Path, *, data_dir: Path, vocab_size: int | None = None
 ) -> tuple[list[str], dict[str, bytes]]:
     """(cache_problems, the content of each file whose checksum matched). The files are
     read once: what is checked is what the caller uses, even if a rebuild replaces them."""
@@ -1262,15 +862,15 @@ def _read_cache(
         return [f"manifest.json is unreadable: {err}"], {}
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
         return [f"manifest.json is not a {CACHE_FORMAT!r} manifest"], {}
-    problems = []
-    if manifest.get("pair") != pair:
-        problems.append(
-            f"manifest.json describes {manifest.get('pair')!r}, not {pair!r}"
-        )
-    if vocab_size is not None and manifest.get("vocab_size") != vocab_size:
-        problems.append(
-            f"built with vocab_size={manifest.get('vocab_size')}, asked for {vocab_size}"
-        )
+    problems, built_for, built_size = (
+        [],
+        manifest.get("pair"),
+        manifest.get("vocab_size"),
+    )
+    if built_for != pair:
+        problems.append(f"manifest.json describes {built_for!r}, not {pair!r}")
+    if vocab_size is not None and built_size != vocab_size:
+        problems.append(f"built with vocab_size={built_size}, asked for {vocab_size}")
     try:
         checksums = expected_checksums(data_dir)
     except DataError as err:
@@ -1287,13 +887,10 @@ def _read_cache(
                     problems.append(f"{name} has changed since the cache was built")
     try:
         files = {"tokenizer.json": manifest["tokenizer_sha256"]}
-        if set(manifest["splits"]) != set(SPLITS):
-            problems.append(
-                f"manifest.json lists the splits {sorted(manifest['splits'])}"
-            )
-        files |= {
-            entry["file"]: entry["sha256"] for entry in manifest["splits"].values()
-        }
+        splits = manifest["splits"]
+        if set(splits) != set(SPLITS):
+            problems.append(f"manifest.json lists the splits {sorted(splits)}")
+        files |= {entry["file"]: entry["sha256"] for entry in splits.values()}
     except (KeyError, TypeError, AttributeError) as err:
         return [*problems, f"manifest.json is malformed ({err!r})"], {}
     contents = {}
@@ -1317,17 +914,18 @@ def _read_cache(
 
 def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) -> None:
     src_lang, tgt_lang = parse_pair(pair)
-    # Everything that can fail for want of data or of spaCy fails before the old cache is
-    # touched: a wrong --data-dir must not cost a good cache its manifest.
+    # Everything that can fail for want of data or of spaCy (training the tokenizer needs it)
+    # fails before the old cache is touched: a wrong --data-dir must not cost a good cache.
     texts = {split: load_pairs(split, pair, data_dir) for split in SPLITS}
     checksums = expected_checksums(data_dir)
-    for language in (src_lang, tgt_lang):
-        _spacy_tokenizer(language)  # raises ImportError without spaCy
+    tokenizer = train_tokenizer(
+        texts["train"], vocab_size, languages=(src_lang, tgt_lang)
+    )
     folder.mkdir(parents=True, exist_ok=True)
     # No valid cache until the build ends.
     (folder / "manifest.json").unlink(missing_ok=True)
-    tokenizer = train_tokenizer(pair, vocab_size, data_dir=data_dir)
     tokenizer.save(folder / "tokenizer.json")
+    tokenizer_json = (folder / "tokenizer.json").read_bytes()  # as written
     splits = {}
     for split, pairs in texts.items():
         data = EncodedSplit.from_words(
@@ -1336,7 +934,7 @@ def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) ->
             pretokenize([t for _, t in pairs], tgt_lang),
         )
         blob = data.to_bytes()
-        _atomic_write(folder / f"{split}.safetensors", blob)
+        atomic_write(folder / f"{split}.safetensors", blob)
         splits[split] = {
             "file": f"{split}.safetensors",
             "sha256": hashlib.sha256(blob).hexdigest(),
@@ -1349,13 +947,13 @@ def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) ->
         "pair": pair,
         "vocab_size": vocab_size,
         "data": {name: checksums[name] for name in _data_files(pair)},
-        "tokenizer_sha256": _sha256(folder / "tokenizer.json"),
+        "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(),
         "splits": splits,
         "built_with": {
             name: metadata.version(name) for name in ("spacy", "tokenizers")
         },
     }
-    _atomic_write(
+    atomic_write(
         folder / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode()
     )
 
@@ -1368,11 +966,9 @@ def prepare(
     data_dir: Path = DATA_DIR,
     rebuild: bool = False,
 ) -> Tokenizer:
-    """The tokenizer of a pair, with every split encoded in cache_dir/pair.
-
-    A complete, current cache is loaded and needs no spaCy; a missing, stale or corrupt one
-    (see cache_problems) is rebuilt from the text, as is any cache with rebuild=True.
-    """
+    """The tokenizer of a pair, with every split encoded in cache_dir/pair: a complete,
+    current cache is loaded and needs no spaCy; a missing, stale or corrupt one (see
+    cache_problems) is rebuilt from the text, as is any cache with rebuild=True."""
     folder = Path(cache_dir) / pair
     options = dict(vocab_size=vocab_size, data_dir=data_dir)
     problems, contents = [], {}
@@ -1383,23 +979,23 @@ def prepare(
         problems, contents = _read_cache(pair, cache_dir, **options)
         if problems:  # only if something rewrote the files while we built them
             raise DataError(f"the cache just built in {folder} is unusable: {problems}")
-    return Tokenizer.from_json(
-        contents["tokenizer.json"].decode("utf-8"), source=folder / "tokenizer.json"
-    )
+    # Its checksum matched, but it may be a tokenizer that this version cannot read.
+    try:
+        return Tokenizer.from_json(
+            contents["tokenizer.json"].decode("utf-8"), source=folder / "tokenizer.json"
+        )
+    except TokenizerError as err:
+        raise DataError(str(err)) from err
 
 
 def load_encoded(
     pair: str, split: str, cache_dir: Path = CACHE_DIR, *, data_dir: Path = DATA_DIR
 ) -> EncodedSplit:
     """One split of a pair as token ids, from the cache that `prepare` wrote; needs no spaCy.
-
-    A missing, stale or corrupt cache raises DataError; it is never used.
-    """
+    A missing, stale or corrupt cache raises DataError: it is never used."""
     check_split(split, "load_encoded(pair, split)")
     folder = Path(cache_dir) / pair
-    problems, contents = _read_cache(
-        pair, cache_dir, vocab_size=None, data_dir=data_dir
-    )
+    problems, contents = _read_cache(pair, cache_dir, data_dir=data_dir)
     if problems:
         raise DataError(
             f"cannot use the encoded cache {folder}: {'; '.join(problems)}. Rebuild it on a "
@@ -1408,89 +1004,9 @@ def load_encoded(
     return EncodedSplit.from_bytes(contents[f"{split}.safetensors"])
 
 
-PROG = "python -m transformer prepare"
-
-
-class _UsageError(Exception):
-    """A mistake on the command line: one line on standard error and exit status 2, the
-    convention of every `python -m transformer` command (train and translate use these too)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
-        raise _UsageError(message)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m transformer prepare`: build, or check and keep, the encoded caches.
-
-    Returns the exit status: an error (an unknown pair or option, a missing or corrupt data
-    file, no spaCy to build a cache, a cache folder that cannot be written) prints one line on
-    standard error and returns 2.
-    """
-    parser = _Parser(
-        prog=PROG,
-        description="Tokenise Multi30k and cache every split as token ids (needs spaCy "
-        "unless the cache is already current).",
-    )
-    parser.add_argument(
-        "--pair",
-        action="append",
-        help=f"{' or '.join(PAIRS)}; may be repeated (default: all)",
-    )
-    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
-    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
-    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
-    parser.add_argument(
-        "--rebuild", action="store_true", help="rebuild even a current cache"
-    )
-    try:
-        args = parser.parse_args(argv)
-        pairs = args.pair or list(PAIRS)
-        for pair in pairs:  # every value checked before any work
-            parse_pair(pair)
-        if args.vocab_size <= len(SPECIALS):
-            raise _UsageError(
-                f"--vocab-size must exceed {len(SPECIALS)}, got {args.vocab_size}"
-            )
-        for k, pair in enumerate(pairs):
-            tokenizer = prepare(
-                pair,
-                args.cache_dir,
-                vocab_size=args.vocab_size,
-                data_dir=args.data_dir,
-                rebuild=args.rebuild,
-            )
-            splits = {
-                split: load_encoded(pair, split, args.cache_dir, data_dir=args.data_dir)
-                for split in SPLITS
-            }
-            if k == 0:
-                print(
-                    f"{'pair':<6} {'split':<17} {'sentences':>9} {'src tokens':>10} "
-                    f"{'tgt tokens':>10}"
-                )
-            for split, data in splits.items():
-                print(
-                    f"{pair:<6} {split:<17} {len(data):>9,} {len(data.src_ids):>10,} "
-                    f"{len(data.tgt_ids):>10,}"
-                )
-            where = os.path.relpath(Path(args.cache_dir) / pair)
-            print(f"{pair:<6} {tokenizer!r} in {where}")
-    except SystemExit as stop:  # --help
-        return int(stop.code or 0)
-    # ImportError: no spaCy; OSError: a cache folder that cannot be written
-    except (_UsageError, DataError, ImportError, OSError) as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2
-    return 0
-
-
 # %% [markdown]
-# The book's cache: for each pair, `prepare` builds it the first time (a few seconds) and loads
-# it afterwards. What it holds is what we computed above: the same tokenizer, and the same ids
-# for every sentence of every split.
+# For each pair, `prepare` builds the cache the first time and loads it afterwards. It holds what
+# we computed above: the same tokenizer and the same ids.
 
 # %%
 from transformer.data import (
@@ -1516,91 +1032,28 @@ for pair, tokenizer in cached.items():
             for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
         )
         assert data.src_starts is not None and data.tgt_starts is not None
-sizes = pd.DataFrame(
-    [
-        {"pair": pair, "file": f.name, "MB": round(f.stat().st_size / 1e6, 1)}
-        for pair in PAIRS
-        for f in sorted((CACHE_DIR / pair).iterdir())
-    ]
-).pivot(index="file", columns="pair", values="MB")
-sizes
-
-# %% [markdown]
-# A pair of the cache is two arrays of ids, with no special tokens yet:
-
-# %%
 val = load_encoded("de-en", "val")
 source, target = val[0]
 print(len(val), "pairs;", source.dtype, source.tolist(), target.tolist())
 print(cached["de-en"].decode(source), "->", cached["de-en"].decode(target))
 
 # %% [markdown]
-# Now damage a copy of the cache: cut a few bytes off the validation file. `cache_problems`
-# names the file, `load_encoded` refuses to use it, and `prepare` rebuilds it. Asking for
-# another vocabulary size makes a cache stale as well:
-
-# %%
-import shutil
-import tempfile
-
-with tempfile.TemporaryDirectory() as scratch:
-    shutil.copytree(CACHE_DIR / "de-en", Path(scratch) / "de-en")
-    damaged = Path(scratch) / "de-en" / "val.safetensors"
-    damaged.write_bytes(damaged.read_bytes()[:-8])
-    print(cache_problems("de-en", scratch))
-    try:
-        load_encoded("de-en", "val", scratch)
-    except DataError as err:
-        message = str(err).replace(scratch, "<scratch>")
-        print(message)
-    assert "val.safetensors is corrupt" in message
-    assert prepare("de-en", scratch).to_json() == cached["de-en"].to_json()
-    assert cache_problems("de-en", scratch) == []
-    print(cache_problems("de-en", scratch, vocab_size=4_000))
-
-# %% [markdown]
-# From the command line, `python -m transformer prepare` does the same for both pairs and prints
-# what the cache holds. The folder `cache/` is all that a GPU machine without spaCy needs to
-# train: copied into the repository there, it is loaded by `prepare` and `load_encoded` without
-# tokenising anything. Like the book's other commands, it reports an error (an unknown pair, a
-# missing or corrupt data file, no spaCy to build a cache) in one line on standard error and
-# exits with status 2, as the last line of this cell shows.
-
-# %%
-from transformer.data import main
-
-assert main(["--pair", "de-en", "--pair", "fr-en"]) == 0
-assert main(["--pair", "en-de"]) == 2
-
-# %% [markdown]
 # ## Batches of similar length
 #
 # **What the model is given.** For a pair $(x_1 \dots x_m,\; y_1 \dots y_n)$ the encoder reads
-# $x_1 \dots x_m$ `<eos>`: no `<bos>`, since the encoder sees the whole sentence at once and a
-# start symbol would tell it nothing, but an `<eos>` that marks where the sentence ends (as
-# tensor2tensor, the paper's code {cite:p}`vaswani2018tensor2tensor`, does). The decoder is
-# trained to predict each target token from the ones before it, so its input is the target
-# shifted right by one position and its expected output is the target itself, ended by `<eos>`:
+# $x_1 \dots x_m$ `<eos>`, with no `<bos>`, as in tensor2tensor, the paper's code
+# {cite:p}`vaswani2018tensor2tensor`. The decoder is trained to predict each target token from
+# the ones before it, so its input is the target shifted right by one position:
 #
 # | position | 1 | 2 | … | $n$ | $n + 1$ |
 # | --- | --- | --- | --- | --- | --- |
 # | `tgt_in` | `<bos>` | $y_1$ | … | $y_{n-1}$ | $y_n$ |
 # | `tgt_out` | $y_1$ | $y_2$ | … | $y_n$ | `<eos>` |
 #
-# Sentences of one batch have different lengths; `collate` pads every row to the longest with
-# `pad_id`, giving `src` of shape (B, S) and `tgt_in`, `tgt_out` of shape (B, T). It also counts
-# the real tokens, because the loss is averaged over target tokens, not sentences.
-#
-# **Empty and overlong sentences.** An empty sentence encodes as no ids at all, and becomes `<eos>`
-# alone on the source side, `<bos>` in `tgt_in` and `<eos>` in `tgt_out`: `collate` accepts it,
-# though Multi30k has no empty sentence (the normalisation cell checks), so the model never learns
-# what to do with one; the translation command passes an empty line through as an empty line,
-# without calling the model. In training nothing is ever truncated: `encode` returns every piece,
-# and `collate(..., max_len=...)` raises a `ValueError` naming the pair when a side would not fit
-# the model's positional table. A truncated target would teach the model translations that stop
-# halfway; better to fail and let the caller filter. (No Multi30k sentence comes close, as the table
-# of the longest ones above shows.) Translating is another matter: there the decoding chapter cuts
-# an overlong source to fit, with a warning.
+# `collate` pads every row to the longest with `pad_id`, giving `src` of shape (B, S) and
+# `tgt_in`, `tgt_out` of shape (B, T), and counts the real tokens, since the loss is averaged over
+# target tokens. Nothing is ever truncated: a truncated target would teach translations that stop
+# halfway, so `collate(..., max_len=...)` refuses a pair that does not fit the model's positions.
 
 # %%
 #| export
@@ -1627,18 +1080,13 @@ class Batch:
     tgt_out: Tensor
     index: Tensor
     n_src_tokens: int  # non-pad tokens in src
-    # non-pad tokens in tgt_out: the predictions the loss is taken over
-    n_tgt_tokens: int
+    n_tgt_tokens: int  # non-pad tokens in tgt_out: the predictions the loss averages
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         """The same batch on another device."""
-        return replace(
-            self,
-            src=self.src.to(device, non_blocking=non_blocking),
-            tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
-            tgt_out=self.tgt_out.to(device, non_blocking=non_blocking),
-            index=self.index.to(device, non_blocking=non_blocking),
-        )
+        move = dict(device=device, non_blocking=non_blocking)
+        tensors = ("src", "tgt_in", "tgt_out", "index")
+        return replace(self, **{n: getattr(self, n).to(**move) for n in tensors})
 
 
 def collate(
@@ -1675,8 +1123,7 @@ def collate(
             )
     B, S, T = len(examples), int(src_len.max()), int(tgt_len.max())
     src = np.full((B, S), pad_id, dtype=np.int64)
-    tgt_in = np.full((B, T), pad_id, dtype=np.int64)
-    tgt_out = np.full((B, T), pad_id, dtype=np.int64)
+    tgt_in, tgt_out = np.full((2, B, T), pad_id, dtype=np.int64)
     for row, (x, y) in enumerate(examples):
         m, n = len(x), len(y)
         src[row, :m], src[row, m] = x, eos_id
@@ -1741,24 +1188,15 @@ else:
 # %% [markdown]
 # **Batching by length.** The paper: "Sentence pairs were batched together by approximate
 # sequence length. Each training batch contained a set of sentence pairs containing
-# approximately 25000 source tokens and 25000 target tokens" (Section 5.1). Two ideas are in that
-# sentence. Batches are measured in tokens, not sentences, so that every step sees about the
-# same amount of text and needs about the same memory. And sentences of similar length go
-# together, so that little of a batch is padding, which costs computation and carries nothing.
+# approximately 25000 source tokens and 25000 target tokens" (Section 5.1). Measuring batches in
+# tokens gives every step about the same amount of text and memory; grouping similar lengths
+# keeps padding, which costs computation and carries nothing, small.
 #
-# `token_batches` does both, once per epoch. It sorts the pairs by their longer side (the length
-# of an example in tensor2tensor), then by their total length; pairs of equal lengths, and in
-# Multi30k many pairs share each length, come in a random order drawn from `(seed, epoch)`. It
-# then cuts the sorted list into batches, adding pairs while the padded batch stays within
-# `max_tokens` on each side, that is while $B \cdot S \le$ `max_tokens` and
-# $B \cdot T \le$ `max_tokens`, and finally shuffles the order of the batches, so that a training
-# run does not see short sentences first and long ones last.
-# The same seed and epoch give the same batches; the next epoch gives others. With
-# `shuffle=False` (for evaluation) the batches come sorted by length and are always the same.
-#
-# The default, `MAX_TOKENS` = 8,000 padded tokens a side, is a third of the paper's 25,000: the
-# paper spread its batches over 8 GPUs and 4.5 million sentence pairs, while here an epoch is
-# only a few dozen such batches (counted below); the training chapter tunes it.
+# `token_batches` sorts the pairs by their longer side, with ties in a random order drawn from
+# `(seed, epoch)`, cuts the sorted list into batches while $B \cdot \max(S, T) \le$
+# `max_tokens`, and shuffles the order of the batches. The same seed and epoch give the same
+# batches; the next epoch gives others. The default, `MAX_TOKENS` = 8,000 padded tokens a side,
+# is a third of the paper's budget, which was spread over 8 GPUs.
 
 # %%
 #| export
@@ -1796,11 +1234,8 @@ def token_batches(
             f"pair {over[0]} has {longest[over[0]]} tokens, more than "
             f"max_tokens={max_tokens}: no batch can hold it"
         )
-    if shuffle:
-        rng = np.random.default_rng([seed, epoch])
-        order = rng.permutation(len(src))
-    else:
-        order = np.arange(len(src))
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(src)) if shuffle else np.arange(len(src))
     # lexsort is stable: pairs of equal lengths keep the random order drawn above.
     order = order[np.lexsort((src[order] + tgt[order], longest[order]))]
     batches, start, width = [], 0, 0
@@ -1828,29 +1263,18 @@ def iterate_batches(
     max_len: int | None = None,
 ) -> Iterator[Batch]:
     """The batches of one epoch over an encoded split (see token_batches and collate)."""
+    lengths = data.src_lengths + 1, data.tgt_lengths + 1  # with <eos>; <bos> or <eos>
     groups = token_batches(
-        data.src_lengths + 1,  # + <eos>
-        data.tgt_lengths + 1,  # + <bos> or <eos>
-        max_tokens=max_tokens,
-        seed=seed,
-        epoch=epoch,
-        shuffle=shuffle,
+        *lengths, max_tokens=max_tokens, seed=seed, epoch=epoch, shuffle=shuffle
     )
+    ids = {name: getattr(tokenizer, name) for name in ("pad_id", "bos_id", "eos_id")}
     for index in groups:
-        yield collate(
-            [data[i] for i in index],
-            pad_id=tokenizer.pad_id,
-            bos_id=tokenizer.bos_id,
-            eos_id=tokenizer.eos_id,
-            index=index,
-            max_len=max_len,
-        )
+        yield collate([data[i] for i in index], **ids, index=index, max_len=max_len)
 
 
 # %% [markdown]
 # One epoch over the de-en training split: every pair comes exactly once, no batch exceeds the
-# budget on either side, the same seed and epoch give the same batches, and the next epoch
-# gives different ones.
+# budget on either side, and the same seed and epoch give the same batches.
 
 # %%
 from transformer.data import MAX_TOKENS, iterate_batches, token_batches
@@ -1870,29 +1294,61 @@ assert not np.array_equal(np.concatenate(epoch_0), np.concatenate(epoch_1))
 
 batches = list(iterate_batches(train, tokenizer, epoch=0))
 assert sum(b.src.shape[0] for b in batches) == len(train)
-assert all(
-    b.src.numel() <= MAX_TOKENS and b.tgt_in.numel() <= MAX_TOKENS for b in batches
-)
-per_batch = pd.DataFrame(
-    {
-        "sentences": [b.src.shape[0] for b in batches],
-        "source tokens": [b.n_src_tokens for b in batches],
-        "target tokens": [b.n_tgt_tokens for b in batches],
-    }
-)
 print(f"{len(batches)} batches in epoch 0, {len(epoch_1)} in epoch 1")
-per_batch.describe().loc[["mean", "min", "max"]].round(1)
 
 # %% [markdown]
-# ### How much of a batch is padding
-#
-# The alternative is the batching of many tutorials: shuffle the pairs and cut them into batches
-# of a fixed number of sentences. To compare like with like, the random batches below hold as
-# many sentences as the length-sorted ones do on average, so both make about the same number of
-# steps per epoch. The table counts, over one epoch of the training split, the share of the
-# padded tensors that is padding, and the size of the largest batch in padded target tokens,
-# the memory a step needs:
+# In the figure, each point is one batch of that epoch: its longest sentence across, its number
+# of sentences up, the dashed curve the budget $B = 8000 / \max(S, T)$. See how the points hug
+# the curve: a batch of short captions holds many of them, a batch of long ones few, and each but
+# the last, the leftover of the longest pairs, is filled almost to the budget.
 
+# %%
+import altair as alt
+
+from transformer.plots import use_book_renderer
+
+use_book_renderer()
+longest = np.maximum(src_lengths, tgt_lengths)
+points = pd.DataFrame(
+    {
+        "longest sentence (tokens)": [int(longest[g].max()) for g in epoch_0],
+        "sentences": [len(g) for g in epoch_0],
+    }
+)
+widths = np.arange(8, 65)
+assert points["longest sentence (tokens)"].between(8, 64).all()  # the axes' range
+budget = pd.DataFrame(
+    {"longest sentence (tokens)": widths, "sentences": MAX_TOKENS // widths}
+)
+assert (
+    points["sentences"] * points["longest sentence (tokens)"] > 0.9 * MAX_TOKENS
+).mean() > 0.9
+x = alt.X(
+    "longest sentence (tokens):Q",
+    scale=alt.Scale(type="log", domain=[8, 64], nice=False),
+    axis=alt.Axis(values=[8, 16, 32, 64]),
+)
+y = alt.Y(
+    "sentences:Q",
+    scale=alt.Scale(type="log", domain=[64, 1024], nice=False),
+    axis=alt.Axis(values=[64, 128, 256, 512, 1024]),
+    title="sentences in the batch",
+)
+(
+    alt.Chart(budget).mark_line(color="grey", strokeDash=[4, 4]).encode(x=x, y=y)
+    + alt.Chart(points)
+    .mark_point(filled=True)
+    .encode(x=x, y=y, tooltip=list(points.columns))
+).properties(
+    width=420,
+    height=260,
+    title=f"One epoch's batches under the budget of {MAX_TOKENS:,} tokens",
+)
+
+# %% [markdown]
+# The alternative of many tutorials, shuffling the pairs and cutting them into batches of a fixed
+# number of sentences, pads every row up to the one long caption of its batch. Over one epoch,
+# with as many sentences per batch on average:
 
 # %%
 def padding(groups: list[np.ndarray], src: np.ndarray, tgt: np.ndarray) -> dict:
@@ -1930,39 +1386,18 @@ for pair in PAIRS:
     assert sorted_["largest batch (padded target tokens)"] <= MAX_TOKENS
 padding_table
 
-# %% [markdown]
-# Batches of random sentences are mostly padding: each holds one long caption that every other
-# row is padded to. Sorted batches waste a small fraction of that, and their size in tokens
-# never exceeds the budget, while a random batch of the same number of sentences can be much
-# larger when it happens to draw a long caption.
 
 # %% [markdown]
-# ## BPE-dropout: many spellings of one word (an option, off by default)
+# ## BPE-dropout (an option, off by default)
 #
-# BPE gives every word one segmentation. A frequent word is one piece; a word the training captions
-# hold once or never is spelt out in several pieces, and each spelling is seen in few contexts. The
-# chapter on the book's models measures what that costs: a quarter of the French→English model's
-# validation NLL (counted per word-level token) falls on the 2% of words seen fewer than twice in
-# training.
-#
-# **BPE-dropout** {cite:p}`provilkov2020bpe` segments each word of the training
-# data afresh each time it is used. BPE segments a word by starting from its characters and
-# applying, step by step, the highest-ranked merge among those that fit two adjacent symbols.
-# BPE-dropout drops each of those candidate merges with probability $p$ at every step and
-# applies the best of the rest; when every candidate is dropped, the word keeps its current
-# pieces. With $p = 0$ it is BPE; as $p$ approaches 1 it approaches characters. Each epoch then
-# spells a word in several ways, so the model sees the pieces of frequent words in more
-# contexts and learns to read and write a word from more than one split of it. Validation and
-# test text keep the deterministic segmentation, as Provilkov et al. do; they used $p = 0.1$.
-#
-# It is not part of "Attention Is All You Need": the book's models do not use it, and training
-# turns it on with `TrainConfig(bpe_dropout=p)` (`--bpe-dropout p`). The chapter on the book's
-# models compares a run with it to one without. Hugging Face's BPE has a `dropout` setting, but it
-# draws from a random generator that cannot be seeded, and an epoch must be a function of
-# the seed so that a resumed run makes the same updates. So `BPEDropout` segments
-# in Python, from the tokenizer's merges, with a generator seeded by (seed, epoch). It reads
-# the words from the cache's word starts: a piece boundary without a space can be a
-# boundary between two words of spaCy's (`▁Büsche` `.`), and merges never cross one.
+# BPE gives every word one segmentation, so a rare word is always spelt from the same pieces,
+# each seen in few contexts. BPE-dropout {cite:p}`provilkov2020bpe` segments each training word
+# afresh each time it is used: at every step of BPE's merging, each merge that could apply is
+# dropped with probability $p$ and the best of the rest applies. With $p = 0$ it is BPE; as $p$
+# approaches 1 it approaches characters. Validation and test keep the deterministic
+# segmentation. It is not part of the paper: training turns it on with `--bpe-dropout p`.
+# `BPEDropout` draws from a generator seeded by (seed, epoch), so that a resumed run makes the same
+# updates, and reads the words from the cache's word starts.
 
 # %%
 #| export
@@ -2020,10 +1455,8 @@ class BPEDropout:
                 getattr(split, f"{side}_ids"),
                 getattr(split, f"{side}_offsets"),
             )
-            chars = np.zeros(len(ids) + 1, dtype=np.int64)
-            np.cumsum(
-                [len(piece) for piece in self.tokenizer.pieces(ids)], out=chars[1:]
-            )
+            lengths = [len(piece) for piece in self.tokenizer.pieces(ids)]
+            chars = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
             longest = max(longest, int(np.diff(chars[offsets]).max(initial=0)))
         return longest
 
@@ -2041,36 +1474,24 @@ class BPEDropout:
         if not set(sides) <= {"src", "tgt"}:
             raise ValueError(f"sides must be 'src' and/or 'tgt', got {sides!r}")
         rng = Random(f"bpe-dropout {seed} {epoch}")
-        arrays = {
-            f"{side}_{name}": getattr(split, f"{side}_{name}")
-            for side in ("src", "tgt")
-            for name in ("ids", "offsets", "starts")
-        }
-        for side in ("src", "tgt"):
-            if side not in sides:
-                continue
-            ids = getattr(split, f"{side}_ids")
-            offsets = getattr(split, f"{side}_offsets")
-            first = np.flatnonzero(getattr(split, f"{side}_starts"))
+        arrays = {name: getattr(split, name) for name in _ARRAYS + _STARTS}
+        for side in [side for side in ("src", "tgt") if side in sides]:
+            ids, offsets = arrays[f"{side}_ids"], arrays[f"{side}_offsets"]
+            first = np.flatnonzero(arrays[f"{side}_starts"])
             pieces = self.tokenizer.pieces(ids)
             bounds = zip(first.tolist(), [*first[1:].tolist(), len(ids)], strict=True)
             words = [self.segment("".join(pieces[a:b]), rng) for a, b in bounds]
-            ends = np.zeros(len(words) + 1, dtype=np.int64)
-            np.cumsum([len(w) for w in words], out=ends[1:])
-            starts = np.zeros(ends[-1], dtype=np.bool_)
+            new_ids, ends = _flatten(words)  # ends: where each word ends
+            starts = np.zeros(len(new_ids), dtype=np.bool_)
             starts[ends[:-1]] = True
-            arrays[f"{side}_ids"] = np.fromiter(
-                itertools.chain.from_iterable(words), dtype=np.int32, count=ends[-1]
-            )
+            arrays[f"{side}_ids"], arrays[f"{side}_starts"] = new_ids, starts
             arrays[f"{side}_offsets"] = ends[np.searchsorted(first, offsets)]
-            arrays[f"{side}_starts"] = starts
         return EncodedSplit(**arrays)
 
 
 # %% [markdown]
 # With $p = 0$, `BPEDropout` is the tokenizer: it segments every distinct word of every split,
-# in both pairs, exactly as Hugging Face's BPE does. That checks the merge loop above against
-# the library, rank order and ties included.
+# in both pairs, exactly as Hugging Face's BPE does, rank order and ties included.
 
 # %%
 for pair, (src_lang, tgt_lang) in PAIRS.items():
@@ -2088,13 +1509,9 @@ for pair, (src_lang, tgt_lang) in PAIRS.items():
     print(f"{pair}: {len(distinct):,} distinct words, each segmented as by BPE")
 
 # %% [markdown]
-# With $p = 0.1$ a word comes out in several spellings. Here are the six commonest of those that
-# 1,000 draws give two words of the German training captions, a frequent one and one seen once, with
-# how often each came out; the first row is BPE's own spelling. `▁Mann` leaves it in 28% of the
-# draws, `▁Polizeihund` in 16%: how often depends on the word's chain of merges, not on how often
-# the word is seen. What differs is what the model gains: `▁Mann` is seen thousands of times anyway,
-# while `▁Polizeihund` now also appears as `▁Poliz ei hund` and `▁Pol iz ei hund`, whose pieces the
-# model meets in many other words.
+# With $p = 0.1$ a word comes out in several spellings. The six commonest of 1,000 draws for a
+# frequent German word and one seen once in training, with how often each came out; the first
+# row is BPE's own spelling:
 
 # %%
 from collections import Counter
@@ -2121,9 +1538,8 @@ assert round(left["▁Mann"], 2) == 0.28 and round(left["▁Polizeihund"], 2) ==
 pd.DataFrame(spellings).set_index(["word", "in training"])
 
 # %% [markdown]
-# Resampling a whole split keeps every sentence: decoding gives the same text, because the
-# pieces of a word always spell the word. The sentences get longer, since some merges are
-# skipped. The same (seed, epoch) gives the same split, and the next epoch another one:
+# Resampling a whole split keeps every sentence's text, since the pieces of a word always spell
+# the word, and makes it longer. The same (seed, epoch) gives the same split:
 
 # %%
 train = load_encoded("de-en", "train")
@@ -2146,12 +1562,9 @@ print(
 )
 
 # %% [markdown]
-# How much longer can a sentence get? A draw that drops every merge spells each word letter
-# by letter, and no draw is longer, so `longest_spelling` (the characters of a sentence's
-# words) bounds every epoch to come. The training chapter checks, before the first update,
-# that a batch and the model's positions hold that bound, not just BPE's own spelling. In
-# German→English's training pairs, the longest sentence grows from its BPE spelling to (with
-# `<eos>`):
+# A draw that drops every merge spells each word letter by letter, and no draw is longer, so
+# `longest_spelling` bounds every epoch to come; the training chapter checks the model's positions
+# against it before the first update:
 
 # %%
 longest_bpe = int(max(train.src_lengths.max(), train.tgt_lengths.max())) + 1
@@ -2164,28 +1577,25 @@ print(
 )
 
 # %% [markdown]
-# And how long one epoch's resampling takes (a timing: it varies from run to run):
-
-# %% tags=["nbval-ignore-output"]
-import time
-
-started = time.perf_counter()
-dropout.resample(train, seed=0, epoch=2)
-seconds = time.perf_counter() - started
-n_words = int(train.src_starts.sum() + train.tgt_starts.sum())
-print(f"{n_words:,} words resampled in {seconds:.1f} s on this machine")
-
-# %% [markdown]
-# The cost is one pass of Python over the training words each epoch, a few seconds of one CPU core,
-# and the extra tokens: at $p = 0.1$ an epoch holds about 30% more of them (28% more English ones),
-# and so about 30% more batches to compute. The chapter on the book's models measures what it buys
-# on this corpus: nothing, in two CPU runs with the book's small model against the same model
-# without it (the CPU baseline, with ordinary dropout 0.2): on both sides it was far worse and was
-# stopped after 10 epochs, and on the source side only its average of the last five epochs' weights
-# ended 9.8% worse in perplexity per word after 20.
+# ## Summary
 #
-# That is all the data the model needs. The training chapter calls `prepare(pair)` for the
-# tokenizer, `load_encoded(pair, split)` for the ids, `token_batches` once per epoch and `collate`
-# for each batch (and, with BPE-dropout, `BPEDropout.resample` before them), and `iterate_batches`
-# for validation; the decoding chapter uses `tokenizer.encode` and `tokenizer.decode` to turn a
-# sentence into a translation and back into text.
+# - Multi30k ships with the repository, and every file is checked against its SHA-256 digest.
+# - Text goes through one normalisation, spaCy's words marked with ▁, and a BPE vocabulary of
+#   8,000 entries shared by both languages and learned from the training split only;
+#   decode(encode(x)) = normalize(x) holds on every sentence.
+# - `prepare` caches every split as token ids, so training needs no spaCy.
+# - `token_batches` groups pairs of similar length into batches of at most 8,000 padded tokens a
+#   side, and `collate` adds `<bos>`, `<eos>` and padding.
+# - BPE-dropout, off by default, respells the training words each epoch.
+#
+# ## Exercises
+#
+# 1. Build a cache with half the vocabulary,
+#    `python -m transformer prepare --pair de-en --vocab-size 4000 --cache-dir cache-4k`,
+#    compare its tokens per word with the table above, then train on it with
+#    `--vocab-size 4000 --cache-dir cache-4k` and compare the BLEU scores.
+# 2. Call `token_batches` on the de-en training lengths with `max_tokens=2_000` and with the
+#    paper's 25,000: how do the number of batches and the padding change? Training takes the
+#    budget as `--max-tokens`.
+# 3. Train with `--bpe-dropout 0.1`, then with `--bpe-dropout-sides source` as well, and compare
+#    them with a run without it.

@@ -23,17 +23,10 @@
 # label smoothing of value $\epsilon_{ls} = 0.1$. This hurts perplexity, as the model learns to
 # be more unsure, but improves accuracy and BLEU score."
 #
-# Label smoothing comes from image classification {cite:p}`szegedy2016rethinking`: instead of
-# the one-hot target, the model is trained towards a target that keeps the share $1 - \epsilon$
-# on the right token and spreads $\epsilon$ evenly over the whole vocabulary. A model trained this
-# way can never lower its loss by pushing $p_y$ all the way to one, so its logits stay finite and
-# its predictions stay a little unsure.
-#
-# This chapter writes the smoothed target, derives the loss from it, exports it as
-# `transformer.loss.LabelSmoothingLoss`, checks it against PyTorch's own
-# `cross_entropy(label_smoothing=...)`, and draws where the loss has its minimum, the figure
-# that explains it. It ends with the plain metrics a validation loop reports: unsmoothed
-# log-likelihood, perplexity and token accuracy.
+# Label smoothing {cite:p}`szegedy2016rethinking` trains the model towards a target that keeps
+# $1 - \epsilon$ on the right token and spreads $\epsilon$ over the whole vocabulary, so pushing
+# $p_y$ all the way to one never pays. This chapter exports the loss as
+# `transformer.loss.LabelSmoothingLoss` and the metrics a validation loop reports.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -75,10 +68,10 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # q_v = (1 - \epsilon)\,\mathbb{1}[v = y] + \frac{\epsilon}{V},
 # $$
 #
-# a mixture of the one-hot target (weight $1 - \epsilon$) and the uniform distribution over the
-# vocabulary (weight $\epsilon$), as Szegedy et al. define it. The right token keeps
-# $q_y = 1 - \epsilon + \epsilon / V$ and every other token gets $\epsilon / V$. Take a toy
-# German vocabulary of $V = 8$ tokens, with the padding token first, and the target *Hund*:
+# a mixture of the one-hot target (weight $1 - \epsilon$) and the uniform distribution (weight
+# $\epsilon$), as Szegedy et al. define it: the right token keeps $q_y = 1 - \epsilon + \epsilon / V$
+# and every other token gets $\epsilon / V$. Take a toy German vocabulary of $V = 8$ tokens, with
+# the padding token first, and the target *Hund*:
 
 # %%
 vocab = ["<pad>", "<bos>", "<eos>", "ein", "Hund", "läuft", "im", "Park"]
@@ -91,13 +84,10 @@ assert math.isclose(q.sum().item(), 1.0)
 print(f"q_y = {q[y].item():.4f}, every other token {q[0].item():.4f}")
 
 # %% [markdown]
-# Implementations differ in how they spread the $\epsilon$. fairseq and tensor2tensor keep
-# exactly $1 - \epsilon$ on the right token and share $\epsilon$ among the $V - 1$ others; the
-# Annotated Transformer also takes the padding token out, giving it zero and sharing $\epsilon$
-# among the $V - 2$ tokens that are neither right nor padding. PyTorch's
-# `F.cross_entropy(label_smoothing=ε)` uses the definition above, over all $V$ tokens. The bar
-# chart shows the three side by side; compare the bars over *Hund* (0.9125 with $\epsilon / V$,
-# 0.9 with the other two) and over `<pad>`, which only the Annotated Transformer's variant leaves
+# Implementations differ in how they spread the $\epsilon$: fairseq and tensor2tensor keep exactly
+# $1 - \epsilon$ on the right token and share $\epsilon$ among the $V - 1$ others; the Annotated
+# Transformer also leaves out the padding token. The chart shows the three side by side; compare
+# the bars over *Hund* and over `<pad>`, which only the Annotated Transformer's variant leaves
 # empty.
 
 # %%
@@ -144,25 +134,10 @@ alt.Chart(
 ).properties(width=480, height=220)
 
 # %% [markdown]
-# (The vertical axis is symmetric-log: linear near zero, so that the empty `<pad>` bar can be
-# drawn, and logarithmic above about 0.01, so that the small shares are visible next to the
-# large one.) For a real vocabulary the three differ by amounts of the order of $\epsilon / V$.
-# With the paper's shared English–German vocabulary of about 37,000 tokens:
-
-# %%
-V_wmt = 37_000
-print(f"right token: {1 - eps + eps / V_wmt:.7f} instead of {1 - eps}")
-print(f"any other:   {eps / V_wmt:.6e} instead of {eps / (V_wmt - 1):.6e}")
-
-# %% [markdown]
-# This book spreads $\epsilon$ over all $V$ tokens, for three reasons: it is the definition of
-# the paper the Transformer cites; it is what `F.cross_entropy(label_smoothing=ε)` computes, so
-# the loss can be tested against an implementation that is not ours; and the other choices change
-# the target by about $\epsilon / V$, a few millionths for the paper's vocabulary. The authors'
-# own code, tensor2tensor, keeps exactly $1 - \epsilon$ on the right token: strictly, this is a
-# deviation from their implementation, by that negligible amount. The price is that the model is
-# asked to give `<pad>` and `<bos>` a share $\epsilon / V$ although it never has to produce them;
-# at $V$ in the thousands that share is negligible.
+# (The vertical axis is linear near zero and logarithmic above 0.01.) The three differ by about
+# $\epsilon / V$, a few millionths for the paper's vocabulary of 37,000 tokens. The book spreads
+# $\epsilon$ over all $V$ tokens, as Szegedy et al. and `F.cross_entropy(label_smoothing=ε)` do,
+# so the loss can be tested against an implementation that is not ours.
 #
 # ## The loss: a KL divergence
 #
@@ -176,9 +151,8 @@ print(f"any other:   {eps / V_wmt:.6e} instead of {eps / (V_wmt - 1):.6e}")
 # = \mathrm{CE}_q(p) - H(q).
 # $$
 #
-# The entropy $H(q)$ depends only on $\epsilon$ and $V$, not on the model, so minimising the KL
-# divergence and minimising the cross-entropy $\mathrm{CE}_q(p)$ give the same gradients. Writing
-# $q$ out, the cross-entropy is a mixture of two losses we know:
+# The entropy $H(q)$ depends only on $\epsilon$ and $V$, so both give the same gradients. Writing
+# $q$ out, the cross-entropy mixes two losses we know:
 #
 # $$
 # \mathrm{CE}_q(p) = (1 - \epsilon)\,\underbrace{(-\log p_y)}_{\text{NLL}}
@@ -187,30 +161,16 @@ print(f"any other:   {eps / V_wmt:.6e} instead of {eps / (V_wmt - 1):.6e}")
 # H(q) = -q_y \log q_y - (V - 1)\,\frac{\epsilon}{V}\log\frac{\epsilon}{V}.
 # $$
 #
-# The first term pulls $p_y$ up; the second pulls every $p_v$ away from zero. This is how the
-# module computes the loss: one gather for the NLL and one sum over the vocabulary, never a
-# $(B, T, V)$ tensor of targets. It reports the KL divergence, like tensor2tensor and unlike
-# PyTorch: the constant changes no gradient, but it makes the loss zero when the model matches the
-# target, so a training curve shows how far the model is from the best it can do.
-
-# %% [markdown]
+# The first term pulls $p_y$ up; the second pulls every $p_v$ away from zero. The module computes
+# it so, never building a $(B, T, V)$ tensor of targets, and reports the KL divergence, which is
+# zero when the model matches the target.
+#
 # ## The module
 #
-# Padding is ignored entirely: a padded target position contributes no loss and no gradient, and
-# it does not count in the average, which is taken over the real target tokens of the batch. The
-# input is the model's log-probabilities (the output of its final `log_softmax`), of shape
-# $(B, T, V)$ or already flattened to $(N, V)$.
-#
-# An **all-padding batch** has no token to average over. `F.cross_entropy` returns NaN there
-# (zero divided by zero); this loss returns zero, with a zero gradient, so such a batch adds
-# nothing to the gradient (an optimiser step after it would still apply Adam's momentum). The
-# alternative, raising an error, would need the token count on the host at every step, a
-# GPU-to-CPU synchronisation that a training loop should not pay for a case that a correct data
-# loader never produces.
-#
-# `reduction="sum"` returns the summed loss instead of the mean, for a training loop that
-# accumulates gradients over several batches and divides by their total number of tokens;
-# `reduction="none"` returns the loss per position (zero at padding).
+# The input is the model's log-probabilities, $(B, T, V)$ or $(N, V)$. Padded positions give no
+# loss and no gradient, and the mean is over real target tokens; an all-padding batch gives zero,
+# where `F.cross_entropy` gives NaN. `reduction="sum"` serves a loop that accumulates gradients
+# over several batches, `reduction="none"` gives the loss per position.
 
 # %%
 #| export
@@ -313,6 +273,7 @@ class LabelSmoothingLoss(nn.Module):
 # %%
 from transformer.loss import LabelSmoothingLoss, smoothed_target_entropy
 
+V_wmt = 37_000  # the paper's shared English-German vocabulary
 for size in (V, V_wmt):
     print(f"V = {size:>6,}: H(q) = {smoothed_target_entropy(eps, size):.4f} nats")
 assert math.isclose(
@@ -323,8 +284,8 @@ assert math.isclose(
 # ## Checking against PyTorch
 #
 # On a random batch of three sentences with padded ends, the loss must equal PyTorch's
-# label-smoothed cross-entropy minus $H(q)$. PyTorch's function takes the logits; ours takes
-# what the model gives, the log-probabilities `log_softmax(logits)`.
+# label-smoothed cross-entropy minus $H(q)$. PyTorch's function takes the logits, ours the
+# log-probabilities.
 
 # %%
 B, T = 3, 6
@@ -345,10 +306,9 @@ print(f"ours = {ours.item():.6f}, PyTorch − H(q) = {reference.item():.6f}")
 assert torch.allclose(ours, reference, atol=1e-12)
 
 # %% [markdown]
-# With $\epsilon = 0$ the target is one-hot, $H(q) = 0$, and the loss is the plain negative
-# log-likelihood. For any $\epsilon$, `reduction="sum"` gives the mean times the number of real
-# tokens (15 here: 4 + 5 + 6), and `reduction="none"` the loss at each position, which adds up to
-# that sum and is zero at padding:
+# With $\epsilon = 0$ the loss is the plain negative log-likelihood; `reduction="sum"` gives the
+# mean times the number of real tokens (15 here), and `reduction="none"` the loss at each
+# position, zero at padding:
 
 # %%
 nll = LabelSmoothingLoss(pad_id=pad_id, smoothing=0.0)(log_probs, target)
@@ -364,9 +324,8 @@ assert per_position.shape == (B, T) and torch.allclose(per_position.sum(), summe
 assert per_position[target == pad_id].abs().max() == 0
 
 # %% [markdown]
-# Padded positions do not matter: replacing the model's output there by anything leaves the loss
-# unchanged, and no gradient reaches them. An all-padding batch gives zero where PyTorch's loss
-# gives NaN.
+# Padded positions do not matter: scrambling the model's output there leaves the loss unchanged,
+# and no gradient reaches them. An all-padding batch gives zero where PyTorch's loss gives NaN.
 
 # %%
 logits.requires_grad_(True)
@@ -396,14 +355,11 @@ assert criterion(log_probs, all_pad) == 0 and theirs_all_pad.isnan()
 # %% [markdown]
 # ## Where the loss is smallest
 #
-# The gradient of the loss with respect to the logits is $p - q$, so it vanishes exactly when the
-# model predicts $q$. Let the model give probability $p_y$ to the right token and spread $1 - p_y$
-# evenly over the others, and compute both losses (with $\epsilon = 0.1$ and with $\epsilon = 0$)
-# for $p_y$ from 0.01 to 0.999. In the figure, follow the two curves to the right (the right panel
-# zooms in on $p_y \ge 0.8$): the unsmoothed loss keeps falling as the model grows more certain, so
-# training rewards ever larger logits; the smoothed loss turns back up, with its minimum, marked,
-# at $p_y = 1 - \epsilon + \epsilon / V$, the share that $q$ gives the right token. Beyond it, more
-# confidence costs loss.
+# The gradient with respect to the logits is $p - q$: it vanishes exactly when the model predicts
+# $q$. Let the model give $p_y$ to the right token and spread $1 - p_y$ over the others. In the
+# figure, follow the two curves to the right (the right panel zooms in): the unsmoothed loss keeps
+# falling as the model grows more certain, rewarding ever larger logits; the smoothed loss turns
+# back up, with its minimum, marked, at $p_y = q_y$.
 
 # %%
 p = torch.arange(0.01, 0.999 + 1e-9, 1e-4, dtype=torch.float64)  # (N,)
@@ -487,13 +443,10 @@ def loss_panel(panel: str, ticks: list[float], title: str) -> alt.LayerChart:
 
 
 # %% [markdown]
-# ## What the paper's remark means
-#
-# "This hurts perplexity, as the model learns to be more unsure." Perplexity is $e^{\text{NLL}}$,
-# measured against the real one-hot targets. A model that has learnt the smoothed target
-# perfectly, and is always right, still gives the right token only $q_y$, so its NLL cannot go
-# below $-\log q_y$ and its perplexity cannot go below $1 / q_y$, where an unsmoothed model could
-# approach 1:
+# Hence "this hurts perplexity": a model that has learnt $q$ and is always right still gives the
+# right token only $q_y$, so its perplexity cannot go below $1 / q_y$. Accuracy and BLEU only need
+# the right token to be the most probable, and a model kept from extreme logits is better
+# calibrated {cite:p}`muller2019does`.
 
 # %%
 for size in (V, V_wmt):
@@ -504,27 +457,12 @@ for size in (V, V_wmt):
     )
 
 # %% [markdown]
-# "... but improves accuracy and BLEU score." Accuracy and BLEU only need the right token to be the
-# *most* probable one, not to be certain. A model that is not pushed towards extreme logits
-# generalises better, and its probabilities are better calibrated (its confidence matches how often
-# it is right), which Müller et al. show can significantly improve beam search
-# {cite:p}`muller2019does`. The chapter on the book's models measures both sides on Multi30k, by
-# training with $\epsilon = 0.1$ and with $\epsilon = 0$, and it asks whether the shipped models,
-# trained with $\epsilon = 0.1$, came out too unsure ("Is it the label smoothing?"): on the
-# sentences they trained on they did, on held-out sentences they did not.
-#
 # ## Validation metrics
 #
-# Because the smoothed loss is not the likelihood, the training loop reports, on the validation
-# set, the quantities that do not depend on $\epsilon$: the negative log-likelihood per token
-# (unsmoothed), its perplexity, and the token accuracy, the share of real target positions
-# whose most probable token is the right one (with the decoder fed the reference prefix, as in
-# training). The perplexity is per subword token, `<eos>` included, as the paper's is "per
-# wordpiece" (its Table 3 warns that it "should not be compared to per-word perplexities"): it
-# depends on the vocabulary, so the training chapter also reports it per word. A validation set
-# is seen batch by batch, so `token_stats` returns sums and counts, which add up across batches;
-# the means are taken once, at the end.
-
+# Validation reports what does not depend on $\epsilon$: the unsmoothed negative log-likelihood
+# per token, its perplexity (per subword token, `<eos>` included, as the paper's is "per
+# wordpiece"), and the token accuracy, the share of real target positions whose most probable
+# token is right. `token_stats` returns sums and counts, which add up across batches.
 
 # %%
 #| export
@@ -602,9 +540,8 @@ print(
 )
 
 # %% [markdown]
-# Fifteen tokens are too few to say what a model with random outputs scores (5 right of 15 is
-# luck). On 10,000 positions with random logits, the accuracy is about one in $V$ and the
-# perplexity of the order of $V$ (here $V = 8$): the numbers a real model starts from.
+# On 10,000 positions with random logits, the accuracy is about one in $V$ and the perplexity of
+# the order of $V$: the numbers a real model starts from.
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -616,5 +553,19 @@ print(f"perplexity {chance.perplexity:.1f}")
 assert abs(chance.accuracy - 1 / V) < 0.01 and V / 2 < chance.perplexity < 2 * V
 
 # %% [markdown]
-# The loss is ready; the next chapter sets the other half of the paper's training recipe, the
-# optimiser and its learning-rate schedule.
+# ## Summary
+#
+# - Label smoothing trains towards $q = (1 - \epsilon)\,\text{one-hot}(y) + \epsilon / V$, with the
+#   paper's $\epsilon_{ls} = 0.1$ (Section 5.4).
+# - The loss is $\mathrm{KL}(q \Vert p)$: PyTorch's label-smoothed cross-entropy minus $H(q)$,
+#   padding ignored.
+# - Its minimum is at $p_y = q_y$, not at certainty, so the perplexity cannot fall below $1 / q_y$.
+# - Validation reports the unsmoothed NLL, perplexity and accuracy per token.
+#
+# ## Exercises
+#
+# 1. Train without label smoothing, `python -m transformer train --pair de-en
+#    --label-smoothing 0` (`TrainConfig(label_smoothing=0)`), and compare its validation
+#    perplexity and its BLEU with a run at the default 0.1.
+# 2. Build `LabelSmoothingLoss(pad_id=pad_id, smoothing=0.3)` and redraw the figure above: where
+#    does the minimum move, and how far does the loss at $p_y = 0.99$ rise?

@@ -31,12 +31,9 @@
 # training steps, and decreasing it thereafter proportionally to the inverse square root of the
 # step number. We used $warmup\_steps = 4000$."
 #
-# The schedule is often called the *Noam* schedule, after Noam Shazeer, one of the paper's
-# authors; tensor2tensor and the Annotated Transformer use that name. This chapter writes
-# equation (3) as `transformer.schedule.noam_lr`, draws it for several model widths and warm-up
-# lengths, explains why a Transformer needs the warm-up, and builds the optimiser and scheduler
-# pair that the training loop uses, checking that PyTorch's scheduler produces exactly
-# equation (3).
+# This chapter writes equation (3), often called the *Noam* schedule after Noam Shazeer, one of
+# the authors, as `transformer.schedule.noam_lr`, explains the warm-up, and builds the optimiser
+# and scheduler pair that the training loop uses.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -72,26 +69,18 @@ torch.set_printoptions(precision=4)
 # %% [markdown]
 # ## Equation (3)
 #
-# The two arguments of the minimum are the two phases. For $step \le warmup$ the second one is
-# smaller: the rate grows linearly, $step \cdot d_{\text{model}}^{-0.5} \cdot warmup^{-1.5}$.
-# After that the first one is smaller: the rate decays as $step^{-0.5}$. The two meet at
-# $step = warmup$, where the rate peaks at
+# The two arguments of the minimum are the two phases. For $step \le warmup$ the second is
+# smaller and the rate grows linearly; after it the first is smaller and the rate decays as
+# $step^{-0.5}$. They meet at $step = warmup$, where the rate peaks at
 #
 # $$
 # lrate_{\max} = d_{\text{model}}^{-0.5} \cdot warmup^{-0.5}.
 # $$
 #
-# The factor $d_{\text{model}}^{-0.5}$ makes wider models train with smaller steps.
-#
-# **Counting steps.** $step\_num$ is the number of the update being made, counted from 1: the
-# first update uses $lrate(1)$, the warm-up's smallest value. At $step\_num = 0$ the formula has
-# $\min(\infty, 0)$; we define $lrate(0) = 0$, the limit of the linear ramp, so that the
-# function is defined everywhere without a division by zero (nothing in training uses it).
-#
-# **A named deviation: `factor`.** The function multiplies equation (3) by `factor`, 1 in the
-# paper. A small model trained on a small data set may want a higher peak, or a shorter warm-up,
-# than the paper's; `factor` and `warmup` are the two knobs, and the training chapter chooses
-# both for Multi30k and says why.
+# The factor $d_{\text{model}}^{-0.5}$ makes wider models train with smaller steps. $step\_num$
+# counts updates from 1; we define $lrate(0) = 0$, the limit of the ramp. The function also takes
+# a `factor`, 1 in the paper, that scales the whole curve: with `warmup`, it is the knob that the
+# training chapter turns for Multi30k.
 
 # %%
 #| export
@@ -127,9 +116,8 @@ def noam_lr(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> flo
 
 
 # %% [markdown]
-# The paper's base model has $d_{\text{model}} = 512$ and its big model
-# $d_{\text{model}} = 1024$, both with 4,000 warm-up steps; the base model trained for 100,000
-# steps and the big one for 300,000. Their peak and final learning rates:
+# The paper's base model ($d_{\text{model}} = 512$, 100,000 steps) and big model
+# ($d_{\text{model}} = 1024$, 300,000 steps), both with 4,000 warm-up steps:
 
 # %%
 from transformer.schedule import noam_lr
@@ -157,13 +145,11 @@ pd.DataFrame(rows).set_index("model")
 # %% [markdown]
 # ## The shape of the schedule
 #
-# The figure draws equation (3) over the first 20,000 steps: on the left for three model widths
-# with the paper's warm-up, on the right for three warm-up lengths at $d_{\text{model}} = 512$.
-# Look at the peaks, marked with their values: each curve peaks exactly at its warm-up step, a
-# longer warm-up gives a lower and later peak ($warmup^{-0.5}$), and a wider model a lower curve
-# everywhere ($d_{\text{model}}^{-0.5}$). After the peaks, the curves with the same
-# $d_{\text{model}}$ merge: the decay $d_{\text{model}}^{-0.5}\, step^{-0.5}$ does not depend on
-# the warm-up.
+# The figure draws equation (3) over the first 20,000 steps, on the left for three model widths,
+# on the right for three warm-up lengths. Look at the peaks, marked with their values: each curve
+# peaks at its warm-up step, a longer warm-up gives a lower and later peak, and a wider model a
+# lower curve everywhere. After the peaks, the curves of one width merge: the decay does not
+# depend on the warm-up.
 
 # %%
 STEPS = 20_000
@@ -279,18 +265,16 @@ alt.hconcat(*(schedule_panel(panel) for panel in panels)).resolve_scale(
 # %% [markdown]
 # ## Why a warm-up
 #
-# Adam divides each coordinate's step by a running estimate of the gradient's magnitude. With
-# $g_t$ the gradient at update $t$ and bias-corrected moving averages
-# $\hat m_t \approx \mathbb{E}[g]$ and $\hat v_t \approx \mathbb{E}[g^2]$, each weight moves by
+# Adam divides each coordinate's step by a running estimate of the gradient's magnitude: with
+# bias-corrected moving averages $\hat m_t \approx \mathbb{E}[g]$ and
+# $\hat v_t \approx \mathbb{E}[g^2]$, each weight moves by
 #
 # $$
 # \Delta\theta_t = -\,lrate \cdot \frac{\hat m_t}{\sqrt{\hat v_t} + \epsilon}.
 # $$
 #
-# At the first update $\hat m_1 = g_1$ and $\hat v_1 = g_1^2$, so every weight moves by
-# $lrate \cdot \operatorname{sign}(g_1)$, the full learning rate, whether its gradient is large
-# or tiny, informative or noise. One Adam update on five weights whose gradients span six orders
-# of magnitude shows it:
+# At the first update $\hat m_1 = g_1$ and $\hat v_1 = g_1^2$, so every weight moves by the full
+# learning rate, whether its gradient is large or tiny:
 
 # %%
 weights = nn.Parameter(torch.zeros(5))
@@ -302,45 +286,20 @@ print("change:  ", " ".join(f"{x:+8.0e}" for x in weights.detach().tolist()))
 assert torch.allclose(weights.detach(), -1e-3 * weights.grad.sign(), rtol=1e-4)
 
 # %% [markdown]
-# The estimate $\hat v_t$ averages the squared gradients over roughly the last
-# $1 / (1 - \beta_2)$ updates, and until that many updates have been seen it rests on a handful
-# of noisy gradients. The adaptive step $1/\sqrt{\hat v_t}$ then has a large variance, which is
-# the problem Liu et al. identify, and which a warm-up tames by keeping the learning rate small
-# while the estimates settle {cite:p}`liu2020variance`. The paper's $\beta_2 = 0.98$, lower than
-# Adam's default of 0.999, shortens that memory:
-
-# %%
-for beta_2 in (0.999, 0.98):
-    print(f"β2 = {beta_2}: averages over about {1 / (1 - beta_2):,.0f} updates")
-
-# %% [markdown]
-# By this argument alone the warm-up could be short, of the order of $1 / (1 - \beta_2)$ updates,
-# 50 here. The paper's 4,000 are eighty times that, and the architecture adds a second reason.
-# In the paper's *post-norm* layers (the residual sum is normalised,
-# $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$), Xiong et al. show that at initialisation the
-# expected gradients of the parameters near the output are large, so that a large learning rate
-# from the first step makes training unstable; the warm-up is what keeps post-norm Transformers
-# trainable {cite:p}`xiong2020layer`. The *pre-norm* variant
-# ($x + \mathrm{Sublayer}(\mathrm{LayerNorm}(x))$, the option `norm_first=True` of this book's
-# layers) has well-behaved gradients at initialisation and tolerates a much shorter warm-up, or
-# none.
+# Until $\hat v_t$ has averaged enough gradients, its estimate is noisy and so is every step; a
+# warm-up keeps the rate small while it settles {cite:p}`liu2020variance`. In the paper's
+# *post-norm* layers the gradients near the output are also large at initialisation, and the
+# warm-up is what keeps training stable {cite:p}`xiong2020layer`; the *pre-norm* variant
+# (`norm_first=True`) tolerates a much shorter one.
 #
 # ## The optimiser and the scheduler
 #
-# `make_optimizer` builds the paper's Adam and a PyTorch `LambdaLR` scheduler. `LambdaLR` sets
-# each learning rate to the optimiser's base rate times a function of the number of
-# `scheduler.step()` calls made so far; with the base rate set to 1.0, that function *is* the
-# learning rate. After $k$ calls, $k$ updates have been made and the next one is update
-# $k + 1$, so the function is $k \mapsto lrate(k + 1)$. The training loop calls
-# `optimizer.step()` then `scheduler.step()`, once per update (several batches make one update
-# when gradients are accumulated, as the training chapter allows).
-#
-# Adam's `fused=True` implementation does the whole update of a group of tensors in one GPU kernel,
-# where PyTorch's default (`foreach`) launches one kernel per elementwise operation over all the
-# tensors, several per update; `make_optimizer` turns it on when every parameter is on a CUDA device
-# and off otherwise (`fused=None`, the default), and `fused=` chooses. Weight decay is zero, as in
-# the paper.
-
+# `make_optimizer` builds the paper's Adam and a PyTorch `LambdaLR` scheduler, which sets the
+# learning rate to the optimiser's base rate, 1.0 here, times a function of the number of
+# `scheduler.step()` calls so far. After $k$ calls, $k$ updates have been made and the next is
+# update $k + 1$, so the function is $k \mapsto lrate(k + 1)$. The training loop calls
+# `optimizer.step()`, then `scheduler.step()`, once per update. On a GPU the optimiser uses
+# PyTorch's fused Adam.
 
 # %%
 #| export
@@ -399,10 +358,8 @@ def make_optimizer(
 
 
 # %% [markdown]
-# A tiny model is enough to check the optimiser: its hyperparameters are the paper's, and over
-# 500 real training updates, with a warm-up shortened to 200 steps so that the check crosses the
-# peak in a second, the learning rate PyTorch's scheduler hands the optimiser is exactly
-# equation (3) at every step.
+# Over 500 real updates of a tiny model, with the warm-up shortened to 200 steps, the rate that
+# PyTorch's scheduler hands the optimiser is exactly equation (3) at every step:
 
 # %%
 from transformer.schedule import ADAM_BETAS, ADAM_EPS, make_optimizer
@@ -443,12 +400,22 @@ pd.DataFrame(
 ).set_index("scheduler.step() calls")
 
 # %% [markdown]
-# The table shows the first updates climbing from the smallest rate, the peak at update 200,
-# the end of the warm-up, and the decay after it. A checkpoint that stores
-# `optimizer.state_dict()` and `scheduler.state_dict()` resumes on the same curve, provided
-# `make_optimizer` is called again with the same `d_model`, `warmup` and `factor` (the schedule
-# itself, a function, is not in the state): the scheduler's state is the number of calls made,
-# and the optimiser's holds the current rate and Adam's moving averages.
+# The table shows the first updates climbing from the smallest rate, the peak at update 200, and
+# the decay after it. A checkpoint that stores both state dicts resumes on the same curve, given
+# the same `d_model`, `warmup` and `factor`.
 #
-# With the loss of the previous chapter and this optimiser, every piece of the paper's training
-# recipe is in place; the training chapter puts them together in one loop.
+# ## Summary
+#
+# - Adam with $\beta_1 = 0.9$, $\beta_2 = 0.98$, $\epsilon = 10^{-9}$ (Section 5.3).
+# - Equation (3): a linear warm-up to $d_{\text{model}}^{-0.5} \cdot warmup^{-0.5}$, then a decay
+#   as $step^{-0.5}$.
+# - The warm-up keeps the first steps small while Adam's estimates settle, which post-norm
+#   layers need.
+#
+# ## Exercises
+#
+# 1. Train with a shorter warm-up, `python -m transformer train --pair de-en --warmup 1000`, and
+#    compare the first epochs' validation loss with the default 4,000.
+# 2. Scale the whole curve with `--lr-factor 2` (`TrainConfig(lr_factor=2)`): does training
+#    converge faster, or diverge?
+# 3. Try the shorter warm-up on a pre-norm model, adding `--set norm_first=true`.

@@ -16,46 +16,36 @@
 # %% [markdown]
 # # Results: BLEU, chrF, and what the models learned
 #
-# The book's two translation models, German→English and French→English, were trained by the
-# training chapter's recipe on Multi30k and ship with the repository in `checkpoints/de-en` and
-# `checkpoints/fr-en`. This chapter measures how good their translations are, how the paper's
-# choices (beam search, the length penalty, checkpoint averaging) contribute, how fast they
-# translate, where they fail, and what their attention heads do.
+# The book ships two translation models, German→English and French→English, trained by Part II's
+# recipe on Multi30k. This chapter measures how good their translations are, what beam search and
+# checkpoint averaging add, where the models fail, and what their attention heads do.
 #
 # **BLEU** {cite:p}`papineni2002bleu` compares a system's output with a reference translation by
 # counting shared word $n$-grams over the whole test set. With $p_n$ the share of the output's
-# $n$-grams ($n = 1, \dots, 4$) that also occur in the reference (each counted at most as often
-# as there), $c$ the length of the output and $r$ that of the references, in words,
+# $n$-grams ($n = 1, \dots, 4$) that also occur in the reference, $c$ the length of the output and
+# $r$ that of the references, in words,
 #
 # $$
 # \text{BLEU} = \text{BP} \cdot \exp\Big(\frac{1}{4} \sum_{n=1}^{4} \log p_n\Big), \qquad
 # \text{BP} = \min\big(1, e^{\,1 - r/c}\big).
 # $$
 #
-# Precision alone would reward outputs that say little, so the *brevity penalty* BP punishes a
-# corpus of outputs shorter than its references; longer outputs are punished by their lower
-# precision instead. BLEU is the number the paper reports (28.4 on WMT 2014 English→German), a
-# number that does not compare with ours: another test set (newstest2014, news text), the other
-# direction, and BLEU over tokenised text rather than sacreBLEU.
+# Precision alone would reward outputs that say little, so the *brevity penalty* BP punishes
+# outputs shorter than their references. The paper reports BLEU (28.4 on WMT 2014
+# English→German), a number that does not compare with ours: another test set, the other
+# direction, and BLEU over tokenised text.
 #
-# BLEU depends on how the text is cut into words, whether case counts, and how the references
-# were prepared, and papers have long reported numbers that differ by these details alone.
-# **sacreBLEU** {cite:p}`post2018call` fixes them: it takes *detokenised* output (ordinary
-# text, as a user would read it) and the raw references, applies its own tokenizer (`13a`, that
-# of the WMT evaluations) to both, and prints a *signature* that names every choice, so that
-# two numbers with the same signature are comparable. We report sacreBLEU, cased, with its
-# signature. Beside it, **chrF** {cite:p}`popovic2015chrf`, an F-score over character
-# $n$-grams ($n \le 6$, recall weighted twice as much as precision, $\beta = 2$), which gives
-# partial credit for a word with the wrong ending and agrees better with human judgements at the
-# level of single sentences.
+# BLEU depends on how the text is cut into words and whether case counts. **sacreBLEU**
+# {cite:p}`post2018call` fixes those choices: it takes detokenised output, as a user reads it, and
+# the raw references, applies its own tokenizer (`13a`) to both, and prints a *signature* that
+# names every choice. We report sacreBLEU, cased, with its signature, and **chrF**
+# {cite:p}`popovic2015chrf`, an F-score over character $n$-grams ($n \le 6$, recall weighted
+# twice, $\beta = 2$), which gives partial credit for a word with the wrong ending. Published
+# Multi30k results mostly score lowercased text cut into words by a tokenizer; to compare with
+# them we also print that number, labelled as such everywhere.
 #
-# Published Multi30k results are mostly *not* sacreBLEU: they score lowercased text cut into
-# words by a tokenizer (spaCy's or Moses'), a number that differs from sacreBLEU (for our
-# models by under half a point, the tables below; with other tokenisers by more). To compare
-# with them we also print that number, labelled as such everywhere it appears.
-#
-# The chapter exports `transformer.evaluate`: the scores, the translation of a whole split, BLEU
-# by sentence length, and the command `python -m transformer evaluate`.
+# The chapter exports `transformer.evaluate`: the scores, the translation of a whole split, and
+# BLEU by sentence length.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -78,11 +68,7 @@ if importlib.util.find_spec("transformer") is None:
 #| default_exp evaluate
 
 # %%
-import math
-import os
-import platform
-import time
-from pathlib import Path
+import json
 
 import altair as alt
 import pandas as pd
@@ -97,32 +83,26 @@ _ = torch.manual_seed(0)  # returns the generator, which need not be shown
 # %% [markdown]
 # ## Scores
 #
-# `score` computes the three numbers for a list of translations and their references (one
-# reference per sentence, as Multi30k has):
+# `score` computes three numbers for a list of translations and their references (one reference
+# per sentence, as Multi30k has):
 #
-# - **sacreBLEU**, with sacreBLEU's defaults: cased, its `13a` tokenizer applied to the
-#   detokenised output and to the raw references, exponential smoothing (which matters only for
-#   $n$-gram counts of zero, never on a corpus of a thousand sentences). Its signature reads
+# - **sacreBLEU** with its defaults: cased, the `13a` tokenizer, exponential smoothing (which
+#   matters only for $n$-gram counts of zero). Its signature reads
 #   `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:…`.
-# - **chrF**, sacreBLEU's defaults too: `nc:6|nw:0`, character $n$-grams up to 6 and no word
-#   $n$-grams.
-# - **BLEU, lowercased and spaCy-tokenised**, for published numbers only: output and
-#   references are cut into words by spaCy's English rules (the data chapter's `pretokenize`,
-#   whose words are exactly those the models were trained on), joined by spaces, then scored by
-#   sacreBLEU with `lowercase=True` and `tokenize="none"` (the text is tokenised already). This
-#   is how the tutorial model in the table below was scored (torchtext's `bleu_score` on
-#   lowercased spaCy tokens computes the same BLEU, without smoothing). Its signature says
-#   `case:lc|…|tok:none`: it is a different number from sacreBLEU and must never be put in the
-#   same column.
+# - **chrF**, sacreBLEU's defaults too: character $n$-grams up to 6, no word $n$-grams.
+# - **BLEU, lowercased and spaCy-tokenised**, for published numbers only: output and references
+#   are cut into words by spaCy's English rules (the words the models were trained on) and
+#   scored with `lowercase=True` and `tokenize="none"`, as torchtext's `bleu_score` scores them.
+#   Its signature says `case:lc|…|tok:none`: never put it in sacreBLEU's column.
 #
-# `Scores` also keeps BLEU's length ratio $c/r$ (output length over reference length, in `13a`
-# words) and its brevity penalty: they tell whether a system's outputs are too short.
+# `Scores` also keeps BLEU's length ratio $c/r$ and its brevity penalty, which tell whether a
+# system's outputs are too short.
 
 # %%
 #| export
 """Scoring translations: sacreBLEU's BLEU and chrF with their signatures (Post, 2018), a
-lowercased tokenised BLEU for comparison with published Multi30k results, BLEU by source
-length, and `python -m transformer evaluate`."""
+lowercased tokenised BLEU for comparison with published Multi30k results, translating a
+Multi30k split, and BLEU by source length."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -130,7 +110,7 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer.data import MARK, pretokenize
+from transformer.tokenizer import MARK, pretokenize
 
 # The name of the lowercased tokenised BLEU wherever it is printed: not comparable with sacreBLEU.
 LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
@@ -217,10 +197,9 @@ def score(
 
 
 # %% [markdown]
-# Two made-up translations of two references, to see the scores at work. The first output is
-# right but for one word; the second begins with a small letter, misses "the" and says "kids"
-# for "children". sacreBLEU counts "two" and "Two" as different words, the lowercased BLEU does
-# not, so here the lowercased BLEU is the higher of the two:
+# Two made-up translations of two references. The first is right but for one word; the second
+# begins with a small letter, misses "the" and says "kids" for "children". sacreBLEU counts "two"
+# and "Two" as different words, the lowercased BLEU does not:
 
 # %%
 from sacrebleu.metrics import BLEU, CHRF
@@ -245,18 +224,18 @@ assert round(score(toy_refs, toy_refs).bleu, 6) == 100.0
 # ## Translating a split
 #
 # `translate_split` translates the source side of a Multi30k split (or its first `limit`
-# sentences) with the decoding chapter's `translate`, which sorts the sentences into batches of
-# similar lengths and puts the translations back in order, and times it. The time covers what a
-# user waits for: cutting the sources into words and BPE pieces, the search, and turning the
-# output ids back into text; not loading the model or the data.
+# sentences) with the decoding chapter's `translate`, and times it; `write_lines` saves
+# translations one per line, atomically, so that an interrupted run never leaves half a file.
 
 # %%
 #| export
 import time
 
-from transformer.data import DATA_DIR, Tokenizer, load_pairs, parse_pair
+from transformer.data import DATA_DIR, load_pairs, parse_pair
 from transformer.decode import BATCH_SIZE, translate
+from transformer.files import atomic_write
 from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -321,14 +300,18 @@ def translate_split(
     )
 
 
+def write_lines(path: Path, lines: Sequence[str]) -> None:
+    """Write one line per item, UTF-8, atomically (a temporary file beside `path`, synced to
+    disk, then renamed): a failed write leaves the old file as it was."""
+    atomic_write(Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8"))
+
+
 # %% [markdown]
 # ## BLEU by sentence length
 #
-# Long sentences are harder: more words to get right, more room for a word in the wrong place,
-# and fewer long sentences to learn from. `bleu_by_length` groups the sentences by the length
-# of their *source* in words (separated by spaces, so "Hund." is one word) and computes
-# sacreBLEU for each group on its own. The default groups: 1–9, 10–14, 15–19, and 20 words or
-# more.
+# Long sentences are harder: more words to get right, and fewer long sentences to learn from.
+# `bleu_by_length` groups the sentences by the length of their *source* in words (separated by
+# spaces) and computes sacreBLEU for each group: 1–9, 10–14, 15–19, and 20 words or more.
 
 # %%
 #| export
@@ -391,10 +374,8 @@ def bleu_by_length(
 
 
 # %% [markdown]
-# Five made-up sentences: two short sources, two of 10–14 words (one translated perfectly, one
-# not at all), none of 15–19, and one of 20. The last one's translation is perfect and still
-# scores 0: an output of fewer than four tokens (here a word and a full stop) has no 4-gram to
-# match, and BLEU multiplies the four precisions.
+# Five made-up sentences. The last one's translation is perfect and still scores 0: an output of
+# fewer than four tokens has no 4-gram to match, and BLEU multiplies the four precisions.
 
 # %%
 from transformer.evaluate import bleu_by_length
@@ -418,263 +399,35 @@ assert [(g.words, g.sentences) for g in groups] == [
 assert groups[3].bleu == 0.0 and math.isnan(groups[2].bleu)
 
 # %% [markdown]
-# ## `python -m transformer evaluate`
-#
-# The command translates a split with a shipped model (or any model folder) and prints the
-# scores with their signatures and the time taken:
-#
-# ```
-# python -m transformer evaluate --pair de-en
-# python -m transformer evaluate --pair fr-en --split val --beam 1 --output val.fr-en.txt
-# ```
-#
-# It follows the translate command's conventions: the same model loading (a shipped folder or a
-# checkpoint, `checkpoints/<pair>` by default), and every error, an unknown pair or split, a
-# bad option, a missing or unusable model folder, a missing or corrupt data file, a file that
-# cannot be written, prints one line on standard error naming what is wrong, and exits with
-# status 2. `--output` writes the translations, one per line, atomically: to a temporary file
-# beside the target, then renamed, so an interrupted run never leaves half a file. It needs
-# neither Altair nor pandas nor Jupyter, so that it runs on a bare GPU machine.
-
-# %%
-#| export
-import argparse
-import sys
-
-import torch
-
-from transformer.data import SPLITS, DataError, _atomic_write
-
-# The translate command's options, model loading and error conventions, shared.
-from transformer.decode import (
-    _load,
-    _Parser,
-    _UsageError,
-    add_model_options,
-    check_model_options,
-)
-
-PROG = "python -m transformer evaluate"
-_EPILOG = """\
-Prints sacreBLEU (cased, its 13a tokenizer on the detokenised translations against the raw
-references) and chrF, each with its signature; BLEU on lowercased spaCy-tokenised text, only
-to compare with published Multi30k results; and the time that the translation took.
-
-Errors (an unknown pair, split or option, a missing or unusable model folder, a missing or
-corrupt data file, an output file that cannot be written, no spaCy) print one line on
-standard error and exit with status 2."""
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Score a trained model on a Multi30k split with sacreBLEU and chrF "
-        "(Part III).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_options(p)
-    p.add_argument(
-        "--split",
-        default="test_2016_flickr",
-        metavar="NAME",
-        help=f"{', '.join(SPLITS)} (default: test_2016_flickr)",
-    )
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=DATA_DIR,
-        metavar="DIR",
-        help="the Multi30k files and their SHA256SUMS (default: data/multi30k in the "
-        "repository)",
-    )
-    p.add_argument(
-        "--limit",
-        type=int,
-        metavar="N",
-        help="translate only the split's first N sentences (default: all)",
-    )
-    p.add_argument(
-        "--output",
-        type=Path,
-        metavar="FILE",
-        help="also write the translations to FILE, one per line",
-    )
-    return p
-
-
-def write_lines(path: Path, lines: Sequence[str]) -> None:
-    """Write one line per item, atomically: the data module's `_atomic_write` (a temporary
-    file beside `path`, synced to disk, then a rename)."""
-    _atomic_write(Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m transformer evaluate ...`; returns the exit status."""
-    try:
-        args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-        device = check_model_options(args)
-        if args.split not in SPLITS:
-            raise _UsageError(
-                f"unknown split {args.split!r}: choose one of {', '.join(SPLITS)}"
-            )
-        if args.limit is not None and args.limit < 1:
-            raise _UsageError(f"--limit must be at least 1, got {args.limit}")
-        if args.output is not None and not args.output.parent.is_dir():
-            raise _UsageError(
-                f"cannot write {args.output}: no folder {args.output.parent}"
-            )
-        if args.output is not None and args.output.is_dir():
-            raise _UsageError(f"cannot write {args.output}: it is a folder")
-        load_pairs(
-            args.split, args.pair, args.data_dir
-        )  # a data error before the model's
-        model, tokenizer = _load(args.pair, args.checkpoint, device, alpha=args.alpha)
-        result = translate_split(
-            model,
-            tokenizer,
-            args.pair,
-            args.split,
-            beam_size=args.beam,
-            alpha=args.alpha,
-            data_dir=args.data_dir,
-            limit=args.limit,
-            batch_size=args.batch_size,
-            warn=lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr),
-        )
-        target_language = parse_pair(args.pair)[1]
-        scores = score(result.hypotheses, result.references, language=target_language)
-        if args.output is not None:
-            try:
-                write_lines(args.output, result.hypotheses)
-            except OSError as err:
-                raise _UsageError(
-                    f"cannot write {args.output}: {err.strerror}"
-                ) from err
-    except SystemExit as stop:  # --help
-        return int(stop.code or 0)
-    except (_UsageError, DataError, ImportError) as err:  # ImportError: no spaCy
-        print(f"{PROG}: error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    folder = args.checkpoint or f"the shipped model, checkpoints/{args.pair}"
-    search = "greedy" if args.beam == 1 else f"beam {args.beam}, α {args.alpha:g}"
-    print(
-        f"{args.pair} {args.split}: {scores.sentences:,} sentences, {search}, "
-        f"model {folder}"
-    )
-    print(scores.report())
-    threads = torch.get_num_threads()
-    print(
-        f"translated in {result.seconds:.1f} s ({result.sentences_per_second:.1f} "
-        f"sentences/s on {device}, {threads} CPU thread{'s' if threads > 1 else ''})"
-    )
-    if args.output is not None:
-        print(f"translations written to {args.output}")
-    return 0
-
-
-# %% [markdown]
-# Its help, and an error (here `main` is called directly; the command is
-# `python -m transformer evaluate`):
-
-# %%
-import contextlib
-import io
-from unittest import mock
-
-from transformer.evaluate import main
-
-with mock.patch.dict(os.environ, {"COLUMNS": "96"}):  # the help's width
-    assert main(["--help"]) == 0
-
-# %%
-errors = io.StringIO()
-with contextlib.redirect_stderr(errors):
-    status = main(["--pair", "de-en", "--split", "test_2017"])
-print(f"exit status {status}: {errors.getvalue()}")
-assert status == 2 and errors.getvalue().count("\n") == 1
-assert "test_2017" in errors.getvalue()
-
-# %% [markdown]
-# The tests (`tests/test_evaluate.py`) check `score` against sacreBLEU called directly, the
-# length groups, the command on a tiny model, and every error above.
-#
 # ## The shipped models
 #
-# Both models were trained with the training chapter's recipe for Multi30k, which ends by
-# averaging the weights of the last epochs, as the paper averages its last checkpoints. The
-# cell prints each model's size and configuration, and which weights its folder holds. (To
-# evaluate models of your own, set the environment variable `TRANSFORMER_CHECKPOINTS` to a
-# folder holding `de-en/` and `fr-en/`, each as the shipped ones: a run exported by the
-# training chapter's `export_model`, with its `metrics.jsonl`, and its last epoch exported
-# into `last/` for the averaging ablation, `export_model(run / "checkpoints" / "epoch-035",
-# folder / "last")`, as `tools/gpu_sweep.py` does.)
+# `load_pair_model` (the decoding chapter) loads each model with its tokenizer from
+# `checkpoints/de-en` and `checkpoints/fr-en`. Both have the same size and configuration, and
+# their weights are the average of the last five epochs of training:
 
 # %%
-import json
+from transformer.decode import CHECKPOINTS_DIR, load_pair_model
 
-from transformer.decode import CHECKPOINTS_DIR
-from transformer.train import load_model, quick_mode, read_jsonl
-
-models_dir = Path(os.environ.get("TRANSFORMER_CHECKPOINTS", CHECKPOINTS_DIR))
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
-models = {pair: load_model(models_dir / pair) for pair in NAMES}
-shipped_weights = {}  # pair -> what the shipped weights are
+models = {pair: load_pair_model(pair) for pair in NAMES}
 for pair, (model, tokenizer) in models.items():
-    record = json.loads((models_dir / pair / "config.json").read_text())
+    record = json.loads((CHECKPOINTS_DIR / pair / "config.json").read_text())
+    averaged = record["averaged"]
     c = model.config
-    averaged = record.get("averaged")
-    weights = (
-        f"the average of {len(averaged)} epochs, {averaged[0]} to {averaged[-1]}"
-        if averaged
-        else record["source"]
-    )
-    shipped_weights[pair] = weights
     print(
         f"{NAMES[pair]}: {sum(p.numel() for p in model.parameters()):,} parameters "
         f"(d_model {c.d_model}, {c.n_heads} heads, {c.n_layers} + {c.n_layers} layers, "
-        f"d_ff {c.d_ff}, dropout {c.dropout}, vocabulary {tokenizer.vocab_size:,}); "
-        f"weights: {weights}"
+        f"d_ff {c.d_ff}, vocabulary {tokenizer.vocab_size:,}); weights: the average of "
+        f"{len(averaged)} epochs, {averaged[0]} to {averaged[-1]}"
     )
     assert tokenizer.pair == pair
 
 # %% [markdown]
-# The evaluate command on the German→English model and the first 100 validation sentences, the
-# way a shell would run it:
-
-# %% tags=["nbval-ignore-output"]
-argv = ["--pair", "de-en", "--split", "val", "--limit", "100", "--device", "cpu"]
-if models_dir != CHECKPOINTS_DIR:
-    argv += ["--checkpoint", str(models_dir / "de-en")]
-assert main(argv) == 0
-
-# %% [markdown]
-# **Quick mode.** Translating takes time on a CPU (the speed section below measures how much):
-# besides the test set, this chapter decodes it again with the non-averaged weights, and decodes
-# the validation split twenty times over for the beam-size and $\alpha$ figures. Without a GPU
-# (or with `TRANSFORMER_QUICK=1`) the main table, the greedy/beam comparison and the speed
-# still use the whole test set, but the averaging ablation runs on its first 300 sentences and
-# the beam × $\alpha$ sweep on the first 100 validation sentences, as the next cell announces.
-# The outputs in the book come from a full run (`TRANSFORMER_QUICK=0`).
-
-# %% tags=["nbval-ignore-output"]
-QUICK = quick_mode()
-ABLATION_LIMIT = 300 if QUICK else None  # test sentences for the averaging ablation
-SWEEP_LIMIT = 100 if QUICK else None  # validation sentences for the beam × α sweep
-if QUICK:
-    print(
-        "QUICK MODE (no GPU, or TRANSFORMER_QUICK=1): the averaging ablation uses the first "
-        f"{ABLATION_LIMIT} test sentences, the beam × α sweep the first {SWEEP_LIMIT} "
-        "validation sentences; everything else is whole"
-    )
-else:
-    print("full run: every split is translated whole")
-
-# %% [markdown]
 # ## sacreBLEU on the test set
 #
-# The paper's search, beam search with $K = 4$ and $\alpha = 0.6$, over the 1,000 sentences
-# of `test_2016_flickr`, the Multi30k test set that published results use, for each model:
+# The paper's search, beam search with $K = 4$ and $\alpha = 0.6$, over the 1,000 sentences of
+# `test_2016_flickr`, the Multi30k test set that published results use (a minute or so of CPU
+# time per model):
 
 # %% tags=["nbval-ignore-output"]
 from transformer.evaluate import score, translate_split
@@ -699,41 +452,30 @@ print(
     "\n".join(warnings) or "no sentence was cut, and every translation ended with <eos>"
 )
 assert all(s.sentences == 1000 for s in scores.values())
-assert all(s.bleu > 25 and s.chrf > 45 for s in scores.values())
-# the lowercased tokenised BLEU: close to sacreBLEU for these models (the chapter's opening)
-assert all(0 < s.bleu_lc_tok - s.bleu < 0.5 for s in scores.values())
-if not QUICK:  # the book's run: the figures its model cards quote
-    card = {"de-en": (41.6, 60.7, 42.0), "fr-en": (53.1, 68.9, 53.6)}
-    for pair, s in scores.items():
-        assert tuple(round(x, 1) for x in (s.bleu, s.chrf, s.bleu_lc_tok)) == card[pair]
+# The numbers the prose quotes (loosely: another CPU may flip a near-tie in a sentence).
+QUOTED = {"de-en": (41.6, 60.7), "fr-en": (53.1, 68.9)}
+for pair, (bleu, chrf) in QUOTED.items():
+    assert abs(scores[pair].bleu - bleu) < 0.3 and abs(scores[pair].chrf - chrf) < 0.3
 
 # %% [markdown]
-# The targets this book set itself for the shipped models, on this test set with sacreBLEU and
-# beam 4, were 38 for German→English and 48 for French→English. Whether they are met is
-# computed here, not written by hand:
-
-# %% tags=["nbval-ignore-output"]
-TARGETS = {"de-en": 38.0, "fr-en": 48.0}
-assert all(scores[pair].bleu >= target for pair, target in TARGETS.items())
-pd.DataFrame(
-    [
-        {
-            "model": NAMES[pair],
-            "sacreBLEU": round(scores[pair].bleu, 1),
-            "target": target,
-            "met": "yes" if scores[pair].bleu >= target else "no",
-            "short by": max(0.0, round(target - scores[pair].bleu, 1)),
-        }
-        for pair, target in TARGETS.items()
-    ]
-).set_index("model")
-
-# %% [markdown]
+# German→English scores **41.6 sacreBLEU** and 60.7 chrF, French→English **53.1 sacreBLEU** and
+# 68.9 chrF, with the signature
+# `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`. No sentence was cut, and every
+# translation ended with EOS. French→English is the easier direction here: the two languages are
+# closer, and its length ratio is nearly 1. The command-line tool prints the same:
+#
+# ```
+# python -m transformer evaluate --pair de-en
+# python -m transformer evaluate --pair fr-en --split val --beam 1 --output val.fr-en.txt
+# ```
+#
 # ## Greedy decoding against beam search
 #
-# The same test sentences decoded greedily (`beam_size=1`), against the beam search above:
+# The same test sentences decoded greedily (`beam_size=1`):
 
 # %% tags=["nbval-ignore-output"]
+from sacrebleu.significance import PairedTest
+
 from transformer.evaluate import LC_TOK_BLEU
 
 greedy = {
@@ -753,7 +495,29 @@ def score_row(s, **columns) -> dict:
     }
 
 
-search_table = pd.DataFrame(
+def p_value(baseline: list[str], system: list[str], references: list[str]) -> float:
+    """sacreBLEU's paired bootstrap, 1,000 draws: the p-value of the system's BLEU gain."""
+    _, results = PairedTest(
+        [("baseline", baseline), ("system", system)],
+        {"BLEU": BLEU()},
+        [references],
+        test_type="bs",
+        n_samples=1000,
+    )()
+    return results["BLEU"][1].p_value
+
+
+beam_p = {
+    pair: p_value(greedy[pair].hypotheses, test[pair].hypotheses, test[pair].references)
+    for pair in NAMES
+}
+for pair in NAMES:
+    gain = scores[pair].bleu - greedy_scores[pair].bleu
+    print(f"{NAMES[pair]}: beam search {gain:+.2f} sacreBLEU, p = {beam_p[pair]:.2f}")
+assert all(scores[p].bleu > greedy_scores[p].bleu for p in NAMES)
+assert beam_p["de-en"] < 0.05 < beam_p["fr-en"]
+assert abs(greedy_scores["de-en"].bleu_lc_tok - 41.3) < 0.3
+pd.DataFrame(
     [
         score_row(s, model=NAMES[pair], search=search)
         for pair in NAMES
@@ -763,662 +527,54 @@ search_table = pd.DataFrame(
         )
     ]
 ).set_index(["model", "search"])
-for pair in NAMES:
-    gain = scores[pair].bleu - greedy_scores[pair].bleu
-    print(f"{NAMES[pair]}: beam search {gain:+.2f} sacreBLEU over greedy decoding")
-# Beam search finds outputs of higher model probability; on BLEU it rarely loses much.
-assert all(scores[p].bleu > greedy_scores[p].bleu - 1.0 for p in NAMES)
-search_table
 
 # %% [markdown]
-# ## Next to published numbers
+# Beam search adds 0.7 sacreBLEU for German→English and 0.25 for French→English, with slightly
+# shorter translations. sacreBLEU's paired bootstrap {cite:p}`koehn2004statistical`, which
+# rescores both systems on resampled test sets, puts the first gain beyond chance (p ≈ 0.01) but
+# not the second (p ≈ 0.14): for French→English, the faster greedy decoding is nearly as good.
 #
-# Numbers from elsewhere are comparable only when they are computed the same way, on the same
-# test set, in the same direction. The table puts ours next to two references, with how each
-# number was obtained:
+# Of published numbers, the tutorial Transformer of Ben Trevett's PyTorch seq2seq tutorials
+# {cite:p}`trevett2019seq2seq` is the closest comparison: 36.5 for German→English on this test
+# set, lowercased spaCy-tokenised BLEU of greedy decoding. Ours in the same units is 41.3 (the
+# table's last column).
 #
-# - **A widely used tutorial Transformer**, the "Attention is All You Need" notebook of Ben
-#   Trevett's PyTorch seq2seq tutorials {cite:p}`trevett2019seq2seq`, reports 36.5 BLEU for
-#   German→English on `test_2016_flickr`, computed on lowercased spaCy tokens with torchtext's
-#   `bleu_score`, translating with greedy decoding. Our comparable number is therefore the
-#   lowercased spaCy-tokenised BLEU of *greedy* decoding, from the section above.
-# - **{cite:t}`wu2021good`** report 41.0 lowercased tokenised BLEU with a
-#   Transformer of about 2.6 million parameters (ours: the table's parameters column) on the same
-#   test set, but for **English→German**, the other direction: BLEU into German and BLEU into
-#   English are different numbers, so it says how strong a model of this size can be, not what
-#   ours should score.
-#
-# We know of no published French→English number on this test set computed the way ours are,
-# so French→English has only its own rows.
-
-# %% [markdown]
-# The table, with our numbers in the same units as each reference beside them:
-
-# %% tags=["nbval-ignore-output"]
-params = {
-    pair: f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M"
-    for pair, (model, _) in models.items()
-}
-SACRE = "sacreBLEU, cased (13a, detokenised)"
-LC_TOK = "BLEU, lowercased, tokenised"
-references_table = (
-    pd.DataFrame(
-        [
-            [
-                "this book",
-                "de→en",
-                scores["de-en"].bleu,
-                SACRE,
-                "beam 4",
-                params["de-en"],
-                "measured above",
-            ],
-            [
-                "this book",
-                "de→en",
-                scores["de-en"].bleu_lc_tok,
-                LC_TOK,
-                "beam 4",
-                params["de-en"],
-                "measured above, spaCy tokens",
-            ],
-            [
-                "this book",
-                "de→en",
-                greedy_scores["de-en"].bleu_lc_tok,
-                LC_TOK,
-                "greedy",
-                params["de-en"],
-                "measured above, spaCy tokens",
-            ],
-            [
-                "tutorial Transformer (Trevett)",
-                "de→en",
-                36.5,
-                LC_TOK,
-                "greedy",
-                "",
-                "reported; spaCy tokens, torchtext bleu_score",
-            ],
-            [
-                "Wu et al. (2021)",
-                "en→de (other direction)",
-                41.0,
-                LC_TOK,
-                "",
-                "≈2.6M",
-                "reported",
-            ],
-            [
-                "this book",
-                "fr→en",
-                scores["fr-en"].bleu,
-                SACRE,
-                "beam 4",
-                params["fr-en"],
-                "measured above",
-            ],
-            [
-                "this book",
-                "fr→en",
-                scores["fr-en"].bleu_lc_tok,
-                LC_TOK,
-                "beam 4",
-                params["fr-en"],
-                "measured above, spaCy tokens",
-            ],
-        ],
-        columns=[
-            "system",
-            "direction",
-            "BLEU",
-            "metric",
-            "search",
-            "parameters",
-            "how obtained",
-        ],
-    )
-    .round({"BLEU": 1})
-    .set_index("system")
-)
-references_table
-
-# %% [markdown]
 # ## Checkpoint averaging
 #
-# The paper's base models average the weights of the last 5 checkpoints (Section 6.1), and so
-# does the training recipe of this book, with one difference: the paper wrote a checkpoint
-# every 10 minutes, of 100,000 updates in 12 hours, and the recipe writes one per epoch,
-# about 160 updates. Each shipped folder also holds, in `last/`, the
-# weights of the last epoch alone, to measure what averaging does. First on the validation
-# loss that training recorded (from the folder's `metrics.jsonl`: the last epoch's, and the
-# average's, both on the whole validation split):
-
+# The paper's base models average the weights of the last 5 checkpoints (Section 6.1); the
+# recipe averages the last five epochs. Each shipped folder also holds, in `last/`, the weights of
+# the last epoch alone. Both on the whole test set, beam 4:
 
 # %% tags=["nbval-ignore-output"]
-def metrics_of(pair: str) -> pd.DataFrame:
-    """The shipped run's metrics.jsonl: one row per epoch, and one for the average."""
-    return pd.DataFrame(read_jsonl(models_dir / pair / "metrics.jsonl")).assign(
-        model=NAMES[pair]
-    )
-
-
-metrics = pd.concat([metrics_of(pair) for pair in NAMES], ignore_index=True)
-last_epochs = metrics[metrics["kind"] == "epoch"].groupby("model").tail(1)
-averages = metrics[metrics["kind"] == "average"].groupby("model").tail(1)
-pd.concat(
-    [
-        last_epochs.assign(weights="last epoch"),
-        averages.assign(weights="average"),
-    ]
-)[
-    ["model", "weights", "epoch", "val_loss", "val_ppl_word", "val_accuracy"]
-].sort_values(["model", "weights"], ascending=[True, False]).set_index(
-    ["model", "weights"]
-).round(4)
-
-# %% [markdown]
-# Then on BLEU, with beam 4 on the test set (its first sentences only, in quick mode), the
-# shipped model's translations of the same sentences beside:
-
-# %% tags=["nbval-ignore-output"]
-last_models = {pair: load_model(models_dir / pair / "last") for pair in NAMES}
-averaging_rows = []
-last_translations = {}  # pair -> the last epoch's translations
-for pair, (model, tokenizer) in last_models.items():
-    record = json.loads((models_dir / pair / "last" / "config.json").read_text())
-    last = translate_split(model, tokenizer, pair, limit=ABLATION_LIMIT)
-    last_translations[pair] = last
-    n = len(last.sources)
-    # A sentence's translation does not depend on the others in its batch (chapter 15).
-    shipped = score(test[pair].hypotheses[:n], test[pair].references[:n])
+averaging_rows, average_p = [], {}
+for pair in NAMES:
+    last_model, last_tokenizer = load_pair_model(pair, CHECKPOINTS_DIR / pair / "last")
+    last = translate_split(last_model, last_tokenizer, pair)
     averaging_rows += [
         score_row(
             score(last.hypotheses, last.references),
             model=NAMES[pair],
-            weights=f"last epoch alone ({record['source']})",
-            sentences=n,
+            weights="last epoch",
         ),
-        score_row(
-            shipped,
-            model=NAMES[pair],
-            weights=f"shipped: {shipped_weights[pair]}",
-            sentences=n,
-        ),
+        score_row(scores[pair], model=NAMES[pair], weights="average of the last five"),
     ]
+    average_p[pair] = p_value(last.hypotheses, test[pair].hypotheses, last.references)
 averaging = pd.DataFrame(averaging_rows).set_index(["model", "weights"])
-assert (averaging["sentences"] == (ABLATION_LIMIT or 1000)).all()
+gains = averaging["sacreBLEU"].groupby("model").diff().dropna()
+print(f"p-values of the gains: {', '.join(f'{p:.2f}' for p in average_p.values())}")
+assert gains.between(0.3, 1.0).all() and max(average_p.values()) < 0.05
 averaging
 
 # %% [markdown]
-# ## Beam size and the length penalty
+# Averaging adds about 0.6 sacreBLEU to both models, beyond chance for both (p ≈ 0.02 and 0.03),
+# at no cost at translation time.
 #
-# The decoding chapter showed on a toy task how the beam size $K$ and the length penalty's
-# $\alpha$ change what beam search finds; here is what they do to BLEU and to the length of the
-# translations, on the validation split (the test set stays for the final numbers), for
-# $K = 1, 2, 4, 8$ and $\alpha = 0, 0.6, 1$. With $K = 1$ the search is greedy decoding and
-# $\alpha$ plays no part. The length is BLEU's ratio $c/r$ of output to reference length: below
-# 1 the brevity penalty applies.
-
-# %% tags=["nbval-ignore-output"]
-BEAMS = (1, 2, 4, 8)
-ALPHAS = (0.0, 0.6, 1.0)
-sweep_rows = []
-sweep_found = []  # the translations of each row of the sweep, in its order
-for pair, (model, tokenizer) in models.items():
-    for beam in BEAMS:
-        for alpha in (None,) if beam == 1 else ALPHAS:  # greedy decoding has no α
-            found = translate_split(
-                model,
-                tokenizer,
-                pair,
-                "val",
-                beam_size=beam,
-                alpha=alpha or 0.0,
-                limit=SWEEP_LIMIT,
-            )
-            s = score(found.hypotheses, found.references)
-            sweep_found.append(found)
-            sweep_rows.append(
-                {
-                    "model": NAMES[pair],
-                    "beam size": beam,
-                    "α": alpha,
-                    "sacreBLEU": round(s.bleu, 2),
-                    "chrF": round(s.chrf, 2),
-                    "length ratio": round(s.length_ratio, 4),
-                    "sentences/s": round(found.sentences_per_second, 1),
-                }
-            )
-sweep = pd.DataFrame(sweep_rows)
-sweep.assign(**{"α": sweep["α"].astype(object).fillna("greedy")}).set_index(
-    ["model", "beam size", "α"]
-)
-
-# %% [markdown]
-# In the figure, each line is one $\alpha$ (greedy decoding, $K = 1$, is their common start),
-# and the two panels share the beam size on their horizontal axis (hover for the numbers). What
-# to look for: on the right, the lines part once $K > 1$, with $\alpha = 0$ lowest: the
-# larger $\alpha$, the less a long translation is held back, and the longer the outputs; on the
-# left, what that length, and the width of the search, do to BLEU. In the full run, most of
-# the gain over greedy decoding comes with the first widening, to $K = 2$ (about a point for
-# German→English, 0.4 for French→English, each at its best $\alpha$), and wider beams add
-# under 0.3 more; at every $K$ German→English's BLEU grows with $\alpha$, and so does
-# French→English's at $K = 4$ and 8 (at $K = 2$ its three lines meet): on this corpus the
-# longer outputs are the better ones.
-
-# %% tags=["nbval-ignore-output"]
-# Greedy decoding is the first point of every α's line.
-lines = pd.concat(
-    [sweep[sweep["beam size"] > 1]]
-    + [sweep[sweep["beam size"] == 1].assign(**{"α": a}) for a in ALPHAS]
-)
-base = alt.Chart(lines).encode(
-    x=alt.X("beam size:O", title="beam size K", axis=alt.Axis(labelAngle=0)),
-    color=alt.Color("α:N", title="α"),
-    tooltip=["model", "beam size", "α", "sacreBLEU", "chrF", "length ratio"],
-)
-bleu_panel = base.mark_line(point=True).encode(
-    y=alt.Y("sacreBLEU:Q", scale=alt.Scale(zero=False))
-)
-length_panel = base.mark_line(point=True).encode(
-    y=alt.Y("length ratio:Q", scale=alt.Scale(zero=False), title="length ratio c/r")
-)
-rule = (
-    alt.Chart(pd.DataFrame({"y": [1.0]}))
-    .mark_rule(strokeDash=[4, 3], color="gray")
-    .encode(y="y:Q")
-)
-wide = sweep[sweep["beam size"] > 1].set_index(["model", "beam size", "α"])
-# With a beam, α = 0 gives the shortest translations, α = 1 the longest.
-length = wide["length ratio"].unstack("α")
-assert (length[0.0] <= length[0.6]).all() and (length[0.6] <= length[1.0]).all()
-if not QUICK:  # what the prose above says of BLEU, for the full run
-    for name, rows in sweep.groupby("model"):
-        greedy_bleu = rows.loc[rows["beam size"] == 1, "sacreBLEU"].item()
-        best_at = {
-            k: rows.loc[rows["beam size"] == k, "sacreBLEU"].max() for k in (2, 4, 8)
-        }
-        assert best_at[2] - greedy_bleu > 0.3, name
-        assert max(best_at.values()) - best_at[2] < 0.3, name
-        for k in (2, 4, 8) if name == "German→English" else (4, 8):
-            by_alpha = rows[rows["beam size"] == k].sort_values("α")["sacreBLEU"]
-            assert by_alpha.is_monotonic_increasing, (name, k)
-sentences = f"the first {SWEEP_LIMIT}" if QUICK else "all"
-alt.vconcat(
-    *[
-        alt.hconcat(
-            bleu_panel.transform_filter(alt.datum.model == name).properties(
-                width=230, height=170, title=f"{name}: sacreBLEU"
-            ),
-            (length_panel.transform_filter(alt.datum.model == name) + rule).properties(
-                width=230, height=170, title=f"{name}: output/reference length"
-            ),
-        )
-        for name in NAMES.values()
-    ]
-).properties(title=f"Beam size and α on the validation split ({sentences} sentences)")
-
-# %% [markdown]
-# The sweep also checks the paper's choice: the best setting of the grid by sacreBLEU on the
-# validation split, for each model, next to the paper's $K = 4$, $\alpha = 0.6$.
-
-# %% tags=["nbval-ignore-output"]
-best = sweep.loc[sweep.groupby("model")["sacreBLEU"].idxmax()].assign(
-    setting="best of the grid"
-)
-paper = sweep[(sweep["beam size"] == 4) & (sweep["α"] == 0.6)].assign(
-    setting="the paper's K = 4, α = 0.6"
-)
-pd.concat([best, paper]).set_index(["model", "setting"]).sort_index()[
-    ["beam size", "α", "sacreBLEU", "chrF", "length ratio"]
-]
-
-# %% [markdown]
-# ## How sure are these differences?
-#
-# Every score above comes from one sample of sentences, the 1,000 of the test set or the 1,014 of
-# the validation split; another sample of the same kind of captions would give other numbers. The
-# *paired bootstrap* {cite:p}`koehn2004statistical` measures how much they could move: draw as many
-# sentences as the set has, with replacement, score both systems on that same draw, and repeat, here
-# 1,000 times (sacreBLEU's implementation, with its fixed seed). The spread of one system's scores
-# over the draws gives a 95% interval for its score. For a difference between two systems, the
-# *p-value* is the share of draws whose absolute difference, shifted so that those average zero as
-# they would for two equally good systems, is larger than the absolute difference measured on the
-# whole set (a two-sided test: either system may be the better one). A small p-value (we use 0.05)
-# says the difference is unlikely to be the luck of this sample; a large one, that this test set
-# cannot tell the two apart, not that they are equal.
-#
-# The three comparisons of this chapter, for each model: beam search against greedy decoding
-# and the averaged weights against the last epoch alone (on the test set), and the best setting
-# of the sweep against the paper's $K = 4$, $\alpha = 0.6$ (on the validation split). The
-# columns: the second system's gain in sacreBLEU and in chrF over the first, the p-value of
-# each, and the half-width of the second system's 95% interval.
-
-# %% tags=["nbval-ignore-output"]
-from sacrebleu.significance import PairedTest
-
-
-def paired_bootstrap(
-    baseline: list[str], system: list[str], references: list[str]
-) -> dict[str, float]:
-    """sacreBLEU's paired bootstrap, 1,000 draws: the system's gain over the baseline in
-    BLEU and chrF, the p-value of each, and the half-width of the system's 95% BLEU interval."""
-    _, results = PairedTest(
-        [("baseline", baseline), ("system", system)],
-        {"BLEU": BLEU(), "chrF": CHRF()},
-        [references],
-        test_type="bs",
-        n_samples=1000,
-    )()
-    row = {}
-    # the results are keyed by each metric's own name ("chrF2"), in the order given
-    columns = [key for key in results if key != "System"]
-    for metric, column in zip(("BLEU", "chrF"), columns, strict=True):
-        base, other = results[column]
-        row[f"{metric} gain"] = round(other.score - base.score, 2)
-        row[f"{metric} p"] = round(other.p_value, 3)
-    row["BLEU 95% ±"] = round(results["BLEU"][1].ci, 2)
-    return row
-
-
-best_of_grid = sweep.groupby("model")["sacreBLEU"].idxmax()
-paper_setting = sweep[(sweep["beam size"] == 4) & (sweep["α"] == 0.6)]
-paper_setting = paper_setting.reset_index().set_index("model")["index"]
-significance_rows = []
-for pair, name in NAMES.items():
-    n = len(last_translations[pair].sources)
-    best_found = sweep_found[best_of_grid[name]]
-    best_row = sweep.loc[best_of_grid[name]]
-    best_setting = (
-        "greedy"
-        if best_row["beam size"] == 1
-        else f"K = {best_row['beam size']}, α = {best_row['α']}"
-    )
-    comparisons = {
-        ("beam", "beam 4, α = 0.6 against greedy (test)"): (
-            greedy[pair].hypotheses,
-            test[pair].hypotheses,
-            test[pair].references,
-        ),
-        ("averaging", f"averaged against last epoch (test, {n:,} sentences)"): (
-            last_translations[pair].hypotheses,
-            test[pair].hypotheses[:n],
-            test[pair].references[:n],
-        ),
-        ("grid", f"best of the grid ({best_setting}) against K = 4, α = 0.6 (val)"): (
-            sweep_found[paper_setting[name]].hypotheses,
-            best_found.hypotheses,
-            best_found.references,
-        ),
-    }
-    for (kind, comparison), (baseline, system, references) in comparisons.items():
-        significance_rows.append(
-            {"model": name, "comparison": comparison, "kind": kind}
-            | paired_bootstrap(baseline, system, references)
-        )
-significance = pd.DataFrame(significance_rows)
-assert significance[["BLEU p", "chrF p"]].gt(0).all().all()
-assert significance[["BLEU p", "chrF p"]].le(1).all().all()
-if not QUICK:
-    by_kind = significance.set_index(["kind", "model"])
-    p_value, gain = by_kind["BLEU p"], by_kind["BLEU gain"]
-    # beam search: established for German→English, not for French→English
-    assert p_value["beam", "German→English"] < 0.05 < p_value["beam", "French→English"]
-    # averaging: a gain for both, established for both
-    assert (p_value["averaging"] < 0.05).all() and (gain["averaging"] > 0).all()
-    # the best of the grid: a small BLEU gain that this split cannot establish ...
-    assert (p_value["grid"] > 0.05).all() and (gain["grid"] < 0.5).all()
-    # ... but in chrF, German→English's is established
-    assert by_kind.loc[("grid", "German→English"), "chrF p"] < 0.05
-    assert by_kind.loc[("beam", "French→English"), "chrF p"] > 0.05
-    # the numbers the text quotes (sacreBLEU's bootstrap has a fixed seed)
-    quoted = {
-        ("beam", "German→English", "BLEU p"): 0.01,
-        ("beam", "German→English", "chrF p"): 0.002,
-        ("averaging", "German→English", "BLEU p"): 0.02,
-        ("averaging", "French→English", "BLEU p"): 0.03,
-        ("grid", "German→English", "BLEU p"): 0.08,
-        ("grid", "French→English", "BLEU p"): 0.12,
-        ("grid", "German→English", "chrF p"): 0.004,
-        ("grid", "German→English", "BLEU gain"): 0.13,
-        ("grid", "French→English", "BLEU gain"): 0.13,
-    }
-    for (kind, model, column), value in quoted.items():
-        digits = 3 if value < 0.01 else 2
-        assert round(by_kind.loc[(kind, model), column], digits) == value, (kind, model)
-    assert by_kind.loc[("averaging", "German→English"), "chrF p"] < 0.05
-    de_beam_4 = sweep[(sweep["model"] == "German→English") & (sweep["beam size"] == 4)]
-    lengths = de_beam_4.set_index("α")["length ratio"].round(3)
-    assert (lengths[1.0], lengths[0.6]) == (0.98, 0.973)
-    # one system's interval: about ±1.6 BLEU on 1,000 test sentences
-    assert (by_kind.loc["beam", "BLEU 95% ±"].round(1) == 1.6).all()
-    # the gains quoted: beam search's quarter point (French→English), averaging's two thirds
-    assert round(gain["beam", "French→English"], 2) == 0.25
-    assert gain["averaging"].round(2).between(0.6, 0.7).all()
-significance = significance.drop(columns="kind").set_index(["model", "comparison"])
-significance
-
-# %% [markdown]
-# What the table says, for the full run (in quick mode the averaging and grid rows use fewer
-# sentences and differ). One system's sacreBLEU on these 1,000 test sentences is known to about
-# ±1.6 points, so two published numbers a point apart, from different systems on this test set,
-# say little. Paired comparisons are finer, since both systems face the same draws:
-#
-# - beam search beats greedy decoding for German→English by more than chance would (p = 0.01
-#   in BLEU, 0.002 in chrF), but its quarter of a point for French→English is not established
-#   in either;
-# - averaging the last five epochs gains about two-thirds of a BLEU point for both models,
-#   established for both in BLEU (p = 0.02 and 0.03) and for German→English in chrF;
-# - the best setting of the grid beats the paper's by 0.13 BLEU for both models, which the
-#   validation split cannot tell from luck (p = 0.08 and 0.12). In chrF, German→English's gain
-#   with $\alpha = 1$ is established (p = 0.004): its translations are longer (length ratio
-#   0.980 against 0.973), and chrF, which weighs recall twice as much as precision, rewards
-#   that more than BLEU does. The paper's setting stays, chosen before looking, as the one
-#   setting this chapter's test-set numbers use; a reader tuning for chrF would take
-#   $\alpha = 1$.
-
-# %% [markdown]
-# ## Speed
-#
-# How fast the models translate on this machine's CPU, from the test-set runs above: the sentences
-# per second of the whole `translate` call (tokenising, searching in batches of 32 sentences of
-# similar length, detokenising), for beam search with $K = 4$ and for greedy decoding, side by side.
-# The times vary from machine to machine and run to run, the ratio less so. The runs are not quite
-# alike: the beam searches ran first and cut the test sentences into spaCy's words, which the greedy
-# runs then found in the data module's cache of whole splits, so the greedy figures are flattered by
-# the time that cut takes; the next cell times it for the 1,000 German test sentences, against
-# seconds of search. The book's outputs were computed on a machine without a GPU, so there is no GPU
-# figure here; on a GPU, `python -m transformer evaluate --pair de-en --device cuda` prints one.
-
-
-# %% tags=["nbval-ignore-output"]
-def cpu_name() -> str:
-    """The CPU's model name, from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-print(
-    f"CPU: {cpu_name()}, {os.cpu_count()} cores; PyTorch threads: {torch.get_num_threads()}; "
-    f"GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}"
-)
-speed = pd.DataFrame(
-    [
-        {
-            "model": NAMES[pair],
-            "greedy (sentences/s)": round(greedy[pair].sentences_per_second, 1),
-            "beam 4 (sentences/s)": round(test[pair].sentences_per_second, 1),
-            "beam 4 time / greedy time": round(
-                test[pair].seconds / greedy[pair].seconds, 1
-            ),
-        }
-        for pair in NAMES
-    ]
-).set_index("model")
-assert (speed["beam 4 time / greedy time"] > 1).all()
-# spaCy's cut of the German test sentences, which the greedy run found cached: timed afresh
-# with the data module's uncached function (its whole-split cache would return at once).
-from transformer.data import _pretokenize
-
-german = tuple(src for src, _ in load_pairs("test_2016_flickr", "de-en"))
-started = time.perf_counter()
-_pretokenize("de", german)
-cut_seconds = time.perf_counter() - started
-print(
-    f"spaCy's cut of the {len(german):,} German test sentences: {cut_seconds:.2f} s, "
-    f"against {greedy['de-en'].seconds:.2f} s of greedy decoding"
-)
-assert cut_seconds < greedy["de-en"].seconds / 4
-speed
-
-# %% [markdown]
-# The decoding chapter measured its key/value cache on a toy model; here is the same measurement
-# on real sentences: greedy decoding of the first 200 test sentences with the German→English
-# model, as one padded batch, with and without the cache, each the best of three runs, one after
-# the other in this run. The translations are the same either way; the ratio of the times is
-# what the cache saves.
-
-# %% tags=["nbval-ignore-output"]
-from transformer.data import load_pairs
-from transformer.decode import greedy_decode
-
-model, tokenizer = models["de-en"]
-encoded = tokenizer.encode_batch(
-    [src for src, _ in load_pairs("test_2016_flickr", "de-en")[:200]]
-)
-cache_src = torch.full((200, max(map(len, encoded)) + 1), tokenizer.pad_id)  # (B, S)
-for row, ids in enumerate(encoded):
-    cache_src[row, : len(ids) + 1] = torch.tensor(ids + [tokenizer.eos_id])
-special = dict(
-    bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
-)
-timings = {}
-for use_cache in (True, False):
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        found = greedy_decode(model, cache_src, **special, use_cache=use_cache)
-        times.append(time.perf_counter() - started)
-    timings[use_cache] = (min(times), [h.tokens for h in found])
-assert timings[True][1] == timings[False][1]  # the same translations
-print(
-    f"greedy, 200 test sentences: with the cache {timings[True][0]:.2f} s, "
-    f"without {timings[False][0]:.2f} s: the cache is "
-    f"{timings[False][0] / timings[True][0]:.1f} times as fast"
-)
-assert timings[True][0] < timings[False][0]
-
-# %% [markdown]
-# ## The training curves
-#
-# Each shipped folder keeps its run's `metrics.jsonl` (the training chapter describes its
-# fields): one record per epoch, and one for the averaged model. The label-smoothed loss per
-# target token, on the training data (with dropout, averaged over the epoch) and on the whole
-# validation split (without dropout), and the validation accuracy of the next-token prediction;
-# the diamond is the averaged model. What to see: whether the validation curves have flattened
-# by the last epoch, that is, whether training longer would have paid, and where the average
-# lands against the epochs it averages.
-
-# %% tags=["nbval-ignore-output"]
-# Epochs only, not a `partial` record (the training chapter).
-epochs = metrics[metrics["kind"] == "epoch"]
-losses = pd.concat(
-    [
-        epochs[["model", "epoch", "train_loss"]]
-        .rename(columns={"train_loss": "loss"})
-        .assign(data="training"),
-        epochs[["model", "epoch", "val_loss"]]
-        .rename(columns={"val_loss": "loss"})
-        .assign(data="validation"),
-    ]
-).round(4)
-loss_lines = alt.Chart(losses).encode(
-    x=alt.X("epoch:Q"),
-    y=alt.Y(
-        "loss:Q",
-        title="label-smoothed loss per token (nats)",
-        scale=alt.Scale(zero=False),
-    ),
-    color=alt.Color("model:N", title=None),
-    tooltip=["model", "data", "epoch", "loss"],
-)
-# Lines and points in two layers: the legend then draws the dashes.
-loss_chart = loss_lines.mark_line().encode(
-    strokeDash=alt.StrokeDash("data:N", title=None)
-) + loss_lines.mark_point(filled=True, size=30)
-average_points = (
-    alt.Chart(metrics[metrics["kind"] == "average"].round(4))
-    .mark_point(shape="diamond", size=120, filled=True)
-    .encode(
-        x="epoch:Q",
-        color=alt.Color("model:N", title=None),
-        tooltip=["model", "kind", "epoch", "val_loss", "val_ppl_word", "val_accuracy"],
-    )
-)
-accuracy_chart = (
-    alt.Chart(epochs.round(4))
-    .mark_line(point=True)
-    .encode(
-        x=alt.X("epoch:Q"),
-        y=alt.Y(
-            "val_accuracy:Q",
-            title="validation accuracy",
-            axis=alt.Axis(format="%"),
-            scale=alt.Scale(zero=False),
-        ),
-        color=alt.Color("model:N", title=None),
-        tooltip=["model", "epoch", "val_accuracy", "val_ppl_word"],
-    )
-)
-assert all(
-    run["val_loss"].iloc[-1] < run["val_loss"].iloc[0]
-    for _, run in epochs.groupby("model")
-)
-alt.hconcat(
-    (loss_chart + average_points.encode(y="val_loss:Q")).properties(
-        width=300, height=220, title="Loss"
-    ),
-    (accuracy_chart + average_points.encode(y="val_accuracy:Q")).properties(
-        width=300, height=220, title="Validation accuracy"
-    ),
-).properties(title="Training the shipped models")
-
-# %% [markdown]
-# The epoch with the lowest validation loss, against the last one:
-
-# %% tags=["nbval-ignore-output"]
-for name, run in epochs.groupby("model"):
-    lowest = run.loc[run["val_loss"].idxmin()]
-    print(
-        f"{name}: lowest validation loss {lowest['val_loss']:.3f} after epoch "
-        f"{lowest['epoch']:g}; last epoch {run['epoch'].iloc[-1]:g}, "
-        f"{run['val_loss'].iloc[-1]:.3f}"
-    )
-    assert lowest["epoch"] >= run["epoch"].iloc[-1] - 1
-
-# %% [markdown]
-# The validation loss is lowest at or next to the last epoch: the curves have not yet turned.
-# Would training longer have paid? The chapter on the book's models runs the recipe for 110 epochs
-# (French→English 111) to see:
-# its best single epoch per word, after 57 epochs for German→English and 42 for French→English,
-# is about where the shipped averages of the last five are (7.49 against 7.51; 5.87 against
-# 5.87), and then the perplexity rises (its section "The comparison runs").
-
-# %% [markdown]
 # ## Examples, good and bad
 #
-# Corpus scores hide what the errors look like. To show typical translations without choosing them
-# by hand, we score every test sentence on its own with chrF (sentence-level BLEU is too coarse for
-# one short sentence: with no 4-gram in common it is zero, or, smoothed, an arbitrary small number),
-# keep the sentences whose source has 8 to 20 words, sort them by their chrF (ties by line number),
-# and show for each model those at the 10th, 50th and 90th percentile: a poor, a middling and a good
-# translation.
+# Corpus scores hide what the errors look like. To choose examples without choosing them by hand,
+# we score every test sentence on its own with chrF (sentence-level BLEU is too coarse for one
+# short sentence), keep those whose source has 8 to 20 words, and show for each model the ones at
+# the 10th, 50th and 90th percentile: a poor, a middling and a good translation.
 
 # %% tags=["nbval-ignore-output"]
 chrf = CHRF()
@@ -1452,33 +608,28 @@ with pd.option_context("display.max_colwidth", None):
     display(examples)
 
 # %% [markdown]
+# What to see: the good translations are near-copies of the reference, often differing by a
+# synonym; the poor ones keep the sentence's frame but drop or garble a detail, a colour, a
+# garment, a rarer word, and stay fluent English while doing so, which makes such errors easy to
+# miss without the source.
+#
 # ## What the model learned: attention
 #
-# Every head of every layer of the German→English model computes its own attention weights, of
-# three kinds: encoder self-attention (source to source), decoder self-attention (output so
-# far to output so far) and encoder–decoder attention (output to source).
-# `Transformer.attention_weights` (the full-model chapter) returns them all for one forward
-# pass.
+# Every head of every layer computes its own attention weights, of three kinds: encoder
+# self-attention, decoder self-attention and encoder–decoder attention;
+# `Transformer.attention_weights` (the full-model chapter) returns them all for one forward pass.
+# Finding a pattern in dozens of maps by eye is easy, and finding one by accident easier still.
+# So we first *measure*, for every head of the German→English model, over the first 200
+# validation sentences (the decoder reading the reference), the share of its attention that goes
+# where a recognisable behaviour would put it:
 #
-# Looking at dozens of maps and finding a pattern is easy; finding one by accident is easier
-# still. So we first *measure*, for every head, over the first 200 validation sentences (the
-# decoder reading the reference translation, as in training), the share of its attention that
-# goes where a recognisable behaviour would put it:
+# - **a fixed distance**: in the self-attentions, the weight that position $i$ puts on the token
+#   before it, on itself and (in the encoder) on the token after it;
+# - **the same token in the source**: in the encoder–decoder attention, where the next output
+#   token also occurs once in the source (a name, a number, the full stop: the vocabulary is
+#   shared), the weight on that source token, a hint of alignment.
 #
-# - **a fixed distance**: in the self-attentions, the weight that position $i$ puts on the
-#   token before it ($i - 1$), on itself ($i$) and, in the encoder, which sees the whole
-#   source, on the token after it ($i + 1$). A head with most of its weight at one distance
-#   passes that neighbour's information on to the next layer, whatever the words are.
-# - **the same word in the source**: in the encoder–decoder attention, at the positions whose
-#   next output token also occurs exactly once in the source (the vocabulary is shared, so a
-#   name, a number, a full stop or German "in" for English "in" is the same token on both
-#   sides), the weight on that source token. A head that aligns target words with the source
-#   words they translate should put much of its weight there. Most such positions are the
-#   final full stop, though, so this share says more about the end of the sentence than about
-#   words; it is a hint, not a measure of alignment.
-#
-# Each share is printed next to what attention spread evenly over the positions it may see
-# would give.
+# Each share is printed next to what attention spread evenly would give.
 
 # %% tags=["nbval-ignore-output"]
 from transformer.data import load_pairs
@@ -1617,8 +768,7 @@ print(
 ).round(1)
 
 # %% [markdown]
-# The rule that picks the heads to show: for each kind of attention, the head with the largest
-# share of one kind. The assertions check that each is far from even attention:
+# For each kind of attention we pick the head with the largest share; each is far from even:
 
 # %% tags=["nbval-ignore-output"]
 picked = shares.loc[shares.groupby("attention")["share"].idxmax()].set_index(
@@ -1632,13 +782,11 @@ for attention, row in picked.iterrows():
 assert (picked["share"] > 2.5 * picked["even"]).all()
 
 # %% [markdown]
-# Now the maps themselves, for one sentence: by rule, the first test sentence whose source has
-# 8 to 12 words, with the decoder reading the model's own beam-search translation. Each figure
-# holds every layer and head: choose them with the selectors under it (the figure opens at the
-# head picked above), and hover over a cell for its tokens and weight. The tokens are BPE
-# pieces; "▁" marks a piece that begins a word preceded by a space (or the sentence), so
-# punctuation attached to a word has none. A decoder row is labelled with the token that
-# position *reads*; the tooltip adds the token it *predicts*, the next one.
+# Now the maps for one sentence: the first test sentence whose source has 8 to 12 words, with the
+# decoder reading the model's own beam-search translation. Each figure holds every layer and
+# head: choose them with the selectors under it (it opens at the head picked above), and hover
+# over a cell for its tokens and weight. "▁" marks a BPE piece that begins a word. A decoder row
+# is labelled with the token it *reads*; the tooltip adds the one it *predicts*.
 
 # %% tags=["nbval-ignore-output"]
 first = next(
@@ -1727,12 +875,9 @@ def start_of(attention: str) -> tuple[int, int]:
 
 
 # %% [markdown]
-# **Decoder self-attention**, opening at the head picked above. The share printed above is
-# how much of its weight lies on one diagonal: the main one if it looks at the token itself,
-# the one just below it if at the previous token; the rows that leave that diagonal show what
-# else the head does. A head that looks at the previous token hands the layers above it the
-# last two tokens at every position, what a bigram model would use. The upper right triangle
-# stays empty: the causal mask.
+# **Decoder self-attention.** What to see: the upper right triangle is empty (the causal mask),
+# and the picked head's weight lies on one diagonal, the main one for a head that looks at the
+# token itself.
 
 # %% tags=["nbval-ignore-output"]
 attention_explorer(
@@ -1746,13 +891,10 @@ attention_explorer(
 )
 
 # %% [markdown]
-# **Encoder–decoder attention**, opening at the head picked above, the one that puts the most
-# weight on the source token that the next output token repeats (the layer's heads score close
-# to one another, so the pick is no strong distinction). Hover over the rows and compare the
-# German word a row looks at with the English word it predicts ("predicts" in the tooltip): a
-# head that aligns looks at the German word that the next English word translates. Where a
-# head does, for the content words, it has learned an alignment from nothing but pairs of
-# sentences; look for it in the other heads of the same layers too.
+# **Encoder–decoder attention.** What to see: hover over the rows and compare the German piece a
+# row looks at with the English one it predicts. Where a head looks at the German word that the
+# next English word translates, it has learned an alignment from nothing but pairs of sentences;
+# look for it in the other heads of the upper layers too.
 
 # %% tags=["nbval-ignore-output"]
 attention_explorer(
@@ -1766,10 +908,9 @@ attention_explorer(
 )
 
 # %% [markdown]
-# **Encoder self-attention**, opening at the head picked above by the same rule as the
-# decoder's: the share printed above is how much of its weight lies at one distance, and the
-# rows that leave that diagonal show what else the head does. Here every position may look at
-# the whole source, before and after it.
+# **Encoder self-attention.** Every position may look at the whole source. What to see: the
+# picked head's diagonal, and the rows that leave it, where the head gathers a word's pieces or
+# its neighbours.
 
 # %% tags=["nbval-ignore-output"]
 attention_explorer(
@@ -1785,8 +926,7 @@ attention_explorer(
 # ## Where the models fail: sentence length
 #
 # BLEU of the beam-4 test translations grouped by the length of the source in words, with the
-# number of sentences in each group; a group of a few dozen sentences gives a noisy BLEU, so
-# read the counts with the scores.
+# number of sentences in each group (a group of a few dozen gives a noisy BLEU):
 
 # %% tags=["nbval-ignore-output"]
 from transformer.evaluate import bleu_by_length
@@ -1808,20 +948,18 @@ assert (by_length.groupby("model")["sentences"].sum() == 1000).all()
 bleu_by_group = by_length.set_index(["model", "source words"])["sacreBLEU"]
 assert bleu_by_group["French→English"].is_monotonic_decreasing
 assert bleu_by_group["German→English"].idxmin() == "20+"
-if not QUICK:  # the numbers the prose quotes
-    assert bleu_by_group["German→English"].round(1).tolist() == [43.8, 41.9, 42.5, 27.4]
-    assert bleu_by_group["French→English"].round(1)[["1–9", "20+"]].tolist() == [
-        59.2,
-        42.3,
-    ]
+# the numbers the prose quotes, loosely: a group of 35 sentences moves with one translation
+quoted = {("German→English", "1–9"): 43.8, ("German→English", "20+"): 27.4}
+quoted |= {("French→English", "1–9"): 59.2, ("French→English", "20+"): 42.3}
+assert all(abs(bleu_by_group[key] - value) < 1 for key, value in quoted.items())
 by_length.set_index(["model", "source words"])
 
 # %% [markdown]
-# The same as bars (hover for the counts). What to see: whether the long sources, the rarest
-# in training too, score lower than the short ones, and whether both models fail alike. They
-# do not: German→English holds level up to 19 source words (43.8, 41.9 and 42.5) and drops to
-# 27.4 only on its 35 longest sentences, which it also shortens most (length ratio 0.90);
-# French→English loses with every longer group, from 59.2 to 42.3.
+# The same as bars (hover for the counts). What to see: both models lose on their longest sources,
+# the rarest in training too, but differently. German→English holds level up to 19 source words
+# (about 42 to 44) and drops to 27.4 only on its 35 longest sentences, which it also shortens most
+# (length ratio 0.90): it leaves parts of long sentences untranslated. French→English loses a
+# little with every longer group, from 59.2 to 42.3.
 
 # %% tags=["nbval-ignore-output"]
 alt.Chart(by_length).mark_bar().encode(
@@ -1842,17 +980,22 @@ alt.Chart(by_length).mark_bar().encode(
 # %% [markdown]
 # ## Summary
 #
-# The tables above give the shipped models' sacreBLEU and chrF on `test_2016_flickr` with their
-# signatures, whether the targets were met, and the reference numbers with how each was obtained;
-# the ablations give what beam search and checkpoint averaging add, the sweep how BLEU and the
-# output length change with the beam size and $\alpha$, and the paired bootstrap which of these
-# differences the test set can tell from chance (averaging's gain for both models and beam search's
-# for German→English, not beam search's quarter point for French→English nor the grid's best over
-# the paper's setting). The shipped models, trained on one H100 in about seven minutes each, meet
-# the BLEU targets on the test set. Neither meets its validation targets as they were set, per word
-# (the chapter on the book's models measures them, and its section "The comparison runs" what was
-# tried to close the gap). To score a model of your own, or the shipped ones on another split:
+# - On `test_2016_flickr`, with the paper's beam 4 and $\alpha = 0.6$, the shipped models score
+#   41.6 (German→English) and 53.1 (French→English) sacreBLEU, reported with its signature.
+# - Beam search beats greedy decoding by 0.7 and 0.25 points, the first beyond chance; averaging
+#   the last five epochs adds about 0.6 points to both.
+# - The errors keep the sentence's frame and lose details; long sentences, rare in training,
+#   score lowest, and German→English shortens them.
+# - Measured over many sentences, some heads attend to a fixed neighbour or to the source token
+#   being translated; the explorer shows them one sentence at a time.
+
+# %% [markdown]
+# ## Exercises
 #
-# ```
-# python -m transformer evaluate --pair de-en --split val --beam 4 --alpha 0.6
-# ```
+# 1. Score other searches on the validation split, keeping the test set for the end:
+#    `python -m transformer evaluate --pair de-en --split val --beam 8 --alpha 1.0`. Does a
+#    setting beat the paper's $K = 4$, $\alpha = 0.6$, and by how much?
+# 2. Score the last epoch alone, `--checkpoint checkpoints/de-en/last`, or a run of your own from
+#    the training chapter, `--checkpoint runs/de-en`, against the shipped model.
+# 3. Write the greedy and beam translations of the test set with `--output` and read the
+#    sentences where they differ. Which would you prefer?

@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import transformer.data as data
+from transformer.checkpoint import export_model, save_weights
 from transformer.config import TransformerConfig
-from transformer.data import pretokenize, train_bpe
 from transformer.model import Transformer
-from transformer.train import TrainConfig, export_model, run_record, save_weights
+from transformer.tokenizer import Tokenizer, pretokenize, train_bpe
+from transformer.train_config import TrainConfig, run_record
 
 GERMAN = [
     "Ein Hund läuft über eine Wiese.",
@@ -34,14 +34,14 @@ ENGLISH = [
 MAX_LEN = 40  # the tiny model's positions: sources of more tokens are cut
 
 
-def tiny_tokenizer(seed_text: list[str] = GERMAN) -> data.Tokenizer:
+def tiny_tokenizer(seed_text: list[str] = GERMAN) -> Tokenizer:
     words = pretokenize(seed_text, "de") + pretokenize(ENGLISH, "en")
     return train_bpe(words, 90, languages=("de", "en"))
 
 
 def ship(
     folder: Path,
-    tokenizer: data.Tokenizer,
+    tokenizer: Tokenizer,
     pair: str = "de-en",
     seed: int = 0,
     max_len: int = MAX_LEN,

@@ -437,8 +437,8 @@ def test_decoding_restores_the_training_mode_and_checks_its_arguments():
 
 @pytest.mark.parametrize("alpha", [float("inf"), float("-inf"), 1e308, 10.1, -0.1])
 def test_alpha_must_be_a_number_from_0_to_10(alpha):
-    # inf and 1e308 used to pass the check, make lp infinite and every ruled-out candidate
-    # -inf / inf = NaN, which topk prefers: the search returned empty outputs.
+    # An infinite lp would make every ruled-out candidate -inf / inf = NaN, which topk
+    # prefers: the search would return what it had ruled out.
     with pytest.raises(ValueError, match=r"alpha must be >= 0 and at most 10, got"):
         beam_search(tiny_model(), sources([3]), alpha=alpha, **IDS)
 

@@ -1,5 +1,5 @@
-"""Token embeddings and positional encodings (chapter 4): the table is the paper's formula,
-offsets act as fixed linear maps, and the layers add the right rows or fail clearly."""
+"""Token embeddings and positional encodings (the embeddings chapter): the table is the paper's
+formula, offsets act as fixed linear maps, and the layers add the right rows or fail clearly."""
 
 from __future__ import annotations
 
@@ -96,15 +96,6 @@ def test_dot_product_depends_on_distance_only():
             -1
         )  # PE(pos)·PE(pos + k) for every pos
         assert torch.allclose(dots, dots[0].expand_as(dots), atol=1e-9)
-
-
-def test_token_embedding_scales_by_sqrt_d_model():
-    torch.manual_seed(0)
-    embed = TokenEmbedding(vocab_size=50, d_model=36)
-    ids = torch.tensor([[0, 5, 49], [7, 7, 1]])
-    out = embed(ids)
-    assert out.shape == (2, 3, 36)
-    assert torch.allclose(out, embed.embedding.weight[ids] * 6.0)
 
 
 def test_token_embedding_has_unit_variance_at_initialisation():

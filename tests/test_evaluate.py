@@ -1,6 +1,7 @@
 """`transformer.evaluate`: the scores against sacreBLEU called directly, BLEU by source length,
-translating a split, and `python -m transformer evaluate` on a tiny model, with its errors for
-bad options, models and data."""
+translating a split, writing translations atomically, and `python -m transformer evaluate` on a
+tiny model (through the package's `main`, as a shell runs it), with its errors for bad options,
+models and data."""
 
 from __future__ import annotations
 
@@ -18,20 +19,21 @@ import torch
 from helpers import ENGLISH, GERMAN, ship, tiny_tokenizer
 from sacrebleu.metrics import BLEU, CHRF
 
-import transformer.data as data
+import transformer.cli as cli
 import transformer.decode as decode
 import transformer.evaluate as evaluate_module
+import transformer.tokenizer as tokenizer_module
+from transformer.__main__ import main as package_main
+from transformer.checkpoint import load_model
 from transformer.decode import translate
 from transformer.evaluate import (
     LC_TOK_BLEU,
     bleu_by_length,
-    main,
     score,
     spacy_words,
     translate_split,
     write_lines,
 )
-from transformer.train import load_model
 
 FRENCH = [
     "Un chien court dans un pré.",
@@ -213,8 +215,9 @@ def test_translate_split_translates_the_sources_in_order(loaded, data_dir):
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`python -m transformer evaluate ARGV`: (status, stdout, stderr)."""
     capsys.readouterr()
-    status = main(argv)
+    status = package_main(["evaluate", *argv])
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -231,6 +234,13 @@ def evaluate_args(shipped: Path, data_dir: Path, *more: str) -> list[str]:
         "cpu",
         *more,
     ]
+
+
+def patch_everywhere(monkeypatch, name: str, value) -> None:
+    """Replace `name` in every module that holds it (the library's and the command's)."""
+    for module in (decode, evaluate_module, cli):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)
 
 
 def test_the_command_prints_scores_signatures_and_time(
@@ -295,7 +305,7 @@ def test_the_default_model_is_checkpoints_pair(
     shipped, data_dir, tmp_path, capsys, monkeypatch
 ):
     shutil.copytree(shipped, tmp_path / "checkpoints" / "de-en")
-    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    patch_everywhere(monkeypatch, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
     argv = ["--pair", "de-en", "--data-dir", str(data_dir), "--limit", "2"]
     status, out, _ = run(argv, capsys)
     assert status == 0
@@ -352,7 +362,7 @@ def test_a_missing_model_folder_is_named(data_dir, tmp_path, capsys):
 def test_no_shipped_model_says_how_to_train_one(
     data_dir, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    patch_everywhere(monkeypatch, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
     status, out, err = run(["--pair", "fr-en", "--data-dir", str(data_dir)], capsys)
     assert_error(
         status,
@@ -419,7 +429,7 @@ def test_an_output_that_is_a_folder_is_refused_before_translating(
     def never(*args, **kwargs):
         raise AssertionError("translated although the output cannot be written")
 
-    monkeypatch.setattr(evaluate_module, "translate_split", never)
+    patch_everywhere(monkeypatch, "translate_split", never)
     status, out, err = run(
         evaluate_args(shipped, data_dir, "--output", str(tmp_path)), capsys
     )
@@ -458,7 +468,7 @@ def test_without_spacy_a_clear_error(shipped, data_dir, capsys, monkeypatch):
             "tokenising text needs spaCy: pip install 'transformer[data]'"
         )
 
-    monkeypatch.setattr(data, "_spacy_tokenizer", no_spacy)
+    monkeypatch.setattr(tokenizer_module, "_spacy_tokenizer", no_spacy)
     status, out, err = run(evaluate_args(shipped, data_dir, "--limit", "1"), capsys)
     assert_error(status, out, err, "needs spaCy")
 

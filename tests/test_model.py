@@ -416,7 +416,8 @@ def test_base_parameter_count_as_built_faithfully():
     # The paper says 65M; the faithful base model with a 37,000-token shared, tied vocabulary
     # has 63,082,496 parameters, 2.95% fewer. The architecture is not changed to close the gap:
     # the other base-family rows of Table 3 (rows C) differ from ours by an offset that scales
-    # with d_model, as if their embedding table had about 41,000 rows (chapter 09_model).
+    # with d_model, as if their embedding table had about 41,000 rows (the appendix
+    # "Derivations and counts").
     count = count_on_meta(TransformerConfig.base(PAPER_VOCAB))
     assert count == 63_082_496
     assert count / 65e6 - 1 == pytest.approx(-0.0295, abs=5e-4)

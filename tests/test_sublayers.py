@@ -1,4 +1,4 @@
-"""The feed-forward network and the sublayer connection (chapter 5): the formulas, the two
+"""The feed-forward network and the sublayer connection: the formulas, the two
 normalisation orders, and position-wise independence."""
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""The training loop: one update, validation metrics, FLOPs, checkpoints, exact resume,
-averaging, the shipped-model format, two processes against one, and the command line."""
+"""The training loop: one update, validation metrics, the run's configuration, whole runs
+that resume exactly, two processes against one, and `python -m transformer train`."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import importlib
-import importlib.util
 import io
 import json
 import math
@@ -24,51 +22,32 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+from transformer.__main__ import main
+from transformer.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    latest_checkpoint,
+    load_model,
+    load_state,
+)
 from transformer.config import TransformerConfig
 from transformer.data import (
     DATA_DIR,
-    MARK,
     BPEDropout,
     DataError,
     EncodedSplit,
     collate,
     token_batches,
-    train_bpe,
 )
+from transformer.epochs import TrainingData
+from transformer.files import read_jsonl
 from transformer.loss import LabelSmoothingLoss
-from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer, noam_lr
-from transformer.train import (
-    CheckpointError,
-    TrainConfig,
-    Trainer,
-    TrainingData,
-    _parser,
-    atomic_folder,
-    average_checkpoints,
-    batch_log_probs,
-    config_from_args,
-    count_words,
-    cross_attention_kv_parameters,
-    evaluate,
-    export_model,
-    latest_checkpoint,
-    load_model,
-    load_state,
-    load_weights,
-    main,
-    model_tensors,
-    multi30k_recipe,
-    non_embedding_parameters,
-    quick_mode,
-    read_jsonl,
-    save_state,
-    save_weights,
-    train,
-    train_step,
-    training_flops,
-)
+from transformer.tokenizer import MARK, train_bpe
+from transformer.train import Trainer, TrainResult, train, train_step
+from transformer.train_config import TrainConfig, multi30k_recipe, quick_mode
+from transformer.validation import batch_log_probs, count_words, evaluate
 
 # The module: `transformer.train` as an attribute of the package is the function train.
 train_module = importlib.import_module("transformer.train")
@@ -226,7 +205,7 @@ def test_train_step_wants_a_summed_loss():
         )
 
 
-# -- validation, FLOPs ---------------------------------------------------------------------------
+# -- validation --------------------------------------------------------------------------------
 
 
 def test_word_perplexity_divides_the_total_nll_by_the_words():
@@ -284,164 +263,7 @@ def test_the_validation_loss_is_label_smoothed_and_the_nll_is_not():
     assert plain["val_loss"] == pytest.approx(metrics["val_nll"], rel=1e-5)
 
 
-def test_training_flops_by_the_formula():
-    config = TransformerConfig(
-        src_vocab_size=50, d_model=8, n_heads=2, n_layers=3, d_ff=16
-    )
-    model = Transformer(config)
-    n_enc, n_dec = non_embedding_parameters(model)
-    # Per layer: attention 4(d² + d), feed-forward 2·d·d_ff + d_ff + d, a LayerNorm 2d.
-    d, f = 8, 16
-    assert n_enc == 3 * (4 * (d * d + d) + 2 * d * f + f + d + 2 * 2 * d)
-    assert n_dec == 3 * (2 * 4 * (d * d + d) + 2 * d * f + f + d + 3 * 2 * d)
-    # The cross-attention's W_K and W_V (with biases) act on the source positions.
-    n_kv = 3 * 2 * (d * d + d)
-    assert cross_attention_kv_parameters(model) == n_kv
-    flops = training_flops(model, src_lengths=[5, 2], tgt_lengths=[7, 3])
-    for s, t, value in zip([5, 2], [7, 3], flops, strict=True):
-        linear = 6 * ((n_enc + n_kv) * s + (n_dec - n_kv + d * 50) * t)
-        assert value == linear + 12 * d * 3 * (s * s + t * t + s * t)
-
-
-# -- checkpoint pieces ---------------------------------------------------------------------------
-
-
-def test_state_round_trip_is_exact(tmp_path: Path):
-    model = tiny_model()
-    optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
-    batch = collate(copy_pairs(4, seed=2), pad_id=0, bos_id=1, eos_id=2)
-    criterion = LabelSmoothingLoss(pad_id=0, reduction="sum")
-    for _ in range(2):
-        train_step(
-            model,
-            [batch],
-            criterion=criterion,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            tokens=batch.n_tgt_tokens,
-        )
-    state = {
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "odd": {1: (0.1, None, float("inf")), "x": [True, "s"]},
-    }
-    save_state(tmp_path, "trainer", state)
-    back = load_state(tmp_path, "trainer")
-    assert back["scheduler"] == state["scheduler"]
-    assert back["odd"] == state["odd"] and isinstance(back["odd"][1], tuple)
-    assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
-    for i, entry in state["optimizer"]["state"].items():
-        for key, value in entry.items():
-            assert torch.equal(back["optimizer"]["state"][i][key], value)
-    with pytest.raises(TypeError, match="without pickle"):
-        save_state(tmp_path, "bad", {"a": object()})
-
-
-def test_tied_weights_are_stored_once_and_tied_again(tmp_path: Path):
-    model = tiny_model()
-    stored = model_tensors(model)
-    assert (
-        "generator.proj.weight" not in stored
-        and "tgt_embed.embedding.weight" not in stored
-    )
-    save_weights(model, tmp_path / "model.safetensors")
-    assert set(weights_of(tmp_path)) == set(stored)
-    other = Transformer(model.config)
-    load_weights(other, tmp_path / "model.safetensors")
-    assert other.generator.proj.weight is other.src_embed.embedding.weight
-    for (name, a), b in zip(
-        model.state_dict().items(), other.state_dict().values(), strict=True
-    ):
-        assert torch.equal(a, b), name
-    wider = Transformer(
-        TransformerConfig(src_vocab_size=13, d_model=32, n_heads=2, n_layers=1, d_ff=32)
-    )
-    with pytest.raises(CheckpointError, match="model.safetensors: weight .* has shape"):
-        load_weights(wider, tmp_path / "model.safetensors")
-
-
-def test_average_of_known_tensors(tmp_path: Path):
-    values = [([1.0, 2.0], [[0.0]]), ([3.0, 4.0], [[1.0]]), ([5.0, 9.0], [[2.0]])]
-    for i, (w, b) in enumerate(values):
-        (tmp_path / f"c{i}").mkdir()
-        safetensors.torch.save_file(
-            {"w": torch.tensor(w), "b": torch.tensor(b)},
-            tmp_path / f"c{i}" / "model.safetensors",
-        )
-    mean = average_checkpoints([tmp_path / f"c{i}" for i in range(3)])
-    assert torch.equal(mean["w"], torch.tensor([3.0, 5.0]))
-    assert torch.equal(mean["b"], torch.tensor([[1.0]]))
-    assert mean["w"].dtype == torch.float32
-    safetensors.torch.save_file(
-        {"w": torch.zeros(3), "b": torch.zeros(1, 1)}, tmp_path / "odd.safetensors"
-    )
-    with pytest.raises(CheckpointError, match="odd.safetensors: weight w has shape"):
-        average_checkpoints([tmp_path / "c0", tmp_path / "odd.safetensors"])
-    with pytest.raises(CheckpointError, match="no weights file"):
-        average_checkpoints([tmp_path / "missing"])
-
-
-def test_atomic_folder_leaves_the_old_folder_or_the_new(tmp_path: Path):
-    target = tmp_path / "ckpt"
-    with atomic_folder(target) as tmp:
-        (tmp / "a").write_text("old")
-    with pytest.raises(RuntimeError), atomic_folder(target) as tmp:
-        (tmp / "a").write_text("half")
-        raise RuntimeError("killed")
-    assert (target / "a").read_text() == "old"
-    with atomic_folder(target) as tmp:
-        (tmp / "a").write_text("new")
-    assert (target / "a").read_text() == "new"
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
-
-
-def test_atomic_folder_syncs_its_files_before_the_rename_and_the_rename_after(
-    tmp_path: Path, monkeypatch
-):
-    """A rename can reach the disk before the data of the files renamed: after a power cut
-    the folder would hold empty files. Every file of the temporary folder (save_state's
-    too) and the folder itself are flushed (os.fsync) before the rename, and the parent
-    folder after it. Files are told apart by their inode, which a rename keeps."""
-    events = []
-    fsync, replace = os.fsync, os.replace
-
-    def watched_fsync(fd):
-        st = os.fstat(fd)
-        events.append(("fsync", (st.st_dev, st.st_ino)))
-        fsync(fd)
-
-    def watched_replace(src, dst):
-        events.append(("replace", Path(dst).name))
-        replace(src, dst)
-
-    def inode(path: Path) -> tuple[int, int]:
-        st = path.stat()
-        return st.st_dev, st.st_ino
-
-    monkeypatch.setattr(os, "fsync", watched_fsync)
-    monkeypatch.setattr(os, "replace", watched_replace)
-    target = tmp_path / "ckpt"
-    for content in ("old", "new"):  # into a new folder, then over an old one
-        events.clear()
-        with atomic_folder(target) as tmp:
-            (tmp / "progress.json").write_text(content)
-            save_state(tmp, "trainer", {"x": torch.ones(2)})
-        assert (target / "progress.json").read_text() == content
-        renamed = events.index(("replace", "ckpt"))
-        before = {x for kind, x in events[:renamed] if kind == "fsync"}
-        after = {x for kind, x in events[renamed:] if kind == "fsync"}
-        files = sorted(target.iterdir())
-        assert [f.name for f in files] == [
-            "progress.json",
-            "trainer.json",
-            "trainer.safetensors",
-        ]
-        for path in [*files, target]:
-            assert inode(path) in before, path.name
-        assert inode(tmp_path) in after
-
-
-# -- configuration -------------------------------------------------------------------------------
+# -- configuration --------------------------------------------------------------------------------
 
 
 def test_train_config_round_trips_through_json():
@@ -508,7 +330,7 @@ def test_quick_mode_follows_the_environment(monkeypatch):
         quick_mode()
 
 
-# -- whole runs ----------------------------------------------------------------------------------
+# -- whole runs --------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -679,12 +501,11 @@ def test_bpe_dropout_prefetched_in_a_second_process_trains_the_same(tmp_path: Pa
     config = functools.partial(tiny_config, bpe_dropout=0.3, average_last=0)
     here = train(config(tmp_path / "here"), data=data, echo=False)
     trainer = Trainer(config(tmp_path / "ahead"), data=data, echo=False)
-    assert not trainer.prefetch  # on a CPU
-    trainer.prefetch = True
+    assert not trainer.spellings.prefetch  # on a CPU
+    trainer.spellings.prefetch = True
     ahead = trainer.run()
-    assert (
-        trainer._pool is not None and not trainer._ahead
-    )  # used, and nothing left over
+    # used, and nothing left over
+    assert trainer.spellings.pool is not None and not trainer.spellings.ahead
     assert _comparable(ahead.metrics) == _comparable(here.metrics)
     folder = "checkpoints/epoch-002"
     for name, value in weights_of(tmp_path / "here" / folder).items():
@@ -753,16 +574,16 @@ def test_a_run_stopped_by_the_time_limit_saves_its_place_and_resumes_exactly(
     epoch = straight.metrics[0]["step"]  # updates per epoch
     asked = []
 
-    def time_is_up(self) -> bool:
-        asked.append(self.progress.step)
+    def time_is_up(self) -> bool:  # asked once before each update
+        asked.append(len(asked))
         return len(asked) > 2 * epoch + 2
 
     run = tmp_path / "b"
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "_time_is_up", time_is_up)
+        m.setattr(train_module._Clock, "time_is_up", time_is_up)
         stopped = train(config(run), data=data, echo=False)
     step = 2 * epoch + 2
-    assert asked == list(range(step + 1))
+    assert len(asked) == step + 1
     assert stopped.stopped == "time_limit" and stopped.step == step
     assert latest_checkpoint(run).name == f"step-{step:07d}"
     progress = json.loads((latest_checkpoint(run) / "progress.json").read_text())
@@ -863,168 +684,6 @@ def test_resume_removes_what_a_killed_run_left(tmp_path: Path, data):
     assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
 
 
-def test_export_and_load_the_shipped_model(tmp_path: Path, data):
-    run = tmp_path / "run"
-    train(tiny_config(run, epochs=2), data=data, echo=False)
-    shipped = export_model(run, tmp_path / "shipped", max_file_bytes=70_000)
-    files = sorted(p.name for p in shipped.glob("model-*.safetensors"))
-    assert len(files) >= 2  # split to respect the (here tiny) size limit
-    assert all((shipped / f).stat().st_size <= 70_000 for f in files)
-    assert {"config.json", "tokenizer.json", "metrics.jsonl"} <= {
-        p.name for p in shipped.iterdir()
-    }
-    stored = {
-        name: t
-        for f in files
-        for name, t in safetensors.torch.load_file(shipped / f).items()
-    }
-    # The average's weights, each rounded once to float16 (not through a coarser type).
-    average = weights_of(run / "average")
-    assert stored.keys() == average.keys()
-    for name, value in average.items():
-        assert stored[name].dtype == torch.float16, name
-        assert torch.equal(stored[name], value.to(torch.float16)), name
-    model, tokenizer = load_model(shipped)
-    reference, _ = load_model(run / "average")
-    assert (
-        not model.training
-        and model.generator.proj.weight is model.src_embed.embedding.weight
-    )
-    src = torch.tensor([data.val[0][0].tolist() + [tokenizer.eos_id]])
-    tgt = torch.tensor([[tokenizer.bos_id] + data.val[0][1].tolist()])
-    masks = dict(
-        src_mask=padding_mask(src, tokenizer.pad_id),
-        tgt_mask=target_mask(tgt, tokenizer.pad_id),
-    )
-    with torch.no_grad():
-        assert torch.allclose(
-            model(src, tgt, **masks), reference(src, tgt, **masks), atol=1e-2
-        )
-
-    with pytest.raises(CheckpointError, match="no model folder"):
-        load_model(tmp_path / "nowhere")
-    broken = tmp_path / "broken"
-    shutil.copytree(shipped, broken)
-    (broken / files[-1]).unlink()
-    with pytest.raises(CheckpointError, match=f"no weights file .*broken/{files[-1]}"):
-        load_model(broken)
-    (broken / files[-1]).write_bytes(b"not a safetensors file")
-    with pytest.raises(
-        CheckpointError, match=f"cannot read weights .*broken/{files[-1]}"
-    ):
-        load_model(broken)
-    shutil.rmtree(broken)
-    shutil.copytree(shipped, broken)
-    tiny_data(seed=3).tokenizer.save(broken / "tokenizer.json")
-    with pytest.raises(CheckpointError, match="broken: .*(vocab_size|tokenizer)"):
-        load_model(broken)
-
-
-def test_export_refuses_a_destination_it_would_wipe(tmp_path: Path, data):
-    """An export replaces its destination as a whole: a folder that holds more than an
-    earlier export's files (a model card, other runs) is refused, and so is the run
-    itself or a folder holding it; an earlier export is replaced."""
-    run = tmp_path / "runs" / "de-en"
-    train(tiny_config(run, epochs=2), data=data, echo=False)
-    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
-    shipped = tmp_path / "checkpoints" / "de-en"  # as the repository ships a model
-    (shipped / "last").mkdir(parents=True)
-    (shipped / "comparison").mkdir()
-    (shipped / "README.md").write_text("model card\n")
-    with pytest.raises(
-        CheckpointError,
-        match=r"cannot export into .*de-en: it holds README.md, comparison, last,",
-    ):
-        export_model(run, shipped)
-    assert (shipped / "README.md").read_text() == "model card\n"
-    for dest in (run, tmp_path / "runs", tmp_path, run / "checkpoints" / "epoch-002"):
-        source = run / "checkpoints" / "epoch-002" if dest.name == "epoch-002" else run
-        with pytest.raises(CheckpointError, match="it holds the source"):
-            export_model(source, dest)
-    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
-    (tmp_path / "a-file").write_text("x")
-    with pytest.raises(CheckpointError, match="a-file: it is not a folder"):
-        export_model(run, tmp_path / "a-file")
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "config.json").write_text(json.dumps({"format": "something else"}))
-    with pytest.raises(CheckpointError, match="config.json that is not a shipped"):
-        export_model(run, other)
-    # An empty folder, and an earlier export, are written over.
-    (tmp_path / "empty").mkdir()
-    export_model(run, tmp_path / "empty")
-    export_model(run, tmp_path / "empty", max_file_bytes=70_000)
-    files = sorted(p.name for p in (tmp_path / "empty").iterdir())
-    assert files[:3] == ["config.json", "metrics.jsonl", "model-00001.safetensors"]
-    assert len(files) > 4 and files[-1] == "tokenizer.json"
-
-
-def test_gpu_sweep_exports_again_over_its_own_folder(tmp_path: Path, data):
-    """tools/gpu_sweep.py exports the best run into runs/export/<pair> and its last epoch
-    into last/ there, beside a RUN file: a second sweep starts that folder afresh."""
-    path = Path(__file__).resolve().parent.parent / "tools" / "gpu_sweep.py"
-    spec = importlib.util.spec_from_file_location("gpu_sweep", path)
-    gpu_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_sweep)
-    runs = tmp_path / "runs"
-    train(tiny_config(runs / "tiny", epochs=2), data=data, echo=False)
-    row = dict(name="tiny", pair="de-en", candidate=True, avg_ppl_word=1.0, epochs=2)
-    args = argparse.Namespace(runs=str(runs), out=str(tmp_path / "packed"))
-    (tmp_path / "packed").mkdir()
-    for _ in range(2):
-        with contextlib.redirect_stdout(io.StringIO()):
-            gpu_sweep.export_best([row], args)
-        export = runs / "export" / "de-en"
-        assert (export / "RUN").read_text() == "tiny\n"
-        assert json.loads((export / "config.json").read_text())["source"] == "average"
-        last = json.loads((export / "last" / "config.json").read_text())
-        assert last["source"] == "epoch-002"
-
-
-def test_the_export_takes_the_average_only_while_it_is_current(
-    tmp_path: Path, data, monkeypatch
-):
-    """A finished run continued for more epochs without averaging them has trained past
-    its average: the export takes the newest checkpoint. Continued with averaging, it has
-    two `average` records, the earlier end's (kept by the resume: it was written at the
-    step of the checkpoint resumed from) and the new end's, which the export takes. A
-    run closed at its last whole epoch after a time limit stopped it within the next
-    exports its average, which leaves the `partial` epoch out."""
-
-    def source(run: Path) -> str:
-        shipped = export_model(run, tmp_path / f"{run.name}-shipped")
-        return json.loads((shipped / "config.json").read_text())["source"]
-
-    run = tmp_path / "run"
-    train(tiny_config(run, epochs=2), data=data, echo=False)
-    assert source(run) == "average"
-    train(
-        tiny_config(run, epochs=3, average_last=0), resume=True, data=data, echo=False
-    )
-    assert source(run) == "epoch-003"
-    again = train(tiny_config(run, epochs=4), resume=True, data=data, echo=False)
-    kinds = [r["kind"] for r in again.metrics]
-    assert kinds == ["epoch", "epoch", "average", "epoch", "epoch", "average"]
-    assert again.metrics[2]["step"] == again.metrics[1]["step"]
-    assert again.metrics[-1]["averaged"] == ["epoch-003", "epoch-004"]
-    assert source(run) == "average"
-
-    closed = tmp_path / "closed"
-    asked = []
-
-    def time_is_up(self) -> bool:  # in the third epoch, after two updates
-        asked.append(self.progress.step)
-        return len(asked) > 2 * again.metrics[0]["step"] + 2
-
-    with monkeypatch.context() as m:
-        m.setattr(Trainer, "_time_is_up", time_is_up)
-        stopped = train(tiny_config(closed, epochs=3), data=data, echo=False)
-    assert stopped.stopped == "time_limit"
-    assert latest_checkpoint(closed).name.startswith("step-")
-    train(tiny_config(closed, epochs=2), resume=True, data=data, echo=False)
-    assert source(closed) == "average"
-
-
 def test_an_epoch_too_short_for_one_update_is_refused_before_training(
     tmp_path: Path, data, monkeypatch
 ):
@@ -1086,15 +745,15 @@ def test_the_time_limit_reserves_the_longest_stretch_between_two_checks(
     monkeypatch.setattr(train_module, "train_step", timed_step)
     config = tiny_config(tmp_path / "run", epochs=10, time_limit=1.0, average_last=0)
     trainer = Trainer(config, data=data, echo=False)
-    trainer.check_every = 10
+    trainer.clock.check_every = 10
     result = trainer.run()
     assert result.stopped == "time_limit"
-    assert trainer.check_gap == 10.0
+    assert trainer.clock.gap == 10.0
     assert result.metrics and all(r["wall_time"] <= 60 for r in result.metrics)
     assert clock[0] <= 60
 
 
-# -- two processes against one -------------------------------------------------------------------
+# -- two processes against one ------------------------------------------------------------------
 
 
 def _ddp_worker(rank: int, world: int, folder: str) -> None:
@@ -1170,17 +829,18 @@ def test_two_processes_make_the_update_of_one(tmp_path: Path, data):
             assert torch.allclose(value, b[name], rtol=0, atol=1e-6), (folder, name)
 
 
-# -- the command line ----------------------------------------------------------------------------
+# -- the command line --------------------------------------------------------------------------
 
 
 def run_main(argv: list[str]) -> tuple[int, str]:
+    """`python -m transformer train ARGV...`: its exit status and standard error."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        status = main(argv)
+        status = main(["train", *argv])
     return status, err.getvalue()
 
 
-def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path):
+def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path, monkeypatch):
     recipe = multi30k_recipe("fr-en")
     model = recipe.model_config(8000)
     assert (model.n_layers, model.d_model, model.n_heads, model.d_ff) == (
@@ -1194,10 +854,22 @@ def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path):
     assert (recipe.label_smoothing, recipe.average_last, recipe.epochs) == (0.1, 5, 35)
     assert recipe.bf16 is False
     out = str(tmp_path / "run")
+    asked = []
+
+    class Asked:  # the trainer the command builds, without training
+        def __init__(self, config: TrainConfig, **kwargs) -> None:
+            asked.append(config)
+
+        def run(self) -> TrainResult:
+            return TrainResult(asked[-1].output_dir, "completed", 0, [])
+
+    monkeypatch.setattr(train_module, "Trainer", Asked)
 
     def parsed(*options: str) -> TrainConfig:
         args = ["--pair", "fr-en", "--out", out, "--config", "multi30k", *options]
-        return config_from_args(_parser().parse_args(args))
+        status, err = run_main(args)
+        assert status == 0, err
+        return asked[-1]
 
     assert parsed() == multi30k_recipe("fr-en", out_dir=out)
     # options given beside the recipe win over it
@@ -1355,67 +1027,3 @@ def test_cli_export_of_weights_too_large_for_float16(tmp_path: Path, data, monke
     assert f"the run in {run} is saved, but --export failed: weight {name}" in err
     assert "does not fit in float16" in err
     assert not dest.exists() and latest_checkpoint(run).name == "epoch-001"
-
-
-def test_average_windows_reproduce_the_trainers_own_records(tmp_path: Path, data):
-    """tools/average_windows.py validates as the trainer does: its window of the last three
-    epochs gives the run's `average` record, its last epoch alone the epoch's record; windows
-    never cross a gap in the kept epochs."""
-    path = Path(__file__).resolve().parent.parent / "tools" / "average_windows.py"
-    spec = importlib.util.spec_from_file_location("average_windows", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    run = tmp_path / "run"
-    result = train(tiny_config(run, epochs=3, average_last=3), data=data, echo=False)
-    with contextlib.redirect_stdout(io.StringIO()):
-        summary = tool.report(run / "checkpoints", 2, tmp_path, val=data.val)
-    found = {(w["first"], w["last"]): w for w in summary["windows"]}
-    assert sorted(found) == [(1, 2), (1, 3), (2, 3), (3, 3)]
-    records = {
-        r["kind"]: r for r in result.metrics
-    }  # the last epoch's, and the average's
-    for window, kind in (((1, 3), "average"), ((3, 3), "epoch")):
-        for key in ("val_loss", "val_ppl_word", "val_accuracy"):
-            assert found[window][key] == pytest.approx(records[kind][key], rel=1e-9)
-    assert found[(1, 3)]["val_ppl_word"] != found[(3, 3)]["val_ppl_word"]
-    # epoch 4 missing: no window of two crosses it, and the last stretch is 5-6
-    assert tool.windows([1, 2, 3, 5, 6], 2) == [(6, 6), (1, 2), (2, 3), (5, 6)]
-    assert (3, 12) in tool.windows(list(range(1, 13)), 5)  # the last ten
-    with pytest.raises(CheckpointError, match="no 4 consecutive kept epochs"):
-        tool.report(run / "checkpoints", 4, tmp_path, val=data.val)
-    shutil.rmtree(run / "checkpoints" / "epoch-001")
-    shutil.rmtree(run / "checkpoints" / "epoch-002")
-    with pytest.raises(CheckpointError, match="fewer than two epoch checkpoints"):
-        tool.epoch_folders(run / "checkpoints")
-
-
-def test_gpu_sweep_keeps_the_windows_of_a_run_that_kept_more_than_five_epochs(
-    tmp_path: Path, data, monkeypatch
-):
-    """A sweep run with --average-last above 5 gets averages.json (every window of five of
-    its kept epochs, and all of them: the run's own average) and its best five in the
-    summary, once the cache's vocabulary is the run's; a run that kept five gets nothing."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "tools"))
-    gpu_sweep = importlib.import_module("gpu_sweep")
-    average_windows = importlib.import_module("average_windows")
-    monkeypatch.setattr(average_windows, "load_encoded", lambda *args: data.val)
-    run = tmp_path / "run"
-    result = train(tiny_config(run, epochs=6, average_last=6), data=data, echo=False)
-    (tmp_path / "de-en").mkdir()  # the cache's tokenizer, checked against the run's
-    tiny_data(seed=1).tokenizer.save(tmp_path / "de-en" / "tokenizer.json")
-    row = gpu_sweep.windows_of(run, str(tmp_path))
-    assert "another vocabulary" in row["windows_error"]
-    data.tokenizer.save(tmp_path / "de-en" / "tokenizer.json")
-    row = gpu_sweep.windows_of(run, str(tmp_path))
-    saved = json.loads((run / "averages.json").read_text())["windows"]
-    ppl = {(w["first"], w["last"]): w["val_ppl_word"] for w in saved}
-    fives = {w: p for w, p in ppl.items() if w[1] - w[0] == 4}
-    assert sorted(fives) == [(1, 5), (2, 6)]
-    assert row["best_five_ppl_word"] == min(fives.values())
-    assert tuple(row["best_five"]) == min(fives, key=fives.get)
-    average = [r for r in result.metrics if r["kind"] == "average"][-1]
-    assert ppl[(1, 6)] == pytest.approx(average["val_ppl_word"], rel=1e-9)
-    short = tmp_path / "short"
-    train(tiny_config(short, epochs=2), data=data, echo=False)
-    assert gpu_sweep.windows_of(short, str(tmp_path)) == {}
-    assert not (short / "averages.json").exists()

@@ -1,12 +1,14 @@
-"""`python -m transformer translate`: arguments and standard input, the order of the output,
-empty, overlong and unknown input, beam 1 against greedy decoding, and the errors for bad
-options and for missing, corrupt or mismatched model folders."""
+"""`translate` and `load_pair_model`, and `python -m transformer translate`: arguments and
+standard input, the order of the output, empty, overlong and unknown input, beam 1 against
+greedy decoding, and the errors for bad options and for missing, corrupt or mismatched model
+folders. The command's tests go through the package's `main`, as a shell does."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -17,14 +19,19 @@ import pytest
 import torch
 from helpers import GERMAN, MAX_LEN, ship, tiny_tokenizer
 
+import transformer.cli as cli
 import transformer.data as data
 import transformer.decode as decode
+import transformer.tokenizer as tokenizer_module
 from transformer.__main__ import main as package_main
-from transformer.data import train_bpe
-from transformer.decode import beam_search, greedy_decode, main, translate
-from transformer.train import (
-    load_model,
+from transformer.checkpoint import CheckpointError, load_model
+from transformer.decode import (
+    beam_search,
+    greedy_decode,
+    load_pair_model,
+    translate,
 )
+from transformer.tokenizer import MARK, train_bpe
 
 
 @pytest.fixture(autouse=True)
@@ -48,18 +55,27 @@ def loaded(shipped):
 def run(
     argv: list[str], capsys, monkeypatch, stdin: str | io.IOBase | None = None
 ) -> tuple[int, str, str]:
-    """main(argv) with `stdin` as standard input: (status, stdout, stderr)."""
+    """`python -m transformer translate ARGV` with `stdin` as standard input:
+    (status, stdout, stderr)."""
     if stdin is not None:
         stream = io.StringIO(stdin) if isinstance(stdin, str) else stdin
         monkeypatch.setattr(sys, "stdin", stream)
     capsys.readouterr()  # drop what came before
-    status = main(argv)
+    status = package_main(["translate", *argv])
     out, err = capsys.readouterr()
     return status, out, err
 
 
 def translate_args(shipped: Path, *more: str) -> list[str]:
     return ["--pair", "de-en", "--checkpoint", str(shipped), "--device", "cpu", *more]
+
+
+def default_checkpoints(monkeypatch, folder: Path) -> None:
+    """Point the default model folder, CHECKPOINTS_DIR, at `folder`, wherever a module
+    holds it."""
+    for module in (decode, cli):
+        if hasattr(module, "CHECKPOINTS_DIR"):
+            monkeypatch.setattr(module, "CHECKPOINTS_DIR", folder)
 
 
 # -- what it translates, and in which order ---------------------------------------------------
@@ -129,11 +145,9 @@ def test_empty_lines_give_empty_lines(shipped, capsys, monkeypatch):
 
 
 def test_crlf_and_undecodable_bytes(shipped, capsys, monkeypatch):
+    # The command drops the \r of each line and turns the undecodable byte into U+FFFD.
     raw = f"{GERMAN[0]}\r\n".encode() + b"Ein \xff Hund.\r\n"
-    # The reader drops the \r of each line and turns the undecodable byte into U+FFFD ...
-    lines = decode._read_lines(io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8"))
-    assert lines == [GERMAN[0], "Ein \ufffd Hund."]
-    # ... and the command translates those lines.
+    lines = [GERMAN[0], "Ein \ufffd Hund."]
     stdin = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
     status, out, _ = run(translate_args(shipped), capsys, monkeypatch, stdin)
     _, alone, _ = run(translate_args(shipped, *lines), capsys, monkeypatch)
@@ -253,6 +267,48 @@ def test_translate_reports_translations_cut_by_the_length_limit(loaded):
         translate(model, tokenizer, "Ein Hund.")
 
 
+# -- load_pair_model -------------------------------------------------------------------------
+
+
+def test_load_pair_model_loads_a_model_of_the_pair(
+    shipped, loaded, tmp_path, monkeypatch
+):
+    model, tokenizer = load_pair_model("de-en", shipped)
+    expected, _ = loaded
+    assert tokenizer.pair == "de-en" and not model.training
+    assert model.state_dict().keys() == expected.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, expected.state_dict()[name]), name
+    # By default, the shipped model CHECKPOINTS_DIR / pair.
+    shutil.copytree(shipped, tmp_path / "de-en")
+    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path)
+    _, by_default = load_pair_model("de-en")
+    assert by_default.pair == "de-en"
+
+
+def test_load_pair_model_names_what_is_wrong_in_one_line(
+    shipped, tmp_path, monkeypatch
+):
+    with pytest.raises(ValueError, match="unknown language pair 'en-de'"):
+        load_pair_model("en-de", shipped)
+    nowhere = tmp_path / "nowhere"
+    with pytest.raises(
+        CheckpointError, match=f"^no model folder {re.escape(str(nowhere))}$"
+    ):
+        load_pair_model("de-en", nowhere)
+    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path)
+    with pytest.raises(CheckpointError, match="none has been shipped yet") as err:
+        load_pair_model("fr-en")
+    assert "python -m transformer train --pair fr-en" in str(err.value)
+    with pytest.raises(CheckpointError, match="holds a de-en model, not a fr-en one"):
+        load_pair_model("fr-en", shipped)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="^cannot load the model: ") as err:
+        load_pair_model("de-en", empty)
+    assert str(empty) in str(err.value) and "\n" not in str(err.value)
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 
@@ -272,14 +328,13 @@ def test_a_missing_folder_is_named(tmp_path, capsys, monkeypatch):
 
 
 def test_no_shipped_model_says_how_to_train_one(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    default_checkpoints(monkeypatch, tmp_path / "checkpoints")
     status, _, err = run(["--pair", "fr-en", "Un chien."], capsys, monkeypatch)
     assert_error(
         status,
         err,
         str(tmp_path / "checkpoints" / "fr-en"),
         "python -m transformer train --pair fr-en",
-        "chapter 13",
     )
 
 
@@ -288,7 +343,7 @@ def test_the_default_folder_is_checkpoints_pair_in_the_repository(
 ):
     assert decode.CHECKPOINTS_DIR == data.DATA_DIR.parents[1] / "checkpoints"
     shutil.copytree(shipped, tmp_path / "checkpoints" / "de-en")
-    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path / "checkpoints")
+    default_checkpoints(monkeypatch, tmp_path / "checkpoints")
     by_default = run(
         ["--pair", "de-en", "--device", "cpu", *GERMAN[:2]], capsys, monkeypatch
     )
@@ -330,7 +385,7 @@ def test_an_unusable_folder_is_named(shipped, tmp_path, capsys, monkeypatch, dam
 
 
 def test_a_model_of_the_other_pair(tmp_path, capsys, monkeypatch):
-    words = [(data.MARK + "Un", data.MARK + "chien", data.MARK + "court", ".")]
+    words = [(MARK + "Un", MARK + "chien", MARK + "court", ".")]
     french = ship(tmp_path / "fr-en", train_bpe(words, 30, languages=("fr", "en")))
     status, _, err = run(translate_args(french, "Ein Hund."), capsys, monkeypatch)
     assert_error(status, err, f"{french} holds a fr-en model, not a de-en one")
@@ -362,7 +417,6 @@ def test_bad_options(argv, needle, capsys, monkeypatch):
 def test_a_non_finite_alpha_is_an_error_before_any_translation(
     shipped, loaded, capsys, monkeypatch
 ):
-    # It used to print an empty line, exit 0 and blame the length limit.
     for alpha in ("inf", "1e308"):
         argv = translate_args(shipped, "--alpha", alpha, "Hallo")
         status, out, err = run(argv, capsys, monkeypatch)
@@ -381,7 +435,7 @@ def test_a_non_finite_alpha_is_an_error_before_any_translation(
 def test_an_alpha_whose_penalty_overflows_within_the_models_positions_is_one_line(
     tmp_path, capsys, monkeypatch
 ):
-    # ((5 + 50,000) / 6) ** 10 is beyond float32: a traceback from beam_search before.
+    # ((5 + 50,000) / 6) ** 10 is beyond float32: one line, not a traceback.
     long = ship(tmp_path / "de-en", tiny_tokenizer(), max_len=50_000)
     status, out, err = run(
         translate_args(long, "--alpha", "10", "Hallo"), capsys, monkeypatch
@@ -433,7 +487,7 @@ def test_without_spacy_a_clear_error(shipped, capsys, monkeypatch):
             "tokenising text needs spaCy: pip install 'transformer[data]' (...)"
         )
 
-    monkeypatch.setattr(data, "_spacy_tokenizer", no_spacy)
+    monkeypatch.setattr(tokenizer_module, "_spacy_tokenizer", no_spacy)
     status, _, err = run(translate_args(shipped, "Ein Neuwort."), capsys, monkeypatch)
     assert_error(status, err, "needs spaCy")
 
@@ -478,14 +532,18 @@ def test_an_unknown_command_is_one_line_in_the_commands_format(capsys):
     )
 
 
-def test_ctrl_c_is_one_line_with_status_130(capsys, monkeypatch):
-    def interrupted(argv):
+class InterruptedInput(io.StringIO):
+    """Standard input on which the user presses Ctrl-C."""
+
+    def read(self, *args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(decode, "main", interrupted)
-    capsys.readouterr()
-    assert package_main(["translate", "Ein Hund."]) == 130
-    out, err = capsys.readouterr()
+
+def test_ctrl_c_is_one_line_with_status_130(shipped, capsys, monkeypatch):
+    status, out, err = run(
+        translate_args(shipped), capsys, monkeypatch, InterruptedInput()
+    )
+    assert status == 130
     assert out == "" and err == "python -m transformer translate: interrupted\n"
 
 

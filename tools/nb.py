@@ -31,17 +31,26 @@ SETUP_TAG = "colab-setup"  # the book hides its input: it matters in Colab only
 
 
 def chapter_paths(root: Path = ROOT) -> list[Path]:
-    return sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    """The book's notebooks: the intro (a notebook with a Colab set-up cell too), then the
+    chapters and appendices in order."""
+    intro = [root / "intro.ipynb"] if (root / "intro.ipynb").exists() else []
+    return intro + sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb"))
 
 
 def export(root: Path = ROOT) -> list[Path]:
     """Export every chapter into `root/transformer`; return the modules written."""
     from nbdev.export import nb_export
+    from nbdev.maker import ModuleMaker
+
+    def written_whole(*args, is_new: bool = True, **kwargs) -> ModuleMaker:
+        # A cell `#| export name` sends code to a module other than the chapter's own. nbdev
+        # would append it to an existing file; each module has one chapter, so write it whole.
+        return ModuleMaker(*args, is_new=True, **kwargs)
 
     lib = root / "transformer"
     for nb in chapter_paths(root):
         # nbdev writes "File to edit: <chapter relative to lib>", the same in a scratch copy.
-        nb_export(str(nb), lib_path=str(lib))
+        nb_export(str(nb), lib_path=str(lib), mod_maker=written_whole)
     return sorted(p for p in lib.glob("*.py") if p.name not in HAND_WRITTEN)
 
 
@@ -161,7 +170,8 @@ def notebook_problems(path: Path, url: str) -> list[str]:
     import jupytext
 
     nb = nbformat.read(path, as_version=4)
-    name = path.relative_to(path.parent.parent)
+    chapter = path.parent.name == "chapters"
+    name = path.relative_to(path.parent.parent) if chapter else path.name
     problems = []
     counts = []
     for i, cell in enumerate(nb.cells):

@@ -5,6 +5,7 @@ Every module except this one and `__main__` is generated from a chapter's `#| ex
 """
 
 from transformer.attention import scaled_dot_product_attention
+from transformer.checkpoint import export_model, load_model
 from transformer.config import TransformerConfig
 from transformer.decode import Hypothesis, beam_search, greedy_decode, translate
 from transformer.decoder import Decoder, DecoderLayer
@@ -22,7 +23,7 @@ from transformer.model import Generator, Transformer
 from transformer.multihead import MultiHeadAttention
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
-from transformer.train import TrainConfig, export_model, load_model, train
+from transformer.train import TrainConfig, train
 
 __version__ = "0.1.0"
 __all__ = [

@@ -60,7 +60,7 @@ class DecoderLayer(nn.Module):
             returns (B, T, d_model) and, if need_weights, (self weights (B, H, T, T),
             cross weights (B, H, T, S)), else None
 
-        With caches (decoding, chapter 15), x holds only the new positions, and tgt_mask, if
+        With caches (the decoding chapter), x holds only the new positions, and tgt_mask, if
         any, covers all L cached positions: (B, 1, T, L).
         """
         self_weights = cross_weights = None
@@ -93,7 +93,7 @@ class DecoderLayer(nn.Module):
 # %% ../chapters/07_decoder.ipynb #9dbf8ebf
 @dataclass
 class DecoderCache:
-    """Each decoder layer's keys and values, kept between decoding steps (chapter 15).
+    """Each decoder layer's keys and values, kept between decoding steps.
 
     self_attn[i] grows by one position per step; cross_attn[i] is static: the memory's keys and
     values, projected at the first step.
@@ -175,7 +175,7 @@ class Decoder(nn.Module):
             returns (B, T, d_model) and, if need_weights, a list of n_layers pairs
             (self weights (B, H, T, T), cross weights (B, H, T, S)), else None
 
-        With a cache (decoding, chapter 15), x holds only the new positions, and tgt_mask, if
+        With a cache (the decoding chapter), x holds only the new positions, and tgt_mask, if
         any, covers all L cached positions: (B, 1, T, L).
         """
         all_weights = [] if need_weights else None

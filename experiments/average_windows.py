@@ -1,8 +1,8 @@
 r"""Validate averages of consecutive epoch checkpoints of one run and write them beside a
-comparison run's metrics, as averages.json (the chapter on the book's models reads it):
+comparison run's metrics, as averages.json (the experiments appendix reads it):
 
-    python tools/average_windows.py /root/keep/recipe-s1-60 \
-        checkpoints/de-en/comparison/recipe-seed-1-cpu-60-epochs
+    python -m experiments.average_windows /root/keep/recipe-s1-60 \
+        experiments/runs/de-en/recipe-seed-1-cpu-60-epochs
 
 The first folder holds the run's epoch checkpoints, `epoch-NNN/` each with its
 `model.safetensors` and `config.json`. The trainer keeps only the last `average_last` of them,
@@ -24,25 +24,19 @@ from typing import NoReturn
 
 import torch
 
-from transformer.data import (
-    DataError,
-    EncodedSplit,
-    Tokenizer,
-    iterate_batches,
-    load_encoded,
-)
-from transformer.evaluate import write_lines
-from transformer.train import (
+from transformer.checkpoint import (
     CheckpointError,
-    TrainConfig,
     average_checkpoints,
     check_compatible,
-    count_words,
-    evaluate,
     load_model,
     load_tensors_into,
     read_record,
 )
+from transformer.data import DataError, EncodedSplit, iterate_batches, load_encoded
+from transformer.evaluate import write_lines
+from transformer.tokenizer import Tokenizer, TokenizerError
+from transformer.train_config import TrainConfig
+from transformer.validation import count_words, evaluate
 
 
 def epoch_folders(folder: Path) -> dict[int, Path]:
@@ -160,7 +154,7 @@ def main() -> None:
         fail(f"--device {args.device}, but the GPUs here are cuda:0 to cuda:{last}")
     try:
         summary = report(args.epochs, args.k, args.cache_dir, device=args.device)
-    except (CheckpointError, DataError) as err:
+    except (CheckpointError, DataError, TokenizerError) as err:
         fail(str(err))
     write_lines(args.dest / "averages.json", [json.dumps(summary, indent=1)])
 

@@ -1,17 +1,17 @@
 r"""Score an ensemble of trained models of one pair on the validation split, beside each of its
 members alone, and write the summary as ensemble.json into a comparison run's folder (the
-chapter on the book's models reads it):
+experiments appendix reads it):
 
-    python tools/ensemble_report.py checkpoints/fr-en runs/fr-recipe-s1/average \
-        --dest checkpoints/fr-en/comparison/recipe-seed-1-cpu
+    python -m experiments.ensemble_report checkpoints/fr-en runs/fr-recipe-s1/average \
+        --dest experiments/runs/fr-en/recipe-seed-1-cpu
 
 The ensemble's probability of each next target token is the mean of its members'
 probabilities, fed the reference prefix (teacher forcing), and it is scored as a model is, by
 `word_level_evaluation`: perplexity per whitespace word and per word-level token, accuracy per
 BPE token and per word-level token. An ensemble is not a model the book ships (translating with
-one runs every member at each step); it is measured to say how much of the distance to the
-project's targets a second run of the same recipe could close. The members must share one
-vocabulary (checked). Needs spaCy. A bad input is one line on standard error and exit status 2.
+one runs every member at each step); it measures how much a second run of the same recipe adds
+to the first. The members must share one vocabulary (checked). Needs spaCy. A bad input is one
+line on standard error and exit status 2.
 """
 
 import argparse
@@ -23,10 +23,10 @@ from typing import NoReturn
 import torch
 from torch import Tensor, nn
 
+from experiments.words import WordLevel, word_level_evaluation
+from transformer.checkpoint import CheckpointError, load_model, read_record
 from transformer.data import DataError, load_pairs
 from transformer.evaluate import write_lines
-from transformer.train import CheckpointError, load_model, read_record
-from transformer.words import WordLevel, word_level_evaluation
 
 
 class Ensemble(nn.Module):

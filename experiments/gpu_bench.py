@@ -1,13 +1,13 @@
 """Training throughput and MFU on one GPU, measured by the training loop itself.
 
-    python tools/gpu_bench.py --cache-dir cache --out bench.json
+    python -m experiments.gpu_bench --cache-dir cache --out bench.json
 
 Each variant trains alone on the GPU for two epochs of real Multi30k batches (German→English)
 with `transformer.train.train`; the numbers are those of the second epoch (the first holds
 CUDA's start-up and, with `--compile`, the compilation): target tokens per second (padding
-excluded) and MFU, the model FLOPs of the formula in the training chapter's section "Counting
-the work: tokens per second and MFU" (chapters/13_training.ipynb) over the epoch's time and the
-card's measured bf16 matrix-multiply rate (PEAK_BF16_FLOPS). Variants: the book's Multi30k
+excluded) and MFU, the model FLOPs of `transformer.counts.training_flops` (the appendix
+"Derivations and counts") over the epoch's time and the card's measured bf16 matrix-multiply
+rate (PEAK_BF16_FLOPS). Variants: the book's Multi30k
 recipe (3,000-token batches) and the paper's base model on the paper's 25,000-token batches,
 each in float32, bf16 autocast, and bf16 with torch.compile (`--only` names some of them).
 The rows are rewritten into OUT after each variant, atomically: it always holds whole JSON.
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from transformer.evaluate import write_lines
-from transformer.train import TrainConfig, multi30k_recipe, train
+from transformer.train import train
+from transformer.train_config import TrainConfig, multi30k_recipe
 
 BASE = dict(model="base", max_tokens=25_000, warmup=4000)
 VARIANTS = {

@@ -1,13 +1,14 @@
 r"""Write the model card, checkpoints/<pair>/README.md, from the shipped files and a fresh
 evaluation of the shipped and last-epoch weights on test_2016_flickr (beam 4, α 0.6).
 
-    python tools/model_card.py de-en --command "python -m transformer train ..." \
+    python -m experiments.model_card de-en --command "python -m transformer train ..." \
         --hardware "2-core Intel Xeon CPU, ..."
 
-Every number in the card is read from the folder (config.json, metrics.jsonl, comparison/ where
-there is one: a folder that tools/gpu_sweep.py exported has none) or measured here; the command
-and the hardware are the two facts the folder does not hold. The folder is checked before the
-test split is translated: a missing part is one line on standard error and exit status 2.
+Every number in the card is read from the folder (config.json, metrics.jsonl) or measured here,
+and the names of the pair's comparison runs from experiments/runs/<pair>/ where there are any;
+the command and the hardware are the two facts the folder does not hold. The folder is checked
+before the test split is translated: a missing part is one line on standard error and exit
+status 2.
 """
 
 import argparse
@@ -15,16 +16,15 @@ import json
 import os
 from pathlib import Path
 
+from experiments.words import word_level_evaluation
+from transformer.checkpoint import CheckpointError, load_model
 from transformer.data import DataError, load_pairs
 from transformer.decode import CHECKPOINTS_DIR
 from transformer.evaluate import score, translate_split
-from transformer.train import (
-    CheckpointError,
-    load_model,
-    multi30k_recipe,
-    read_jsonl,
-)
-from transformer.words import word_level_evaluation
+from transformer.files import read_jsonl
+from transformer.train_config import multi30k_recipe
+
+RUNS_DIR = Path(__file__).resolve().parent / "runs"  # <pair>/<run>: the comparison runs
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
 TARGETS = {
@@ -33,14 +33,20 @@ TARGETS = {
 }  # ppl/word, acc, BLEU
 
 
-def comparison_runs(folder: Path) -> list[str]:
-    """The names of the runs kept in folder/comparison, none when it has no such folder."""
-    if not (folder / "comparison").is_dir():
+def comparison_runs(pair: str, runs: Path = RUNS_DIR) -> list[str]:
+    """The names of the pair's comparison runs kept in runs/<pair>, none without that folder."""
+    if not (runs / pair).is_dir():
         return []
-    return sorted(p.name for p in (folder / "comparison").iterdir() if p.is_dir())
+    return sorted(p.name for p in (runs / pair).iterdir() if p.is_dir())
 
 
-def card(pair: str, command: str, hardware: str, folder: Path | None = None) -> str:
+def card(
+    pair: str,
+    command: str,
+    hardware: str,
+    folder: Path | None = None,
+    runs: Path = RUNS_DIR,
+) -> str:
     """The card of the shipped folder (checkpoints/<pair> unless `folder` is given).
     CheckpointError for a folder without both models or an average in its metrics, raised
     before the test split's two translations, the slow part."""
@@ -59,7 +65,7 @@ def card(pair: str, command: str, hardware: str, folder: Path | None = None) -> 
             f"{folder / 'metrics.jsonl'} holds no epoch or no average record"
         )
     average = averages[-1]
-    comparisons = comparison_runs(folder)
+    comparisons = comparison_runs(pair, runs)
     tc, mc = record["train"], record["model"]
     n_params = sum(p.numel() for p in model.parameters())
     results = {}
@@ -98,15 +104,16 @@ def card(pair: str, command: str, hardware: str, folder: Path | None = None) -> 
         )
     files = sorted(p.name for p in folder.iterdir())
     cpu_note = (
-        f" and a median MFU of {mfu:.2%} (the throughput table of the chapter on the book's"
-        " models measures the GPU alone)"
+        f" and a median MFU of {mfu:.2%} (the throughput table of the experiments appendix"
+        " measures the GPU alone)"
         if on_gpu
         else " (a lower bound for this CPU; MFU is not reported for a CPU)"
     )
-    tried = (  # the same lines as before comparison/ became optional
-        "; `comparison/`\nthe metrics and configurations of the other recipes tried ("
+    tried = (
+        ". The metrics and configurations of the other recipes tried ("
         + ", ".join(f"`{c}`" for c in comparisons)
-        + "; the\nchapter on the book's models compares them)"
+        + f") are in the\nrepository's `experiments/runs/{pair}/`; the experiments appendix "
+        "compares them"
         if comparisons
         else ""
     )

@@ -1,8 +1,8 @@
 r"""Score a trained model word by word on the validation split and write the summary beside a
-comparison run's metrics, as word_level.json (the chapter on the book's models reads it):
+comparison run's metrics, as word_level.json (the experiments appendix reads it):
 
-    python tools/word_level_report.py /root/runs/d2-de-en/average \
-        checkpoints/de-en/comparison/dropout-0.2-cpu
+    python -m experiments.word_level_report /root/runs/d2-de-en/average \
+        experiments/runs/de-en/dropout-0.2-cpu
 
 The model folder is a run's `average/` (or any checkpoint folder `load_model` reads); the
 comparison folder keeps only metrics, so this file is what is left of the weights' word-level
@@ -19,14 +19,14 @@ import json
 from pathlib import Path
 from typing import NoReturn
 
-from transformer.data import DataError, load_pairs
-from transformer.evaluate import score, translate_split, write_lines
-from transformer.train import CheckpointError, load_model
-from transformer.words import (
+from experiments.words import (
     by_frequency,
     english_training_counts,
     word_level_evaluation,
 )
+from transformer.checkpoint import CheckpointError, load_model
+from transformer.data import DataError, load_pairs
+from transformer.evaluate import score, translate_split, write_lines
 
 
 def val_bleu(model, tokenizer) -> dict:

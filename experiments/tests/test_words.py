@@ -10,11 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from transformer.config import TransformerConfig
-from transformer.data import collate, load_pairs, pretokenize, train_bpe
-from transformer.model import Transformer
-from transformer.train import evaluate
-from transformer.words import (
+from experiments.words import (
     FREQUENCY_GROUPS,
     UnitScore,
     WordLevel,
@@ -22,6 +18,11 @@ from transformer.words import (
     frequency_group,
     word_level_evaluation,
 )
+from transformer.config import TransformerConfig
+from transformer.data import collate, load_pairs
+from transformer.model import Transformer
+from transformer.tokenizer import pretokenize, train_bpe
+from transformer.validation import evaluate
 
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
 

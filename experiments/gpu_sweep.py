@@ -1,7 +1,8 @@
-"""Train several Multi30k runs side by side on one GPU, score them on the validation split and
+r"""Train several Multi30k runs side by side on one GPU, score them on the validation split and
 export the best run of each pair: the script behind the book's GPU-trained models.
 
-    python tools/gpu_sweep.py PHASE --cache-dir cache --runs runs --out runs/packed --minutes M
+    python -m experiments.gpu_sweep PHASE --cache-dir cache --runs runs --out runs/packed \
+        --minutes M
 
 Every run is `python -m transformer train --config multi30k ...` with its own options (below),
 in its own process; they share the GPU. A run stops after its epochs or, at the latest, after M
@@ -32,9 +33,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from transformer.data import _atomic_write
 from transformer.evaluate import write_lines
-from transformer.train import read_jsonl
+from transformer.files import atomic_write, read_jsonl
 
 RECIPE = ["--config", "multi30k"]
 BASE = ["--set", "n_layers=6", "--set", "d_model=512", "--set", "d_ff=2048"]
@@ -85,40 +85,19 @@ PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
         "de-en-base-lr-d3": ("de-en", BASE + ["--dropout", "0.3"] + LR045, False),
     },
     "final": both("d3-long", ["--dropout", "0.3", "--no-bf16"]),
-    # Prepared for the next GPU session and not run yet: what might close the gap to the validation
-    # targets (the chapter on the book's models). The recipe is now dropout 0.3 in float32. On a
-    # CPU, 4,000 BPE entries did worse per word than 8,000 after 20 epochs, by less and less
-    # (comparison/vocab-4000-cpu): 35 epochs of French→English try both directions. Dropout inside
-    # attention and the FFN caught up by epoch 19 there (inner-dropout-cpu). 12,000 entries did 2%
-    # worse on average after 20 epochs (vocab-12000-cpu): never-seen words cost more with a larger
-    # vocabulary, words seen 5-19 times less (the chapter on the book's models). A second seed of
-    # the CPU baseline averaged 1.6% worse than the first: the 12,000 and inner-dropout gaps are
-    # within chance at 20 epochs, the 4,000 one (3.5%; 4.4% with seed 1) is not; two seeds per
-    # variant would make these GPU runs conclusive. BPE-dropout (p = 0.1) is left out: after 20 CPU
-    # epochs it averaged 9.8% worse on the source side only (bpe-dropout-source-cpu), and on both
-    # sides it was 3.8 times worse after 10 epochs. Dropout inside attention and the FFN is left out
-    # too (within chance on the CPU). Pre-norm comes first: on the CPU it learned far faster than
-    # post-norm (16% lower after 10 epochs, pre-norm-cpu), four pre-norm layers as fast as three
-    # (4-layers-pre-norm-cpu), but with dropout 0.2 it was level by epoch 16 and averaged 2.4% worse
-    # after 20 (within chance): these runs ask whether the recipe's dropout 0.3 over 35 epochs, or a
-    # fourth layer, turn the faster learning into a lower perplexity. On the CPU, French→English
-    # over 35 epochs split by seed: 2.6% below post-norm with seed 0, 1.6% above with seed 1, and
-    # German→English ended 3.7% above with both seeds (comparison/recipe-pre-norm-cpu*): three
-    # pre-norm layers do not win at the end, so they are left out here. Four pre-norm layers ended
-    # 1.0% and 1.1% above post-norm for German→English on the CPU, the seeds 0.17% apart
-    # (comparison/recipe-4-layers-pre-norm-cpu*): closer, not better, so only French→English tries
-    # them here. Dropout 0.4 is left out: on the CPU it ended 2.8 times the shipped German→English
-    # perplexity (comparison/dropout-0.4-cpu), fitting even the training data less well. The recipe
-    # with seed 1 on the CPU ended 3.6% above the shipped run (comparison/recipe-seed-1-cpu); the
-    # recipe's own seed-1 twin here is the yardstick on the GPU: how far chance alone moves the
-    # shipped (seed 0) run. Every candidate has a seed-1 twin. Two commands of at most 10 minutes
-    # each: "targets", then "targets-fr".
+    # Not yet run on the GPU (the experiments appendix gives the CPU runs behind each phase).
+    # The recipe's own seed-1 twin is the yardstick for chance; four pre-norm layers, which on
+    # the CPU ended closest to the shipped German→English run, are tried for French→English.
+    # Every candidate has a seed-1 twin. Each phase fits one command of at most 10 minutes with
+    # --minutes 7.
     "targets": {
         **both("recipe-s1", SEED1, candidate=False),
         "fr-en-prenorm-4l": ("fr-en", PRENORM + L4, True),
         "fr-en-prenorm-4l-s1": ("fr-en", PRENORM + L4 + SEED1, True),
     },
-    "targets-fr": {  # a second command: French→English's vocabulary and averaging
+    # French→English's vocabulary (4,000 or 12,000 entries, each with its own cache: cache_dir)
+    # and an average of the last ten epochs.
+    "targets-fr": {
         "fr-en-v4k": ("fr-en", V4K, True),
         "fr-en-v4k-s1": ("fr-en", V4K + SEED1, True),
         "fr-en-v12k": ("fr-en", V12K, True),
@@ -126,32 +105,19 @@ PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
         "fr-en-avg10": ("fr-en", ["--average-last", "10"], True),
         "fr-en-avg10-s1": ("fr-en", ["--average-last", "10"] + SEED1, True),
     },
-    # Longer: the recipe for up to 60 epochs with a ten-epoch average. On the CPU, the
-    # German→English recipe with seed 1, continued from its epoch 35 to 60, averaged its last five
-    # epochs 2.8% lower than its last five of 35 (7.57 per word against 7.78); its last ten 3.1%
-    # lower, and the fourteen from 47 to 60 3.7% (comparison/recipe-seed-1-cpu-60-epochs,
-    # averages.json; the chapter on the book's models, "A longer run with its own average"). The
-    # single epochs stop falling after about epoch 41 on the CPU (38 on the GPU), so a longer run
-    # gains little more; a longer average over the flat stretch adds a little. Seeds 0 and 1 for
-    # both pairs say whether it holds for the shipped seed and for French→English, whose 110-epoch
-    # run was at its lowest by epoch 42. A third command, before targets-batch, with --minutes 7 as
-    # the others (the 110-epoch runs, two at a time, took 3.9 s an epoch; four at a time may not
-    # reach 60 in 7 minutes): a run that the time limit stops short of 60 epochs is closed at its
-    # last whole one, and the summary shows how many it had. Keeping ten epochs, each run also gets
-    # averages.json (every window of five of them; windows_of).
+    # The recipe for up to 60 epochs with a ten-epoch average: on the CPU, the German→English
+    # seed-1 run continued from 35 to 60 epochs averaged 2.8% lower
+    # (experiments/runs/de-en/recipe-seed-1-cpu-60-epochs). Keeping ten epochs, each run also
+    # gets averages.json (every window of five of them; windows_of). A run that the time limit
+    # stops short of 60 epochs is closed at its last whole one; the summary shows how many.
     "targets-long": {
         **both("recipe-60", ["--epochs", "60", "--average-last", "10"]),
         **both("recipe-60-s1", ["--epochs", "60", "--average-last", "10"] + SEED1),
     },
-    # Smaller batches: at most 1,500 padded tokens per side instead of 3,000, so twice the updates,
-    # with the warm-up kept at about five epochs (1,600 updates) and the factor at 0.7, so the peak
-    # learning rate falls by sqrt(2) with the batch. On the CPU (German→English, seed 0,
-    # comparison/tokens-1500-cpu) it was below the shipped run after each of its first 25 epochs,
-    # then level with it, and its average ended 0.9% higher (7.58 per word), within chance; 6,000
-    # tokens ended 65% higher (the chapter on the book's models, "How many tokens per batch"). So
-    # the least promising phase: two seeds per pair would say whether a small gain is real. Twice
-    # the updates take longer per epoch: a run that the time limit stops short of its 35 epochs is
-    # closed at its last whole one, and the summary shows how many it had.
+    # Batches of at most 1,500 padded tokens per side, twice the updates, the warm-up kept at
+    # about five epochs (1,600 updates): on the CPU this learned faster and ended within chance
+    # of the shipped run (experiments/runs/de-en/tokens-1500-cpu); two seeds per pair say
+    # whether a small gain is real.
     "targets-batch": {
         **both("tokens-1500", ["--max-tokens", "1500", "--warmup", "1600"]),
         **both("tokens-1500-s1", ["--max-tokens", "1500", "--warmup", "1600"] + SEED1),
@@ -258,9 +224,9 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
     import torch
     from sacrebleu.metrics import BLEU
 
+    from transformer.checkpoint import load_model
     from transformer.data import load_encoded, load_pairs
     from transformer.decode import translate
-    from transformer.train import load_model
 
     model, tokenizer = load_model(
         folder, device="cuda" if torch.cuda.is_available() else "cpu"
@@ -283,11 +249,11 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
 
 def windows_of(out: Path, cache: str) -> dict:
     """A run that kept more than five epochs (--average-last above 5): the validation metrics
-    of the averages of its windows (tools/average_windows.py) into out/averages.json, and
+    of the averages of its windows (experiments/average_windows.py) into out/averages.json, and
     the best five-epoch window for the summary."""
     import torch
-    from average_windows import report  # tools/ is on the path: this script is in it
 
+    from experiments.average_windows import report
     from transformer.evaluate import write_lines
 
     if len(list((out / "checkpoints").glob("epoch-*"))) <= 5:
@@ -358,10 +324,10 @@ def write_tar(path: Path, data: bytes) -> None:
     for old in [path, *path.parent.glob(f"{path.name}.*")]:
         old.unlink(missing_ok=True)
     if len(data) <= PIECE:
-        _atomic_write(path, data)
+        atomic_write(path, data)
         return
     for i, start in enumerate(range(0, len(data), PIECE)):
-        _atomic_write(Path(f"{path}.{letters(i)}"), data[start : start + PIECE])
+        atomic_write(Path(f"{path}.{letters(i)}"), data[start : start + PIECE])
 
 
 def tar_bytes(members: list[tuple[Path, str]], mode: str = "w") -> bytes:
@@ -375,7 +341,7 @@ def tar_bytes(members: list[tuple[Path, str]], mode: str = "w") -> bytes:
 
 
 def export_best(rows: list[dict], args: argparse.Namespace) -> None:
-    from transformer.train import export_model
+    from transformer.checkpoint import export_model
 
     for pair in sorted({r["pair"] for r in rows}):
         mine = [r for r in rows if r["pair"] == pair and r.get("candidate")]
@@ -443,7 +409,7 @@ def main() -> int:
         row["exit"] = exits[row["name"]]
     write_lines(Path(args.out) / "summary.json", [json.dumps(rows, indent=2)])
     packed = tar_bytes(run_files(runs, args), "w:gz")
-    _atomic_write(Path(args.out) / "runs.tar.gz", packed)
+    atomic_write(Path(args.out) / "runs.tar.gz", packed)
     export_best(rows, args)
     head = f"{'run':<20}{'ep':>4}{'best':>5}{'ppl best':>9}{'ppl avg':>8}{'acc avg':>8}"
     print(head + f"{'BLEU':>6}{'tok/s':>9}")

@@ -1,0 +1,859 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The command line
+#
+# Everything the book builds can be used without a notebook: `python -m transformer` has four
+# commands, one for each step of the data's one-way trip from text to scores.
+#
+# | command | what it does | library function behind it |
+# | --- | --- | --- |
+# | `prepare` | tokenise Multi30k and cache every split as token ids | `transformer.data.prepare` |
+# | `train` | train a model, with checkpoints, metrics and `--resume` | `transformer.train.train` |
+# | `translate` | translate sentences with a trained model | `transformer.decode.translate` |
+# | `evaluate` | score a model on a split with sacreBLEU and chrF | `transformer.evaluate.translate_split` |
+#
+# This appendix builds `transformer/cli.py`, the one module that knows about argument parsing.
+# The library functions take Python values and raise exceptions; the command line turns text
+# into those values and those exceptions into one line of text. Keeping the two apart means
+# every module below the command line can be imported, tested and reused without `argparse`.
+
+# %% tags=["colab-setup", "hide-input"]
+# Colab set-up: clone and install the book's package when it is not installed.
+# Elsewhere (a local clone after `make book`) this cell does nothing.
+import importlib.util
+
+if importlib.util.find_spec("transformer") is None:
+    import subprocess
+    import sys
+
+    repo = "https://github.com/transformer-book/attention-is-all-you-need"
+    where = "/content/transformer-book"
+    subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
+    subprocess.run(pip, check=True)
+    sys.path.insert(0, where)  # an editable install is seen only after a restart
+
+# %% tags=["remove-cell"]
+#| default_exp cli
+
+# %% [markdown]
+# ## One convention for errors
+#
+# A command-line tool is judged by how it fails. Every command here follows one rule: a mistake
+# the user can fix (an unknown pair, a missing model folder, a corrupt data file, no spaCy)
+# prints **one line** on standard error, `python -m transformer COMMAND: error: ...`, and exits
+# with status 2, argparse's status for bad usage. A traceback is kept for what is a bug.
+#
+# Two small pieces make this hold for all four commands. `Parser` is an `ArgumentParser` whose
+# `error` raises `UsageError` instead of printing a usage block and exiting, and `run` is the
+# one place that turns the exceptions a command declares into that line.
+
+# %%
+#| export
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROG = "python -m transformer"
+
+
+class UsageError(Exception):
+    """A mistake on the command line: one line on standard error and exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (`UsageError`), not a usage block."""
+
+    def error(self, message: str) -> None:
+        raise UsageError(message)
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def run(
+    command: str,
+    body: Callable[[], None],
+    errors: tuple[type[BaseException], ...] = (),
+) -> int:
+    """Run a command's body; return its exit status. `UsageError` and the `errors` the
+    command declares print one line on standard error and return 2; `--help` returns 0."""
+    try:
+        body()
+    except SystemExit as stop:  # argparse's --help
+        return int(stop.code or 0)
+    except (UsageError, *errors) as err:
+        print(f"{PROG} {command}: error: {first_line(err)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# %% [markdown]
+# The rule in action: an argument `argparse` would reject, and a value only the command can
+# judge, both end as one line and status 2.
+
+# %%
+from transformer.cli import Parser, UsageError, run
+
+
+def demo() -> None:
+    parser = Parser(prog=f"{PROG} demo")
+    parser.add_argument("--beam", type=int)
+    args = parser.parse_args(["--beam", "0"])
+    if args.beam < 1:
+        raise UsageError(f"--beam must be at least 1, got {args.beam}")
+
+
+status = run("demo", demo)
+assert status == 2
+assert run("demo", lambda: Parser().parse_args(["--beam", "x"])) == 2
+status
+
+# %% [markdown]
+# ## `prepare`
+#
+# `prepare` builds the encoded cache of the data chapter for each pair: spaCy words, the joint
+# BPE vocabulary and every split as token ids, so that training needs neither spaCy nor the
+# text. A cache that is current is checked and kept; `--rebuild` rebuilds it anyway. It prints
+# the size of every split.
+
+# %%
+#| export
+from transformer.data import (
+    CACHE_DIR,
+    DATA_DIR,
+    PAIRS,
+    SPLITS,
+    DataError,
+    load_encoded,
+    load_pairs,
+    parse_pair,
+    prepare,
+)
+from transformer.tokenizer import SPECIALS, VOCAB_SIZE
+
+
+def prepare_command(argv: Sequence[str]) -> None:
+    """`python -m transformer prepare`: build, or check and keep, the encoded caches."""
+    parser = Parser(
+        prog=f"{PROG} prepare",
+        description="Tokenise Multi30k and cache every split as token ids (needs spaCy "
+        "unless the cache is already current).",
+    )
+    parser.add_argument(
+        "--pair",
+        action="append",
+        help=f"{' or '.join(PAIRS)}; may be repeated (default: all)",
+    )
+    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument(
+        "--rebuild", action="store_true", help="rebuild even a current cache"
+    )
+    args = parser.parse_args(argv)
+    pairs = args.pair or list(PAIRS)
+    for pair in pairs:  # every value checked before any work
+        parse_pair(pair)
+    if args.vocab_size <= len(SPECIALS):
+        raise UsageError(
+            f"--vocab-size must exceed {len(SPECIALS)}, got {args.vocab_size}"
+        )
+    for k, pair in enumerate(pairs):
+        tokenizer = prepare(
+            pair,
+            args.cache_dir,
+            vocab_size=args.vocab_size,
+            data_dir=args.data_dir,
+            rebuild=args.rebuild,
+        )
+        splits = {
+            split: load_encoded(pair, split, args.cache_dir, data_dir=args.data_dir)
+            for split in SPLITS
+        }
+        if k == 0:  # once the first cache is whole: an error comes alone
+            print(
+                f"{'pair':<6} {'split':<17} {'sentences':>9} {'src tokens':>10} "
+                f"{'tgt tokens':>10}"
+            )
+        for split, data in splits.items():
+            print(
+                f"{pair:<6} {split:<17} {len(data):>9,} {len(data.src_ids):>10,} "
+                f"{len(data.tgt_ids):>10,}"
+            )
+        where = os.path.relpath(Path(args.cache_dir) / pair)
+        print(f"{pair:<6} {tokenizer!r} in {where}")
+
+
+# %% [markdown]
+# ## `train`
+#
+# `train` turns its options into a `TrainConfig`, the training chapter's frozen configuration,
+# and hands it to `train`. The configuration starts from one of three places: a stored run
+# (with `--resume`), a recipe or model preset named by `--config` (or a JSON file of fields),
+# or the small default; every option given on the command line then overrides the field of the
+# same name, and `--set FIELD=VALUE` overrides a field of the model's configuration. Nothing is
+# validated here: `TrainConfig` checks its own fields and its error becomes the one line.
+
+# %%
+#| export
+from transformer.checkpoint import (
+    CheckpointError,
+    check_export_destination,
+    export_model,
+)
+from transformer.distributed import Distributed
+from transformer.train import train
+from transformer.train_config import (
+    BPE_DROPOUT_SIDES,
+    MODEL_PRESETS,
+    RECIPES,
+    TrainConfig,
+    quick_config,
+)
+
+
+def train_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog=f"{PROG} train", description="Train a translation model on Multi30k."
+    )
+    p.add_argument("--pair", required=True, help="de-en or fr-en")
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"a recipe ({', '.join(RECIPES)}), a model preset ({', '.join(MODEL_PRESETS)}; "
+        "default small) or a TrainConfig JSON",
+    )
+    p.add_argument("--out", default=None, help="output folder (default runs/<pair>)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out (where there is none yet, start it)",
+    )
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--max-tokens", type=int, help="padded tokens per batch and side")
+    p.add_argument("--accumulation", type=int, help="batches per process and update")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--lr-factor", type=float)
+    p.add_argument("--dropout", type=float)
+    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--bpe-dropout", type=float, help="in [0, 1); default 0: off")
+    p.add_argument("--bpe-dropout-sides", choices=list(BPE_DROPOUT_SIDES))
+    p.add_argument("--seed", type=int)
+    p.add_argument("--time-limit", type=float, help="minutes")
+    p.add_argument("--average-last", type=int)
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--cache-dir")
+    p.add_argument("--data-dir")
+    p.add_argument("--device")
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--compile", action="store_true", default=None)
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field of the model config, e.g. --set d_model=128",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny model for a few updates"
+    )
+    p.add_argument(
+        "--export",
+        default=None,
+        metavar="DIR",
+        help="write the shipped model folder when training ends (a new or empty "
+        "folder, or an earlier export)",
+    )
+    return p
+
+
+# Options that set the TrainConfig field of the same name.
+FIELD_OPTIONS = (
+    "epochs",
+    "max_steps",
+    "max_tokens",
+    "accumulation",
+    "warmup",
+    "lr_factor",
+    "label_smoothing",
+    "bpe_dropout",
+    "bpe_dropout_sides",
+    "seed",
+    "time_limit",
+    "average_last",
+    "vocab_size",
+    "cache_dir",
+    "data_dir",
+    "device",
+    "log_every",
+    "compile",
+    "bf16",
+)
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: a JSON number, string or boolean; True and False also as in Python."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _json_fields(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object of TrainConfig fields in `path`, or a ValueError naming it."""
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read {what}: {err}") from err
+    if not isinstance(fields, dict):
+        raise ValueError(
+            f"{what} must hold a JSON object of TrainConfig fields, not a "
+            f"{type(fields).__name__}"
+        )
+    return fields
+
+
+def _starting_fields(args: argparse.Namespace, out: str) -> dict[str, Any]:
+    """The fields a run starts from: the stored run's on resume, a recipe, a preset, a
+    JSON file, or the quick configuration."""
+    stored = Path(out) / "train_config.json"
+    fields: dict[str, Any] = {}
+    if args.resume and stored.is_file():
+        try:
+            fields = json.loads(stored.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read {stored}: {err}") from err
+        if not isinstance(fields, dict):
+            raise ValueError(f"{stored} does not hold a JSON object")
+    elif args.quick:
+        fields = quick_config(args.pair).to_dict()
+    if args.config is None:
+        return fields
+    if args.config.endswith(".json"):
+        return fields | _json_fields(Path(args.config), f"--config {args.config}")
+    if args.config in RECIPES:  # on resume, the stored run must agree with it
+        return fields | RECIPES[args.config](args.pair).to_dict()
+    return fields | {"model": args.config}
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig that command-line arguments ask for (on resume, over the stored one)."""
+    out = args.out if args.out is not None else f"runs/{args.pair}"
+    fields = _starting_fields(args, out) | {"pair": args.pair, "out_dir": out}
+    for name in FIELD_OPTIONS:
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    overrides = fields.get("model_overrides", {})
+    if not isinstance(overrides, dict):
+        raise ValueError(
+            "model_overrides must be a JSON object of TransformerConfig fields, "
+            f"got {overrides!r}"
+        )
+    overrides = dict(overrides)
+    if args.dropout is not None:
+        overrides["dropout"] = args.dropout
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
+        overrides[key.strip()] = parse_value(value)
+    fields["model_overrides"] = overrides
+    return TrainConfig.from_dict(fields)
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """The epochs of a run (and its average) as a small text table."""
+    head = (
+        f"{'epoch':>7} {'step':>8} {'train loss':>10} {'val loss':>8} {'ppl/word':>8} "
+        f"{'accuracy':>8} {'tok/s':>9} {'MFU':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        epoch = "average" if r["kind"] == "average" else f"{r['epoch']:g}"
+        train_loss = f"{r['train_loss']:.3f}" if "train_loss" in r else ""
+        tok_s = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else ""
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
+        lines.append(
+            f"{epoch:>7} {r['step']:>8,} {train_loss:>10} {r['val_loss']:>8.3f} "
+            f"{r['val_ppl_word']:>8.2f} {r['val_accuracy']:>8.1%} {tok_s:>9} {mfu:>6}"
+        )
+    return "\n".join(lines)
+
+
+def train_command(argv: Sequence[str]) -> None:
+    """`python -m transformer train ...`: train, then print the run's epochs."""
+    args = train_parser().parse_args(argv)
+    if args.pair not in PAIRS:
+        raise UsageError(
+            f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
+        )
+    try:
+        config = config_from_args(args)
+    except ValueError as err:  # a bad value for a TrainConfig field
+        raise UsageError(str(err)) from err
+    if args.export:  # before training, not after it
+        check_export_destination(Path(args.export), config.output_dir)
+    result = train(config, resume=args.resume)
+    main_process = Distributed.from_environ().is_main
+    if args.export and main_process:
+        try:
+            export_model(result.out_dir, args.export)
+        except ValueError as err:  # e.g. a weight too large for float16
+            raise UsageError(
+                f"the run in {result.out_dir} is saved, but --export failed: {err}"
+            ) from err
+    if main_process:
+        print(summary_table(result.metrics))
+        print(
+            f"stopped: {result.stopped} after {result.step:,} updates; run in {result.out_dir}"
+        )
+        if args.export:
+            print(f"model exported to {args.export}")
+
+
+# %% [markdown]
+# `config_from_args` is where the command line meets the configuration. A recipe and two
+# overrides, without training anything:
+
+# %%
+from transformer.cli import config_from_args, train_parser
+
+args = train_parser().parse_args(
+    [
+        "--pair",
+        "de-en",
+        "--config",
+        "multi30k",
+        "--warmup",
+        "2000",
+        "--set",
+        "n_layers=4",
+    ]
+)
+config = config_from_args(args)
+assert config.warmup == 2000 and config.model_overrides["n_layers"] == 4
+config.warmup, config.model_overrides
+
+# %% [markdown]
+# ## `translate` and `evaluate`
+#
+# The two commands that decode share their options (the pair, the search, the model folder,
+# the device and the batch size), their checks and how they load a model: `--checkpoint DIR`
+# names any trained folder, and without it the shipped model of the pair in `checkpoints/` is
+# used. `translate` reads sentences from its arguments or, one per line, from standard input,
+# and writes one translation per line in the same order; `evaluate` translates a split and
+# prints sacreBLEU and chrF with their signatures, as the results chapter reports them.
+
+# %%
+#| export
+from transformer.checkpoint import load_model
+from transformer.decode import (
+    BATCH_SIZE,
+    CHECKPOINTS_DIR,
+    MAX_ALPHA,
+    check_alpha,
+    translate,
+)
+from transformer.evaluate import score, translate_split, write_lines
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The options of every command that decodes with a trained model."""
+    p.add_argument("--pair", required=True, help="de-en or fr-en")
+    p.add_argument(
+        "--beam",
+        type=int,
+        default=4,
+        metavar="N",
+        help="beam size; 1 is greedy decoding (default: 4, the paper's)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=0.6,
+        metavar="A",
+        help=f"length penalty α of beam search, from 0 to {MAX_ALPHA:g} (default: 0.6, "
+        "the paper's)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="a shipped model or a checkpoint folder (default: checkpoints/<pair> in the "
+        "repository)",
+    )
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], help="default: cuda when available"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=BATCH_SIZE,
+        metavar="N",
+        help=f"sentences decoded at once (default: {BATCH_SIZE})",
+    )
+
+
+def check_model_options(args: argparse.Namespace) -> str:
+    """The device to decode on, once the values of `add_model_options`' options are checked."""
+    if args.pair not in PAIRS:
+        raise UsageError(
+            f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
+        )
+    if args.beam < 1:
+        raise UsageError(f"--beam must be at least 1, got {args.beam}")
+    try:
+        check_alpha(args.alpha, name="--alpha")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda, but no CUDA GPU is available")
+    return device
+
+
+def load_for_command(
+    pair: str, checkpoint: Path | None, device: str, *, alpha: float
+) -> tuple[Transformer, Tokenizer]:
+    """The model and tokenizer to decode with, or a one-line error naming the folder (also
+    when the length penalty would overflow within the model's positions)."""
+    folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
+    if not folder.is_dir():
+        if checkpoint is None:
+            raise UsageError(
+                f"no {pair} model in {folder}: none has been shipped yet. Train one with "
+                f"`python -m transformer train --pair {pair} --export {folder}`, or name a "
+                "model folder with --checkpoint DIR"
+            )
+        raise UsageError(f"no model folder {folder}")
+    try:
+        model, tokenizer = load_model(folder, device=device)
+    # Not a whole, readable model, whatever the reason: say why.
+    except Exception as err:
+        message = first_line(err)
+        if str(folder) not in message:
+            message = f"{folder}: {message}"
+        raise UsageError(f"cannot load the model: {message}") from err
+    if tokenizer.languages != PAIRS[pair]:
+        raise UsageError(f"{folder} holds a {tokenizer.pair} model, not a {pair} one")
+    try:
+        check_alpha(alpha, max_len=model.config.max_len, name="--alpha")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return model, tokenizer
+
+
+TRANSLATE_EPILOG = """\
+Input and output: the SENTENCEs given, or else standard input, one sentence per line
+(UTF-8); one translation per line on standard output, in the same order. An empty line
+gives an empty line. Characters that the vocabulary lacks become <unk>. Put -- before
+sentences that begin with a dash. A SENTENCE that names an existing file is translated
+as a sentence all the same, with a warning: a file of sentences goes on standard input,
+< FILE.
+
+A sentence longer than the model's positions (its config's max_len, <eos> included) is
+cut to fit: its first max_len - 1 tokens are translated, and a warning on standard error
+names it by its number (the line number, for standard input). So is a translation that
+the length limit stopped before <eos>.
+
+Errors (an unknown pair or option, a missing or unusable model folder, no spaCy) print
+one line on standard error and exit with status 2."""
+
+
+def read_lines(stream) -> list[str]:
+    """The lines of a text stream, read as UTF-8 (undecodable bytes become U+FFFD)."""
+    if hasattr(stream, "buffer"):
+        text = stream.buffer.read().decode("utf-8", errors="replace")
+    else:
+        text = stream.read()
+    lines = text.split("\n")  # not splitlines(): U+2028 and friends are inside a line
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line.removesuffix("\r") for line in lines]
+
+
+def warning(command: str) -> Callable[[str], None]:
+    """A function that prints a command's warnings, one line each, on standard error."""
+    return lambda message: print(
+        f"{PROG} {command}: warning: {message}", file=sys.stderr
+    )
+
+
+def translate_command(argv: Sequence[str]) -> None:
+    """`python -m transformer translate ...`: one translation per line on standard output."""
+    p = Parser(
+        prog=f"{PROG} translate",
+        description="Translate sentences with a trained model (Part III).",
+        epilog=TRANSLATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "sentences",
+        nargs="*",
+        metavar="SENTENCE",
+        help="a sentence to translate (default: read standard input)",
+    )
+    add_model_options(p)
+    argv = list(argv)
+    # After "--" every argument is a sentence (parse_intermixed_args mishandles "--").
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_intermixed_args(argv[:cut])
+    args.sentences += argv[cut + 1 :]
+    device = check_model_options(args)
+    model, tokenizer = load_for_command(
+        args.pair, args.checkpoint, device, alpha=args.alpha
+    )
+    warn = warning("translate")
+    if args.sentences:
+        sentences = args.sentences
+        # isfile, not Path.is_file: a sentence too long for a file name is no error
+        for name in filter(os.path.isfile, sentences):
+            # still a sentence, as the usage says; but a file was likely meant
+            warn(
+                f"SENTENCE {name!r} names a file, translated here as a sentence: "
+                f"to translate the file's lines, give it as standard input, "
+                f"< {shlex.quote(name)}"
+            )
+    else:
+        if sys.stdin.isatty():
+            print("one sentence per line; end with Ctrl-D", file=sys.stderr)
+        sentences = read_lines(sys.stdin)
+    translations = translate(
+        model,
+        tokenizer,
+        sentences,
+        beam_size=args.beam,
+        alpha=args.alpha,
+        batch_size=args.batch_size,
+        warn=warn,
+    )
+    sys.stdout.write("".join(f"{t}\n" for t in translations))
+    sys.stdout.flush()
+
+
+EVALUATE_EPILOG = """\
+Prints sacreBLEU (cased, its 13a tokenizer on the detokenised translations against the raw
+references) and chrF, each with its signature; BLEU on lowercased spaCy-tokenised text, only
+to compare with published Multi30k results; and the time that the translation took.
+
+Errors (an unknown pair, split or option, a missing or unusable model folder, a missing or
+corrupt data file, an output file that cannot be written, no spaCy) print one line on
+standard error and exit with status 2."""
+
+
+def evaluate_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog=f"{PROG} evaluate",
+        description="Score a trained model on a Multi30k split with sacreBLEU and chrF "
+        "(Part III).",
+        epilog=EVALUATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_options(p)
+    p.add_argument(
+        "--split",
+        default="test_2016_flickr",
+        metavar="NAME",
+        help=f"{', '.join(SPLITS)} (default: test_2016_flickr)",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DATA_DIR,
+        metavar="DIR",
+        help="the Multi30k files and their SHA256SUMS (default: data/multi30k in the "
+        "repository)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="translate only the split's first N sentences (default: all)",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="also write the translations to FILE, one per line",
+    )
+    return p
+
+
+def check_evaluate_options(args: argparse.Namespace) -> None:
+    """A one-line UsageError for a bad split, limit or output file."""
+    if args.split not in SPLITS:
+        raise UsageError(
+            f"unknown split {args.split!r}: choose one of {', '.join(SPLITS)}"
+        )
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    if args.output is not None and not args.output.parent.is_dir():
+        raise UsageError(f"cannot write {args.output}: no folder {args.output.parent}")
+    if args.output is not None and args.output.is_dir():
+        raise UsageError(f"cannot write {args.output}: it is a folder")
+
+
+def evaluate_command(argv: Sequence[str]) -> None:
+    """`python -m transformer evaluate ...`: translate a split, print its scores."""
+    args = evaluate_parser().parse_args(argv)
+    device = check_model_options(args)
+    check_evaluate_options(args)
+    load_pairs(args.split, args.pair, args.data_dir)  # a data error before the model's
+    model, tokenizer = load_for_command(
+        args.pair, args.checkpoint, device, alpha=args.alpha
+    )
+    result = translate_split(
+        model,
+        tokenizer,
+        args.pair,
+        args.split,
+        beam_size=args.beam,
+        alpha=args.alpha,
+        data_dir=args.data_dir,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        warn=warning("evaluate"),
+    )
+    scores = score(
+        result.hypotheses, result.references, language=parse_pair(args.pair)[1]
+    )
+    if args.output is not None:
+        try:
+            write_lines(args.output, result.hypotheses)
+        except OSError as err:
+            raise UsageError(f"cannot write {args.output}: {err.strerror}") from err
+    folder = args.checkpoint or f"the shipped model, checkpoints/{args.pair}"
+    search = "greedy" if args.beam == 1 else f"beam {args.beam}, α {args.alpha:g}"
+    print(
+        f"{args.pair} {args.split}: {scores.sentences:,} sentences, {search}, model {folder}"
+    )
+    print(scores.report())
+    threads = torch.get_num_threads()
+    print(
+        f"translated in {result.seconds:.1f} s ({result.sentences_per_second:.1f} "
+        f"sentences/s on {device}, {threads} CPU thread{'s' if threads > 1 else ''})"
+    )
+    if args.output is not None:
+        print(f"translations written to {args.output}")
+
+
+# %% [markdown]
+# ## Dispatching
+#
+# `python -m transformer COMMAND` runs `main`, which picks the command and hands its body to
+# `run` with the errors that command turns into one line: `prepare` also reports a cache folder
+# it cannot write (`OSError`), `train` a bad checkpoint, and the commands that tokenise text
+# report a missing spaCy (`ImportError`) with how to install it. Two more endings are not
+# errors of the user's making and get one line too: Ctrl-C (status 130; every file is written
+# atomically, so what was written is whole, and `train --resume` continues from the last
+# checkpoint) and a reader that stopped reading, as in `... | head`.
+
+# %%
+#| export
+COMMANDS: dict[str, tuple[Callable[[Sequence[str]], None], tuple, str]] = {
+    "prepare": (
+        prepare_command,
+        (DataError, ImportError, OSError),
+        "tokenise Multi30k and cache every split as token ids",
+    ),
+    "train": (
+        train_command,
+        (DataError, CheckpointError),
+        "train a translation model (Part II)",
+    ),
+    "translate": (
+        translate_command,
+        (ImportError,),
+        "translate sentences with a trained model (Part III)",
+    ),
+    "evaluate": (
+        evaluate_command,
+        (DataError, ImportError),
+        "score a trained model with sacreBLEU and chrF (Part III)",
+    ),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m transformer COMMAND ...`; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        # Asked for, the help goes to standard output; without a command it is an error,
+        # so the usage goes to standard error with status 2.
+        out = sys.stdout if argv else sys.stderr
+        print(f"usage: {PROG} COMMAND [options]\n\ncommands:", file=out)
+        for name, (_, _, summary) in COMMANDS.items():
+            print(f"  {name:<10} {summary}", file=out)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(
+            f"{PROG}: error: unknown command {command!r}: choose one of "
+            f"{', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    body, errors, _ = COMMANDS[command]
+    try:
+        return run(command, lambda: body(rest), errors)
+    except KeyboardInterrupt:
+        print(f"{PROG} {command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Keep Python from failing again when it flushes standard output at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+# %% [markdown]
+# With the shipped German→English model, a translation from the command line, as a user types
+# it (`python -m transformer translate --pair de-en "..."`), and a mistake:
+
+# %%
+from transformer.cli import main
+
+assert main(["translate", "--pair", "de-en", "Zwei Hunde spielen im Schnee."]) == 0
+assert main(["translate", "--pair", "xx-en", "Hallo."]) == 2
+
+# %% [markdown]
+# ## Summary
+#
+# - `transformer/cli.py` is the only module that parses arguments; the library below it takes
+#   Python values and raises exceptions.
+# - Every command fails the same way: one line on standard error and status 2.
+# - `prepare`, `train`, `translate` and `evaluate` follow the data from text to scores; each
+#   command's `--help` lists its options.

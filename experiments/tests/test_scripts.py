@@ -1,0 +1,451 @@
+"""The scripts of experiments/ explain themselves (`--help` prints each one's whole docstring),
+refuse a bad input with one line and status 2, leave no half-written file, and validate and
+export as the trainer does."""
+
+import argparse
+import ast
+import contextlib
+import importlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from transformer.checkpoint import CheckpointError
+from transformer.data import DataError, EncodedSplit
+from transformer.epochs import TrainingData
+from transformer.tokenizer import MARK, train_bpe
+from transformer.train import train
+from transformer.train_config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(
+    p
+    for p in (ROOT / "experiments").glob("*.py")
+    if "argparse" in p.read_text(encoding="utf-8")
+)
+
+
+def test_every_script_with_options_is_covered():
+    assert {p.name for p in SCRIPTS} == {
+        "average_windows.py",
+        "ensemble_report.py",
+        "gpu_bench.py",
+        "gpu_sweep.py",
+        "model_card.py",
+        "word_level_report.py",
+    }
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_help_prints_the_whole_docstring(script: Path):
+    """Not cut after the first paragraph, and with its example commands as written (a
+    backslash at a line's end continues a shell command; it must not vanish)."""
+    source = script.read_text(encoding="utf-8")
+    assert ast.get_docstring(ast.parse(source)), f"{script.name} has no docstring"
+    doc = source.split('"""')[1]  # as written, before Python reads its escapes
+    assert f"python -m experiments.{script.stem}" in doc  # how it runs
+    shown = subprocess.run(
+        [sys.executable, "-m", f"experiments.{script.stem}", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    for line in doc.strip().splitlines():
+        assert line.rstrip() in shown, line
+
+
+# The scripts' own behaviour: each is imported as a module of the experiments package, and its
+# main() called with sys.argv set, in this process (CPU only, no subprocess).
+
+
+@pytest.fixture
+def tool():
+    """Imports a script of experiments/ by its name."""
+    return lambda name: importlib.import_module(f"experiments.{name}")
+
+
+def run_main(module, argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """The exit status of `module.main()` with `argv`, and what it wrote on standard error."""
+    monkeypatch.setattr(sys, "argv", [f"{module.__name__}.py", *argv])
+    try:
+        status = module.main()
+    except SystemExit as stop:
+        status = stop.code
+    return status, capsys.readouterr().err
+
+
+def assert_one_line_error(status: int, err: str, *named: str) -> None:
+    assert status == 2, err
+    assert err.count("\n") == 1 and "error: " in err and "Traceback" not in err, err
+    for text in named:
+        assert text in err, err
+
+
+def never(*args, **kwargs):
+    raise AssertionError("reached past the checks of the input")
+
+
+def test_gpu_sweep_refuses_the_runs_of_an_earlier_sweep(
+    tmp_path: Path, tool, monkeypatch, capsys
+):
+    """`train` would refuse a run's folder that holds an earlier run and exit, and the sweep
+    would then score and export the old run as new: it refuses before launching anything."""
+    gpu_sweep = tool("gpu_sweep")
+    monkeypatch.setattr(gpu_sweep, "launch", never)
+    runs, out = tmp_path / "runs", tmp_path / "packed"
+    (runs / "de-en-tiny").mkdir(parents=True)
+    (runs / "de-en-tiny-ls0").mkdir()
+    argv = ["smoke", "--runs", str(runs), "--out", str(out), "--minutes", "1"]
+    status, err = run_main(gpu_sweep, argv, monkeypatch, capsys)
+    assert_one_line_error(
+        status, err, str(runs / "de-en-tiny") + ",", str(runs / "de-en-tiny-ls0")
+    )
+    assert not out.exists()
+
+
+def test_gpu_sweep_replaces_every_piece_of_an_earlier_export(
+    tmp_path: Path, tool, monkeypatch
+):
+    """A tar larger than a piece is cut into pieces that `cat` joins; a later, smaller export
+    leaves no piece of the earlier one beside it, and no temporary file anywhere."""
+    gpu_sweep = tool("gpu_sweep")
+    monkeypatch.setattr(gpu_sweep, "PIECE", 10)
+    tar = tmp_path / "de-en.tar"
+    gpu_sweep.write_tar(tar, bytes(range(25)))
+    pieces = sorted(tmp_path.iterdir())
+    assert [p.name for p in pieces] == ["de-en.tar.aa", "de-en.tar.ab", "de-en.tar.ac"]
+    assert b"".join(p.read_bytes() for p in pieces) == bytes(range(25))
+    gpu_sweep.write_tar(tar, b"0123456789ab")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "de-en.tar.aa",
+        "de-en.tar.ab",
+    ]
+    gpu_sweep.write_tar(tar, b"small")
+    assert [p.name for p in tmp_path.iterdir()] == ["de-en.tar"]
+    assert tar.read_bytes() == b"small"
+    assert gpu_sweep.letters(27) == "bb"  # as split names the 28th piece
+
+
+def test_gpu_sweep_packs_each_runs_own_logs_only(tmp_path: Path, tool):
+    """runs.tar.gz keeps de-en-d3's logs and files, not those of de-en-d3-ff1024, whose name
+    starts with de-en-d3."""
+    gpu_sweep = tool("gpu_sweep")
+    runs = tmp_path / "runs"
+    (runs / "de-en-d3").mkdir(parents=True)
+    for name in (
+        "de-en-d3.stdout",
+        "de-en-d3.close.stdout",
+        "de-en-d3-ff1024.stdout",
+        "de-en-d3/metrics.jsonl",
+        "de-en-d3/model.safetensors",
+    ):
+        (runs / name).write_text("x\n")
+    args = argparse.Namespace(runs=str(runs))
+    kept = gpu_sweep.run_files({"de-en-d3": ("de-en", [], True)}, args)
+    assert [name for _, name in kept] == [
+        "de-en-d3.stdout",
+        "de-en-d3.close.stdout",
+        "de-en-d3/metrics.jsonl",
+    ]
+    with tarfile.open(fileobj=io.BytesIO(gpu_sweep.tar_bytes(kept, "w:gz"))) as t:
+        assert t.getnames() == [name for _, name in kept]
+
+
+def test_gpu_bench_refuses_a_variant_it_does_not_have(tool, monkeypatch, capsys):
+    """A misspelt --only name is an error naming it, not a run of nothing with status 0."""
+    gpu_bench = tool("gpu_bench")
+    monkeypatch.setattr(gpu_bench, "measure", never)
+    argv = ["--only", "recipe bf16", "recipe fp23"]
+    status, err = run_main(gpu_bench, argv, monkeypatch, capsys)
+    assert status == 2 and "invalid choice: 'recipe fp23'" in err, err
+
+
+@pytest.fixture
+def shipped(tmp_path: Path) -> Path:
+    """A tiny shipped model as gpu_sweep exports it: no last/ yet."""
+    from helpers import ship, tiny_tokenizer
+
+    return ship(tmp_path / "de-en", tiny_tokenizer())
+
+
+def test_model_card_checks_the_folder_before_translating(
+    shipped: Path, tool, monkeypatch, capsys
+):
+    """A folder without last/, or without an average in its metrics, is one line and status
+    2, before the two translations of the test split."""
+    model_card = tool("model_card")
+    monkeypatch.setattr(model_card, "CHECKPOINTS_DIR", shipped.parent)
+    monkeypatch.setattr(model_card, "translate_split", never)
+    argv = ["de-en", "--command", "c", "--hardware", "h"]
+    status, err = run_main(model_card, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, str(shipped / "last"))
+    shutil.copytree(shipped, shipped / "last", ignore=lambda *_: ["last"])
+    status, err = run_main(model_card, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, "no epoch or no average record")
+    assert not (shipped / "README.md").exists()
+
+
+def test_model_card_names_the_comparison_runs_where_there_are_any(
+    shipped: Path, tool, monkeypatch, tmp_path: Path
+):
+    """A pair without runs in experiments/runs (gpu_sweep's exports are scored alone): the
+    card says nothing of them; with runs, it names them and where they are."""
+    from helpers import ENGLISH, GERMAN
+
+    model_card = tool("model_card")
+    runs = tmp_path / "runs"
+    assert model_card.comparison_runs("de-en", runs) == []
+    shutil.copytree(shipped, shipped / "last", ignore=lambda *_: ["last"])
+    epoch = dict(kind="epoch", step=10, wall_time=60.0, tokens_per_s=100.0, mfu=None)
+    average = dict(
+        kind="average", val_ppl_word=9.0, val_ppl_token=5.0, val_accuracy=0.5
+    )
+    (shipped / "metrics.jsonl").write_text(
+        f"{json.dumps(epoch)}\n{json.dumps(average)}\n"
+    )
+
+    def translate_split(model, tokenizer, pair, split):
+        return SimpleNamespace(hypotheses=ENGLISH, references=ENGLISH)
+
+    monkeypatch.setattr(model_card, "translate_split", translate_split)
+    monkeypatch.setattr(
+        model_card, "load_pairs", lambda *_: list(zip(GERMAN, ENGLISH, strict=True))
+    )
+    text = model_card.card("de-en", "c", "h", shipped, runs)
+    assert "experiments/runs" not in text
+    assert "(for the results chapter's ablation).\n" in text
+    (runs / "de-en" / "dropout-0.2-cpu").mkdir(parents=True)
+    assert model_card.comparison_runs("de-en", runs) == ["dropout-0.2-cpu"]
+    text = model_card.card("de-en", "c", "h", shipped, runs)
+    assert (
+        "tried (`dropout-0.2-cpu`) are in the\nrepository's `experiments/runs/de-en/`; "
+        "the experiments appendix compares them.\n" in text
+    )
+    # the shipped cards name the runs this repository keeps
+    for pair in ("de-en", "fr-en"):
+        shipped_card = (model_card.CHECKPOINTS_DIR / pair / "README.md").read_text()
+        names = ", ".join(f"`{c}`" for c in model_card.comparison_runs(pair))
+        assert (
+            f"tried ({names}) are in the\nrepository's `experiments/runs/{pair}/`"
+            in (shipped_card)
+        )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ImportError("tokenising text needs spaCy: pip install -e '.[data]'"),
+        DataError("data/multi30k/val.de.gz is missing"),
+    ],
+    ids=["no spaCy", "no data"],
+)
+def test_word_level_report_names_what_is_missing(
+    tmp_path: Path, tool, monkeypatch, capsys, error: Exception
+):
+    word_level_report = tool("word_level_report")
+
+    def report(model_folder: Path, *, bleu: bool = False) -> dict:
+        raise error
+
+    monkeypatch.setattr(word_level_report, "report", report)
+    (tmp_path / "metrics.jsonl").write_text("")
+    argv = [str(tmp_path / "model"), str(tmp_path)]
+    status, err = run_main(word_level_report, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, str(error))
+    assert not (tmp_path / "word_level.json").exists()
+
+
+def test_average_windows_wants_a_gpu_for_cuda_before_reading_a_checkpoint(
+    tmp_path: Path, tool, monkeypatch, capsys
+):
+    average_windows = tool("average_windows")
+    monkeypatch.setattr(average_windows, "report", never)
+    monkeypatch.setattr(average_windows.torch.cuda, "is_available", lambda: False)
+    (tmp_path / "metrics.jsonl").write_text("")
+    argv = [str(tmp_path / "checkpoints"), str(tmp_path), "--device", "cuda"]
+    status, err = run_main(average_windows, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, "--device cuda, but no CUDA GPU is available")
+    argv[-1] = "gpu"
+    status, err = run_main(average_windows, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, "--device 'gpu' is not a device")
+
+
+def test_ensemble_report_scores_the_members_and_their_mean(
+    tmp_path: Path, tool, monkeypatch, capsys
+):
+    from helpers import ENGLISH, GERMAN, ship, tiny_tokenizer
+
+    ensemble_report = tool("ensemble_report")
+    tokenizer = tiny_tokenizer()
+    a = ship(tmp_path / "a" / "de-en", tokenizer, seed=0)
+    b = ship(tmp_path / "b" / "de-en", tokenizer, seed=1)
+    val = list(zip(GERMAN, ENGLISH, strict=True))
+    monkeypatch.setattr(ensemble_report, "load_pairs", lambda *_: val)
+    # An ensemble of a model with itself is that model.
+    same = ensemble_report.report([a, a])
+    alone = {k: v for k, v in same["members"][0].items() if k != "model"}
+    assert same["ensemble"] == pytest.approx(alone)
+    # The NLL of a mean probability is at most the mean of the members' NLLs (Jensen), and
+    # below it where the members differ: the perplexity is below their geometric mean.
+    two = ensemble_report.report([a, b])
+    ppl_a, ppl_b = (m["ppl_word"] for m in two["members"])
+    assert ppl_a != ppl_b
+    assert two["ensemble"]["ppl_word"] < (ppl_a * ppl_b) ** 0.5
+    assert two["pair"] == "de-en" and two["words"] == sum(
+        len(s.split()) for s in ENGLISH
+    )
+    # The command: ensemble.json in the comparison folder, or one line and status 2.
+    dest = tmp_path / "comparison"
+    dest.mkdir()
+    (dest / "metrics.jsonl").write_text("")
+    argv = [str(a), str(b), "--dest", str(dest)]
+    assert run_main(ensemble_report, argv, monkeypatch, capsys)[0] is None
+    assert json.loads((dest / "ensemble.json").read_text()) == two
+    status, err = run_main(
+        ensemble_report, [str(a), "--dest", str(dest)], monkeypatch, capsys
+    )
+    assert_one_line_error(status, err, "two or more models")
+    other = ship(tmp_path / "c" / "de-en", tiny_tokenizer(ENGLISH))
+    status, err = run_main(
+        ensemble_report, [str(a), str(other), "--dest", str(dest)], monkeypatch, capsys
+    )
+    assert_one_line_error(status, err, "do not share one vocabulary")
+
+
+# Trained in the test: a tiny model on random ids, no spaCy, no cache.
+
+
+def tiny_data(seed: int = 0, n_train: int = 40, n_val: int = 12) -> TrainingData:
+    """A tokenizer learned on random words, and random id sequences."""
+    rng = np.random.default_rng(seed)
+    words = [
+        tuple(
+            MARK + "".join(rng.choice(list("abcdefgh"), size=rng.integers(1, 4)))
+            for _ in range(5)
+        )
+        for _ in range(30)
+    ]
+    tokenizer = train_bpe(words, 40, languages=("de", "en"))
+    first = 4  # the special tokens come first
+
+    def split(n: int) -> EncodedSplit:
+        def sentence() -> list[int]:
+            return rng.integers(
+                first, tokenizer.vocab_size, rng.integers(1, 8)
+            ).tolist()
+
+        return EncodedSplit.from_lists(
+            [sentence() for _ in range(n)], [sentence() for _ in range(n)]
+        )
+
+    return TrainingData(tokenizer, split(n_train), split(n_val))
+
+
+def tiny_config(out: Path, **fields) -> TrainConfig:
+    base = dict(
+        pair="de-en",
+        model_overrides=dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1),
+        epochs=2,
+        max_tokens=48,
+        warmup=5,
+        average_last=2,
+        device="cpu",
+        log_every=2,
+        out_dir=str(out),
+    )
+    return TrainConfig(**(base | fields))
+
+
+@pytest.fixture(scope="module")
+def data() -> TrainingData:
+    return tiny_data()
+
+
+def test_gpu_sweep_exports_again_over_its_own_folder(tmp_path: Path, tool, data):
+    """gpu_sweep exports the best run into runs/export/<pair> and its last epoch into last/
+    there, beside a RUN file: a second sweep starts that folder afresh."""
+    gpu_sweep = tool("gpu_sweep")
+    runs = tmp_path / "runs"
+    train(tiny_config(runs / "tiny", epochs=2), data=data, echo=False)
+    row = dict(name="tiny", pair="de-en", candidate=True, avg_ppl_word=1.0, epochs=2)
+    args = argparse.Namespace(runs=str(runs), out=str(tmp_path / "packed"))
+    (tmp_path / "packed").mkdir()
+    for _ in range(2):
+        with contextlib.redirect_stdout(io.StringIO()):
+            gpu_sweep.export_best([row], args)
+        export = runs / "export" / "de-en"
+        assert (export / "RUN").read_text() == "tiny\n"
+        assert json.loads((export / "config.json").read_text())["source"] == "average"
+        last = json.loads((export / "last" / "config.json").read_text())
+        assert last["source"] == "epoch-002"
+
+
+def test_average_windows_reproduce_the_trainers_own_records(tmp_path: Path, tool, data):
+    """average_windows validates as the trainer does: its window of the last three epochs
+    gives the run's `average` record, its last epoch alone the epoch's record; windows never
+    cross a gap in the kept epochs."""
+    average_windows = tool("average_windows")
+    run = tmp_path / "run"
+    result = train(tiny_config(run, epochs=3, average_last=3), data=data, echo=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = average_windows.report(run / "checkpoints", 2, tmp_path, val=data.val)
+    found = {(w["first"], w["last"]): w for w in summary["windows"]}
+    assert sorted(found) == [(1, 2), (1, 3), (2, 3), (3, 3)]
+    records = {r["kind"]: r for r in result.metrics}  # the last epoch's, the average's
+    for window, kind in (((1, 3), "average"), ((3, 3), "epoch")):
+        for key in ("val_loss", "val_ppl_word", "val_accuracy"):
+            assert found[window][key] == pytest.approx(records[kind][key], rel=1e-9)
+    assert found[(1, 3)]["val_ppl_word"] != found[(3, 3)]["val_ppl_word"]
+    # epoch 4 missing: no window of two crosses it, and the last stretch is 5-6
+    assert average_windows.windows([1, 2, 3, 5, 6], 2) == [
+        (6, 6),
+        (1, 2),
+        (2, 3),
+        (5, 6),
+    ]
+    assert (3, 12) in average_windows.windows(list(range(1, 13)), 5)  # the last ten
+    with pytest.raises(CheckpointError, match="no 4 consecutive kept epochs"):
+        average_windows.report(run / "checkpoints", 4, tmp_path, val=data.val)
+    shutil.rmtree(run / "checkpoints" / "epoch-001")
+    shutil.rmtree(run / "checkpoints" / "epoch-002")
+    with pytest.raises(CheckpointError, match="fewer than two epoch checkpoints"):
+        average_windows.epoch_folders(run / "checkpoints")
+
+
+def test_gpu_sweep_keeps_the_windows_of_a_run_that_kept_more_than_five_epochs(
+    tmp_path: Path, tool, data, monkeypatch
+):
+    """A sweep run with --average-last above 5 gets averages.json (every window of five of
+    its kept epochs, and all of them: the run's own average) and its best five in the
+    summary, once the cache's vocabulary is the run's; a run that kept five gets nothing."""
+    gpu_sweep, average_windows = tool("gpu_sweep"), tool("average_windows")
+    monkeypatch.setattr(average_windows, "load_encoded", lambda *args: data.val)
+    run = tmp_path / "run"
+    result = train(tiny_config(run, epochs=6, average_last=6), data=data, echo=False)
+    (tmp_path / "de-en").mkdir()  # the cache's tokenizer, checked against the run's
+    tiny_data(seed=1).tokenizer.save(tmp_path / "de-en" / "tokenizer.json")
+    row = gpu_sweep.windows_of(run, str(tmp_path))
+    assert "another vocabulary" in row["windows_error"]
+    data.tokenizer.save(tmp_path / "de-en" / "tokenizer.json")
+    row = gpu_sweep.windows_of(run, str(tmp_path))
+    saved = json.loads((run / "averages.json").read_text())["windows"]
+    ppl = {(w["first"], w["last"]): w["val_ppl_word"] for w in saved}
+    fives = {w: p for w, p in ppl.items() if w[1] - w[0] == 4}
+    assert sorted(fives) == [(1, 5), (2, 6)]
+    assert row["best_five_ppl_word"] == min(fives.values())
+    assert tuple(row["best_five"]) == min(fives, key=fives.get)
+    average = [r for r in result.metrics if r["kind"] == "average"][-1]
+    assert ppl[(1, 6)] == pytest.approx(average["val_ppl_word"], rel=1e-9)
+    short = tmp_path / "short"
+    train(tiny_config(short, epochs=2), data=data, echo=False)
+    assert gpu_sweep.windows_of(short, str(tmp_path)) == {}
+    assert not (short / "averages.json").exists()
