@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # is already satisfied. The default is the CPU build that CI machines hold on disk; from PyPI
 # that pin is the CUDA build, so elsewhere pass pip arguments for a CPU build (README.md).
 TORCH_CPU ?= torch==2.13.0
-CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
+CHAPTERS := intro.ipynb $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 
 .PHONY: help book test test-other-cpu check export sync execute venv clean
 
@@ -58,7 +58,7 @@ export: $(BIN)/.installed
 	$(BIN)/python tools/nb.py export
 
 sync: $(BIN)/.installed
-	$(BIN)/jupytext --sync chapters/[0-9][0-9]_*.ipynb chapters/[0-9][0-9]_*.py
+	$(BIN)/jupytext --sync intro.ipynb intro.py chapters/[0-9][0-9]_*.ipynb chapters/[0-9][0-9]_*.py
 
 execute: $(BIN)/.installed
 	$(BIN)/python tools/nb.py execute $(or $(NB),$(CHAPTERS))

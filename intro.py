@@ -69,7 +69,7 @@ print(
 
 # %% [markdown]
 # It is small beside the paper's base model (65M parameters, six layers of width 512), because
-# Multi30k is small: 29,000 training sentences. The results chapter scores it at 41.6 BLEU on
+# Multi30k is small: 29,000 training sentences. The results chapter scores it at 41.6 sacreBLEU on
 # the Multi30k test set, and shows where it fails.
 #
 # ## Why the Transformer

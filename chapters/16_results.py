@@ -608,10 +608,10 @@ with pd.option_context("display.max_colwidth", None):
     display(examples)
 
 # %% [markdown]
-# What to see: the good translations are near-copies of the reference, often differing by a
-# synonym; the poor ones keep the sentence's frame but drop or garble a detail, a colour, a
-# garment, a rarer word, and stay fluent English while doing so, which makes such errors easy to
-# miss without the source.
+# What to see: the good translations are near-copies of the reference, differing by a synonym
+# at most; the poor ones keep the sentence's frame but lose what the model knows poorly, a
+# *Sweater* and a *Knie*, or the verbs of *vise et tire* (aims and shoots), and fill the gap with
+# words that fit the frame: errors easy to miss without the source.
 #
 # ## What the model learned: attention
 #

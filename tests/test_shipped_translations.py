@@ -20,7 +20,9 @@ REFERENCE = ROOT / "tests" / "reference"
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", ["de-en", "fr-en"])
 def test_shipped_beam4_translations_are_unchanged(pair: str):
-    expected = (REFERENCE / f"test_2016_flickr.{pair}.beam4.txt").read_text().splitlines()
+    expected = (
+        (REFERENCE / f"test_2016_flickr.{pair}.beam4.txt").read_text().splitlines()
+    )
     sources = [src for src, _ in load_pairs("test_2016_flickr", pair)]
     assert len(sources) == len(expected) == 1000
     model, tokenizer = load_model(ROOT / "checkpoints" / pair)

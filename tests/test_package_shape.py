@@ -1,0 +1,69 @@
+"""The package's shape: small modules with one job, and layers that point one way.
+
+Layers, bottom to top: the model core; files, tokenizer, data and checkpoints; training;
+decoding and evaluation; the command line. A module imports only from its own layer or below,
+and never another module's private (underscore) names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "transformer"
+LAYERS = [
+    {
+        "attention", "masking", "multihead", "embedding", "sublayers", "encoder",
+        "decoder", "config", "model", "loss", "schedule", "plots", "counts",
+    },
+    {"files", "tokenizer", "data", "checkpoint", "distributed"},
+    {"train_config", "validation", "epochs", "train"},
+    {"decode", "evaluate"},
+    {"cli", "__main__", "__init__"},
+]  # fmt: skip
+LAYER = {module: k for k, layer in enumerate(LAYERS) for module in layer}
+MODULES = sorted(PACKAGE.glob("*.py"))
+
+
+def imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) for every `from transformer.X import name` of a module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.level == 1:
+                module = node.module
+            elif node.module.startswith("transformer."):
+                module = node.module.removeprefix("transformer.")
+            else:
+                continue
+            found += [(module, alias.name) for alias in node.names]
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert {p.stem for p in MODULES} == set(LAYER)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
+def test_a_module_imports_only_its_layer_or_below(path: Path):
+    upward = [m for m, _ in imports(path) if LAYER[m] > LAYER[path.stem]]
+    assert upward == []
+    assert [f"{m}.{n}" for m, n in imports(path) if n.startswith("_")] == []
+
+
+def test_decoding_and_evaluation_never_import_training():
+    training = LAYERS[2]
+    for name in ("decode", "evaluate"):
+        assert {m for m, _ in imports(PACKAGE / f"{name}.py")} & training == set()
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
+def test_modules_classes_and_functions_stay_small(path: Path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= 700
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            most = 250 if isinstance(node, ast.ClassDef) else 100
+            assert node.end_lineno - start + 1 <= most, node.name
