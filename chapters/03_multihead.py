@@ -75,7 +75,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # moving the heads in front of the positions gives $(B, H, T, d_k)$, on which the attention
 # function runs every head at once; concatenation is the same reshape backwards. This is also
 # why $H$ heads cost about what one full-width head costs (Section 3.2.2; the appendix
-# 'Derivations and counts' counts it). The shapes, for $B$ = 2, $T$ = 6, $d_\text{model}$ = 16
+# [Derivations and counts](93_counts.ipynb) counts it). The shapes, for $B$ = 2, $T$ = 6, $d_\text{model}$ = 16
 # and $H$ = 4:
 
 # %%
@@ -99,7 +99,7 @@ assert torch.equal(q.transpose(1, 2).reshape(B, T, d_model), projected)
 # `MultiHeadAttention` holds the four $d_\text{model} \times d_\text{model}$ projections `w_q`,
 # `w_k`, `w_v` (each the $H$ per-head matrices side by side) and `w_o` ($W^O$). They carry biases
 # by default, as PyTorch's `nn.MultiheadAttention` does; `bias=False` gives the paper's bias-free
-# layer (see the appendix 'Deviations from the paper').
+# layer (see the appendix [Deviations from the paper](90_deviations.ipynb)).
 #
 # `forward` takes queries, keys and values separately, since the model uses it three ways:
 # encoder self-attention, decoder self-attention under the target mask, and decoder

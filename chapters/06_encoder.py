@@ -192,7 +192,7 @@ weights[1].mean(0)  # "zwei Hunde spielen <eos>", averaged over the heads
 # A layer has $4 d_\text{model}^2 + 4 d_\text{model}$ attention parameters,
 # $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ feed-forward ones and $2 \cdot 2 d_\text{model}$
 # in two LayerNorms. The $4 d_\text{model}$ attention biases are not in the paper (the appendix
-# *Deviations from the paper*).
+# [Deviations from the paper](90_deviations.ipynb)).
 
 # %%
 # The attention biases, 4 d_model per block, are not in the paper (see above).

@@ -78,7 +78,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # | `share_embeddings` | `True` | one embedding table for both languages (Section 3.4) |
 # | `tie_output` | `True` | the output layer reuses the target embedding (Section 3.4) |
 #
-# The options are off by default; the appendix *Deviations from the paper* lists them. The config
+# The options are off by default; the appendix [Deviations from the paper](90_deviations.ipynb) lists them. The config
 # is **frozen**: nobody changes `d_model` of a model that exists. It is **validated** in
 # `__post_init__`: a width the heads cannot split fails when the config is made, with a
 # `ValueError` that starts with the field's name, not ten modules later with a shape error. The
@@ -608,7 +608,7 @@ init
 # %% [markdown]
 # **Parameters.** Counted on PyTorch's `meta` device, which allocates nothing, the base and big
 # presets for $V = 37{,}000$ have 63.1 and 214.2 million parameters against Table 3's 65 and 213
-# million; the appendix *Derivations and counts* derives both and locates the difference.
+# million; the appendix [Derivations and counts](93_counts.ipynb) derives both and locates the difference.
 
 # %%
 with torch.device("meta"):

@@ -659,7 +659,8 @@ alphabet.pivot(
 # The paper's 37,000 entries serve 4.5 million sentence pairs; for Multi30k's 29,000 the book
 # takes 8,000 (`VOCAB_SIZE`), where a larger vocabulary no longer shortens the sentences much but
 # starts to fill up with rarely seen entries; small data wants small vocabularies
-# {cite:p}`sennrich2019revisiting`. The measurements are in the appendix on the experiments.
+# {cite:p}`sennrich2019revisiting`. The measurements are in the appendix
+# [The experiments behind the recipe](94_experiments.ipynb).
 # An average training word takes little more than one piece:
 
 # %%
@@ -689,7 +690,7 @@ per_word
 # split once into `cache/<pair>/`, with the tokenizer and a manifest of checksums, and
 # `load_encoded(pair, split)` reads a split back without spaCy. `prepare` rebuilds a cache that is
 # missing, stale or corrupt; `load_encoded` refuses one with a `DataError` that says how to
-# rebuild it. The appendix 'Engineering the package' describes its files and how they are kept
+# rebuild it. The appendix [Engineering the package](91_engineering.ipynb) describes its files and how they are kept
 # whole. From the command line, `python -m transformer prepare` builds the caches of both pairs.
 
 # %%

@@ -30,7 +30,7 @@
 # `transformer.validation`, `transformer.train_config` (the configuration and the recipe),
 # `transformer.epochs` (what each epoch trains on) and `transformer.distributed` (several
 # processes). How checkpoints are written and resumed, how several GPUs share a run, and how a
-# trained model is exported are told in the appendix "Engineering the package".
+# trained model is exported are told in the appendix [Engineering the package](91_engineering.ipynb).
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -717,14 +717,14 @@ for bad in [
 # after one epoch and resumed for a second ends with *bit-identical* weights to a run of two
 # epochs straight, on the same machine. Under `torchrun` the same code runs in several
 # processes, one per GPU, each taking its share of every update's batches. The appendix
-# "Engineering the package" tells how both work.
+# [Engineering the package](91_engineering.ipynb) tells how both work.
 #
 # Every line of `metrics.jsonl` holds `kind` (`epoch`, `partial` for a stop inside an epoch, or
 # `average`), `epoch`, `step` (updates made), the validation metrics above (`val_loss`,
 # `val_nll`, `val_ppl_token`, `val_ppl_word`, `val_accuracy`) and `wall_time`; an epoch line
 # adds `train_loss`, `train_tokens`, `tokens_per_s` (real target tokens per second of training),
 # `lr` and `mfu`, the share of the GPU's peak arithmetic rate that the model's FLOPs used (the
-# appendix "Derivations and counts" derives the count).
+# appendix [Derivations and counts](93_counts.ipynb) derives the count).
 
 # %%
 #| export distributed
@@ -1628,7 +1628,7 @@ def train(
 # | checkpoint averaging | last 5, 10 minutes apart | last 5 epochs | the same idea, counted in epochs |
 # | arithmetic on a GPU | (not stated) | float32 | a model this small is limited by launching its many small kernels, not by arithmetic: bfloat16 is slower |
 #
-# The runs behind each row are in the appendix "The experiments behind the recipe".
+# The runs behind each row are in the appendix [The experiments behind the recipe](94_experiments.ipynb).
 # `multi30k_recipe` is the recipe as a `TrainConfig`, and `--config multi30k` on the command line
 # selects it.
 

@@ -476,12 +476,11 @@ config.warmup, config.model_overrides
 
 # %%
 #| export
-from transformer.checkpoint import load_model
 from transformer.decode import (
     BATCH_SIZE,
-    CHECKPOINTS_DIR,
     MAX_ALPHA,
     check_alpha,
+    load_pair_model,
     translate,
 )
 from transformer.evaluate import score, translate_split, write_lines
@@ -549,27 +548,13 @@ def check_model_options(args: argparse.Namespace) -> str:
 def load_for_command(
     pair: str, checkpoint: Path | None, device: str, *, alpha: float
 ) -> tuple[Transformer, Tokenizer]:
-    """The model and tokenizer to decode with, or a one-line error naming the folder (also
-    when the length penalty would overflow within the model's positions)."""
-    folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
-    if not folder.is_dir():
-        if checkpoint is None:
-            raise UsageError(
-                f"no {pair} model in {folder}: none has been shipped yet. Train one with "
-                f"`python -m transformer train --pair {pair} --export {folder}`, or name a "
-                "model folder with --checkpoint DIR"
-            )
-        raise UsageError(f"no model folder {folder}")
+    """The model and tokenizer to decode with (`load_pair_model`), or a one-line UsageError
+    naming the folder; also one if the length penalty would overflow within the model's
+    positions."""
     try:
-        model, tokenizer = load_model(folder, device=device)
-    # Not a whole, readable model, whatever the reason: say why.
-    except Exception as err:
-        message = first_line(err)
-        if str(folder) not in message:
-            message = f"{folder}: {message}"
-        raise UsageError(f"cannot load the model: {message}") from err
-    if tokenizer.languages != PAIRS[pair]:
-        raise UsageError(f"{folder} holds a {tokenizer.pair} model, not a {pair} one")
+        model, tokenizer = load_pair_model(pair, checkpoint, device=device)
+    except CheckpointError as err:
+        raise UsageError(str(err)) from err
     try:
         check_alpha(alpha, max_len=model.config.max_len, name="--alpha")
     except ValueError as err:

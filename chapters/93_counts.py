@@ -376,7 +376,7 @@ counts.drop(columns="difference").map("{:,}".format).assign(
 # their biases, $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ for the feed-forward network
 # and $2 \cdot 2 d_\text{model}$ for two LayerNorms; per decoder layer a second attention block
 # and a third LayerNorm. The sinusoidal encodings have no parameters. The attention biases are
-# not in the paper (the appendix "Deviations from the paper"): in the base model's 18 attention
+# not in the paper (the appendix [Deviations from the paper](90_deviations.ipynb)): in the base model's 18 attention
 # blocks they are 36,864 parameters, 0.06% of the total.
 
 
