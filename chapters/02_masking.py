@@ -295,7 +295,7 @@ assert torch.allclose(w_batch[0, n:].sum(-1), torch.ones(T - n))  # <pad> querie
 # ## Exercises
 #
 # 1. In the chapter that puts the model together, train the copy task with
-#    `tgt_mask=padding_mask(tgt, pad_id)` instead of `target_mask`. What happens to the training
+#    `tgt_mask=padding_mask(tgt_in, pad_id)` instead of `target_mask`. What happens to the training
 #    loss, and to greedy decoding?
 # 2. Call the model's `encode` on a padded batch with `src_mask=None`: how do the real
 #    positions' outputs change as you add padding?

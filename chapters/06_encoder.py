@@ -388,5 +388,5 @@ spread
 #    still hold?
 # 2. Build the layer with `attention_dropout=0.1` and call it in training mode: do each query's
 #    weights still sum to one, and why not?
-# 3. Redraw the figure with `n_layers = 6`: does depth alone sharpen a random encoder's
-#    attention?
+# 3. Redraw the figure for `Encoder(6, d_model, n_heads, d_ff)`: does depth alone sharpen a
+#    random encoder's attention?

@@ -1628,7 +1628,8 @@ def train(
 # | checkpoint averaging | last 5, 10 minutes apart | last 5 epochs | the same idea, counted in epochs |
 # | arithmetic on a GPU | (not stated) | float32 | a model this small is limited by launching its many small kernels, not by arithmetic: bfloat16 is slower |
 #
-# The runs behind each row are in the appendix [The experiments behind the recipe](94_experiments.ipynb).
+# The runs behind the measured rows are in the appendix
+# [The experiments behind the recipe](94_experiments.ipynb).
 # `multi30k_recipe` is the recipe as a `TrainConfig`, and `--config multi30k` on the command line
 # selects it.
 
@@ -1677,7 +1678,7 @@ print(
 # %% [markdown]
 # ## The book's two runs
 #
-# The two models the book ships were trained with this recipe on one NVIDIA H100 GPU, in about
+# The two models the book ships were trained with this recipe on one NVIDIA H100 GPU, in under
 # eight minutes each. Their `metrics.jsonl` files are in `checkpoints/de-en` and
 # `checkpoints/fr-en`:
 
@@ -1839,10 +1840,10 @@ print(
 #
 # ## Exercises
 #
-# 1. Train with the layer order changed: `--set norm_first=true` puts the layer normalisation
-#    before each sublayer, the pre-norm order of the sublayers chapter. Compare the first
-#    epochs' validation loss with the recipe's, and try a larger `--lr-factor`, which pre-norm
-#    layers tolerate better.
+# 1. Train the recipe with the layer order changed: `--config multi30k --set norm_first=true`
+#    puts the layer normalisation before each sublayer, the pre-norm order of the sublayers
+#    chapter. Compare the first epochs' validation loss with the recipe's, and try a larger
+#    `--lr-factor`, which pre-norm layers tolerate better.
 # 2. Train without label smoothing (`--label-smoothing 0`). The validation loss is then the NLL
 #    itself: does the perplexity per token end lower or higher than the recipe's? And the
 #    BLEU score (the results chapter)?

@@ -617,7 +617,8 @@ with pd.option_context("display.max_colwidth", None):
 #
 # Every head of every layer computes its own attention weights, of three kinds: encoder
 # self-attention, decoder self-attention and encoder–decoder attention;
-# `Transformer.attention_weights` (the full-model chapter) returns them all for one forward pass.
+# `Transformer.attention_weights` ([Putting it together](08_model.ipynb)) returns them all for one
+# forward pass.
 # Finding a pattern in dozens of maps by eye is easy, and finding one by accident easier still.
 # So we first *measure*, for every head of the German→English model, over the first 200
 # validation sentences (the decoder reading the reference), the share of its attention that goes
@@ -996,6 +997,6 @@ alt.Chart(by_length).mark_bar().encode(
 #    `python -m transformer evaluate --pair de-en --split val --beam 8 --alpha 1.0`. Does a
 #    setting beat the paper's $K = 4$, $\alpha = 0.6$, and by how much?
 # 2. Score the last epoch alone, `--checkpoint checkpoints/de-en/last`, or a run of your own from
-#    the training chapter, `--checkpoint runs/de-en`, against the shipped model.
+#    the training chapter, `--checkpoint runs/de-en/average`, against the shipped model.
 # 3. Write the greedy and beam translations of the test set with `--output` and read the
 #    sentences where they differ. Which would you prefer?

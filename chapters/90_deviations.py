@@ -53,8 +53,8 @@ if importlib.util.find_spec("transformer") is None:
 #
 # | | the book | the paper | why | where measured |
 # | --- | --- | --- | --- | --- |
-# | **default**: attention biases | a bias vector on each of $W^Q, W^K, W^V, W^O$; `MultiHeadAttention(bias=False)` builds the paper's layer | no biases (Section 3.2.2; nor in tensor2tensor) | as PyTorch's `nn.MultiheadAttention` and the Annotated Transformer; the shipped models were trained with them | Multi-head attention (the $W^K$ bias gets no gradient); Derivations and counts (0.06% of the base model) |
-# | **default**: initialisation | Glorot-uniform matrices, zero biases, embedding table $\mathcal{N}(0, d_\text{model}^{-1})$ | not stated | tensor2tensor's scales: unit-variance embeddings after the $\sqrt{d_\text{model}}$ factor, logits of variance about 1 | The full model |
+# | **default**: attention biases | a bias vector on each of $W^Q, W^K, W^V, W^O$; `MultiHeadAttention(bias=False)` builds the paper's layer | no biases (Section 3.2.2; nor in tensor2tensor) | as PyTorch's `nn.MultiheadAttention` and the Annotated Transformer; the shipped models were trained with them | the paragraph below (the $W^K$ bias gets no gradient); Derivations and counts (0.06% of the base model) |
+# | **default**: initialisation | Glorot-uniform matrices, zero biases, embedding table $\mathcal{N}(0, d_\text{model}^{-1})$ | not stated | tensor2tensor's scales: unit-variance embeddings after the $\sqrt{d_\text{model}}$ factor, logits of variance about 1 | Putting it together |
 # | **default**: LayerNorm $\epsilon$ | $10^{-6}$ | not stated | tensor2tensor's value (PyTorch's default is $10^{-5}$) | Feed-forward sublayers and residual connections |
 # | **default**: `max_len` | 512 positions | none: sinusoids exist at every position | the table is computed once; learned positions need a number of rows | Embeddings and positional encoding |
 # | **option**: `norm_first=True` | pre-norm: $x + \mathrm{Dropout}(\mathrm{Sublayer}(\mathrm{LayerNorm}(x)))$ | post-norm, $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$ | trains without a long warm-up and learns much faster at first, but ends no better than the shipped runs after 35 epochs | Feed-forward sublayers and residual connections; Experiments |
@@ -74,7 +74,7 @@ if importlib.util.find_spec("transformer") is None:
 # | **recipe**: length of training | 35 epochs, about 5,600 updates (`TrainConfig` default: 10 epochs) | 100,000 updates (base), 300,000 (big) | the validation perplexity at dropout 0.3 still falls at epoch 35 and turns up after epochs 42 to 57 | Experiments |
 # | **recipe**: checkpoint averaging | the last 5 epochs | the last 5 checkpoints, written 10 minutes apart | the same idea, counted in epochs | Results (41.6 against 41.0 for the last epoch alone, German→English) |
 # | **recipe**: arithmetic | float32 (`TrainConfig` default: bfloat16 autocast on a GPU) | not stated | for the recipe's small model, bfloat16 autocast trains more slowly than float32 on an H100 | Derivations and counts |
-# | **default**: ended beams | an ended hypothesis keeps its slot among the $K$; the best ended one is also kept aside | beam 4, $\alpha$ = 0.6; tensor2tensor keeps $K$ open beams and ended ones apart | beam size 1 is exactly greedy decoding; the batch steps together with $K$ candidates | Decoding (a handful of 1,000 outputs change; BLEU by under 0.2) |
+# | **default**: ended beams | an ended hypothesis keeps its slot among the $K$; the best ended one is also kept aside | beam 4, $\alpha$ = 0.6; tensor2tensor keeps $K$ open beams and ended ones apart | beam size 1 is exactly greedy decoding; the batch steps together with $K$ candidates | the paragraph below; not measured |
 # | **default**: when the search stops | when no open beam can overtake the best ended one | "terminate early when possible" (Section 6.1), not how | the result is exactly that of searching to the length limit | Decoding |
 # | **default**: the score | sacreBLEU, cased, on detokenised text, with its signature; lowercased tokenised BLEU beside it | BLEU on tokenised newstest2014 | a number others can reproduce | Results |
 #
@@ -85,9 +85,31 @@ if importlib.util.find_spec("transformer") is None:
 # 18 blocks, and start at zero, so that at the first step the layer computes what the paper's
 # does. One of the four does nothing at all: $W^K$'s bias $b_K$ adds $q \cdot b_K / \sqrt{d_k}$
 # to every score of the query $q$, the same for every key, and the softmax removes a constant
-# added to a whole row, so its gradient is zero. The other three make the projections affine instead of linear. The book
-# trains no model without them, so their effect on translation is not measured.
-#
+# added to a whole row, so its gradient is zero. The other three make the projections affine
+# instead of linear. The book trains no model without them, so their effect on translation is
+# not measured. The zero gradient, on a random layer and random inputs:
+
+# %%
+import torch
+
+from transformer.multihead import MultiHeadAttention
+
+torch.manual_seed(0)
+attention = MultiHeadAttention(d_model=16, n_heads=4, bias=True)
+# Biases away from zero, so that no gradient vanishes by accident.
+for bias in (attention.w_q.bias, attention.w_k.bias, attention.w_v.bias):
+    torch.nn.init.normal_(bias)
+x = torch.randn(2, 5, 16)
+output, _ = attention(x, x, x)
+output.square().sum().backward()
+names = ("w_q", "w_k", "w_v", "w_o")
+largest = {
+    name: getattr(attention, name).bias.grad.abs().max().item() for name in names
+}
+assert largest["w_k"] < 1e-6 < min(largest["w_q"], largest["w_v"], largest["w_o"])
+{name: "zero" if value < 1e-6 else "nonzero" for name, value in largest.items()}
+
+# %% [markdown]
 # **The recipe** changes the size of everything that the paper sized for 4.5 million sentence
 # pairs: the model, the batches, the warm-up and the length of training; it scales the learning
 # rate by 0.7 and raises dropout to the big model's value. Everything else is the paper's: post-norm layers, sinusoidal positions,
@@ -103,7 +125,6 @@ if importlib.util.find_spec("transformer") is None:
 # of probability asked for `<pad>` and `<bos>`, which the model never has to produce.
 #
 # **Ended beams keep their slot.** With a slot taken by an ended hypothesis, fewer continuations
-# are explored, and the search can miss one that tensor2tensor's bookkeeping finds. On the
-# German→English test set it does so a handful of times, and each time the better-scoring output
-# is a *shorter* one, a translation cut off: the model rates it higher, and the better search
-# translates worse.
+# are explored, so the search can miss one that tensor2tensor's bookkeeping (K open beams, the
+# ended ones kept apart) would find. The book keeps the simpler bookkeeping because it makes beam
+# size 1 exactly greedy decoding and lets a batch step together with $K$ candidates per sentence.

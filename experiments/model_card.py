@@ -27,10 +27,6 @@ from transformer.train_config import multi30k_recipe
 RUNS_DIR = Path(__file__).resolve().parent / "runs"  # <pair>/<run>: the comparison runs
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
-TARGETS = {
-    "de-en": (6.0, 0.70, 38.0),
-    "fr-en": (4.0, 0.78, 48.0),
-}  # ppl/word, acc, BLEU
 
 
 def comparison_runs(pair: str, runs: Path = RUNS_DIR) -> list[str]:
@@ -73,35 +69,13 @@ def card(
         tr = translate_split(m, t, pair, "test_2016_flickr")
         results[name] = score(tr.hypotheses, tr.references)
     shipped = results["averaged (shipped)"]
-    ppl_t, acc_t, bleu_t = TARGETS[pair]
-    val_met = average["val_ppl_word"] <= ppl_t and average["val_accuracy"] >= acc_t
-    bleu_met = shipped.bleu >= bleu_t
+    n_epochs = f"{len(epochs)} epoch" + ("s" if len(epochs) != 1 else "")
     hours = epochs[-1]["wall_time"] / 3600
     took = f"{hours:.2f} hours" if hours >= 1 else f"{60 * hours:.1f} minutes"
     tok_s = sorted(r["tokens_per_s"] for r in epochs)[len(epochs) // 2]
     on_gpu = all(r.get("mfu") is not None for r in epochs)
     mfu = sorted(r["mfu"] for r in epochs)[len(epochs) // 2] if on_gpu else None
     wl = word_level_evaluation(model, tokenizer, load_pairs("val", pair))
-    wl_met = wl.ppl_unit <= ppl_t and wl.unit_accuracy >= acc_t
-    if val_met:
-        status = "meets the project's validation targets"
-    else:
-        status = (
-            "does not meet the project's validation targets (perplexity per word "
-            f"{average['val_ppl_word']:.2f} against at most {ppl_t:g}, token accuracy "
-            f"{average['val_accuracy']:.1%} against at least {acc_t:.0%})"
-        )
-    status += (
-        "; it meets its test BLEU target"
-        if bleu_met
-        else "; it misses its test BLEU target"
-    )
-    if wl_met and not val_met:
-        status += (
-            ". Read per word-level token, the unit of word-level implementations (an "
-            "evaluation written after the runs), its validation figures are within the "
-            "targets (below), which stay judged per word"
-        )
     files = sorted(p.name for p in folder.iterdir())
     cpu_note = (
         f" and a median MFU of {mfu:.2%} (the throughput table of the experiments appendix"
@@ -135,8 +109,8 @@ def card(
     )
     return f"""# {NAMES[pair]} Transformer, Multi30k
 
-**Status:** trained with the book's recipe on {"a GPU" if on_gpu else "a CPU, for want of a GPU"},
-{len(epochs)} epochs in {took}; it {status}.
+**Status:** trained with the book's recipe on {"one GPU" if on_gpu else "a CPU"}, {n_epochs}
+in {took}; {shipped.bleu:.1f} sacreBLEU on test_2016_flickr (beam 4, α 0.6).
 
 ## Model
 
@@ -168,20 +142,19 @@ checkpoints. The command that trained it:
 
 ## Hardware and time
 
-{hardware}: {took} for {len(epochs)} epochs ({epochs[-1]["step"]:,} updates), a
+{hardware}: {took} for {n_epochs} ({epochs[-1]["step"]:,} updates), a
 median of {tok_s:,.0f} target tokens per second{cpu_note}.
 
 ## Results
 
 Validation (`val`, the averaged model, measured by the training loop without dropout):
-perplexity per word {average["val_ppl_word"]:.2f} (target at most {ppl_t:g}), per token
-{average["val_ppl_token"]:.2f}, token accuracy {average["val_accuracy"]:.1%} (target at least
-{acc_t:.0%}): {"met" if val_met else "not met"}. Words are the whitespace-separated pieces of
-the references, and `<eos>` counts in the loss but not as a word (the training chapter).
+perplexity per word {average["val_ppl_word"]:.2f}, per token {average["val_ppl_token"]:.2f}, token
+accuracy {average["val_accuracy"]:.1%}. Words are the whitespace-separated pieces of the
+references, and `<eos>` counts in the loss but not as a word (the training chapter).
 In the unit of word-level implementations, spaCy's tokens and `<eos>` ({wl.units:,} of them
 against {wl.words:,} words; a token counts as right when all its BPE pieces are the most
 probable ones, `word_level_evaluation`, measured here on the shipped weights): perplexity
-{wl.ppl_unit:.2f}, accuracy {wl.unit_accuracy:.1%}: {"met" if wl_met else "not met"}.
+{wl.ppl_unit:.2f}, accuracy {wl.unit_accuracy:.1%}.
 
 Test (`test_2016_flickr`, beam 4, α = 0.6, `python -m transformer evaluate --pair {pair}`):
 
@@ -190,7 +163,6 @@ Test (`test_2016_flickr`, beam 4, α = 0.6, `python -m transformer evaluate --pa
 {rows}
 sacreBLEU signature: `{shipped.bleu_signature}`; chrF: `{shipped.chrf_signature}`.
 \\* only for comparison with published Multi30k numbers, which use lowercased tokens.
-Target: sacreBLEU at least {bleu_t:g}: {"met" if bleu_met else "not met"}.
 
 ## Files
 

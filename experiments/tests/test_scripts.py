@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -194,16 +195,13 @@ def test_model_card_checks_the_folder_before_translating(
     assert not (shipped / "README.md").exists()
 
 
-def test_model_card_names_the_comparison_runs_where_there_are_any(
-    shipped: Path, tool, monkeypatch, tmp_path: Path
-):
-    """A pair without runs in experiments/runs (gpu_sweep's exports are scored alone): the
-    card says nothing of them; with runs, it names them and where they are."""
+@pytest.fixture
+def model_card(shipped: Path, tool, monkeypatch):
+    """model_card with a complete tiny folder (last/, an epoch and an average) and a test
+    split translated perfectly, so a card is written in seconds."""
     from helpers import ENGLISH, GERMAN
 
     model_card = tool("model_card")
-    runs = tmp_path / "runs"
-    assert model_card.comparison_runs("de-en", runs) == []
     shutil.copytree(shipped, shipped / "last", ignore=lambda *_: ["last"])
     epoch = dict(kind="epoch", step=10, wall_time=60.0, tokens_per_s=100.0, mfu=None)
     average = dict(
@@ -220,6 +218,35 @@ def test_model_card_names_the_comparison_runs_where_there_are_any(
     monkeypatch.setattr(
         model_card, "load_pairs", lambda *_: list(zip(GERMAN, ENGLISH, strict=True))
     )
+    return model_card
+
+
+def test_model_card_states_measurements_not_targets(
+    model_card, shipped: Path, tmp_path: Path
+):
+    """The status line says what the model is and its test score; the card holds the
+    measurements and judges none of them against a target (issue 30)."""
+    text = model_card.card("de-en", "c", "h", shipped, tmp_path / "runs")
+    assert (
+        "**Status:** trained with the book's recipe on a CPU, 1 epoch\nin 1.0 minutes; "
+        "100.0 sacreBLEU on test_2016_flickr (beam 4, α 0.6).\n" in text
+    )
+    assert "perplexity per word 9.00, per token 5.00, token\naccuracy 50.0%. " in text
+    judged = re.compile(r"\btargets?\b(?! tokens)|\bmet\b", re.IGNORECASE)
+    assert not judged.findall(text)
+    for pair in ("de-en", "fr-en"):  # and the shipped cards are written this way
+        shipped_card = (model_card.CHECKPOINTS_DIR / pair / "README.md").read_text()
+        assert "**Status:** trained with the book's recipe on one GPU" in shipped_card
+        assert not judged.findall(shipped_card), pair
+
+
+def test_model_card_names_the_comparison_runs_where_there_are_any(
+    model_card, shipped: Path, tmp_path: Path
+):
+    """A pair without runs in experiments/runs (gpu_sweep's exports are scored alone): the
+    card says nothing of them; with runs, it names them and where they are."""
+    runs = tmp_path / "runs"
+    assert model_card.comparison_runs("de-en", runs) == []
     text = model_card.card("de-en", "c", "h", shipped, runs)
     assert "experiments/runs" not in text
     assert "(for the results chapter's ablation).\n" in text
