@@ -16,15 +16,15 @@ import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
+# On the path from tests/ (conftest.py): the training tests' tiny data and configuration.
+from test_train import tiny_config, tiny_data
+
 from transformer.checkpoint import CheckpointError
-from transformer.data import DataError, EncodedSplit
+from transformer.data import DataError
 from transformer.epochs import TrainingData
-from transformer.tokenizer import MARK, train_bpe
 from transformer.train import train
-from transformer.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(
@@ -348,48 +348,7 @@ def test_ensemble_report_scores_the_members_and_their_mean(
     assert_one_line_error(status, err, "do not share one vocabulary")
 
 
-# Trained in the test: a tiny model on random ids, no spaCy, no cache.
-
-
-def tiny_data(seed: int = 0, n_train: int = 40, n_val: int = 12) -> TrainingData:
-    """A tokenizer learned on random words, and random id sequences."""
-    rng = np.random.default_rng(seed)
-    words = [
-        tuple(
-            MARK + "".join(rng.choice(list("abcdefgh"), size=rng.integers(1, 4)))
-            for _ in range(5)
-        )
-        for _ in range(30)
-    ]
-    tokenizer = train_bpe(words, 40, languages=("de", "en"))
-    first = 4  # the special tokens come first
-
-    def split(n: int) -> EncodedSplit:
-        def sentence() -> list[int]:
-            return rng.integers(
-                first, tokenizer.vocab_size, rng.integers(1, 8)
-            ).tolist()
-
-        return EncodedSplit.from_lists(
-            [sentence() for _ in range(n)], [sentence() for _ in range(n)]
-        )
-
-    return TrainingData(tokenizer, split(n_train), split(n_val))
-
-
-def tiny_config(out: Path, **fields) -> TrainConfig:
-    base = dict(
-        pair="de-en",
-        model_overrides=dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1),
-        epochs=2,
-        max_tokens=48,
-        warmup=5,
-        average_last=2,
-        device="cpu",
-        log_every=2,
-        out_dir=str(out),
-    )
-    return TrainConfig(**(base | fields))
+# Trained in the test: the training tests' tiny model on random ids, no spaCy, no cache.
 
 
 @pytest.fixture(scope="module")
