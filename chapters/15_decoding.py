@@ -173,8 +173,10 @@ test_src.shape
 # - **The length limit.** A sentence may output its source length + 50 tokens, EOS included, as
 #   in the paper, and never more than the model's positions (`config.max_len`). A sentence
 #   stopped by the limit has no EOS: its `Hypothesis` says `ended=False`.
-# - **Ended sentences stay ended.** After EOS a sentence outputs padding and its log-probability
-#   stops changing, so it decodes the same whatever else is in its batch.
+# - **Ended sentences leave the batch.** After EOS a sentence's row is dropped, with its
+#   memory and its cached keys and values, so the later steps compute only the sentences still
+#   going; its output is padded to the batch's width. A sentence decodes the same whatever else
+#   is in its batch.
 # - **Padding and BOS are never output**: their log-probabilities are set to $-\infty$ before the
 #   choice. The others are not renormalised.
 # - **No dropout**: the model is put in evaluation mode for the search, and back afterwards.
@@ -270,7 +272,7 @@ def _inference(model: Transformer) -> Iterator[None]:
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             yield
     finally:
         model.train(was_training)
@@ -345,20 +347,27 @@ def greedy_decode(
         memory = model.encode(src, src_mask)  # (B, S, d_model)
         limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)  # (B,)
         cache = DecoderCache.empty(len(model.decoder.layers)) if use_cache else None
-        ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        # Row b: BOS, then sentence b's output, then padding once it has ended.
+        ys = torch.full((B, int(limits.max()) + 1), pad_id, device=src.device)
+        ys[:, 0] = bos_id
         log_prob = torch.zeros(B, device=src.device)
-        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        going = torch.arange(B, device=src.device)  # the sentences still decoding
         for t in range(int(limits.max())):
-            step = _next_log_probs(model, ys, memory, src_mask, cache)  # (B, V)
+            step = _next_log_probs(model, ys[going, : t + 1], memory, src_mask, cache)
             step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-            best, token = step.max(dim=-1)  # (B,)
-            # A finished sentence outputs padding, and its log-probability stays as it is.
-            token = token.masked_fill(done, pad_id)
-            log_prob += best.masked_fill(done, 0.0)
-            ys = torch.cat([ys, token[:, None]], dim=1)  # (B, t + 2)
-            done |= (token == eos_id) | (t + 1 >= limits)
-            if done.all():
-                break
+            best, token = step.max(dim=-1)  # (n,) for the n sentences still going
+            ys[going, t + 1] = token
+            log_prob[going] += best
+            stays = (token != eos_id) & (t + 1 < limits)  # (n,)
+            if not stays.all():
+                # A sentence that has ended leaves the batch: the next steps compute the
+                # others only, and its row of ys keeps its padding.
+                going, limits = going[stays], limits[stays]
+                memory, src_mask = memory[stays], src_mask[stays]
+                if cache is not None:
+                    cache.reorder(stays.nonzero()[:, 0])
+                if going.numel() == 0:
+                    break
     return [
         _hypothesis(ys[b, 1:], lp, lp, eos_id=eos_id, pad_id=pad_id)
         for b, lp in enumerate(log_prob.tolist())
@@ -510,14 +519,17 @@ assert cached_seconds < uncached_seconds
 # - At each step every open beam is extended by every token and scored by $\log p / lp(t + 1)$;
 #   an ended beam is one candidate, itself, with its score unchanged. The $K$ best survive; every
 #   row takes the output so far of the beam it extends (its *parent*), and
-#   `DecoderCache.reorder` does the same with the cached keys and values.
+#   `DecoderCache.reorder` does the same with the cached keys and values. All the extensions of
+#   one beam share its $lp$, so only its $K$ most probable tokens can be among the $K$ best: the
+#   search ranks $K \cdot K$ candidates per sentence, which select the same beams as $K \cdot V$.
 # - **What is kept aside.** An open beam's score can *rise* as it grows, since $lp$ grows too,
 #   and push an ended beam out of the $K$. So each sentence also keeps its best ended hypothesis
 #   outside the beam; the result is never worse than a hypothesis the search once held.
 # - **When to stop.** The paper terminates "early when possible". An open beam's $\log p$ can
 #   only fall and $lp$ only grow, up to the length limit, so the best it can still score is
 #   $\log p / lp(\text{limit})$. A sentence is finished when its best ended score is at least
-#   that; the search stops when all are, returning exactly what searching to the limit would.
+#   that, and leaves the batch with its $K$ rows; the search stops when all are, returning
+#   exactly what searching to the limit would.
 #
 # tensor2tensor {cite:p}`vaswani2018tensor2tensor` keeps ended hypotheses in a separate set so
 # that $K$ beams always stay open; ours lets them keep their slot, which makes $K = 1$ exactly
@@ -560,14 +572,16 @@ def check_alpha(
 class BeamStep:
     """The beams after one step of beam search, for figures and debugging.
 
-    Shapes (B sentences, K beams, best first):
-        tokens: (B, K) the token each beam just output (pad_id once it has ended)
-        parents: (B, K) the beam, at the step before, that each beam extends
-        log_probs, scores: (B, K) log p(beam | source) and log_prob / lp(length)
-        ended: (B, K) True for the beams that output EOS or reached the length limit
+    Shapes (n sentences still searching, K beams, best first):
+        sentences: (n,) their indices in the batch; a finished sentence leaves the search
+        tokens: (n, K) the token each beam just output (pad_id once it has ended)
+        parents: (n, K) the beam, at the step before, that each beam extends
+        log_probs, scores: (n, K) log p(beam | source) and log_prob / lp(length)
+        ended: (n, K) True for the beams that output EOS or reached the length limit
     """
 
     step: int
+    sentences: Tensor
     tokens: Tensor
     parents: Tensor
     log_probs: Tensor
@@ -608,6 +622,7 @@ def beam_search(
     if B == 0:
         return []
     V = model.config.target_vocab_size
+    C = min(K, V)  # the candidates of each beam at a step
     with _inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -623,8 +638,8 @@ def beam_search(
         length = torch.zeros(B, K, dtype=torch.long, device=device)
         ended = torch.zeros(B, K, dtype=torch.bool, device=device)
         # An ended beam has one continuation, padding, which leaves its log-probability alone.
-        stay = torch.full((V,), float("-inf"), device=device)
-        stay[pad_id] = 0.0
+        stay = torch.full((C,), float("-inf"), device=device)
+        stay[0] = 0.0
         first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
         # Each sentence's best ended hypothesis so far. Open beams whose score rises with lp
         # can push an ended beam out of the K; the search must not lose it with the beam.
@@ -632,39 +647,54 @@ def beam_search(
         kept_log_prob = torch.full((B,), -torch.inf, device=device)
         # its row: BOS, the tokens, then padding
         kept_ys = ys.new_full((B, int(limits.max()) + 1), pad_id)
+        going = torch.arange(B, device=device)  # the sentences still searching
         for t in range(int(limits.max())):
-            step = _next_log_probs(model, ys, memory, src_mask, cache).view(B, K, V)
+            n = going.numel()
+            step = _next_log_probs(model, ys, memory, src_mask, cache).view(n, K, V)
             step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-            step = torch.where(ended[..., None], stay, step)  # (B, K, V)
-            candidate_log_prob = (log_prob[..., None] + step).view(B, K * V)
-            candidate_length = torch.where(ended, length, t + 1)  # (B, K)
-            lp = length_penalty(candidate_length, alpha).repeat_interleave(V, dim=1)
-            scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (B, K)
-            parents, tokens = best // V, best % V  # (B, K)
+            # All the continuations of a beam share its lp, so its K most probable tokens
+            # are its K best candidates: K * K candidates per sentence, not K * V.
+            top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
+            top = torch.where(ended[..., None], stay, top)
+            top_tokens = top_tokens.masked_fill(ended[..., None], pad_id)
+            candidate_log_prob = (log_prob[..., None] + top).view(n, K * C)
+            candidate_length = torch.where(ended, length, t + 1)  # (n, K)
+            lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
+            scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
+            parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
             log_prob = candidate_log_prob.gather(1, best)
             length = candidate_length.gather(1, parents)
             ended = ended.gather(1, parents) | (tokens == eos_id)
             ended |= t + 1 >= limits[:, None]
             # Every beam continues the row of its parent: reorder the rows, then append.
-            rows = (first_row + parents).view(-1)  # (B*K,)
-            ys = torch.cat([ys[rows], tokens.view(-1, 1)], dim=1)  # (B*K, t + 2)
+            rows = (first_row[:n] + parents).view(-1)  # (n*K,)
+            ys = torch.cat([ys[rows], tokens.view(-1, 1)], dim=1)  # (n*K, t + 2)
             if cache is not None:  # rows stay within each sentence's beams: see reorder
                 cache.reorder(rows, static=False)
             # Keep the best ended beam of each sentence if it beats the one kept so far
             # (an ended beam's score is log_prob / lp(length), as the candidates were scored).
             ended_score, ended_beam = torch.where(ended, scores, -torch.inf).max(dim=1)
-            better = ended_score > kept_score  # (B,)
-            kept_score = torch.where(better, ended_score, kept_score)
-            kept_log_prob = torch.where(
-                better, log_prob.gather(1, ended_beam[:, None])[:, 0], kept_log_prob
+            better = ended_score > kept_score[going]  # (n,)
+            kept_score[going] = torch.where(better, ended_score, kept_score[going])
+            kept_log_prob[going] = torch.where(
+                better, log_prob.gather(1, ended_beam[:, None])[:, 0], kept_log_prob[going]
             )
-            kept_ys[:, : t + 2] = torch.where(
-                better[:, None], ys[first_row[:, 0] + ended_beam], kept_ys[:, : t + 2]
+            kept_ys[going, : t + 2] = torch.where(
+                better[:, None], ys[first_row[:n, 0] + ended_beam], kept_ys[going, : t + 2]
             )
             if on_step is not None:
-                on_step(BeamStep(t, tokens, parents, log_prob, scores, ended))
-            if _finished(kept_score, log_prob, ended, limits, alpha).all():
-                break
+                on_step(BeamStep(t, going, tokens, parents, log_prob, scores, ended))
+            stays = ~_finished(kept_score[going], log_prob, ended, limits, alpha)  # (n,)
+            if not stays.all():
+                # A finished sentence leaves the batch, with its K rows.
+                going, limits = going[stays], limits[stays]
+                log_prob, length, ended = log_prob[stays], length[stays], ended[stays]
+                keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
+                ys, memory, src_mask = ys[keep], memory[keep], src_mask[keep]
+                if cache is not None:
+                    cache.reorder(keep)
+                if going.numel() == 0:
+                    break
     # Every sentence now has a kept hypothesis that none of its open beams can overtake.
     return [
         _hypothesis(row[1:], lp, score, eos_id=eos_id, pad_id=pad_id)

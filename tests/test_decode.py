@@ -272,18 +272,39 @@ def test_scores_are_the_log_probabilities_of_the_outputs(kind):
 
 
 class ScriptedGenerator(nn.Module):
-    """Log-probabilities from a script (N, steps, V) instead of the model's output layer."""
+    """Log-probabilities from a script (N, steps, V) instead of the model's output layer:
+    the row for sentence x[:, 0] (see scripted_model) at the current step."""
 
     def __init__(self, script: torch.Tensor) -> None:
         super().__init__()
         self.script, self.step = script, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.script[:, self.step].repeat_interleave(
-            x.size(0) // self.script.size(0), 0
-        )
+        out = self.script[x[:, 0].long(), self.step]
         self.step += 1
         return out
+
+
+def scripted(script: torch.Tensor) -> Transformer:
+    """A model whose sentence b has the log-probabilities script[b, t] at step t.
+
+    Decoding drops the sentences that have finished from its batch, so a row of the batch
+    is not always the same sentence: the encoder writes b into sentence b's memory, the
+    decoder hands it on, and the generator reads it.
+    """
+    model = tiny_model(vocab_size=script.size(-1))
+    d_model = model.config.d_model
+
+    def encode(src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        b = torch.arange(src.size(0), dtype=torch.float)
+        return b[:, None, None].expand(-1, src.size(1), d_model)
+
+    def decode(ys: torch.Tensor, memory: torch.Tensor, **_) -> torch.Tensor:
+        return memory[:, :1]  # (N, 1, d_model): the sentence, for the generator
+
+    model.encode, model.decode = encode, decode
+    model.generator = ScriptedGenerator(script)
+    return model
 
 
 def scripted_model(steps: list[list[int]], vocab_size: int = 6) -> Transformer:
@@ -292,9 +313,7 @@ def scripted_model(steps: list[list[int]], vocab_size: int = 6) -> Transformer:
     for b, tokens in enumerate(steps):
         for t, token in enumerate(tokens):
             script[b, t, token] = 0.6
-    model = tiny_model(vocab_size=vocab_size)
-    model.generator = ScriptedGenerator(script.log())
-    return model
+    return scripted(script.log())
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -321,12 +340,15 @@ def test_a_sentence_that_ends_early_stays_ended(use_cache):
         on_step=steps.append,
     )
     assert [h.tokens for h in beam] == [[4], [5, 5, 5, 5]]
-    # From its EOS (step 1) on, sentence 0's best beam outputs padding, its score unchanged.
-    assert len(steps) >= 3
-    for step in steps[2:]:
-        assert step.ended[0, 0] and step.tokens[0, 0] == PAD
-        assert step.parents[0, 0] == 0
-        assert step.log_probs[0, 0].item() == pytest.approx(2 * log_06)
+    # From its EOS (step 1) on, sentence 0's best beam outputs padding, its score unchanged,
+    # until the search drops the sentence; sentence 1 searches on alone.
+    assert steps[1].sentences.tolist() == [0, 1]
+    assert steps[-1].sentences.tolist() == [1]
+    for step in steps[1:]:
+        if step.sentences[0] == 0:
+            assert step.ended[0, 0] and step.parents[0, 0] == 0
+            assert step.log_probs[0, 0].item() == pytest.approx(2 * log_06)
+            assert step.tokens[0, 0] == (EOS if step.step == 1 else PAD)
 
 
 def test_an_ended_hypothesis_pushed_out_of_the_beam_is_not_lost():
@@ -337,8 +359,7 @@ def test_an_ended_hypothesis_pushed_out_of_the_beam_is_not_lost():
     script[0, 0, [3, EOS, 4, 5]] = torch.tensor([0.6, 0.35, 0.025, 0.025])
     script[0, 1, [4, 5, 3, EOS]] = torch.tensor([0.5, 0.45, 0.03, 0.02])
     script[0, 2, EOS] = 0.05
-    model = tiny_model(vocab_size=6)
-    model.generator = ScriptedGenerator(script.log())
+    model = scripted(script.log())
     steps: list[BeamStep] = []
     src = sources([3], vocab_size=6)
     (best,) = beam_search(
