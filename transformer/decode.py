@@ -273,8 +273,6 @@ def beam_search(
     B, K, device = src.size(0), beam_size, src.device
     if B == 0:
         return []
-    V = model.config.target_vocab_size
-    C = min(K, V)  # the candidates of each beam at a step
     with _inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -289,34 +287,20 @@ def beam_search(
         log_prob[:, 0] = 0.0
         length = torch.zeros(B, K, dtype=torch.long, device=device)
         ended = torch.zeros(B, K, dtype=torch.bool, device=device)
-        # An ended beam has one continuation, padding, which leaves its log-probability alone.
-        stay = torch.full((C,), float("-inf"), device=device)
-        stay[0] = 0.0
         first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
-        # Each sentence's best ended hypothesis so far. Open beams whose score rises with lp
-        # can push an ended beam out of the K; the search must not lose it with the beam.
+        # Each sentence's best ended hypothesis so far, and its row: BOS, the tokens, then
+        # padding. Open beams whose score rises with lp can push an ended beam out of the K;
+        # the search must not lose it with the beam.
         kept_score = torch.full((B,), -torch.inf, device=device)
         kept_log_prob = torch.full((B,), -torch.inf, device=device)
-        # its row: BOS, the tokens, then padding
         kept_ys = ys.new_full((B, int(limits.max()) + 1), pad_id)
         going = torch.arange(B, device=device)  # the sentences still searching
         for t in range(int(limits.max())):
             n = going.numel()
-            step = _next_log_probs(model, ys, memory, src_mask, cache).view(n, K, V)
+            step = _next_log_probs(model, ys, memory, src_mask, cache).view(n, K, -1)
             step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-            # All the continuations of a beam share its lp, so its K most probable tokens
-            # are its K best candidates: K * K candidates per sentence, not K * V.
-            top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
-            top = torch.where(ended[..., None], stay, top)
-            top_tokens = top_tokens.masked_fill(ended[..., None], pad_id)
-            candidate_log_prob = (log_prob[..., None] + top).view(n, K * C)
-            candidate_length = torch.where(ended, length, t + 1)  # (n, K)
-            lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
-            scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
-            parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
-            log_prob = candidate_log_prob.gather(1, best)
-            length = candidate_length.gather(1, parents)
-            ended = ended.gather(1, parents) | (tokens == eos_id)
+            beams = _extend(step, log_prob, length, ended, t, alpha, eos_id, pad_id)
+            scores, parents, tokens, log_prob, length, ended = beams
             ended |= t + 1 >= limits[:, None]
             # Every beam continues the row of its parent: reorder the rows, then append.
             rows = (first_row[:n] + parents).view(-1)  # (n*K,)
@@ -328,17 +312,17 @@ def beam_search(
             ended_score, ended_beam = torch.where(ended, scores, -torch.inf).max(dim=1)
             better = ended_score > kept_score[going]  # (n,)
             kept_score[going] = torch.where(better, ended_score, kept_score[going])
-            kept_log_prob[going] = torch.where(
-                better, log_prob.gather(1, ended_beam[:, None])[:, 0], kept_log_prob[going]
-            )
-            kept_ys[going, : t + 2] = torch.where(
-                better[:, None], ys[first_row[:n, 0] + ended_beam], kept_ys[going, : t + 2]
-            )
+            gained = log_prob.gather(1, ended_beam[:, None])[:, 0]  # (n,)
+            kept_log_prob[going] = torch.where(better, gained, kept_log_prob[going])
+            best_row = ys[first_row[:n, 0] + ended_beam]  # (n, t + 2)
+            old_row = kept_ys[going, : t + 2]
+            kept_ys[going, : t + 2] = torch.where(better[:, None], best_row, old_row)
             if on_step is not None:
                 on_step(BeamStep(t, going, tokens, parents, log_prob, scores, ended))
-            stays = ~_finished(kept_score[going], log_prob, ended, limits, alpha)  # (n,)
-            if not stays.all():
+            finished = _finished(kept_score[going], log_prob, ended, limits, alpha)
+            if finished.any():
                 # A finished sentence leaves the batch, with its K rows.
+                stays = ~finished  # (n,)
                 going, limits = going[stays], limits[stays]
                 log_prob, length, ended = log_prob[stays], length[stays], ended[stays]
                 keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
@@ -354,6 +338,48 @@ def beam_search(
             kept_ys, kept_log_prob.tolist(), kept_score.tolist(), strict=True
         )
     ]
+
+
+def _extend(
+    step: Tensor,
+    log_prob: Tensor,
+    length: Tensor,
+    ended: Tensor,
+    t: int,
+    alpha: float,
+    eos_id: int,
+    pad_id: int,
+) -> tuple[Tensor, ...]:
+    """One step of beam search: the K best extensions of each sentence's K beams.
+
+    Shapes:
+        step: (n, K, V) log p(next token) of every beam; log_prob, length, ended: (n, K)
+        returns the new beams' scores, parents, tokens, log_prob, length and ended, each
+        (n, K), best first
+    """
+    n, K, V = step.shape
+    # All the continuations of a beam share its lp, so its K most probable tokens are its
+    # K best candidates: K * K candidates per sentence, not K * V.
+    C = min(K, V)
+    top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
+    # An ended beam has one continuation, padding, which leaves its log-probability alone.
+    stay = torch.full((C,), float("-inf"), device=step.device)
+    stay[0] = 0.0
+    top = torch.where(ended[..., None], stay, top)
+    top_tokens = top_tokens.masked_fill(ended[..., None], pad_id)
+    candidate_log_prob = (log_prob[..., None] + top).view(n, K * C)
+    candidate_length = torch.where(ended, length, t + 1)  # (n, K)
+    lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
+    scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
+    parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
+    return (
+        scores,
+        parents,
+        tokens,
+        candidate_log_prob.gather(1, best),
+        candidate_length.gather(1, parents),
+        ended.gather(1, parents) | (tokens == eos_id),
+    )
 
 
 def _finished(
