@@ -437,29 +437,32 @@ assert gap < 1e-4
 print("the same 200 outputs with and without the cache")
 
 # %% [markdown]
-# A hook on the decoder counts the positions it processes at each step, for the 200 strings at
-# once:
+# A hook on the decoder counts the rows and positions it processes at each step, for the 200
+# strings at once (the rows shrink as strings end and leave the batch):
 
 
-# %%
-def decoder_positions(use_cache: bool) -> list[int]:
-    """Positions (rows x length) that the decoder processes at each step of greedy decoding."""
-    counts = []
+# %% tags=["nbval-ignore-output"]
+def decoder_shapes(use_cache: bool) -> list[tuple[int, int]]:
+    """(rows, length) of the decoder's input at each step of greedy decoding."""
+    shapes = []
     hook = model.decoder.register_forward_pre_hook(
-        lambda module, args: counts.append(args[0].shape[0] * args[0].shape[1])
+        lambda module, args: shapes.append(tuple(args[0].shape[:2]))
     )
     try:
         greedy_decode(model, test_src, **ids, use_cache=use_cache)
     finally:
         hook.remove()
-    return counts
+    return shapes
 
 
-with_cache, without_cache = decoder_positions(True), decoder_positions(False)
-n_steps, B = len(with_cache), test_src.size(0)
-assert with_cache == [B] * n_steps
-assert without_cache == [B * t for t in range(1, n_steps + 1)]
-assert sum(without_cache) == B * n_steps * (n_steps + 1) // 2
+cached, uncached_shapes = decoder_shapes(True), decoder_shapes(False)
+rows = [n for n, _ in cached]
+assert [n for n, _ in uncached_shapes] == rows  # the same strings at every step
+assert all(length == 1 for _, length in cached)  # the newest token only
+assert [length for _, length in uncached_shapes] == list(range(1, len(rows) + 1))
+n_steps = len(rows)
+with_cache = [n * length for n, length in cached]
+without_cache = [n * length for n, length in uncached_shapes]
 print(
     f"{n_steps} steps: {sum(with_cache):,} positions with the cache, "
     f"{sum(without_cache):,} without ({sum(without_cache) / sum(with_cache):.1f} times as many)"

@@ -16,8 +16,8 @@
 # %% [markdown]
 # # The command line
 #
-# Everything the book builds can be used without a notebook: `python -m transformer` has four
-# commands, one for each step of the data's one-way trip from text to scores.
+# Everything the book builds can be used without a notebook: `python -m transformer` has a
+# command for each step of the data's one-way trip from text to scores, and one to deploy.
 #
 # | command | what it does | library function behind it |
 # | --- | --- | --- |
@@ -25,8 +25,11 @@
 # | `train` | train a model, with checkpoints, metrics and `--resume` | `transformer.train.train` |
 # | `translate` | translate sentences with a trained model | `transformer.decode.translate` |
 # | `evaluate` | score a model on a split with sacreBLEU and chrF | `transformer.evaluate.translate_split` |
+# | `export` | write a model for the CTranslate2 engine | `transformer.export.export_ctranslate2` |
 #
-# This appendix builds `transformer/cli.py`, the one module that knows about argument parsing.
+# This appendix builds `transformer/cli.py`, the module that knows about argument parsing; the
+# `export` command and `translate --engine ctranslate2` live beside the engine, in
+# `transformer/deploy.py` (appendix [Deploying with CTranslate2](95_ctranslate2.ipynb)).
 # The library functions take Python values and raise exceptions; the command line turns text
 # into those values and those exceptions into one line of text. Keeping the two apart means
 # every module below the command line can be imported, tested and reused without `argparse`.
@@ -67,6 +70,8 @@ if importlib.util.find_spec("transformer") is None:
 #| export
 
 import argparse
+import functools
+import importlib
 import json
 import os
 import shlex
@@ -613,15 +618,31 @@ def translate_command(argv: Sequence[str]) -> None:
         help="a sentence to translate (default: read standard input)",
     )
     add_model_options(p)
+    p.add_argument(
+        "--engine",
+        choices=["package", "ctranslate2"],
+        default="package",
+        help="ctranslate2: decode in CTranslate2 with a model folder written by `export` "
+        "(--model DIR)",
+    )
+    p.add_argument(
+        "--model", type=Path, metavar="DIR", help="with --engine ctranslate2"
+    )
     argv = list(argv)
     # After "--" every argument is a sentence (parse_intermixed_args mishandles "--").
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_intermixed_args(argv[:cut])
     args.sentences += argv[cut + 1 :]
     device = check_model_options(args)
-    model, tokenizer = load_for_command(
-        args.pair, args.checkpoint, device, alpha=args.alpha
-    )
+    if args.engine == "ctranslate2":
+        from transformer.deploy import ctranslate2_translate  # it builds on this module
+
+        translate_with = ctranslate2_translate(args, threads=torch.get_num_threads())
+    else:
+        model, tokenizer = load_for_command(
+            args.pair, args.checkpoint, device, alpha=args.alpha
+        )
+        translate_with = functools.partial(translate, model, tokenizer)
     warn = warning("translate")
     if args.sentences:
         sentences = args.sentences
@@ -637,9 +658,7 @@ def translate_command(argv: Sequence[str]) -> None:
         if sys.stdin.isatty():
             print("one sentence per line; end with Ctrl-D", file=sys.stderr)
         sentences = read_lines(sys.stdin)
-    translations = translate(
-        model,
-        tokenizer,
+    translations = translate_with(
         sentences,
         beam_size=args.beam,
         alpha=args.alpha,
@@ -789,6 +808,12 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], None], tuple, str]] = {
         evaluate_command,
         (DataError, ImportError),
         "score a trained model with sacreBLEU and chrF (Part III)",
+    ),
+    # transformer.deploy builds on this module: it is imported when the command runs.
+    "export": (
+        lambda argv: importlib.import_module("transformer.deploy").export_command(argv),
+        (ImportError, OSError),
+        "write a model for CTranslate2, the inference engine (appendix)",
     ),
 }
 

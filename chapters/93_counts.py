@@ -514,3 +514,61 @@ print(
     f"{recipe_parts['total']:,} parameters, "
     f"{recipe_parts['embeddings'] / recipe_parts['total']:.0%} of them the shared table"
 )
+
+# %% [markdown]
+# ## Where decoding time goes
+#
+# On a CPU, the package decodes at about half the speed of CTranslate2 on the same weights (the
+# results chapter's [speed section](16_results.ipynb)). `python -m experiments.decode_bench
+# --profile` also runs PyTorch's profiler over the package's decoding of 96 test sentences, 32
+# at a time, and sorts the time of every operation into a few groups; what no operation
+# accounts for is Python between them. Its stored results, in percent of the wall-clock time:
+
+# %%
+decode_bench = json.loads(
+    (DATA_DIR.parents[1] / "experiments/benchmarks/decode-cpu.json").read_text()
+)
+profile_shares = (100 * pd.DataFrame(decode_bench["profile"])).round(1)
+assert abs(profile_shares.sum() - 100).max() < 0.5
+# Python's own time between the operations is lost in the profiler's overhead: none is left.
+profile_shares.drop(index="Python").sort_values("greedy", ascending=False)
+
+# %% [markdown]
+# The matrix products dominate: the stacks' linear layers take about a third of the time, and
+# the output layer, a $d_\text{model} \times 8{,}000$ product at every step, a quarter or more.
+# The engine must compute the same products. The rest is attention and some two hundred small
+# operations per step (LayerNorms, reshapes, masks, additions, the cache), each a PyTorch call
+# from Python, where the engine runs fused C++ kernels; with one sentence at a time, those calls
+# are most of the work, which is why the gap widens there. The decoder already drops the
+# sentences that have ended from its batch and ranks only each beam's $K$ best tokens;
+# compiling the step with `torch.compile` gained about 5% here after 90 seconds of compilation,
+# which does not pay for a book's test set. Dynamic int8 quantisation of the linear layers
+# (`torch.ao.quantization.quantize_dynamic`) gains 1.2 to 1.3× with 32 sentences at a time, at
+# the price of changing about one translation in seven, as the speed table shows.
+#
+# ## Training speed against `nn.Transformer`
+#
+# PyTorch ships its own `nn.Transformer`. `python -m experiments.train_bench` trains it and the
+# package's model side by side, with the recipe's dimensions, the same embedding, sinusoids and
+# tied output layer around the stacks, the same 3,000-token batches of Multi30k, the
+# label-smoothed loss and Adam, and reports target tokens per second:
+
+# %%
+train_bench = json.loads(
+    (DATA_DIR.parents[1] / "experiments/benchmarks/train-cpu.json").read_text()
+)
+print(f"{train_bench['machine']}, {train_bench['threads']} threads")
+pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename("target tokens/s")
+
+# %% [markdown]
+# The two train at the same speed, within the few percent by which repeated blocks differ on a
+# shared machine. The profile of a step shows the one structural difference: `nn.Transformer`
+# computes $Q$, $K$ and $V$ of self-attention with one product by the three matrices stacked
+# (and $K$, $V$ of encoder-decoder attention with one), where the package keeps the paper's three
+# projections as three products; the same arithmetic in fewer, larger products is some 10%
+# faster for those layers, a few percent of the whole step. The largest costs are shared: the
+# output layer over 8,000 words and its softmax, and drawing the dropout masks.
+#
+# On a GPU, the same decoding comparison (in float16 or bf16) and the training MFU of the
+# paper's base model in bf16, with and without `torch.compile`, have not been measured yet: no
+# GPU was at hand (`python -m experiments.gpu_bench` measures the latter).

@@ -528,7 +528,7 @@ def test_an_unknown_command_is_one_line_in_the_commands_format(capsys):
     assert status == 2 and out == ""
     assert err == (
         "python -m transformer: error: unknown command 'bogus': choose one of "
-        "prepare, train, translate, evaluate\n"
+        "prepare, train, translate, evaluate, export\n"
     )
 
 

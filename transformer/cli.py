@@ -8,6 +8,8 @@ __all__ = ['PROG', 'FIELD_OPTIONS', 'TRANSLATE_EPILOG', 'EVALUATE_EPILOG', 'COMM
 
 # %% ../chapters/92_cli.ipynb #1ce4f902
 import argparse
+import functools
+import importlib
 import json
 import os
 import shlex
@@ -476,15 +478,31 @@ def translate_command(argv: Sequence[str]) -> None:
         help="a sentence to translate (default: read standard input)",
     )
     add_model_options(p)
+    p.add_argument(
+        "--engine",
+        choices=["package", "ctranslate2"],
+        default="package",
+        help="ctranslate2: decode in CTranslate2 with a model folder written by `export` "
+        "(--model DIR)",
+    )
+    p.add_argument(
+        "--model", type=Path, metavar="DIR", help="with --engine ctranslate2"
+    )
     argv = list(argv)
     # After "--" every argument is a sentence (parse_intermixed_args mishandles "--").
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_intermixed_args(argv[:cut])
     args.sentences += argv[cut + 1 :]
     device = check_model_options(args)
-    model, tokenizer = load_for_command(
-        args.pair, args.checkpoint, device, alpha=args.alpha
-    )
+    if args.engine == "ctranslate2":
+        from transformer.deploy import ctranslate2_translate  # it builds on this module
+
+        translate_with = ctranslate2_translate(args, threads=torch.get_num_threads())
+    else:
+        model, tokenizer = load_for_command(
+            args.pair, args.checkpoint, device, alpha=args.alpha
+        )
+        translate_with = functools.partial(translate, model, tokenizer)
     warn = warning("translate")
     if args.sentences:
         sentences = args.sentences
@@ -500,9 +518,7 @@ def translate_command(argv: Sequence[str]) -> None:
         if sys.stdin.isatty():
             print("one sentence per line; end with Ctrl-D", file=sys.stderr)
         sentences = read_lines(sys.stdin)
-    translations = translate(
-        model,
-        tokenizer,
+    translations = translate_with(
         sentences,
         beam_size=args.beam,
         alpha=args.alpha,
@@ -639,6 +655,12 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], None], tuple, str]] = {
         evaluate_command,
         (DataError, ImportError),
         "score a trained model with sacreBLEU and chrF (Part III)",
+    ),
+    # transformer.deploy builds on this module: it is imported when the command runs.
+    "export": (
+        lambda argv: importlib.import_module("transformer.deploy").export_command(argv),
+        (ImportError, OSError),
+        "write a model for CTranslate2, the inference engine (appendix)",
     ),
 }
 

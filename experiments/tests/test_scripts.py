@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 # On the path from tests/ (conftest.py): the training tests' tiny data and configuration.
 from test_train import tiny_config, tiny_data
@@ -37,10 +38,12 @@ SCRIPTS = sorted(
 def test_every_script_with_options_is_covered():
     assert {p.name for p in SCRIPTS} == {
         "average_windows.py",
+        "decode_bench.py",
         "ensemble_report.py",
         "gpu_bench.py",
         "gpu_sweep.py",
         "model_card.py",
+        "train_bench.py",
         "word_level_report.py",
     }
 
@@ -435,3 +438,38 @@ def test_gpu_sweep_keeps_the_windows_of_a_run_that_kept_more_than_five_epochs(
     train(tiny_config(short, epochs=2), data=data, echo=False)
     assert gpu_sweep.windows_of(short, str(tmp_path)) == {}
     assert not (short / "averages.json").exists()
+
+
+def test_decode_bench_times_both_engines_on_the_same_sentences(tmp_path: Path, tool):
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "bench.json"
+    argv = ["--sentences", "3", "--one-at-a-time", "2", "--repeats", "1"]
+    argv += [
+        "--batch-sizes",
+        "2,1",
+        "--engines",
+        "package,ct2-float32",
+        "--out",
+        str(out),
+    ]
+    assert tool("decode_bench").main(argv) == 0
+    result = json.loads(out.read_text())
+    rows = {(r["engine"], r["decoding"], r["batch_size"]): r for r in result["rows"]}
+    assert len(rows) == 2 * 2 * 2 and result["threads"] == 2
+    for (engine, decoding, batch_size), row in rows.items():
+        assert row["sentences"] == (3 if batch_size == 2 else 2)
+        assert row["sentences_per_s"] > 0 and row["ratio"] > 0
+        if engine == "ct2-float32":
+            assert row["ratio"] == 1.0
+        if decoding == "greedy":  # the engines' greedy translations are the same
+            assert row["same_as_package"] == row["sentences"]
+
+
+def test_train_bench_compares_stacks_of_the_same_size(tool):
+    """Only the stacks differ: nn.Transformer adds a LayerNorm after each of its two stacks."""
+    train_bench = tool("train_bench")
+    ours, theirs = train_bench.package_model(100), train_bench.LibraryTransformer(100)
+    count = lambda model: sum(p.numel() for p in model.parameters())  # noqa: E731
+    assert count(theirs) - count(ours) == 2 * 2 * 256
+    src, tgt = torch.randint(3, 100, (2, 5)), torch.randint(3, 100, (2, 4))
+    assert theirs(src, tgt, pad_id=0).shape == (2, 4, 100)

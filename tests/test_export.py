@@ -1,0 +1,140 @@
+"""transformer.export and the `export` command: a model exported to CTranslate2 translates as
+the package does, and a model the export does not convert is refused."""
+
+import json
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+import sacrebleu
+import torch
+
+pytest.importorskip("ctranslate2")
+
+from transformer import export  # noqa: E402
+from transformer.cli import main  # noqa: E402
+from transformer.config import TransformerConfig  # noqa: E402
+from transformer.data import load_pairs  # noqa: E402
+from transformer.decode import load_pair_model, translate  # noqa: E402
+from transformer.export import CTranslate2Model, export_ctranslate2  # noqa: E402
+from transformer.model import Transformer  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["de-en", "fr-en"])
+def exported(request, tmp_path_factory):
+    """(pair, model, tokenizer, the engine on the exported float32 model)."""
+    model, tokenizer = load_pair_model(request.param)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    folder = tmp_path_factory.mktemp("ct2") / request.param
+    export_ctranslate2(model, tokenizer, folder)
+    # The engine's quantisation works in place: the export must copy, not share, the weights.
+    export_ctranslate2(model, tokenizer, folder.with_name("int8"), quantization="int8")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    return request.param, model, tokenizer, CTranslate2Model(folder, threads=2)
+
+
+@pytest.mark.slow
+def test_greedy_translations_are_the_packages_and_beam_search_scores_the_same(exported):
+    pair, model, tokenizer, engine = exported
+    test = load_pairs("test_2016_flickr", pair)
+    sources, references = [s for s, _ in test], [[t for _, t in test]]
+    ours = translate(model, tokenizer, sources, beam_size=1)
+    assert engine.translate(sources, beam_size=1) == ours  # all 1,000 sentences
+    ours, theirs = (
+        f(sources, beam_size=4)
+        for f in (
+            lambda s, **kw: translate(model, tokenizer, s, **kw),
+            engine.translate,
+        )
+    )
+    bleu = [sacrebleu.corpus_bleu(list(t), references).score for t in (ours, theirs)]
+    assert abs(bleu[0] - bleu[1]) < 0.3
+
+
+def test_the_folder_holds_the_engines_model_and_the_packages_tokenizer(exported):
+    pair, model, _, engine = exported
+    names = {p.name for p in engine.folder.iterdir()}
+    assert {"model.bin", "config.json", "tokenizer.json", export.EXPORT_RECORD} <= names
+    record = json.loads((engine.folder / export.EXPORT_RECORD).read_text())
+    assert record == {
+        "pair": pair,
+        "max_len": model.config.max_len,
+        "quantization": "float32",
+    }
+    assert engine.translate([]) == [] and engine.translate(["", " "]) == ["", ""]
+    with pytest.raises(TypeError, match="sequence of sentences"):
+        engine.translate("Ein Hund.")
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"norm_first": True}, "pre-norm"),
+        ({"positional": "learned"}, "learned positional"),
+        (
+            {"share_embeddings": False, "tgt_vocab_size": 12},
+            "separate source and target",
+        ),
+        ({"tie_output": False}, "not tied"),
+    ],
+)
+def test_a_model_the_export_does_not_convert_is_refused(tmp_path, fields, named):
+    _, tokenizer = load_pair_model("de-en")
+    config = dict(src_vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32)
+    model = Transformer(TransformerConfig(**(config | dict(n_layers=1) | fields)))
+    with pytest.raises(ValueError, match=f"cannot export to CTranslate2 .*{named}"):
+        export_ctranslate2(model, tokenizer, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_ctranslate2_the_export_says_how_to_install_it(tmp_path):
+    model, tokenizer = load_pair_model("de-en")
+    with mock.patch.dict(sys.modules, {"ctranslate2": None}):
+        with pytest.raises(ImportError, match=r"pip install 'ctranslate2"):
+            export_ctranslate2(model, tokenizer, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_export_and_translate_commands(tmp_path, capsys):
+    out = tmp_path / "de-en-ct2"
+    assert main(["export", "--format", "ctranslate2", "--pair", "de-en", str(out)]) == 0
+    assert "written to" in capsys.readouterr().out
+    sentence = "Ein Hund rennt über eine Wiese."
+    engine = ["--engine", "ctranslate2", "--model", str(out), "--beam", "1"]
+    assert main(["translate", "--pair", "de-en", *engine, sentence]) == 0
+    from_engine = capsys.readouterr().out
+    assert main(["translate", "--pair", "de-en", "--beam", "1", sentence]) == 0
+    assert from_engine == capsys.readouterr().out
+    # Errors: one line each, status 2.
+    for argv, message in [
+        (
+            ["translate", "--pair", "de-en", "--engine", "ctranslate2", "x"],
+            "needs --model",
+        ),
+        (["translate", "--pair", "fr-en", *engine, "x"], "holds a de-en model"),
+        (
+            [
+                "translate",
+                "--pair",
+                "de-en",
+                "--engine",
+                "ctranslate2",
+                "--model",
+                str(tmp_path),
+                "x",
+            ],
+            "not a model exported",
+        ),  # fmt: skip
+        (["export", "--format", "onnx", "--pair", "de-en", str(out)], "invalid choice"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_python_m_transformer_lists_the_export_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "export" in result.stdout
