@@ -1004,8 +1004,8 @@ speed.assign(
 ].round({"bleu": 2}).set_index(["decoding", "batch_size", "engine"])  # fmt: skip
 
 # %% [markdown]
-# What to see: with 32 sentences at a time, the package decodes at about half the engine's
-# speed, greedily or with beam 4; one sentence at a time, at a quarter to a third. Greedy
+# What to see: with 32 sentences at a time, the package decodes at a little under half the
+# engine's speed, greedily or with beam 4; one sentence at a time, at about a quarter. Greedy
 # translations are identical in both engines. The remaining gap is the cost of running each
 # decoding step as some two hundred PyTorch operations called from Python, where the engine runs
 # fused C++ kernels: with one sentence the operations are too small to keep the cores busy and
@@ -1033,8 +1033,9 @@ alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(
 #   the last five epochs adds about 0.6 points to both.
 # - The errors keep the sentence's frame and lose details; long sentences, rare in training,
 #   score lowest, and German→English shortens them.
-# - The package's decoder runs at about half the speed of CTranslate2, a C++ engine, on the same
-#   weights and 32 sentences at a time; the exported model gives the same greedy translations.
+# - The package's decoder runs at a little under half the speed of CTranslate2, a C++ engine, on
+#   the same weights and 32 sentences at a time; the exported model gives the same greedy
+#   translations.
 # - Measured over many sentences, some heads attend to a fixed neighbour or to the source token
 #   being translated; the explorer shows them one sentence at a time.
 

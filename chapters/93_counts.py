@@ -518,11 +518,11 @@ print(
 # %% [markdown]
 # ## Where decoding time goes
 #
-# On a CPU, the package decodes at about half the speed of CTranslate2 on the same weights (the
-# results chapter's [speed section](16_results.ipynb)). `python -m experiments.decode_bench
-# --profile` also runs PyTorch's profiler over the package's decoding of 96 test sentences, 32
-# at a time, and sorts the time of every operation into a few groups; what no operation
-# accounts for is Python between them. Its stored results, in percent of the wall-clock time:
+# On a CPU, the package decodes at a little under half the speed of CTranslate2 on the same
+# weights (the results chapter's [speed section](16_results.ipynb)).
+# `python -m experiments.decode_bench --profile` also runs PyTorch's profiler over the package's
+# decoding of 96 test sentences, 32 at a time, and sorts the time of every operation into a few
+# groups. Its stored results, in percent of the time:
 
 # %%
 decode_bench = json.loads(
@@ -530,21 +530,21 @@ decode_bench = json.loads(
 )
 profile_shares = (100 * pd.DataFrame(decode_bench["profile"])).round(1)
 assert abs(profile_shares.sum() - 100).max() < 0.5
-# Python's own time between the operations is lost in the profiler's overhead: none is left.
-profile_shares.drop(index="Python").sort_values("greedy", ascending=False)
+# "Python": what the operations leave of the time the same decoding takes unprofiled.
+profile_shares.sort_values("greedy", ascending=False)
 
 # %% [markdown]
-# The matrix products dominate: the stacks' linear layers take about a third of the time, and
-# the output layer, a $d_\text{model} \times 8{,}000$ product at every step, a quarter or more.
+# The matrix products dominate: the stacks' linear layers take a quarter to a third of the time,
+# and the output layer, a $d_\text{model} \times 8{,}000$ product at every step, a quarter.
 # The engine must compute the same products. The rest is attention and some two hundred small
 # operations per step (LayerNorms, reshapes, masks, additions, the cache), each a PyTorch call
 # from Python, where the engine runs fused C++ kernels; with one sentence at a time, those calls
 # are most of the work, which is why the gap widens there. The decoder already drops the
-# sentences that have ended from its batch and ranks only each beam's $K$ best tokens;
-# compiling the step with `torch.compile` gained about 5% here after 90 seconds of compilation,
-# which does not pay for a book's test set. Dynamic int8 quantisation of the linear layers
-# (`torch.ao.quantization.quantize_dynamic`) gains 1.2 to 1.3× with 32 sentences at a time, at
-# the price of changing about one translation in seven, as the speed table shows.
+# sentences that have ended from its batch, ranks only each beam's $K$ best tokens and projects
+# $Q$, $K$ and $V$ in one product; compiling the step with `torch.compile` gained about 5% here
+# after 90 seconds of compilation, which does not pay for a book's test set. Dynamic int8 quantisation of the linear layers
+# (`torch.ao.quantization.quantize_dynamic`) gains 1.3 to 1.5× with 32 sentences at a time, at
+# the price of changing about one translation in six, as the speed table shows.
 #
 # ## Training speed against `nn.Transformer`
 #
@@ -561,13 +561,12 @@ print(f"{train_bench['machine']}, {train_bench['threads']} threads")
 pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename("target tokens/s")
 
 # %% [markdown]
-# The two train at the same speed, within the few percent by which repeated blocks differ on a
-# shared machine. The profile of a step shows the one structural difference: `nn.Transformer`
-# computes $Q$, $K$ and $V$ of self-attention with one product by the three matrices stacked
-# (and $K$, $V$ of encoder-decoder attention with one), where the package keeps the paper's three
-# projections as three products; the same arithmetic in fewer, larger products is some 10%
-# faster for those layers, a few percent of the whole step. The largest costs are shared: the
-# output layer over 8,000 words and its softmax, and drawing the dropout masks.
+# The package trains at least as fast as the library, within the few percent by which repeated
+# blocks differ on a shared machine. Both compute $Q$, $K$ and $V$ of self-attention with one
+# product by the three matrices stacked, and $K$, $V$ of encoder-decoder attention with one (the
+# [multi-head attention chapter](03_multihead.ipynb)); with three separate products the package
+# measured 0.99× here. The largest costs are shared: the output layer over 8,000 words and its
+# softmax, and drawing the dropout masks.
 #
 # On a GPU, the same decoding comparison (in float16 or bf16) and the training MFU of the
 # paper's base model in bf16, with and without `torch.compile`, have not been measured yet: no

@@ -1,6 +1,7 @@
 """transformer.multihead: against torch.nn.MultiheadAttention, fast path against explicit path,
 fully masked queries, bad construction, and the key/value cache of decoding."""
 
+import copy
 from unittest import mock
 
 import pytest
@@ -308,17 +309,32 @@ def test_a_static_cache_projects_the_memory_once():
     cache = KVCache(static=True)
     with (
         torch.no_grad(),
-        mock.patch.object(mha.w_k, "forward", wraps=mha.w_k.forward) as w_k,
+        mock.patch.object(mha, "_project", wraps=mha._project) as project,
     ):
+
+        def key_projections() -> int:
+            return sum(mha.w_k in call.args[1:] for call in project.call_args_list)
+
         whole, _ = mha(x, memory, memory, mask=mask)
-        assert w_k.call_count == 1
+        assert key_projections() == 1
         for t in range(T):
             out, _ = mha(x[:, t : t + 1], memory, memory, mask=mask, cache=cache)
             assert (out[:, 0] - whole[:, t]).abs().max() < 1e-6
-        assert (
-            w_k.call_count == 2
-        )  # the uncached call, then the cache's first step only
+        assert key_projections() == 2  # the uncached call, then the cache's first step
     assert cache.length == S
+
+
+def test_stacked_projections_are_the_separate_ones():
+    """Self-attention projects Q, K and V in one product, encoder-decoder attention K and V:
+    the results are those of the three layers applied one by one."""
+    data = batch()
+    mha = MultiHeadAttention(D_MODEL, H).eval()
+    x, memory = data["x"], data["memory"]
+    q, k, v = mha._project(x, mha.w_q, mha.w_k, mha.w_v)
+    for fused, layer in ((q, mha.w_q), (k, mha.w_k), (v, mha.w_v)):
+        assert torch.allclose(fused, mha._split_heads(layer(x)), atol=1e-6)
+    k, v = mha._project(memory, mha.w_k, mha.w_v)
+    assert torch.allclose(v, mha._split_heads(mha.w_v(memory)), atol=1e-6)
 
 
 def test_reorder_follows_the_index():
@@ -330,3 +346,15 @@ def test_reorder_follows_the_index():
     empty = KVCache()
     empty.reorder(index)  # nothing cached yet: nothing to do
     assert empty.key is None and empty.length == 0
+
+
+def test_quantised_projections_are_applied_one_by_one():
+    """Dynamic int8 quantisation replaces the projections by layers without a weight tensor:
+    the module then runs them one by one, and still attends."""
+    mha = MultiHeadAttention(D_MODEL, H).eval()
+    quantised = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(mha), {nn.Linear}, dtype=torch.qint8
+    )
+    x = batch()["x"]
+    with torch.no_grad():
+        assert (quantised(x, x, x)[0] - mha(x, x, x)[0]).abs().max() < 0.1

@@ -99,17 +99,39 @@ class MultiHeadAttention(nn.Module):
         )
         return out.masked_fill(blind, 0.0), None
 
+    def _project(self, x: Tensor, *layers: nn.Linear) -> list[Tensor]:
+        """x through one or more of the projections, each result split into heads.
+
+        Projections of the same x are one matrix product by their weights stacked, as
+        PyTorch's nn.MultiheadAttention computes them: the same products, fewer and larger.
+        """
+        if len(layers) == 1 or not all(isinstance(p.weight, Tensor) for p in layers):
+            # one layer, or layers whose weights are not tensors (quantised): one by one
+            return [self._split_heads(layer(x)) for layer in layers]
+        weight = torch.cat([layer.weight for layer in layers])  # (n·d_model, d_model)
+        biases = [layer.bias for layer in layers]
+        bias = None if biases[0] is None else torch.cat(biases)  # (n·d_model,)
+        out = F.linear(x, weight, bias)  # (B, L, n·d_model)
+        return [self._split_heads(part) for part in out.chunk(len(layers), dim=-1)]
+
     def _keys_values(
         self, key: Tensor, value: Tensor, cache: KVCache | None
     ) -> tuple[Tensor, Tensor]:
         """Project and split the keys and values, through the cache if there is one."""
         if cache is not None and cache.static and cache.key is not None:
             return cache.key, cache.value  # the memory's, projected at the first step
-        k = self._split_heads(self.w_k(key))  # (B, H, T_k, d_k)
-        v = self._split_heads(self.w_v(value))  # (B, H, T_k, d_k)
+        if key is value:  # the encoder's memory, in encoder-decoder attention
+            k, v = self._project(key, self.w_k, self.w_v)  # (B, H, T_k, d_k) each
+        else:
+            (k,), (v,) = self._project(key, self.w_k), self._project(value, self.w_v)
+        return self._cached(k, v, cache)
+
+    @staticmethod
+    def _cached(k: Tensor, v: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
+        """The keys and values to attend over: with a self-attention cache, the new
+        positions after the ones already decoded (dim 2: positions)."""
         if cache is not None:
             if not cache.static and cache.key is not None:
-                # The new positions follow the ones already decoded (dim 2: positions).
                 k = torch.cat([cache.key, k], dim=2)  # (B, H, L + T_k, d_k)
                 v = torch.cat([cache.value, v], dim=2)  # (B, H, L + T_k, d_k)
             cache.key, cache.value = k, v
@@ -142,7 +164,11 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(
                 f"mask must be boolean (True = may attend), got {mask.dtype}"
             )
-        q = self._split_heads(self.w_q(query))  # (B, H, T_q, d_k)
-        k, v = self._keys_values(key, value, cache)  # (B, H, T_k or L, d_k)
+        if query is key and key is value:  # self-attention: Q, K and V in one product
+            q, k, v = self._project(query, self.w_q, self.w_k, self.w_v)
+            k, v = self._cached(k, v, cache)  # (B, H, T_k or L, d_k)
+        else:
+            (q,) = self._project(query, self.w_q)  # (B, H, T_q, d_k)
+            k, v = self._keys_values(key, value, cache)  # (B, H, T_k or L, d_k)
         out, weights = self._attend(q, k, v, mask, need_weights)
         return self.w_o(self._merge_heads(out)), weights  # (B, T_q, d_model)
