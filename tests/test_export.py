@@ -12,6 +12,8 @@ import torch
 
 pytest.importorskip("ctranslate2")
 
+from helpers import ship, tiny_tokenizer  # noqa: E402
+
 from transformer import export  # noqa: E402
 from transformer.cli import main  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
@@ -86,6 +88,26 @@ def test_a_model_the_export_does_not_convert_is_refused(tmp_path, fields, named)
     with pytest.raises(ValueError, match=f"cannot export to CTranslate2 .*{named}"):
         export_ctranslate2(model, tokenizer, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_engine_warns_as_the_package_does(tmp_path):
+    """Of a source cut to the model's positions and of outputs the length limit stopped: an
+    untrained model of 12 positions never says <eos>."""
+    model, tokenizer = load_pair_model(
+        "de-en", ship(tmp_path / "tiny", tiny_tokenizer(), max_len=12)
+    )
+    engine = CTranslate2Model(export_ctranslate2(model, tokenizer, tmp_path / "out"))
+    sentences = ["Ein Hund.", "Ein Hund " + "läuft und springt " * 6 + "."]
+    told = {"package": [], "engine": []}
+    translate(model, tokenizer, sentences, beam_size=1, warn=told["package"].append)
+    engine.translate(sentences, beam_size=1, warn=told["engine"].append)
+    assert told["engine"] == told["package"]
+    assert len(told["package"]) == 2
+    assert "sentence 2: " in told["package"][0] and "12 positions" in told["package"][0]
+    assert (
+        "sentences 1 and 2: " in told["package"][1]
+        and "length limit" in told["package"][1]
+    )
 
 
 def test_without_ctranslate2_the_export_says_how_to_install_it(tmp_path):

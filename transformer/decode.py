@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['EXTRA_LENGTH', 'MAX_ALPHA', 'BATCH_SIZE', 'CHECKPOINTS_DIR', 'Hypothesis', 'output_limits', 'greedy_decode',
            'length_penalty', 'check_alpha', 'BeamStep', 'beam_search', 'length_sorted_batches', 'translate',
-           'load_pair_model']
+           'translate_batches', 'load_pair_model']
 
 # %% ../chapters/15_decoding.ipynb #4c82686c
 """Greedy decoding and beam search with a key/value cache (Section 6.1 of Vaswani et al.,
@@ -449,43 +449,70 @@ def translate(
     about translations that the length limit stopped before <eos>. Needs spaCy (to cut the
     sentences into words) unless every sentence is empty.
     """
-    if isinstance(sentences, str):
-        raise TypeError("translate takes a sequence of sentences, not one string")
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     check_alpha(alpha, max_len=model.config.max_len)
-    texts = [normalize(s) for s in sentences]
-    todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
-    encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
-    room = model.config.max_len - 1  # source tokens that fit with their <eos>
-    with_eos = {i: len(ids) + 1 for i, ids in zip(todo, encoded, strict=True)}
-    too_long = {i: n for i, n in with_eos.items() if n > model.config.max_len}
-    if too_long and warn is not None:
-        sizes = _listed([str(n) for n in too_long.values()])
-        warn(
-            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more than the model's "
-            f"{model.config.max_len} positions: translating the first {room}"
-        )
-    sources = [ids[:room] + [tokenizer.eos_id] for ids in encoded]
     special = {
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
         "pad_id": tokenizer.pad_id,
     }
     device = next(model.parameters()).device
+
+    def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
+        src = torch.full(
+            (len(sources), len(sources[0])), tokenizer.pad_id, dtype=torch.long
+        )  # (B, S): the longest first
+        for row, ids in enumerate(sources):
+            src[row, : len(ids)] = torch.tensor(ids)
+        src = src.to(device)
+        if beam_size == 1:
+            return greedy_decode(model, src, **special)
+        return beam_search(model, src, beam_size=beam_size, alpha=alpha, **special)
+
+    return translate_batches(
+        decode_batch,
+        tokenizer,
+        sentences,
+        max_len=model.config.max_len,
+        beam_size=beam_size,
+        batch_size=batch_size,
+        warn=warn,
+    )
+
+
+def translate_batches(
+    decode_batch: Callable[[list[list[int]]], list[Hypothesis]],
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    max_len: int,
+    beam_size: int,
+    batch_size: int = BATCH_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
+    """`translate` around any decoder of id batches (the package's, or another engine's):
+    `decode_batch` takes sources as ids with their <eos>, longest first, and returns their
+    hypotheses; max_len is the model's number of positions."""
+    if isinstance(sentences, str):
+        raise TypeError("translate takes a sequence of sentences, not one string")
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    texts = [normalize(s) for s in sentences]
+    todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
+    encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
+    room = max_len - 1  # source tokens that fit with their <eos>
+    with_eos = {i: len(ids) + 1 for i, ids in zip(todo, encoded, strict=True)}
+    too_long = {i: n for i, n in with_eos.items() if n > max_len}
+    if too_long and warn is not None:
+        sizes = _listed([str(n) for n in too_long.values()])
+        warn(
+            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more than the model's "
+            f"{max_len} positions: translating the first {room}"
+        )
+    sources = [ids[:room] + [tokenizer.eos_id] for ids in encoded]
     results = [""] * len(texts)
     cut_off = []
     for batch in length_sorted_batches([len(s) for s in sources], batch_size):
-        src = torch.full(
-            (len(batch), len(sources[batch[0]])), tokenizer.pad_id, dtype=torch.long
-        )  # (B, S): the longest first
-        for row, j in enumerate(batch):
-            src[row, : len(sources[j])] = torch.tensor(sources[j])
-        src = src.to(device)
-        if beam_size == 1:
-            found = greedy_decode(model, src, **special)
-        else:
-            found = beam_search(model, src, beam_size=beam_size, alpha=alpha, **special)
+        found = decode_batch([sources[j] for j in batch])
         for j, hypothesis in zip(batch, found, strict=True):
             results[todo[j]] = tokenizer.decode(hypothesis.tokens)
             if not hypothesis.ended:

@@ -9,6 +9,7 @@ __all__ = ['QUANTIZATIONS', 'INSTALL', 'EXPORT_RECORD', 'require_ctranslate2', '
 systems, and translate with the exported model."""
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,13 +21,14 @@ from .checkpoint import CheckpointError
 from transformer.decode import (
     BATCH_SIZE,
     EXTRA_LENGTH,
+    Hypothesis,
     check_alpha,
-    length_sorted_batches,
+    translate_batches,
 )
 from .embedding import sinusoidal_encoding
 from .files import atomic_folder, atomic_write
 from .model import Transformer
-from .tokenizer import Tokenizer, normalize
+from .tokenizer import Tokenizer
 
 QUANTIZATIONS = ("float32", "int8")
 INSTALL = "pip install 'ctranslate2>=4.5,<5'"  # the package's [ctranslate2] extra
@@ -215,17 +217,20 @@ class CTranslate2Model:
         """The output ids of sources given as ids with their final <eos>, as the package's
         decoders take them: one batch, the limit source + 50 tokens of its longest."""
         tok = self.tokenizer
-        limit = min(max(len(s) for s in sources) + EXTRA_LENGTH, self.max_len)
         results = self.translator.translate_batch(
             [self.tokenizer.pieces(s[:-1]) for s in sources],  # the engine adds <eos>
             beam_size=beam_size,
             # the engine divides by |Y|^α, where GNMT's lp is ((5 + |Y|)/6)^α
             length_penalty=alpha if beam_size > 1 else 1.0,
-            max_decoding_length=limit,
+            max_decoding_length=self._limit(sources),
             min_decoding_length=0,  # <eos> may come first, as in the package
             suppress_sequences=[[self._pieces[tok.pad_id]], [self._pieces[tok.bos_id]]],
         )
         return [[self._ids[p] for p in r.hypotheses[0]] for r in results]
+
+    def _limit(self, sources: Sequence[list[int]]) -> int:
+        """The most tokens, <eos> included, that a batch's outputs may have."""
+        return min(max(len(s) for s in sources) + EXTRA_LENGTH, self.max_len)
 
     def translate(
         self,
@@ -236,24 +241,25 @@ class CTranslate2Model:
         batch_size: int = BATCH_SIZE,
         warn: Callable[[str], None] | None = None,
     ) -> list[str]:
-        """Translations of `sentences`, in their order, as `decode.translate` makes them."""
-        if isinstance(sentences, str):
-            raise TypeError("translate takes a sequence of sentences, not one string")
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        """Translations of `sentences`, in their order, as `decode.translate` makes them,
+        with the same warnings."""
         check_alpha(alpha)
-        tok = self.tokenizer
-        texts = [normalize(s) for s in sentences]
-        todo = [i for i, text in enumerate(texts) if text]
-        encoded = tok.encode_batch([texts[i] for i in todo]) if todo else []
-        if warn is not None and any(len(ids) >= self.max_len for ids in encoded):
-            warn(f"sources longer than {self.max_len - 1} tokens are cut")
-        sources = [ids[: self.max_len - 1] + [tok.eos_id] for ids in encoded]
-        results = [""] * len(texts)
-        for batch in length_sorted_batches([len(s) for s in sources], batch_size):
-            found = self.decode_batch(
-                [sources[j] for j in batch], beam_size=beam_size, alpha=alpha
-            )
-            for j, ids in zip(batch, found, strict=True):
-                results[todo[j]] = tok.decode(ids)
-        return results
+
+        def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
+            limit = self._limit(sources)
+            return [  # the engine's scores are not the package's: not kept
+                Hypothesis(
+                    ids, log_prob=math.nan, score=math.nan, ended=len(ids) < limit
+                )
+                for ids in self.decode_batch(sources, beam_size=beam_size, alpha=alpha)
+            ]
+
+        return translate_batches(
+            decode_batch,
+            self.tokenizer,
+            sentences,
+            max_len=self.max_len,
+            beam_size=beam_size,
+            batch_size=batch_size,
+            warn=warn,
+        )
