@@ -1006,10 +1006,11 @@ speed.assign(
 # %% [markdown]
 # What to see: with 32 sentences at a time, the package decodes at a little under half the
 # engine's speed, greedily or with beam 4; one sentence at a time, at about a quarter. Greedy
-# translations are identical in both engines. The remaining gap is the cost of running each
-# decoding step as some two hundred PyTorch operations called from Python, where the engine runs
-# fused C++ kernels: with one sentence the operations are too small to keep the cores busy and
-# that overhead dominates. Int8 weights speed up both engines and change a few translations (the
+# translations are identical in both engines. The remaining gap has two parts. The engine
+# multiplies matrices with a library that is faster on this CPU (forced onto PyTorch's, it
+# decodes about 1.3× slower), and it runs each decoding step as fused C++ kernels, where the
+# package calls some two hundred PyTorch operations from Python: with one sentence the
+# operations are too small to keep the cores busy and that overhead dominates. Int8 weights speed up both engines and change a few translations (the
 # BLEU column). The appendix [Derivations and counts](93_counts.ipynb) profiles a decoding step.
 
 # %%

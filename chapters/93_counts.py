@@ -45,9 +45,11 @@ if importlib.util.find_spec("transformer") is None:
 
 # %%
 import json
+import statistics
 
 import pandas as pd
 import torch
+from IPython.display import display
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -218,6 +220,7 @@ def training_flops(
     linear = 6 * ((n_enc + n_kv) * s + (n_dec - n_kv + d * vocab) * t)
     attention = 12 * d * (layers * s**2 + layers * t**2 + layers * s * t)
     return linear + attention
+
 
 # %% [markdown]
 # For the paper's base model with a vocabulary of 37,000, a pair of 25 source and 27 target
@@ -536,15 +539,59 @@ profile_shares.sort_values("greedy", ascending=False)
 # %% [markdown]
 # The matrix products dominate: the stacks' linear layers take a quarter to a third of the time,
 # and the output layer, a $d_\text{model} \times 8{,}000$ product at every step, a quarter.
-# The engine must compute the same products. The rest is attention and some two hundred small
-# operations per step (LayerNorms, reshapes, masks, additions, the cache), each a PyTorch call
-# from Python, where the engine runs fused C++ kernels; with one sentence at a time, those calls
-# are most of the work, which is why the gap widens there. The decoder already drops the
-# sentences that have ended from its batch, ranks only each beam's $K$ best tokens and projects
-# $Q$, $K$ and $V$ in one product; compiling the step with `torch.compile` gained about 5% here
-# after 90 seconds of compilation, which does not pay for a book's test set. Dynamic int8 quantisation of the linear layers
-# (`torch.ao.quantization.quantize_dynamic`) gains 1.3 to 1.5× with 32 sentences at a time, at
-# the price of changing about one translation in six, as the speed table shows.
+# The engine computes the same products with another library: on this AMD CPU, CTranslate2
+# multiplies float32 matrices with oneDNN, where PyTorch calls Intel MKL.
+# `python -m experiments.gemm_backends` measures what that is worth: the engine decoding with
+# its own choice and with MKL forced, each product of a decoding step in both libraries, and the
+# package with its output layer in oneDNN. Ratios of MKL's time to oneDNN's (above 1: oneDNN is
+# faster):
+
+# %%
+gemm = json.loads(
+    (DATA_DIR.parents[1] / "experiments/benchmarks/gemm-cpu.json").read_text()
+)
+print(f"{gemm['machine']}, {gemm['threads']} threads, {gemm['sentences']} sentences")
+engine_runs = pd.DataFrame(gemm["engine"])
+engine_runs["seconds"] = engine_runs.seconds.map(statistics.median)
+engine_runs = engine_runs.pivot(index="decoding", columns="sgemm", values="seconds")
+package_runs = pd.DataFrame(gemm["package"]).set_index("decoding")
+whole = pd.DataFrame(
+    {
+        "CTranslate2 (all products)": engine_runs["MKL forced"]
+        / engine_runs["own choice"],
+        "package (output layer)": package_runs.mkl.map(statistics.median)
+        / package_runs.onednn.map(statistics.median),
+        "same translations": package_runs.same,
+    }
+)
+products = pd.DataFrame(gemm["products"])
+products["MKL / oneDNN"] = products.mkl / products.onednn
+output_layer = products[products["product"] == "output layer"].set_index("rows")
+small = products[(products["product"] != "output layer") & (products.rows == 32)]
+assert whole["CTranslate2 (all products)"].between(1.15, 1.5).all()
+assert (whole["same translations"] == 1000).all()
+assert whole.loc["beam 4", "package (output layer)"] > 1.05
+assert (output_layer.loc[[4, 32], "MKL / oneDNN"] > 1.5).all()
+assert (small["MKL / oneDNN"] < 1.1).all()
+display(whole.round(2))
+products.pivot(index="product", columns="rows", values="MKL / oneDNN").round(2)
+
+# %% [markdown]
+# Forced onto MKL, the engine decodes about 1.3× slower: a good part of its lead over the package.
+# MKL is as fast as oneDNN, or faster, for the stacks' small products, but 1.5 to 4 times slower
+# for the output layer's 8,000 columns at the few rows of a decoding step. Through oneDNN, with its
+# weight packed once, the package's output layer gives the same 1,000 translations, and beam search
+# gains about 15% (greedy decoding, on this run, nothing beyond the machine's noise); the operation
+# is private to PyTorch (`torch.compile` calls it when it freezes a model), which is why the package
+# does not use it. The rest of the gap is attention and some two hundred small operations per step
+# (LayerNorms, reshapes, masks, additions, the cache), each a PyTorch call from Python, where the
+# engine runs fused C++ kernels; with one sentence at a time, those calls are most of the work,
+# which is why the gap widens there. The decoder already drops the sentences that have ended from
+# its batch, ranks only each beam's $K$ best tokens and projects $Q$, $K$ and $V$ in one product;
+# compiling the step with `torch.compile` gained about 5% here after 90 seconds of compilation,
+# which does not pay for a book's test set. Dynamic int8 quantisation of the linear layers
+# (`torch.ao.quantization.quantize_dynamic`) gains 1.3 to 1.5× with 32 sentences at a time, at the
+# price of changing about one translation in six, as the speed table shows.
 #
 # ## Training speed against `nn.Transformer`
 #

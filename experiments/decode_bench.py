@@ -251,11 +251,16 @@ def main(argv: list[str] | None = None) -> int:
             decoding: profile_shares(decode, sources[:96], beam)
             for decoding, beam in DECODINGS.items()
         }
-    print(table(result))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_lines(args.out, [json.dumps(result, indent=1)])
+    publish(result, table(result), args.out)
     return 0
+
+
+def publish(result: dict, text: str, out: Path | None) -> None:
+    """Prints `text` (the table) and writes `result` as JSON to `out`, if given, atomically."""
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_lines(out, [json.dumps(result, indent=1)])
 
 
 def table(result: dict) -> str:

@@ -40,6 +40,7 @@ def test_every_script_with_options_is_covered():
         "average_windows.py",
         "decode_bench.py",
         "ensemble_report.py",
+        "gemm_backends.py",
         "gpu_bench.py",
         "gpu_sweep.py",
         "model_card.py",
@@ -463,6 +464,24 @@ def test_decode_bench_times_both_engines_on_the_same_sentences(tmp_path: Path, t
             assert row["ratio"] == 1.0
         if decoding == "greedy":  # the engines' greedy translations are the same
             assert row["same_as_package"] == row["sentences"]
+
+
+def test_gemm_backends_names_the_library_each_engine_run_used(tmp_path: Path, tool):
+    """The engine runs twice in fresh processes (the only subprocesses of these tests: the
+    engine reads its choice of library once per process)."""
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "gemm.json"
+    argv = ["--sentences", "3", "--rounds", "1", "--repeats", "2", "--out", str(out)]
+    assert tool("gemm_backends").main(argv) == 0
+    result = json.loads(out.read_text())
+    libraries = {r["sgemm"]: r["library"] for r in result["engine"]}
+    assert libraries["MKL forced"] == "MKL" and libraries["own choice"] != "unknown"
+    assert all(len(r["seconds"]) == 1 and r["seconds"][0] > 0 for r in result["engine"])
+    assert len(result["products"]) == 5 * 3  # five shapes, batches of 1, 4 and 32 rows
+    assert {tuple(r["shape"]) for r in result["products"]} >= {(8000, 256), (768, 256)}
+    assert all(r["mkl"] > 0 and r["onednn"] > 0 for r in result["products"])
+    for row in result["package"]:  # the same products: the same translations
+        assert row["same"] == 3 and row["mkl"][0] > 0 and row["onednn"][0] > 0
 
 
 def test_train_bench_compares_stacks_of_the_same_size(tool):
