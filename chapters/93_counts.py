@@ -617,4 +617,5 @@ pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename("target to
 #
 # On a GPU, the same decoding comparison (in float16 or bf16) and the training MFU of the
 # paper's base model in bf16, with and without `torch.compile`, have not been measured yet: no
-# GPU was at hand (`python -m experiments.gpu_bench` measures the latter).
+# GPU was at hand (`python -m experiments.decode_bench --device cuda` measures the former,
+# `python -m experiments.gpu_bench` the latter).

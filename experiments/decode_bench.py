@@ -1,4 +1,4 @@
-"""Decoding speed of the package against CTranslate2 on the same weights, in one run.
+r"""Decoding speed of the package against CTranslate2 on the same weights, in one run.
 
     python -m experiments.decode_bench --profile --out experiments/benchmarks/decode-cpu.json
 
@@ -11,9 +11,15 @@ quantisation of its linear layers) in batches of 32 (all 1,000 sentences) and of
 of CPU threads. Each variant runs `--repeats` times (3) and reports the
 median: sentences/s, target tokens/s (output tokens, <eos> excluded) and the sacreBLEU of its
 translations. The JSON written to OUT (atomically) names the machine; the table printed gives
-each variant's speed relative to CTranslate2 float32 with the same decoding and batch size.
+each variant's speed relative to CTranslate2 float32 (--baseline) with the same decoding and
+batch size.
 With --profile, torch.profiler also splits the package's decoding time into groups of
 operations (the output layer, the stacks' linear layers, attention, bookkeeping, Python).
+
+On a GPU, the float engines can also run in half precision, each against the engine's own:
+
+    python -m experiments.decode_bench --device cuda --baseline ct2-bfloat16 \
+        --engines package,package-bfloat16,ct2-float32,ct2-bfloat16,ct2-int8 --out gpu.json
 """
 
 import argparse
@@ -44,10 +50,21 @@ from transformer.tokenizer import normalize
 
 DECODINGS = {"greedy": 1, "beam 4": 4}
 ALPHA = 0.6
+# The engines by name: the package's weights in a dtype (int8: torch.ao's dynamic
+# quantisation, CPU only), or CTranslate2's computation type on the exported model.
+PACKAGE_DTYPES = {
+    "package": torch.float32,
+    "package-bfloat16": torch.bfloat16,
+    "package-float16": torch.float16,
+}
+ENGINES = [*PACKAGE_DTYPES, "package-int8"]
+ENGINES += ["ct2-float32", "ct2-bfloat16", "ct2-float16", "ct2-int8"]
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
     """The CPU's model name and core count, or the GPU's name."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
     name = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -63,10 +80,13 @@ def package_decoder(model, tok):
     """decode(sources, beam) -> output ids, with the package's decoders."""
     special = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
 
+    device = next(model.parameters()).device
+
     def decode(sources: list[list[int]], beam: int) -> list[list[int]]:
         src = torch.full((len(sources), len(sources[0])), tok.pad_id)
         for row, ids in enumerate(sources):
             src[row, : len(ids)] = torch.tensor(ids)
+        src = src.to(device)
         if beam == 1:
             found = greedy_decode(model, src, **special)
         else:
@@ -139,6 +159,57 @@ def profile_shares(decode, sources: list[list[int]], beam: int) -> dict[str, flo
     return {name: time / total for name, time in spent.items()}
 
 
+def engine_decoders(engines: list[str], model, tok, tmp: Path, args) -> dict:
+    """{name: decode(sources, beam)} for each engine, the exported models kept in tmp."""
+    decoders = {}
+    for name in engines:
+        if name in PACKAGE_DTYPES:
+            typed = model if name == "package" else copy.deepcopy(model)
+            decoders[name] = package_decoder(typed.to(PACKAGE_DTYPES[name]), tok)
+        elif name == "package-int8":
+            # PyTorch's dynamic int8 quantisation of every linear layer: other translations
+            quantized = torch.ao.quantization.quantize_dynamic(
+                copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8
+            )
+            decoders[name] = package_decoder(quantized, tok)
+        else:
+            compute_type = name.removeprefix("ct2-")
+            quantization = "int8" if compute_type == "int8" else "float32"
+            folder = tmp / quantization
+            if not folder.exists():
+                export_ctranslate2(model, tok, folder, quantization=quantization)
+            engine = CTranslate2Model(
+                folder,
+                threads=args.threads,
+                device=args.device,
+                compute_type=compute_type,
+            )
+            decoders[name] = ctranslate2_decoder(engine)
+    return decoders
+
+
+def compare(rows: list[dict], baseline: str) -> None:
+    """Adds to each row its speed relative to the baseline engine's and the number of its
+    outputs identical to the package's (float32), for the same decoding and batch size."""
+    for r in rows:
+        key = (r["decoding"], r["batch_size"])
+        for field, engine, value in (
+            ("ratio", baseline, lambda a, b: a["sentences_per_s"] / b["sentences_per_s"]),
+            ("same_as_package", "package", lambda a, b: sum(
+                x == y for x, y in zip(a["outputs"], b["outputs"], strict=True)
+            )),
+        ):  # fmt: skip
+            base = [
+                b
+                for b in rows
+                if b["engine"] == engine and key == (b["decoding"], b["batch_size"])
+            ]
+            if base:
+                r[field] = value(r, base[0])
+    for r in rows:
+        del r["outputs"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--engines",
         default="package,package-int8,ct2-float32,ct2-int8",
-        help="comma-separated",
+        help=f"comma-separated, of: {', '.join(ENGINES)}",
+    )
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument(
+        "--baseline",
+        default="ct2-float32",
+        help="the engine the speeds are relative to (default: ct2-float32)",
     )
     p.add_argument(
         "--profile",
@@ -168,29 +245,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, help="write the results as JSON")
     args = p.parse_args(argv)
+    engines = args.engines.split(",")
+
+    def refuse(message: str) -> None:
+        """One line on standard error and status 2, as the package's commands."""
+        p.exit(2, f"{p.prog}: error: {message}\n")
+
+    unknown = [name for name in engines if name not in ENGINES]
+    if unknown:
+        refuse(f"unknown engine {unknown[0]!r}: choose from {', '.join(ENGINES)}")
+    if args.device not in ("cpu", "cuda"):
+        refuse(f"--device must be cpu or cuda, got {args.device!r}")
+    if args.baseline not in engines:
+        refuse(f"--baseline {args.baseline} is not among the --engines")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        refuse("--device cuda: PyTorch sees no GPU here")
+    if args.device == "cuda" and (args.profile or "package-int8" in engines):
+        refuse(
+            "--profile and package-int8 run on the CPU only: leave them out with cuda"
+        )
 
     torch.set_num_threads(args.threads)
-    model, tok = load_pair_model(args.pair, args.checkpoint)
+    model, tok = load_pair_model(args.pair, args.checkpoint, device=args.device)
     pairs = load_pairs("test_2016_flickr", args.pair)[: args.sentences]
     references = [target for _, target in pairs]
     encoded = tok.encode_batch([normalize(source) for source, _ in pairs])
     sources = [ids[: model.config.max_len - 1] + [tok.eos_id] for ids in encoded]
-    decoders = {"package": package_decoder(model, tok)}
-    if "package-int8" in args.engines.split(","):
-        # PyTorch's dynamic int8 quantisation of every linear layer: other translations
-        quantized = torch.ao.quantization.quantize_dynamic(
-            copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8
-        )
-        decoders["package-int8"] = package_decoder(quantized, tok)
     with tempfile.TemporaryDirectory() as tmp:
-        for quantization in ("float32", "int8"):
-            name = f"ct2-{quantization}"
-            if name in args.engines.split(","):
-                folder = Path(tmp) / quantization
-                export_ctranslate2(model, tok, folder, quantization=quantization)
-                engine = CTranslate2Model(folder, threads=args.threads)
-                decoders[name] = ctranslate2_decoder(engine)
-        decoders = {k: v for k, v in decoders.items() if k in args.engines.split(",")}
+        decoders = engine_decoders(engines, model, tok, Path(tmp), args)
         rows = []
         for batch_size in map(int, args.batch_sizes.split(",")):
             for decoding, beam in DECODINGS.items():
@@ -218,26 +300,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"{rows[-1]['sentences_per_s']:7.1f} sentences/s",
                         file=sys.stderr,
                     )
-    # Speed relative to CTranslate2 float32; outputs compared with the package's float32.
-    for r in rows:
-        key = (r["decoding"], r["batch_size"])
-        for field, engine, value in (
-            ("ratio", "ct2-float32", lambda a, b: a["sentences_per_s"] / b["sentences_per_s"]),
-            ("same_as_package", "package", lambda a, b: sum(
-                x == y for x, y in zip(a["outputs"], b["outputs"], strict=True)
-            )),
-        ):  # fmt: skip
-            base = [
-                b
-                for b in rows
-                if b["engine"] == engine and key == (b["decoding"], b["batch_size"])
-            ]
-            if base:
-                r[field] = value(r, base[0])
-    for r in rows:
-        del r["outputs"]
+    compare(rows, args.baseline)
     result = {
-        "machine": machine(),
+        "machine": machine(args.device),
+        "device": args.device,
+        "baseline": args.baseline,
         "torch": torch.__version__,
         "threads": args.threads,
         "pair": args.pair,
@@ -269,7 +336,7 @@ def table(result: dict) -> str:
         f"{result['machine']}; {result['threads']} threads; {result['pair']}, "
         f"{result['sentences']} sentences; median of {result['repeats']}",
         "",
-        "| engine | decoding | batch | sentences/s | tokens/s | × CT2 float32 "
+        f"| engine | decoding | batch | sentences/s | tokens/s | × {result['baseline']} "
         "| same as package | BLEU |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]

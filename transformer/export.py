@@ -190,7 +190,16 @@ def export_ctranslate2(
 class CTranslate2Model:
     """An exported folder, loaded: the engine's translator and the package's tokenizer."""
 
-    def __init__(self, folder: str | Path, *, threads: int = 0) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        threads: int = 0,
+        device: str = "cpu",
+        compute_type: str = "default",
+    ) -> None:
+        """threads: the CPU threads (0: the engine's choice); device "cpu" or "cuda";
+        compute_type: the engine's, e.g. "float16" on a GPU ("default": as exported)."""
         ctranslate2 = require_ctranslate2()
         folder = Path(folder)
         record_path = folder / EXPORT_RECORD
@@ -206,7 +215,11 @@ class CTranslate2Model:
         self.folder = folder
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
         self.translator = ctranslate2.Translator(
-            str(folder), device="cpu", inter_threads=1, intra_threads=threads
+            str(folder),
+            device=device,
+            compute_type=compute_type,
+            inter_threads=1,
+            intra_threads=threads,
         )
         self._pieces = self.tokenizer.pieces(range(self.tokenizer.vocab_size))
         self._ids = {piece: i for i, piece in enumerate(self._pieces)}

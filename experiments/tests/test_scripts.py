@@ -466,6 +466,48 @@ def test_decode_bench_times_both_engines_on_the_same_sentences(tmp_path: Path, t
             assert row["same_as_package"] == row["sentences"]
 
 
+def test_decode_bench_runs_the_package_in_bfloat16(tmp_path: Path, tool):
+    """Half precision is for GPUs; on the CPU it runs too, which is what this test needs."""
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "bench.json"
+    argv = [
+        "--sentences",
+        "2",
+        "--batch-sizes",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+    ]
+    argv += ["--engines", "package,package-bfloat16,ct2-float32"]
+    assert tool("decode_bench").main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["baseline"] == "ct2-float32"
+    engines = {r["engine"] for r in result["rows"]}
+    assert engines == {"package", "package-bfloat16", "ct2-float32"}
+    assert all(r["ratio"] > 0 and "same_as_package" in r for r in result["rows"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "gpu", "named"),
+    [
+        (["--engines", "package,ct2-float64"], True, "unknown engine 'ct2-float64'"),
+        (["--engines", "package", "--baseline", "ct2-float32"], True, "not among"),
+        (["--device", "tpu"], True, "--device must be cpu or cuda"),
+        (["--device", "cuda"], False, "PyTorch sees no GPU here"),
+        (["--device", "cuda", "--profile"], True, "CPU only"),
+    ],
+)
+def test_decode_bench_refuses_what_it_cannot_run(
+    argv, gpu, named, tool, monkeypatch, capsys
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    module = tool("decode_bench")
+    monkeypatch.setattr(module, "load_pair_model", never)
+    assert_one_line_error(*run_main(module, argv, monkeypatch, capsys), named)
+
+
 def test_gemm_backends_names_the_library_each_engine_run_used(tmp_path: Path, tool):
     """The engine runs twice in fresh processes (the only subprocesses of these tests: the
     engine reads its choice of library once per process)."""
