@@ -76,6 +76,16 @@ def machine(device: str = "cpu") -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
+def test_set(model, tok, pair: str, sentences: int | None):
+    """The first `sentences` (default: all) of test_2016_flickr: the sources as ids with
+    their <eos>, cut to the model's positions, tokenised once outside the clock, and the
+    references."""
+    pairs = load_pairs("test_2016_flickr", pair)[:sentences]
+    encoded = tok.encode_batch([normalize(source) for source, _ in pairs])
+    sources = [ids[: model.config.max_len - 1] + [tok.eos_id] for ids in encoded]
+    return sources, [target for _, target in pairs]
+
+
 def package_decoder(model, tok):
     """decode(sources, beam) -> output ids, with the package's decoders."""
     special = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
@@ -267,10 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     model, tok = load_pair_model(args.pair, args.checkpoint, device=args.device)
-    pairs = load_pairs("test_2016_flickr", args.pair)[: args.sentences]
-    references = [target for _, target in pairs]
-    encoded = tok.encode_batch([normalize(source) for source, _ in pairs])
-    sources = [ids[: model.config.max_len - 1] + [tok.eos_id] for ids in encoded]
+    sources, references = test_set(model, tok, args.pair, args.sentences)
     with tempfile.TemporaryDirectory() as tmp:
         decoders = engine_decoders(engines, model, tok, Path(tmp), args)
         rows = []

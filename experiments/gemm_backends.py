@@ -40,17 +40,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from experiments.decode_bench import (
-    ALPHA,
     DECODINGS,
+    ctranslate2_decoder,
     machine,
     measure,
     package_decoder,
     publish,
+    test_set,
 )
-from transformer.data import load_pairs
-from transformer.decode import length_sorted_batches, load_pair_model
+from transformer.decode import load_pair_model
 from transformer.export import CTranslate2Model, export_ctranslate2
-from transformer.tokenizer import normalize
 
 ROWS = (1, 4, 32)
 
@@ -68,21 +67,10 @@ class OneDNNLinear(nn.Module):
         )
 
 
-def test_sources(pair: str, sentences: int):
-    """The model, its tokenizer and the first `sentences` test sources, encoded."""
-    model, tok = load_pair_model(pair)
-    pairs = load_pairs("test_2016_flickr", pair)[:sentences]
-    encoded = tok.encode_batch([normalize(source) for source, _ in pairs])
-    return (
-        model,
-        tok,
-        [ids[: model.config.max_len - 1] + [tok.eos_id] for ids in encoded],
-    )
-
-
 def package_runs(pair: str, sentences: int, rounds: int) -> list[dict]:
     """The package's decoding in batches of 32 with its output layer in MKL and in oneDNN."""
-    model, tok, sources = test_sources(pair, sentences)
+    model, tok = load_pair_model(pair)
+    sources, _ = test_set(model, tok, pair, sentences)
     onednn = copy.deepcopy(model)
     onednn.generator.proj = OneDNNLinear(model.generator.proj)
     decoders = {
@@ -108,20 +96,18 @@ def package_runs(pair: str, sentences: int, rounds: int) -> list[dict]:
 def engine_seconds(pair: str, sentences: int, threads: int) -> dict[str, float]:
     """{decoding: seconds} of CTranslate2 float32 decoding `sentences` test sentences in
     batches of 32, in this process (with whatever library the environment makes it use)."""
-    model, tok, sources = test_sources(pair, sentences)
-    batches = length_sorted_batches([len(s) for s in sources], 32)
-    seconds = {}
+    model, tok = load_pair_model(pair)
+    sources, _ = test_set(model, tok, pair, sentences)
     with tempfile.TemporaryDirectory() as tmp:
         export_ctranslate2(model, tok, Path(tmp), quantization="float32")
-        engine = CTranslate2Model(Path(tmp), threads=threads)
+        engine = {
+            "ct2": ctranslate2_decoder(CTranslate2Model(Path(tmp), threads=threads))
+        }
+        seconds = {}
         for decoding, beam in DECODINGS.items():
-            start = time.perf_counter()
-            for batch in batches:
-                engine.decode_batch(
-                    [sources[j] for j in batch], beam_size=beam, alpha=ALPHA
-                )
-            seconds[decoding] = time.perf_counter() - start
-    return seconds
+            (run_seconds, _outputs) = measure(engine, sources, 32, beam, 1)["ct2"]
+            seconds[decoding] = run_seconds[0]  # one run: the rounds are processes
+        return seconds
 
 
 def engine_run(args, force_mkl: bool) -> tuple[str, dict[str, float]]:
