@@ -36,10 +36,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% [markdown]
 # ## Where we are going
@@ -52,7 +53,8 @@ if importlib.util.find_spec("transformer") is None:
 # %%
 from transformer.decode import load_pair_model, translate
 
-model, tokenizer = load_pair_model("de-en")  # the shipped model in checkpoints/de-en
+# The shipped model in checkpoints/de-en
+model, tokenizer = load_pair_model("de-en")
 german = [
     "Zwei Hunde spielen im Schnee.",
     "Zwei Kinder bauen am Strand eine Sandburg.",

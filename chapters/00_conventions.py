@@ -34,10 +34,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp plots
@@ -82,16 +83,31 @@ if importlib.util.find_spec("transformer") is None:
 
 # %%
 #| export
-"""Altair figures shared by the chapters (never imported by training or translation)."""
+"""Altair figures shared by the chapters (never imported by training or
+translation)."""
 
 import altair as alt
 import pandas as pd
 import torch
 
 
+# The book's column is about 700 px wide: a legend goes under its chart, so
+# that the chart keeps the column's width.
+@alt.theme.register("book", enable=False)
+def book_theme() -> alt.theme.ThemeConfig:
+    return alt.theme.ThemeConfig(
+        config={
+            "view": {"continuousWidth": 300, "continuousHeight": 300},
+            "legend": {"orient": "bottom"},
+        }
+    )
+
+
 def use_book_renderer() -> None:
-    """Render charts as HTML; the built book serves Vega itself, so they draw offline."""
+    """Render charts as HTML in the book's theme; the built book serves Vega
+    itself, so they draw offline."""
     alt.renderers.enable("html")
+    alt.theme.enable("book")
     alt.data_transformers.disable_max_rows()
 
 
@@ -107,12 +123,14 @@ def heatmap(
     scheme: str = "blues",
     cell: int = 28,
 ) -> alt.Chart:
-    """A matrix as an Altair heatmap with token labels and tooltips; rows are y, columns x."""
+    """A matrix as an Altair heatmap with token labels and tooltips; rows are
+    y, columns x."""
     m = matrix.detach().float().cpu()
     rows, cols = m.shape
     x_labels = x_labels or [str(j) for j in range(cols)]
     y_labels = y_labels or [str(i) for i in range(rows)]
-    # Position-prefixed labels keep repeated tokens ("the" twice) apart on the axes.
+    # Position-prefixed labels keep repeated tokens ("the" twice) apart on the
+    # axes.
     xs = [f"{j}:{t}" for j, t in enumerate(x_labels)]
     ys = [f"{i}:{t}" for i, t in enumerate(y_labels)]
     frame = pd.DataFrame(
@@ -129,7 +147,11 @@ def heatmap(
             x=alt.X(f"{x_title}:N", sort=xs, axis=alt.Axis(labelAngle=-45)),
             y=alt.Y(f"{y_title}:N", sort=ys),
             color=alt.Color(f"{value}:Q", scale=alt.Scale(scheme=scheme)),
-            tooltip=[y_title, x_title, alt.Tooltip(f"{value}:Q", format=".3f")],
+            tooltip=[
+                y_title,
+                x_title,
+                alt.Tooltip(f"{value}:Q", format=".3f"),
+            ],
         )
         .properties(width=cell * cols, height=cell * rows)
     )
@@ -149,5 +171,8 @@ distance = torch.arange(4).unsqueeze(0) - torch.arange(4).unsqueeze(1)
 example = (-distance.abs().float()).softmax(dim=-1)
 assert torch.allclose(example.sum(-1), torch.ones(4))
 heatmap(
-    example, x_labels=tokens, y_labels=tokens, title="Weights decaying with distance"
+    example,
+    x_labels=tokens,
+    y_labels=tokens,
+    title="Weights decaying with distance",
 )

@@ -48,10 +48,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp attention
@@ -101,7 +102,8 @@ scaled
 weights = scaled.softmax(dim=-1)  # (T_q, T_k), rows sum to 1
 output = weights @ V  # (T_q, d_v)
 assert torch.allclose(weights.sum(-1), torch.ones(len(words)))
-# Each word's largest weight is on its own key (the two "the" rows tie with each other).
+# Each word's largest weight is on its own key (the two "the" rows tie with
+# each other).
 assert torch.allclose(weights.diagonal(), weights.max(dim=-1).values)
 output.shape
 
@@ -116,7 +118,10 @@ from transformer.plots import heatmap, use_book_renderer
 
 use_book_renderer()
 heatmap(
-    weights, x_labels=words, y_labels=words, title="Attention weights, Q = K = V = X"
+    weights,
+    x_labels=words,
+    y_labels=words,
+    title="Attention weights, Q = K = V = X",
 )
 
 # %% [markdown]
@@ -154,10 +159,12 @@ def scaled_dot_product_attention(
 
     Shapes:
         query: (..., T_q, d_k); key: (..., T_k, d_k); value: (..., T_k, d_v)
-        mask: boolean, broadcastable to (..., T_q, T_k); True means "may attend"
+        mask: boolean, broadcastable to (..., T_q, T_k); True means "may
+            attend"
         returns output (..., T_q, d_v) and weights (..., T_q, T_k)
 
-    A query whose keys are all masked gets zero weights and a zero output, not NaN.
+    A query whose keys are all masked gets zero weights and a zero output, not
+    NaN.
     """
     d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., T_q, T_k)
@@ -165,7 +172,8 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
     if mask is not None:
-        # A row of -inf gives 0/0 = NaN in the softmax: such a query attends to nothing.
+        # A row of -inf gives 0/0 = NaN in the softmax: such a query attends to
+        # nothing.
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     if dropout is not None:
         weights = dropout(weights)
@@ -211,7 +219,9 @@ for width in widths:
         {
             "d_k": width,
             "var(q·k)": round(dots.var().item(), 1),
-            "var(q·k / √d_k)": round((dots / math.sqrt(width)).var().item(), 3),
+            "var(q·k / √d_k)": round(
+                (dots / math.sqrt(width)).var().item(), 3
+            ),
         }
     )
 variance = pd.DataFrame(rows).set_index("d_k")
@@ -234,7 +244,9 @@ def softmax_statistics(
     if scale:
         s = s / math.sqrt(width)
     p = s.softmax(-1)
-    jac = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # diag(p) - p pᵀ
+    jac = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(
+        -2
+    )  # diag(p) - p pᵀ
     return {
         "d_k": width,
         "scores": "q·k / √d_k" if scale else "q·k",
@@ -265,7 +277,9 @@ base = alt.Chart(saturation).encode(
     )
     | base.mark_line(point=True).encode(y="softmax gradient norm:Q")
 ).properties(
-    title="The softmax saturates without the 1/√d_k scale (10 keys, 2,000 draws)"
+    title=(
+        "The softmax saturates without the 1/√d_k scale (10 keys, 2,000 draws)"
+    )
 )
 
 # %%
@@ -279,7 +293,9 @@ assert (
 # with the scale, both stay within 15% of their values at d_k = 4
 flat = saturation[saturation["scores"] == "q·k / √d_k"].set_index("d_k")
 for column in ("largest weight", "softmax gradient norm"):
-    assert (flat[column] / flat.loc[4, column]).between(0.85, 1.15).all(), column
+    assert (flat[column] / flat.loc[4, column]).between(0.85, 1.15).all(), (
+        column
+    )
 
 # %% [markdown]
 # ## Checking against PyTorch
@@ -300,7 +316,9 @@ for m in (None, mask):
     ours, _ = scaled_dot_product_attention(query, key, value, mask=m)
     theirs = F.scaled_dot_product_attention(query, key, value, attn_mask=m)
     assert (ours - theirs).abs().max() < 1e-6
-assert torch.allclose(theirs[0, :, 2], torch.zeros(H, d_v))  # the blind query: zeros
+assert torch.allclose(
+    theirs[0, :, 2], torch.zeros(H, d_v)
+)  # the blind query: zeros
 
 # %% [markdown]
 # ## What it costs

@@ -40,10 +40,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp masking
@@ -68,13 +69,18 @@ torch.set_printoptions(precision=3, sci_mode=False)
 specials = ["<pad>", "<bos>", "<eos>"]
 sentences = [["a", "dog", "runs"], ["two", "dogs", "play", "in", "snow"]]
 vocab = {
-    t: i for i, t in enumerate(specials + sorted({w for s in sentences for w in s}))
+    t: i
+    for i, t in enumerate(specials + sorted({w for s in sentences for w in s}))
 }
 pad_id, bos_id, eos_id = vocab["<pad>"], vocab["<bos>"], vocab["<eos>"]
 T = max(len(s) for s in sentences) + 1
-decoder_input = [["<bos>", *s] + ["<pad>"] * (T - 1 - len(s)) for s in sentences]
+decoder_input = [
+    ["<bos>", *s] + ["<pad>"] * (T - 1 - len(s)) for s in sentences
+]
 labels = [[*s, "<eos>"] + ["<pad>"] * (T - 1 - len(s)) for s in sentences]
-tgt = torch.tensor([[vocab[t] for t in row] for row in decoder_input])  # (B, T)
+tgt = torch.tensor(
+    [[vocab[t] for t in row] for row in decoder_input]
+)  # (B, T)
 pd.DataFrame(
     {
         f"sentence {b}, {kind}": rows[b]
@@ -97,29 +103,38 @@ pd.DataFrame(
 
 # %%
 #| export
-"""Attention masks: boolean, True means "may attend", broadcastable to (B, H, T_q, T_k)."""
+"""Attention masks: boolean, True means "may attend", broadcastable to (B, H,
+T_q, T_k)."""
 
 import torch
 from torch import Tensor
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
-    """Keys that are real tokens: (B, S) token ids -> (B, 1, 1, S), False at padding."""
+    """Keys that are real tokens: (B, S) token ids -> (B, 1, 1, S), False at
+    padding."""
     if ids.dim() != 2:
-        raise ValueError(f"ids must be (B, S) token ids, got shape {tuple(ids.shape)}")
-    # One row shared by every head and every query: padding hides keys, not queries.
+        raise ValueError(
+            f"ids must be (B, S) token ids, got shape {tuple(ids.shape)}"
+        )
+    # One row shared by every head and every query: padding hides keys, not
+    # queries.
     return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
 
 def causal_mask(size: int, device: torch.device | None = None) -> Tensor:
-    """Position t may attend to positions <= t: (1, 1, T, T), lower triangle and diagonal."""
+    """Position t may attend to positions <= t: (1, 1, T, T), lower triangle
+    and diagonal."""
     ones = torch.ones(size, size, dtype=torch.bool, device=device)
     return ones.tril()[None, None]  # (1, 1, T, T)
 
 
 def target_mask(ids: Tensor, pad_id: int) -> Tensor:
-    """The decoder's self-attention mask: (B, T) ids -> (B, 1, T, T), causal and not padding."""
-    return padding_mask(ids, pad_id) & causal_mask(ids.size(-1), device=ids.device)
+    """The decoder's self-attention mask: (B, T) ids -> (B, 1, T, T), causal
+    and not padding."""
+    return padding_mask(ids, pad_id) & causal_mask(
+        ids.size(-1), device=ids.device
+    )
 
 
 # %%
@@ -150,13 +165,17 @@ from transformer.plots import heatmap, use_book_renderer
 use_book_renderer()
 tokens = decoder_input[0]
 panels = {
-    "padding mask": pad[0, 0].expand(T, T),  # the (1, T) row, seen by every query
+    "padding mask": (
+        pad[0, 0].expand(T, T)
+    ),  # the (1, T) row, seen by every query
     "causal mask": causal[0, 0],
     "target mask = padding & causal": both[0, 0],
 }
 alt.hconcat(
     *(
-        heatmap(m, x_labels=tokens, y_labels=tokens, value="may attend", title=name)
+        heatmap(
+            m, x_labels=tokens, y_labels=tokens, value="may attend", title=name
+        )
         for name, m in panels.items()
     )
 ).resolve_scale(color="shared")
@@ -174,9 +193,21 @@ alt.hconcat(
 H, S = 8, 7
 src = torch.full((B, S), vocab["dog"])  # any source batch of S tokens
 uses = [
-    ("encoder self-attention", "padding_mask(src)", padding_mask(src, pad_id), S, S),
+    (
+        "encoder self-attention",
+        "padding_mask(src)",
+        padding_mask(src, pad_id),
+        S,
+        S,
+    ),
     ("decoder self-attention", "target_mask(tgt)", both, T, T),
-    ("decoder cross-attention", "padding_mask(src)", padding_mask(src, pad_id), T, S),
+    (
+        "decoder cross-attention",
+        "padding_mask(src)",
+        padding_mask(src, pad_id),
+        T,
+        S,
+    ),
 ]
 rows = []
 for where, call, m, T_q, T_k in uses:
@@ -218,7 +249,9 @@ for mask in (causal[0, 0], None):
         X_changed, X_changed, X_changed, mask=mask
     )
     same = (out[:-1] == out_changed[:-1]).all(dim=-1)
-    print(f"{'causal mask' if mask is not None else 'no mask':12}", same.tolist())
+    print(
+        f"{'causal mask' if mask is not None else 'no mask':12}", same.tolist()
+    )
     if mask is not None:
         assert same.all()  # earlier positions are bit-for-bit unchanged
     else:
@@ -256,7 +289,9 @@ out_batch, w_batch = scaled_dot_product_attention(
 assert torch.allclose(out_batch[0, :n], out_alone, atol=1e-6)
 
 x_scrambled = x_batch.clone()
-x_scrambled[0, n:] = 100 * torch.randn(T - n, d_k)  # whatever the padding holds
+x_scrambled[0, n:] = 100 * torch.randn(
+    T - n, d_k
+)  # whatever the padding holds
 out_scrambled, _ = scaled_dot_product_attention(
     x_scrambled, x_scrambled, x_scrambled, mask=both[:, 0]
 )
@@ -279,7 +314,9 @@ heatmap(
 # %%
 pad_keys = ~pad[0, 0, 0]
 assert (w_batch[0][:, pad_keys] == 0).all()  # no query attends to a <pad> key
-assert torch.allclose(w_batch[0, n:].sum(-1), torch.ones(T - n))  # <pad> queries attend
+assert torch.allclose(
+    w_batch[0, n:].sum(-1), torch.ones(T - n)
+)  # <pad> queries attend
 
 # %% [markdown]
 # ## Summary

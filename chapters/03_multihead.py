@@ -50,10 +50,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp multihead
@@ -87,7 +88,8 @@ projected = w_q(x)  # (B, T, d_model): all H heads' queries side by side
 q = projected.view(B, T, H, d_k).transpose(1, 2)  # (B, H, T, d_k)
 print(f"{tuple(x.shape)} -> {tuple(projected.shape)} -> {tuple(q.shape)}")
 
-# Head i's queries are columns i*d_k ... (i+1)*d_k - 1 of the one big projection.
+# Head i's queries are columns i*d_k ... (i+1)*d_k - 1 of the one big
+# projection.
 i = 2
 assert torch.equal(q[:, i], projected[..., i * d_k : (i + 1) * d_k])
 # Concatenation undoes the split exactly.
@@ -135,11 +137,13 @@ from transformer.attention import scaled_dot_product_attention
 
 @dataclass
 class KVCache:
-    """One attention layer's keys and values, split into heads, kept between decoding steps.
+    """One attention layer's keys and values, split into heads, kept between
+    decoding steps.
 
-    A self-attention cache (static=False) appends the new positions' keys and values at each
-    call; a static one (encoder-decoder attention) projects the memory at its first call and
-    reuses the result. MultiHeadAttention.forward updates it in place.
+    A self-attention cache (static=False) appends the new positions' keys and
+    values at each call; a static one (encoder-decoder attention) projects the
+    memory at its first call and reuses the result. MultiHeadAttention.forward
+    updates it in place.
 
     Shapes:
         key, value: (B, H, L, d_k), None before the first call
@@ -155,58 +159,79 @@ class KVCache:
         return 0 if self.key is None else self.key.size(2)
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (B',), in that order: beam search following its beams."""
+        """Keep batch rows `index` (B',), in that order: beam search following
+        its beams."""
         if self.key is not None:
             self.key = self.key.index_select(0, index)  # (B', H, L, d_k)
             self.value = self.value.index_select(0, index)  # (B', H, L, d_k)
 
 
 class MultiHeadAttention(nn.Module):
-    """Concat(head_1, ..., head_H) W^O, with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
+    """Concat(head_1, ..., head_H) W^O, with head_i = Attention(Q W_i^Q, K
+    W_i^K, V W_i^V)."""
 
     def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(
-                f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})"
+                f"d_model ({d_model}) must be a multiple of n_heads"
+                f" ({n_heads})"
             )
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_k = d_model // n_heads
-        # The H per-head projections W_i^Q (d_model x d_k) side by side: one d_model x d_model.
+        # The H per-head projections W_i^Q (d_model x d_k) side by side: one
+        # d_model x d_model.
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
-        # Dropout on the attention weights; 0 in the paper, which never drops them.
+        # Dropout on the attention weights; 0 in the paper, which never drops
+        # them.
         self.attn_dropout = nn.Dropout(dropout)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, L, d_k)
+        return x.view(B, L, self.n_heads, self.d_k).transpose(
+            1, 2
+        )  # (B, H, L, d_k)
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         B, _, L, _ = x.shape
         return x.transpose(1, 2).reshape(B, L, self.d_model)  # (B, L, d_model)
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attention of every head at once: (B, H, T_q, d_k) -> (B, H, T_q, d_k)."""
+        """Attention of every head at once: (B, H, T_q, d_k) -> (B, H, T_q,
+        d_k)."""
         if need_weights:
             return scaled_dot_product_attention(
                 q, k, v, mask=mask, dropout=self.attn_dropout
             )
         if mask is None:
             out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.attn_dropout.p if self.training else 0.0
+                q,
+                k,
+                v,
+                dropout_p=self.attn_dropout.p if self.training else 0.0,
             )
             return out, None
-        # A query that may see no key is a row of -inf scores: what a kernel makes of it
-        # differs between kernels and versions (NaN in some), and a NaN in one row reaches
-        # every parameter in the backward pass. Let such rows see every key, then zero them.
+        # A query that may see no key is a row of -inf scores: what a kernel
+        # makes of it differs between kernels and versions (NaN in some), and a
+        # NaN in one row reaches every parameter in the backward pass. Let such
+        # rows see every key, then zero them.
         blind = ~mask.any(dim=-1, keepdim=True)  # (B, 1 or H, T_q, 1)
         out = F.scaled_dot_product_attention(
             q,
@@ -218,36 +243,56 @@ class MultiHeadAttention(nn.Module):
         return out.masked_fill(blind, 0.0), None
 
     def _project(self, x: Tensor, *layers: nn.Linear) -> list[Tensor]:
-        """x through one or more of the projections, each result split into heads.
+        """x through one or more of the projections, each result split into
+        heads.
 
-        Projections of the same x are one matrix product by their weights stacked, as
-        PyTorch's nn.MultiheadAttention computes them: the same products, fewer and larger.
+        Projections of the same x are one matrix product by their weights
+        stacked, as PyTorch's nn.MultiheadAttention computes them: the same
+        products, fewer and larger.
         """
-        if len(layers) == 1 or not all(isinstance(p.weight, Tensor) for p in layers):
-            # one layer, or layers whose weights are not tensors (quantised): one by one
+        if len(layers) == 1 or not all(
+            isinstance(p.weight, Tensor) for p in layers
+        ):
+            # one layer, or layers whose weights are not tensors (quantised):
+            # one by one
             return [self._split_heads(layer(x)) for layer in layers]
-        weight = torch.cat([layer.weight for layer in layers])  # (n·d_model, d_model)
+        weight = torch.cat(
+            [layer.weight for layer in layers]
+        )  # (n·d_model, d_model)
         biases = [layer.bias for layer in layers]
         bias = None if biases[0] is None else torch.cat(biases)  # (n·d_model,)
         out = F.linear(x, weight, bias)  # (B, L, n·d_model)
-        return [self._split_heads(part) for part in out.chunk(len(layers), dim=-1)]
+        return [
+            self._split_heads(part) for part in out.chunk(len(layers), dim=-1)
+        ]
 
     def _keys_values(
         self, key: Tensor, value: Tensor, cache: KVCache | None
     ) -> tuple[Tensor, Tensor]:
-        """Project and split the keys and values, through the cache if there is one."""
+        """Project and split the keys and values, through the cache if there is
+        one."""
         if cache is not None and cache.static and cache.key is not None:
-            return cache.key, cache.value  # the memory's, projected at the first step
+            return (
+                cache.key,
+                cache.value,
+            )  # the memory's, projected at the first step
         if key is value:  # the encoder's memory, in encoder-decoder attention
-            k, v = self._project(key, self.w_k, self.w_v)  # (B, H, T_k, d_k) each
+            k, v = self._project(
+                key, self.w_k, self.w_v
+            )  # (B, H, T_k, d_k) each
         else:
-            (k,), (v,) = self._project(key, self.w_k), self._project(value, self.w_v)
+            (k,), (v,) = (
+                self._project(key, self.w_k),
+                self._project(value, self.w_v),
+            )
         return self._cached(k, v, cache)
 
     @staticmethod
-    def _cached(k: Tensor, v: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
-        """The keys and values to attend over: with a self-attention cache, the new
-        positions after the ones already decoded (dim 2: positions)."""
+    def _cached(
+        k: Tensor, v: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """The keys and values to attend over: with a self-attention cache, the
+        new positions after the ones already decoded (dim 2: positions)."""
         if cache is not None:
             if not cache.static and cache.key is not None:
                 k = torch.cat([cache.key, k], dim=2)  # (B, H, L + T_k, d_k)
@@ -269,25 +314,31 @@ class MultiHeadAttention(nn.Module):
 
         Shapes:
             query: (B, T_q, d_model); key, value: (B, T_k, d_model)
-            mask: boolean, broadcastable to (B, H, T_q, T_k); True means "may attend"
+            mask: boolean, broadcastable to (B, H, T_q, T_k); True means "may
+                attend"
             returns output (B, T_q, d_model) and, if need_weights, the weights
             (B, H, T_q, T_k), else None
 
-        A query whose keys are all masked gets a zero attention output (before W^O).
-        With a cache, key and value are the new positions only (or, for a static cache, the
-        memory, read at the first call only); the keys are then all L positions cached, and
-        the mask, if any, is broadcastable to (B, H, T_q, L).
+        A query whose keys are all masked gets a zero attention output (before
+        W^O). With a cache, key and value are the new positions only (or, for a
+        static cache, the memory, read at the first call only); the keys are
+        then all L positions cached, and the mask, if any, is broadcastable to
+        (B, H, T_q, L).
         """
         if mask is not None and mask.dtype != torch.bool:
             raise TypeError(
                 f"mask must be boolean (True = may attend), got {mask.dtype}"
             )
-        if query is key and key is value:  # self-attention: Q, K and V in one product
+        if (
+            query is key and key is value
+        ):  # self-attention: Q, K and V in one product
             q, k, v = self._project(query, self.w_q, self.w_k, self.w_v)
             k, v = self._cached(k, v, cache)  # (B, H, T_k or L, d_k)
         else:
             (q,) = self._project(query, self.w_q)  # (B, H, T_q, d_k)
-            k, v = self._keys_values(key, value, cache)  # (B, H, T_k or L, d_k)
+            k, v = self._keys_values(
+                key, value, cache
+            )  # (B, H, T_k or L, d_k)
         out, weights = self._attend(q, k, v, mask, need_weights)
         return self.w_o(self._merge_heads(out)), weights  # (B, T_q, d_model)
 
@@ -308,23 +359,36 @@ from transformer.multihead import MultiHeadAttention
 
 
 def head_by_head(mha, query, key, value, mask):
-    """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O, one head at a time."""
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O, one head at a
+    time."""
     heads = []
     for i in range(mha.n_heads):
-        rows = slice(i * mha.d_k, (i + 1) * mha.d_k)  # head i's part of each projection
+        rows = slice(
+            i * mha.d_k, (i + 1) * mha.d_k
+        )  # head i's part of each projection
         q_i, k_i, v_i = [
             inputs @ linear.weight[rows].T + linear.bias[rows]  # (B, L, d_k)
-            for linear, inputs in ((mha.w_q, query), (mha.w_k, key), (mha.w_v, value))
+            for linear, inputs in (
+                (mha.w_q, query),
+                (mha.w_k, key),
+                (mha.w_v, value),
+            )
         ]
-        # The mask has no heads dimension here: (B, 1, 1 or T_q, T_k) -> (B, 1 or T_q, T_k).
+        # The mask has no heads dimension here: (B, 1, 1 or T_q, T_k) -> (B, 1
+        # or T_q, T_k).
         head, _ = scaled_dot_product_attention(q_i, k_i, v_i, mask=mask[:, 0])
         heads.append(head)
     return mha.w_o(torch.cat(heads, dim=-1))  # (B, T_q, d_model)
 
 
-pad_id, bos_id = 0, 1  # a toy vocabulary, as in the masking chapter; words from 5 on
+pad_id, bos_id = (
+    0,
+    1,
+)  # a toy vocabulary, as in the masking chapter; words from 5 on
 S = 5
-tgt_ids = torch.tensor([[bos_id, 5, 6, 7, pad_id, pad_id], [bos_id, 5, 6, 7, 8, 9]])
+tgt_ids = torch.tensor(
+    [[bos_id, 5, 6, 7, pad_id, pad_id], [bos_id, 5, 6, 7, 8, 9]]
+)
 src_ids = torch.tensor([[5, 6, 7, pad_id, pad_id], [5, 6, 7, 8, 9]])
 memory = torch.randn(B, S, d_model)  # stands in for the encoder's output
 
@@ -332,7 +396,11 @@ mha = MultiHeadAttention(d_model, H).eval()
 with torch.no_grad():
     for name, args, mask in [
         ("self-attention", (x, x, x), target_mask(tgt_ids, pad_id)),
-        ("cross-attention", (x, memory, memory), padding_mask(src_ids, pad_id)),
+        (
+            "cross-attention",
+            (x, memory, memory),
+            padding_mask(src_ids, pad_id),
+        ),
     ]:
         expected = head_by_head(mha, *args, mask)
         fast, none = mha(*args, mask=mask)
@@ -341,8 +409,9 @@ with torch.no_grad():
         assert torch.allclose(fast, expected, atol=1e-6)
         assert torch.allclose(explicit, expected, atol=1e-6)
         print(
-            f"{name:16} largest difference: fast {(fast - expected).abs().max():.1e}, "
-            f"explicit {(explicit - expected).abs().max():.1e}"
+            f"{name:16} largest difference: fast"
+            f" {(fast - expected).abs().max():.1e}, explicit"
+            f" {(explicit - expected).abs().max():.1e}"
         )
 
 # %% [markdown]
@@ -352,13 +421,17 @@ with torch.no_grad():
 
 # %%
 blind_src = torch.tensor([[1, 5, 6, pad_id, pad_id], [pad_id] * S])
-blind_mask = padding_mask(blind_src, pad_id)  # (B, 1, 1, S), all False for sentence 1
+blind_mask = padding_mask(
+    blind_src, pad_id
+)  # (B, 1, 1, S), all False for sentence 1
 for need_weights in (False, True):
     mha.zero_grad()
     out, _ = mha(x, memory, memory, mask=blind_mask, need_weights=need_weights)
     out.sum().backward()
     assert not out.isnan().any()
-    assert torch.allclose(out[1], mha.w_o.bias.expand(T, d_model))  # W^O of zeros
+    assert torch.allclose(
+        out[1], mha.w_o.bias.expand(T, d_model)
+    )  # W^O of zeros
     assert all(p.grad.isfinite().all() for p in mha.parameters())
 
 try:
@@ -419,12 +492,19 @@ d_fig, H_fig = 32, 4
 vectors = {w: torch.randn(d_fig) for w in sorted(set(words))}
 X = torch.stack([vectors[w] for w in words]).unsqueeze(0)  # (1, T, d_model)
 heads_layer = MultiHeadAttention(d_fig, H_fig)
-for linear in (heads_layer.w_q, heads_layer.w_k, heads_layer.w_v, heads_layer.w_o):
+for linear in (
+    heads_layer.w_q,
+    heads_layer.w_k,
+    heads_layer.w_v,
+    heads_layer.w_o,
+):
     nn.init.xavier_uniform_(linear.weight)
     nn.init.zeros_(linear.bias)
 with torch.no_grad():
     _, fig_weights = heads_layer(X, X, X, need_weights=True)  # (1, H, T, T)
-favourite = fig_weights[0].argmax(dim=-1)  # (H, T): each head's most-weighted key
+favourite = fig_weights[0].argmax(
+    dim=-1
+)  # (H, T): each head's most-weighted key
 assert (favourite != favourite[0]).any()  # the heads disagree somewhere
 alt.hconcat(
     *(

@@ -37,10 +37,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp embedding
@@ -66,7 +67,8 @@ torch.set_printoptions(precision=3, sci_mode=False)
 
 # %%
 #| export
-"""Token embeddings and positional encodings, Sections 3.4 and 3.5 of Vaswani et al. (2017)."""
+"""Token embeddings and positional encodings, Sections 3.4 and 3.5 of Vaswani
+et al. (2017)."""
 
 import math
 
@@ -75,18 +77,20 @@ from torch import Tensor, nn
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids to vectors of width d_model, multiplied by √d_model (Section 3.4).
+    """Token ids to vectors of width d_model, multiplied by √d_model (Section
+    3.4).
 
-    The table starts with standard deviation d_model^-0.5, as in the reference code, so that
-    the scaled embeddings have unit variance in every dimension.
+    The table starts with standard deviation d_model^-0.5, as in the reference
+    code, so that the scaled embeddings have unit variance in every dimension.
     """
 
     def __init__(self, vocab_size: int, d_model: int) -> None:
         super().__init__()
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
-        # Small entries suit the table's second use as the tied pre-softmax weights (3.4);
-        # the √d_model factor in forward brings the embeddings back to unit scale.
+        # Small entries suit the table's second use as the tied pre-softmax
+        # weights (3.4); the √d_model factor in forward brings the embeddings
+        # back to unit scale.
         nn.init.normal_(self.embedding.weight, mean=0.0, std=d_model**-0.5)
 
     def forward(self, ids: Tensor) -> Tensor:
@@ -135,8 +139,8 @@ vectors.shape
 def sinusoidal_encoding(
     max_len: int, d_model: int, *, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """The table of Section 3.5: PE(pos, 2i) = sin(pos·ω_i), PE(pos, 2i+1) = cos(pos·ω_i),
-    with ω_i = 1/10000^(2i/d_model).
+    """The table of Section 3.5: PE(pos, 2i) = sin(pos·ω_i), PE(pos, 2i+1) =
+    cos(pos·ω_i), with ω_i = 1/10000^(2i/d_model).
 
     Shapes:
         returns (max_len, d_model)
@@ -145,7 +149,9 @@ def sinusoidal_encoding(
         raise ValueError(
             f"d_model must be even (sine/cosine pairs), got d_model={d_model}"
         )
-    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(
+        1
+    )  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
     frequency = torch.exp(-math.log(10000.0) * two_i / d_model)  # ω_i
     angle = position * frequency  # (max_len, d_model/2)
@@ -165,7 +171,9 @@ pe_small = sinusoidal_encoding(50, 16)
 by_hand = torch.tensor(
     [
         [
-            (math.sin if j % 2 == 0 else math.cos)(pos / 10000 ** ((j - j % 2) / 16))
+            (math.sin if j % 2 == 0 else math.cos)(
+                pos / 10000 ** ((j - j % 2) / 16)
+            )
             for j in range(16)
         ]
         for pos in range(50)
@@ -186,8 +194,11 @@ from transformer.plots import use_book_renderer
 use_book_renderer()
 d_show, positions_show = 64, 64
 table = sinusoidal_encoding(positions_show, d_show)
-# Column 0 is sin(pos): its sign changes every 3 or 4 positions (half of 2π ≈ 6.28).
-sign_changes = torch.nonzero(table[2:, 0].sign() != table[1:-1, 0].sign()).flatten()
+# Column 0 is sin(pos): its sign changes every 3 or 4 positions (half of 2π ≈
+# 6.28).
+sign_changes = torch.nonzero(
+    table[2:, 0].sign() != table[1:-1, 0].sign()
+).flatten()
 assert set(sign_changes.diff().tolist()) == {3, 4}
 assert torch.pdist(table).min() > 0.1  # no two rows are the same
 cells = pd.DataFrame(
@@ -201,7 +212,9 @@ alt.Chart(
     cells, title="Sinusoidal positional encoding, d_model = 64"
 ).mark_rect().encode(
     x=alt.X("dimension:O", axis=alt.Axis(values=list(range(0, d_show, 8)))),
-    y=alt.Y("position:O", axis=alt.Axis(values=list(range(0, positions_show, 8)))),
+    y=alt.Y(
+        "position:O", axis=alt.Axis(values=list(range(0, positions_show, 8)))
+    ),
     color=alt.Color(
         "PE:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1], reverse=True)
     ),
@@ -220,10 +233,12 @@ wavelength = 2 * math.pi * 10000 ** (two_i / d_model)  # λ_i = 2π / ω_i
 ratios = wavelength[1:] / wavelength[:-1]
 assert torch.allclose(ratios, torch.full_like(ratios, 10000 ** (2 / d_model)))
 assert math.isclose(wavelength[0].item(), 2 * math.pi)
-assert wavelength[-1] < 10000 * 2 * math.pi  # the progression stops one step short
+assert (
+    wavelength[-1] < 10000 * 2 * math.pi
+)  # the progression stops one step short
 print(
-    f"wavelengths from {wavelength[0]:.2f} to {wavelength[-1]:,.0f} positions, "
-    f"each {ratios[0]:.4f} times the one before"
+    f"wavelengths from {wavelength[0]:.2f} to {wavelength[-1]:,.0f} positions,"
+    f" each {ratios[0]:.4f} times the one before"
 )
 
 # %% [markdown]
@@ -250,8 +265,11 @@ print(
 
 # %% tags=["nbval-ignore-output"]
 def offset_map(k: int, d_model: int) -> torch.Tensor:
-    """M_k: block-diagonal 2x2 rotations by k·ω_i, acting on (sin, cos) pairs (float64)."""
-    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    """M_k: block-diagonal 2x2 rotations by k·ω_i, acting on (sin, cos) pairs
+    (float64)."""
+    omega = 10000 ** (
+        -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model
+    )
     c, s = torch.cos(k * omega), torch.sin(k * omega)
     m = torch.zeros(d_model, d_model, dtype=torch.float64)
     m[0::2, 0::2], m[0::2, 1::2] = torch.diag(c), torch.diag(s)
@@ -298,7 +316,8 @@ dots = pd.DataFrame(
     ]
 )
 alt.Chart(
-    dots, title="The dot product of two encodings depends on their distance only"
+    dots,
+    title="The dot product of two encodings depends on their distance only",
 ).mark_line(strokeWidth=2, opacity=0.7).encode(
     x=alt.X("k:Q", title="distance k"),
     y="PE(pos)·PE(pos+k):Q",
@@ -314,7 +333,9 @@ for p in starts:
     measured = torch.stack([pe64[p] @ pe64[p + k] for k in distances])
     assert torch.allclose(measured, formula, atol=1e-9)
 assert torch.allclose(formula, formula.flip(0))  # symmetric in k
-assert formula[64] == formula.max() and math.isclose(formula[64].item(), d_model / 2)
+assert formula[64] == formula.max() and math.isclose(
+    formula[64].item(), d_model / 2
+)
 
 # %% [markdown]
 # ## The layer
@@ -333,25 +354,31 @@ def _check_positions(start: int, length: int, max_len: int) -> None:
         raise ValueError(f"start must be >= 0, got start={start}")
     if start + length > max_len:
         raise ValueError(
-            f"positions {start}..{start + length - 1} (start={start}, length {length}) "
-            f"exceed max_len={max_len}; build the positional encoding with a larger max_len"
+            f"positions {start}..{start + length - 1} (start={start}, length"
+            f" {length}) exceed max_len={max_len}; build the positional"
+            " encoding with a larger max_len"
         )
 
 
 class PositionalEncoding(nn.Module):
-    """Adds the sinusoidal table to the embeddings and applies dropout to the sum (3.5, 5.4)."""
+    """Adds the sinusoidal table to the embeddings and applies dropout to the
+    sum (3.5, 5.4)."""
 
-    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.1) -> None:
+    def __init__(
+        self, d_model: int, max_len: int = 512, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
-        # Not persistent: the table is a fixed function of (max_len, d_model), not a weight.
+        # Not persistent: the table is a fixed function of (max_len, d_model),
+        # not a weight.
         self.register_buffer(
             "pe", sinusoidal_encoding(max_len, d_model), persistent=False
         )
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """x + PE[start : start + L], then dropout; start > 0 serves incremental decoding.
+        """x + PE[start : start + L], then dropout; start > 0 serves
+        incremental decoding.
 
         Shapes:
             x: (B, L, d_model)
@@ -388,7 +415,9 @@ except ValueError as error:
 else:
     raise AssertionError("expected a ValueError")
 
-train_positional = PositionalEncoding(d_model=512, max_len=512, dropout=0.1).train()
+train_positional = PositionalEncoding(
+    d_model=512, max_len=512, dropout=0.1
+).train()
 x = torch.randn(8, 64, 512)
 dropped = train_positional(x)
 kept = dropped != 0
@@ -418,11 +447,16 @@ scale = pd.DataFrame(
             t.norm(dim=-1).mean().item() for t in (unscaled, scaled, pe)
         ],
     },
-    index=["embedding, unscaled", "embedding × √d_model", "positional encoding"],
+    index=[
+        "embedding, unscaled",
+        "embedding × √d_model",
+        "positional encoding",
+    ],
 ).round(4)
 assert abs(scaled.std().item() - 1) < 0.01
 assert (
-    abs(scale.loc["positional encoding", "RMS per dimension"] - math.sqrt(0.5)) < 0.01
+    abs(scale.loc["positional encoding", "RMS per dimension"] - math.sqrt(0.5))
+    < 0.01
 )
 assert abs(scale.loc["positional encoding", "mean vector length"] - 16) < 1e-3
 scale
@@ -441,13 +475,16 @@ scale
 # %%
 #| export
 class LearnedPositionalEncoding(nn.Module):
-    """A learned vector per position instead of the sinusoids (Table 3, row E)."""
+    """A learned vector per position, not the sinusoids (Table 3, row E)."""
 
-    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.1) -> None:
+    def __init__(
+        self, d_model: int, max_len: int = 512, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
-        # nn.Embedding's N(0, 1) start: the same scale as the scaled token embeddings.
+        # nn.Embedding's N(0, 1) start: the same scale as the scaled token
+        # embeddings.
         self.embedding = nn.Embedding(max_len, d_model)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:

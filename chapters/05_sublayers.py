@@ -38,10 +38,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp sublayers
@@ -74,8 +75,9 @@ torch.set_printoptions(precision=3, sci_mode=False)
 
 # %%
 #| export
-"""The position-wise feed-forward network (Section 3.3) and the residual connection with
-layer normalisation around every sublayer (Sections 3.1, 5.4) of Vaswani et al. (2017)."""
+"""The position-wise feed-forward network (Section 3.3) and the residual
+connection with layer normalisation around every sublayer (Sections 3.1, 5.4)
+of Vaswani et al. (2017)."""
 
 from collections.abc import Callable
 
@@ -84,7 +86,8 @@ from torch import Tensor, nn
 
 
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two linear maps at every position (3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two linear maps at every
+    position (3.3)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -113,13 +116,20 @@ from transformer.sublayers import PositionwiseFeedForward
 ffn = PositionwiseFeedForward(d_model=512, d_ff=2048).eval()
 x = torch.randn(2, 10, 512)  # (B, L, d_model)
 whole = ffn(x)
-one_by_one = torch.stack([ffn(x[:, t]) for t in range(10)], dim=1)  # (B, L, d_model)
+one_by_one = torch.stack(
+    [ffn(x[:, t]) for t in range(10)], dim=1
+)  # (B, L, d_model)
 assert whole.shape == (2, 10, 512)
 assert torch.allclose(whole, one_by_one, atol=1e-6)
 
-# The same weights as two 1-wide convolutions over the L positions: (B, d_model, L).
-hidden = F.relu(F.conv1d(x.transpose(1, 2), ffn.w_1.weight.unsqueeze(-1), ffn.w_1.bias))
-conv = F.conv1d(hidden, ffn.w_2.weight.unsqueeze(-1), ffn.w_2.bias).transpose(1, 2)
+# The same weights as two 1-wide convolutions over the L positions: (B,
+# d_model, L).
+hidden = F.relu(
+    F.conv1d(x.transpose(1, 2), ffn.w_1.weight.unsqueeze(-1), ffn.w_1.bias)
+)
+conv = F.conv1d(hidden, ffn.w_2.weight.unsqueeze(-1), ffn.w_2.bias).transpose(
+    1, 2
+)
 assert torch.allclose(whole, conv, atol=1e-5)
 
 # Changing one position changes that position's output only.
@@ -154,9 +164,17 @@ norm_parameters = 2 * d_model  # one LayerNorm's gain γ and bias β
 assert ffn_parameters == 2 * d_model * d_ff + d_ff + d_model
 encoder_layer = attention_parameters + ffn_parameters + 2 * norm_parameters
 decoder_layer = 2 * attention_parameters + ffn_parameters + 3 * norm_parameters
-print(f"feed-forward: {ffn_parameters:,}   attention: {attention_parameters:,}")
-print(f"feed-forward share of an encoder layer: {ffn_parameters / encoder_layer:.1%}")
-print(f"feed-forward share of a decoder layer:  {ffn_parameters / decoder_layer:.1%}")
+print(
+    f"feed-forward: {ffn_parameters:,}   attention: {attention_parameters:,}"
+)
+print(
+    "feed-forward share of an encoder layer:"
+    f" {ffn_parameters / encoder_layer:.1%}"
+)
+print(
+    "feed-forward share of a decoder layer: "
+    f" {ffn_parameters / decoder_layer:.1%}"
+)
 assert 0.66 < ffn_parameters / encoder_layer < 0.67
 assert 0.49 < ffn_parameters / decoder_layer < 0.5
 
@@ -200,10 +218,12 @@ assert 0.49 < ffn_parameters / decoder_layer < 0.5
 # %%
 #| export
 class SublayerConnection(nn.Module):
-    """Residual connection, dropout and layer normalisation around one sublayer.
+    """Residual connection, dropout and layer normalisation around one
+    sublayer.
 
-    Post-norm, the paper's order (norm_first=False): LayerNorm(x + Dropout(Sublayer(x))).
-    Pre-norm (norm_first=True): x + Dropout(Sublayer(LayerNorm(x))).
+    Post-norm, the paper's order (norm_first=False): LayerNorm(x +
+    Dropout(Sublayer(x))). Pre-norm (norm_first=True): x +
+    Dropout(Sublayer(LayerNorm(x))).
     """
 
     def __init__(
@@ -211,15 +231,20 @@ class SublayerConnection(nn.Module):
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        # ε = 1e-6 as in the reference code (tensor2tensor); PyTorch's default is 1e-5.
+        # ε = 1e-6 as in the reference code (tensor2tensor); PyTorch's default
+        # is 1e-5.
         self.norm = nn.LayerNorm(d_model, eps=1e-6)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """Apply `sublayer` with its residual connection, in the order set by norm_first.
+    def forward(
+        self, x: Tensor, sublayer: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        """Apply `sublayer` with its residual connection, in the order set by
+        norm_first.
 
         Shapes:
-            x: (B, L, d_model); sublayer maps (B, L, d_model) to (B, L, d_model)
+            x: (B, L, d_model); sublayer maps (B, L, d_model) to (B, L,
+                d_model)
             returns (B, L, d_model)
         """
         if self.norm_first:
@@ -243,7 +268,9 @@ def layer_norm(v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (v - mean) / torch.sqrt(var + eps)
 
 
-x = 3 + 2 * torch.randn(2, 10, 512)  # a residual stream far from mean 0, variance 1
+x = 3 + 2 * torch.randn(
+    2, 10, 512
+)  # a residual stream far from mean 0, variance 1
 post_norm = SublayerConnection(512, dropout=0.0).eval()
 pre_norm = SublayerConnection(512, dropout=0.0, norm_first=True).eval()
 with torch.no_grad():
@@ -251,18 +278,23 @@ with torch.no_grad():
     assert torch.allclose(post_out, layer_norm(x + ffn(x)), atol=1e-5)
     assert torch.allclose(pre_out, x + ffn(layer_norm(x)), atol=1e-5)
 
-# A post-norm output is normalised at every position; a pre-norm output keeps x's scale.
+# A post-norm output is normalised at every position; a pre-norm output keeps
+# x's scale.
 statistics = pd.DataFrame(
     {
         "mean over features": [
             v.mean(-1).mean().item() for v in (x, post_out, pre_out)
         ],
-        "std over features": [v.std(-1).mean().item() for v in (x, post_out, pre_out)],
+        "std over features": [
+            v.std(-1).mean().item() for v in (x, post_out, pre_out)
+        ],
     },
     index=["input x", "post-norm output", "pre-norm output"],
 ).round(3)
 assert torch.allclose(post_out.mean(-1), torch.zeros(2, 10), atol=1e-5)
-assert torch.allclose(post_out.std(-1, unbiased=False), torch.ones(2, 10), atol=1e-4)
+assert torch.allclose(
+    post_out.std(-1, unbiased=False), torch.ones(2, 10), atol=1e-4
+)
 statistics
 
 # %% [markdown]
@@ -285,7 +317,9 @@ assert torch.allclose(training(x, torch.zeros_like), layer_norm(x), atol=1e-5)
 
 # %%
 n_connections = 24
-networks = [PositionwiseFeedForward(d_model, d_ff) for _ in range(n_connections)]
+networks = [
+    PositionwiseFeedForward(d_model, d_ff) for _ in range(n_connections)
+]
 for network in networks:
     for parameter in network.parameters():
         if parameter.dim() > 1:
@@ -297,7 +331,8 @@ x0 = torch.randn(4, 32, d_model)  # (B, L, d_model), unit variance
 rows = []
 for order, norm_first in [("post-norm (paper)", False), ("pre-norm", True)]:
     connections = [
-        SublayerConnection(d_model, norm_first=norm_first).eval() for _ in networks
+        SublayerConnection(d_model, norm_first=norm_first).eval()
+        for _ in networks
     ]
     x = x0
     with torch.no_grad():
@@ -306,7 +341,11 @@ for order, norm_first in [("post-norm (paper)", False), ("pre-norm", True)]:
         ):
             x = connection(x, network)
             rows.append(
-                {"order": order, "depth": depth, "RMS": x.pow(2).mean().sqrt().item()}
+                {
+                    "order": order,
+                    "depth": depth,
+                    "RMS": x.pow(2).mean().sqrt().item(),
+                }
             )
 depth_scale = pd.DataFrame(rows).round(4)
 rms = depth_scale.pivot(index="depth", columns="order", values="RMS")
@@ -319,9 +358,11 @@ rms.iloc[[0, 5, 11, 17, 23]]
 
 # %%
 depths = torch.arange(1, n_connections + 1, dtype=torch.float64)
-mean_square = torch.tensor(rms["pre-norm"].to_numpy(), dtype=torch.float64) ** 2
+mean_square = (
+    torch.tensor(rms["pre-norm"].to_numpy(), dtype=torch.float64) ** 2
+)
 design = torch.stack([torch.ones_like(depths), depths], dim=1)
-(intercept, slope) = torch.linalg.lstsq(
+intercept, slope = torch.linalg.lstsq(
     design, mean_square.unsqueeze(1)
 ).solution.squeeze(1)
 fitted = design @ torch.stack([intercept, slope])
@@ -357,7 +398,9 @@ lines = (
     .encode(
         x=alt.X("depth:Q", title="sublayer connections applied"),
         y=alt.Y(
-            "RMS:Q", title="RMS of the residual stream", scale=alt.Scale(zero=True)
+            "RMS:Q",
+            title="RMS of the residual stream",
+            scale=alt.Scale(zero=True),
         ),
         color=alt.Color("order:N", title="order"),
         tooltip=["order", "depth", "RMS"],
@@ -371,7 +414,10 @@ fit = (
 (lines + fit).properties(
     width=520,
     height=260,
-    title="Scale of the residual stream with depth, 24 random feed-forward sublayers",
+    title=(
+        "Scale of the residual stream with depth, 24 random feed-forward"
+        " sublayers"
+    ),
 )
 
 # %% [markdown]
@@ -387,9 +433,12 @@ readout = torch.randn(d_model)  # a fixed linear read-out of the stack's output
 rows = []
 for order, norm_first in [("post-norm (paper)", False), ("pre-norm", True)]:
     connections = [
-        SublayerConnection(d_model, norm_first=norm_first).eval() for _ in networks
+        SublayerConnection(d_model, norm_first=norm_first).eval()
+        for _ in networks
     ]
-    final_norm = nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
+    final_norm = (
+        nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
+    )
     for network in networks:
         network.zero_grad()
     x = x0
@@ -398,8 +447,12 @@ for order, norm_first in [("post-norm (paper)", False), ("pre-norm", True)]:
     (final_norm(x) @ readout).mean().backward()
     for depth, network in enumerate(networks, start=1):
         gradient = torch.cat([p.grad.flatten() for p in network.parameters()])
-        rows.append({"order": order, "depth": depth, "norm": gradient.norm().item()})
-gradient_norm = pd.DataFrame(rows).pivot(index="depth", columns="order", values="norm")
+        rows.append(
+            {"order": order, "depth": depth, "norm": gradient.norm().item()}
+        )
+gradient_norm = pd.DataFrame(rows).pivot(
+    index="depth", columns="order", values="norm"
+)
 relative = gradient_norm / gradient_norm.iloc[0]  # 1 at the first sublayer
 shown = relative.iloc[[0, 5, 11, 17, 23]]
 assert 3.5 < relative["post-norm (paper)"].iloc[-1] < 4.5

@@ -34,10 +34,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp encoder
@@ -75,8 +76,8 @@ torch.set_printoptions(precision=3, sci_mode=False)
 
 # %%
 #| export
-"""The encoder: a stack of identical layers, Section 3.1 and Figure 1 (left) of Vaswani et al.
-(2017)."""
+"""The encoder: a stack of identical layers, Section 3.1 and Figure 1 (left) of
+Vaswani et al. (2017)."""
 
 import torch
 from torch import Tensor, nn
@@ -86,7 +87,8 @@ from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention and a feed-forward network, each in a residual connection with LayerNorm."""
+    """Self-attention and a feed-forward network, each in a residual connection
+    with LayerNorm."""
 
     def __init__(
         self,
@@ -99,8 +101,12 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=ffn_dropout)
+        self.self_attn = MultiHeadAttention(
+            d_model, n_heads, dropout=attention_dropout
+        )
+        self.feed_forward = PositionwiseFeedForward(
+            d_model, d_ff, dropout=ffn_dropout
+        )
         self.sublayers = nn.ModuleList(
             SublayerConnection(d_model, dropout=dropout, norm_first=norm_first)
             for _ in range(2)
@@ -114,7 +120,8 @@ class EncoderLayer(nn.Module):
         Shapes:
             x: (B, S, d_model)
             src_mask: boolean (B, 1, 1, S), True at real tokens (padding_mask)
-            returns (B, S, d_model) and, if need_weights, weights (B, H, S, S), else None
+            returns (B, S, d_model) and, if need_weights, weights (B, H, S, S),
+                else None
         """
         weights = None
 
@@ -145,12 +152,16 @@ sentences = [
     "eine Frau fährt mit dem Fahrrad die Straße".split(),
 ]
 vocab = {
-    t: i for i, t in enumerate(specials + sorted({w for s in sentences for w in s}))
+    t: i
+    for i, t in enumerate(specials + sorted({w for s in sentences for w in s}))
 }
 pad_id, eos_id = vocab["<pad>"], vocab["<eos>"]
 S = max(len(s) for s in sentences) + 1
 src = torch.tensor(
-    [[vocab[w] for w in s] + [eos_id] + [pad_id] * (S - len(s) - 1) for s in sentences]
+    [
+        [vocab[w] for w in s] + [eos_id] + [pad_id] * (S - len(s) - 1)
+        for s in sentences
+    ]
 )
 src_mask = padding_mask(src, pad_id)
 src, src_mask.shape
@@ -199,7 +210,9 @@ weights[1].mean(0)  # "zwei Hunde spielen <eos>", averaged over the heads
 n_attention = 4 * d_model**2 + 4 * d_model
 n_ffn = 2 * d_model * d_ff + d_ff + d_model
 n_norms = 2 * 2 * d_model
-assert sum(p.numel() for p in layer.parameters()) == n_attention + n_ffn + n_norms
+assert (
+    sum(p.numel() for p in layer.parameters()) == n_attention + n_ffn + n_norms
+)
 n_attention + n_ffn + n_norms
 
 # %% [markdown]
@@ -244,8 +257,8 @@ class Encoder(nn.Module):
             )
             for _ in range(n_layers)
         )
-        # Post-norm layers end normalised; a pre-norm residual stream needs a last LayerNorm.
-        # ε = 1e-6 as in the sublayers' LayerNorms.
+        # Post-norm layers end normalised; a pre-norm residual stream needs a
+        # last LayerNorm. ε = 1e-6 as in the sublayers' LayerNorms.
         self.final_norm = (
             nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
         )
@@ -253,7 +266,8 @@ class Encoder(nn.Module):
     def forward(
         self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """Run the stack; with need_weights, also each layer's self-attention weights.
+        """Run the stack; with need_weights, also each layer's self-attention
+        weights.
 
         Shapes:
             x: (B, S, d_model), the embedded source
@@ -282,7 +296,9 @@ encoder = Encoder(3, d_model, n_heads, d_ff).eval()
 
 def same_start(layers: nn.ModuleList) -> bool:
     first = layers[0].self_attn.w_q.weight
-    return all(torch.equal(first, layer.self_attn.w_q.weight) for layer in layers)
+    return all(
+        torch.equal(first, layer.self_attn.w_q.weight) for layer in layers
+    )
 
 
 assert same_start(copies) and not same_start(encoder.layers)
@@ -315,16 +331,21 @@ encoder.final_norm, prenorm.final_norm
 longer = torch.cat([src, torch.full((len(sentences), 5), pad_id)], dim=1)
 with torch.no_grad():
     short_out, _ = encoder(position(embed(src)), padding_mask(src, pad_id))
-    long_out, _ = encoder(position(embed(longer)), padding_mask(longer, pad_id))
+    long_out, _ = encoder(
+        position(embed(longer)), padding_mask(longer, pad_id)
+    )
     leaky_out, _ = encoder(position(embed(longer)), None)
 
 at_real = real.unsqueeze(-1).expand_as(short_out)  # (B, S, d_model)
 masked_gap = (long_out[:, :S] - short_out)[at_real].abs().max().item()
 unmasked_gap = (leaky_out[:, :S] - short_out)[at_real].abs().max().item()
 assert masked_gap < 1e-5 and unmasked_gap > 1e-2
-# The masked gap is rounding noise whose digits vary between CPUs: print the bound it meets.
+# The masked gap is rounding noise whose digits vary between CPUs: print the
+# bound it meets.
 print("largest change at real positions, with the mask:    below 1e-5")
-print(f"largest change at real positions, without the mask: {unmasked_gap:.2f}")
+print(
+    f"largest change at real positions, without the mask: {unmasked_gap:.2f}"
+)
 
 # %% [markdown]
 # ## What the layers attend to
@@ -341,7 +362,12 @@ use_book_renderer()
 tokens = sentences[0] + ["<eos>"] + ["<pad>"] * (S - len(sentences[0]) - 1)
 alt.hconcat(
     *[
-        heatmap(w[0].mean(0), x_labels=tokens, y_labels=tokens, title=f"layer {i + 1}")
+        heatmap(
+            w[0].mean(0),
+            x_labels=tokens,
+            y_labels=tokens,
+            title=f"layer {i + 1}",
+        )
         for i, w in enumerate(all_weights)
     ]
 ).resolve_scale(color="shared").properties(

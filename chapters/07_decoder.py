@@ -35,10 +35,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp decoder
@@ -84,8 +85,9 @@ torch.set_printoptions(precision=3, sci_mode=False)
 
 # %%
 #| export
-"""The decoder: a stack of identical layers with masked self-attention and attention over the
-encoder's output, Section 3.1 and Figure 1 (right) of Vaswani et al. (2017)."""
+"""The decoder: a stack of identical layers with masked self-attention and
+attention over the encoder's output, Section 3.1 and Figure 1 (right) of
+Vaswani et al. (2017)."""
 
 from dataclasses import dataclass
 
@@ -97,7 +99,8 @@ from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, encoder-decoder attention and a feed-forward network (3.1)."""
+    """Masked self-attention, encoder-decoder attention and a feed-forward
+    network (3.1)."""
 
     def __init__(
         self,
@@ -110,11 +113,15 @@ class DecoderLayer(nn.Module):
         norm_first: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
+        self.self_attn = MultiHeadAttention(
+            d_model, n_heads, dropout=attention_dropout
+        )
         self.cross_attn = MultiHeadAttention(
             d_model, n_heads, dropout=attention_dropout
         )
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=ffn_dropout)
+        self.feed_forward = PositionwiseFeedForward(
+            d_model, d_ff, dropout=ffn_dropout
+        )
         self.sublayers = nn.ModuleList(
             SublayerConnection(d_model, dropout=dropout, norm_first=norm_first)
             for _ in range(3)
@@ -131,29 +138,40 @@ class DecoderLayer(nn.Module):
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """One decoder layer; the self- and cross-attention weights only when asked for.
+        """One decoder layer; the self- and cross-attention weights only when
+        asked for.
 
         Shapes:
-            x: (B, T, d_model), the target so far; memory: (B, S, d_model), the encoder's output
-            src_mask: boolean (B, 1, 1, S), True at real source tokens (padding_mask)
-            tgt_mask: boolean (B, 1, T, T), causal and not padding (target_mask)
-            returns (B, T, d_model) and, if need_weights, (self weights (B, H, T, T),
+            x: (B, T, d_model), the target so far; memory: (B, S, d_model), the
+                encoder's output
+            src_mask: boolean (B, 1, 1, S), True at real source tokens
+                (padding_mask)
+            tgt_mask: boolean (B, 1, T, T), causal and not padding
+                (target_mask)
+            returns (B, T, d_model) and, if need_weights, (self weights (B, H,
+                T, T),
             cross weights (B, H, T, S)), else None
 
-        With caches (the decoding chapter), x holds only the new positions, and tgt_mask, if
-        any, covers all L cached positions: (B, 1, T, L).
+        With caches (the decoding chapter), x holds only the new positions, and
+        tgt_mask, if any, covers all L cached positions: (B, 1, T, L).
         """
         self_weights = cross_weights = None
 
         def self_attention(h: Tensor) -> Tensor:
             nonlocal self_weights
             out, self_weights = self.self_attn(
-                h, h, h, mask=tgt_mask, need_weights=need_weights, cache=self_cache
+                h,
+                h,
+                h,
+                mask=tgt_mask,
+                need_weights=need_weights,
+                cache=self_cache,
             )
             return out
 
         def cross_attention(h: Tensor) -> Tensor:
-            # Queries from the decoder, keys and values from the encoder's memory (3.2.3).
+            # Queries from the decoder, keys and values from the encoder's
+            # memory (3.2.3).
             nonlocal cross_weights
             out, cross_weights = self.cross_attn(
                 h,
@@ -234,18 +252,27 @@ print("output       ", tuple(out.shape))
 print("self weights ", tuple(self_w.shape), "(B, H, T, T)")
 print("cross weights", tuple(cross_w.shape), "(B, H, T, S)")
 assert out.shape == (B, T, d_model)
-assert self_w.shape == (B, n_heads, T, T) and cross_w.shape == (B, n_heads, T, S)
+assert self_w.shape == (B, n_heads, T, T) and cross_w.shape == (
+    B,
+    n_heads,
+    T,
+    S,
+)
 
 # %% [markdown]
 # The masks show in the weights: no query gives weight to a later target position or to source
 # padding, and `<bos>` attends only to itself.
 
 # %%
-later = ~torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), True above the diagonal
+later = ~torch.ones(
+    T, T, dtype=torch.bool
+).tril()  # (T, T), True above the diagonal
 assert (self_w[..., later] == 0).all()
 assert (cross_w.masked_select(~src_mask) == 0).all()
 assert torch.allclose(self_w[:, :, 0, 0], torch.ones(B, n_heads))
-self_w[0].mean(0)  # "<bos> a dog runs through the snow", averaged over the heads
+self_w[0].mean(
+    0
+)  # "<bos> a dog runs through the snow", averaged over the heads
 
 # %% [markdown]
 # A decoder layer has one attention block and one LayerNorm more than an encoder layer:
@@ -253,8 +280,12 @@ self_w[0].mean(0)  # "<bos> a dog runs through the snow", averaged over the head
 # d_\text{model} + 3 \cdot 2\, d_\text{model}$ parameters, the attention biases included.
 
 # %%
-n_attention = 4 * d_model**2 + 4 * d_model  # W^Q, W^K, W^V, W^O and their biases
-n_decoder_layer = 2 * n_attention + 2 * d_model * d_ff + d_ff + d_model + 6 * d_model
+n_attention = (
+    4 * d_model**2 + 4 * d_model
+)  # W^Q, W^K, W^V, W^O and their biases
+n_decoder_layer = (
+    2 * n_attention + 2 * d_model * d_ff + d_ff + d_model + 6 * d_model
+)
 assert sum(p.numel() for p in layer.parameters()) == n_decoder_layer
 n_decoder_layer
 
@@ -272,8 +303,8 @@ n_decoder_layer
 class DecoderCache:
     """Each decoder layer's keys and values, kept between decoding steps.
 
-    self_attn[i] grows by one position per step; cross_attn[i] is static: the memory's keys and
-    values, projected at the first step.
+    self_attn[i] grows by one position per step; cross_attn[i] is static: the
+    memory's keys and values, projected at the first step.
     """
 
     self_attn: list[KVCache]
@@ -293,17 +324,20 @@ class DecoderCache:
         return self.self_attn[0].length
 
     def reorder(self, index: Tensor, *, static: bool = True) -> None:
-        """Keep batch rows `index` (B',), in that order: beam search following its beams.
+        """Keep batch rows `index` (B',), in that order: beam search following
+        its beams.
 
-        static=False leaves the encoder-decoder caches alone: when `index` only moves rows
-        among the beams of each sentence, whose memory is the same, they would not change.
+        static=False leaves the encoder-decoder caches alone: when `index` only
+        moves rows among the beams of each sentence, whose memory is the same,
+        they would not change.
         """
         for cache in self.self_attn + (self.cross_attn if static else []):
             cache.reorder(index)
 
 
 class Decoder(nn.Module):
-    """N identical decoder layers, each attending to the same encoder memory (Section 3.1)."""
+    """N identical decoder layers, each attending to the same encoder memory
+    (Section 3.1)."""
 
     def __init__(
         self,
@@ -329,7 +363,8 @@ class Decoder(nn.Module):
             )
             for _ in range(n_layers)
         )
-        # Post-norm layers end normalised; a pre-norm residual stream needs a last LayerNorm.
+        # Post-norm layers end normalised; a pre-norm residual stream needs a
+        # last LayerNorm.
         self.final_norm = (
             nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
         )
@@ -344,16 +379,18 @@ class Decoder(nn.Module):
         need_weights: bool = False,
         cache: DecoderCache | None = None,
     ) -> tuple[Tensor, list[tuple[Tensor, Tensor]] | None]:
-        """Run the stack; with need_weights, also each layer's (self, cross) weights.
+        """Run the stack; with need_weights, also each layer's (self, cross)
+        weights.
 
         Shapes:
             x: (B, T, d_model), the embedded target; memory: (B, S, d_model)
             src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T)
-            returns (B, T, d_model) and, if need_weights, a list of n_layers pairs
+            returns (B, T, d_model) and, if need_weights, a list of n_layers
+                pairs
             (self weights (B, H, T, T), cross weights (B, H, T, S)), else None
 
-        With a cache (the decoding chapter), x holds only the new positions, and tgt_mask, if
-        any, covers all L cached positions: (B, 1, T, L).
+        With a cache (the decoding chapter), x holds only the new positions,
+        and tgt_mask, if any, covers all L cached positions: (B, 1, T, L).
         """
         all_weights = [] if need_weights else None
         for i, layer in enumerate(self.layers):
@@ -380,10 +417,15 @@ with torch.no_grad():
         x, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True
     )
 print("output", tuple(hidden.shape))
-print("weights per layer", [(tuple(s.shape), tuple(c.shape)) for s, c in all_weights])
+print(
+    "weights per layer",
+    [(tuple(s.shape), tuple(c.shape)) for s, c in all_weights],
+)
 assert hidden.shape == (B, T, d_model) and len(all_weights) == n_layers
 assert isinstance(decoder.final_norm, nn.Identity)
-assert isinstance(Decoder(1, 8, 2, 16, norm_first=True).final_norm, nn.LayerNorm)
+assert isinstance(
+    Decoder(1, 8, 2, 16, norm_first=True).final_norm, nn.LayerNorm
+)
 
 # %% [markdown]
 # ## The decoder is causal
@@ -411,7 +453,9 @@ with torch.no_grad():
         gap = (out_changed[:, : t + 1] - hidden[:, : t + 1]).abs().max().item()
         largest_change = max(largest_change, gap)
 assert largest_change < 1e-5
-print(f"checked t = 0 .. {T - 2}: no output at or before t moved by 1e-5 or more")
+print(
+    f"checked t = 0 .. {T - 2}: no output at or before t moved by 1e-5 or more"
+)
 
 # %% [markdown]
 # Without the causal triangle, keeping only the target's padding, the same experiment moves the
@@ -423,12 +467,17 @@ with torch.no_grad():
     changed[:, 2:] = torch.randint(
         len(specials), len(vocab), (B, T - 2), generator=generator
     )
-    no_future_mask = {"src_mask": src_mask, "tgt_mask": padding_mask(tgt, pad_id)}
+    no_future_mask = {
+        "src_mask": src_mask,
+        "tgt_mask": padding_mask(tgt, pad_id),
+    }
     before, _ = decoder(position(embed(tgt)), memory, **no_future_mask)
     after, _ = decoder(position(embed(changed)), memory, **no_future_mask)
 leak = (after[:, :2] - before[:, :2]).abs().max().item()
 assert leak > 1e-2
-print(f"largest change at positions 0 and 1 without the causal mask: {leak:.2f}")
+print(
+    f"largest change at positions 0 and 1 without the causal mask: {leak:.2f}"
+)
 
 # %% [markdown]
 # ## Both kinds of attention

@@ -35,10 +35,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp model
@@ -86,7 +87,8 @@ torch.set_printoptions(precision=3, sci_mode=False)
 
 # %%
 #| export config
-"""The model's hyperparameters: a frozen, validated dataclass (paper, Table 3)."""
+"""The model's hyperparameters: a frozen, validated dataclass (paper, Table 3).
+"""
 
 import dataclasses
 from dataclasses import dataclass
@@ -97,7 +99,8 @@ POSITIONAL_KINDS = ("sinusoidal", "learned")
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Hyperparameters of the encoder-decoder Transformer; the defaults are the paper's base model.
+    """Hyperparameters of the encoder-decoder Transformer; the defaults are the
+    paper's base model.
 
     `tgt_vocab_size=None` means one vocabulary shared by source and target.
     """
@@ -118,47 +121,68 @@ class TransformerConfig:
     tie_output: bool = True
 
     def __post_init__(self) -> None:
-        sizes = ["src_vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"]
+        sizes = [
+            "src_vocab_size",
+            "d_model",
+            "n_heads",
+            "n_layers",
+            "d_ff",
+            "max_len",
+        ]
         if self.tgt_vocab_size is not None:
             sizes.append("tgt_vocab_size")
         for name in sizes:
             value = getattr(self, name)
             # bool is a subclass of int: True is not a size.
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value <= 0
+            ):
+                raise ValueError(
+                    f"{name} must be a positive integer, got {value!r}"
+                )
         if self.d_model % self.n_heads != 0:
             raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads "
-                f"({self.n_heads}): each head works in d_model / n_heads dimensions"
+                f"d_model ({self.d_model}) must be divisible by n_heads"
+                f" ({self.n_heads}): each head works in d_model / n_heads"
+                " dimensions"
             )
         for name in ("dropout", "attention_dropout", "ffn_dropout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+                raise ValueError(
+                    f"{name} must be a number in [0, 1), got {value!r}"
+                )
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         for name in ("norm_first", "share_embeddings", "tie_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
-                    f"{name} must be True or False, got {getattr(self, name)!r}"
+                    f"{name} must be True or False, got"
+                    f" {getattr(self, name)!r}"
                 )
         if self.positional not in POSITIONAL_KINDS:
             raise ValueError(
-                f"positional must be one of {', '.join(map(repr, POSITIONAL_KINDS))}, "
-                f"got {self.positional!r}"
+                "positional must be one of"
+                f" {', '.join(map(repr, POSITIONAL_KINDS))}, got"
+                f" {self.positional!r}"
             )
         if self.positional == "sinusoidal" and self.d_model % 2 != 0:
-            # The sinusoids come in sine/cosine pairs, one pair per two dimensions (3.5).
+            # The sinusoids come in sine/cosine pairs, one pair per two
+            # dimensions (3.5).
             raise ValueError(
-                f"d_model ({self.d_model}) must be even with positional='sinusoidal': "
-                "the encoding pairs a sine and a cosine per frequency; use an even width "
-                "or positional='learned'"
+                f"d_model ({self.d_model}) must be even with"
+                " positional='sinusoidal': the encoding pairs a sine and a"
+                " cosine per frequency; use an even width or"
+                " positional='learned'"
             )
         if self.share_embeddings and self.tgt_vocab_size is not None:
             raise ValueError(
-                "share_embeddings=True needs one vocabulary shared by source and target "
-                f"(tgt_vocab_size=None), got tgt_vocab_size={self.tgt_vocab_size}: "
-                "set share_embeddings=False for two vocabularies"
+                "share_embeddings=True needs one vocabulary shared by source"
+                " and target (tgt_vocab_size=None), got"
+                f" tgt_vocab_size={self.tgt_vocab_size}: set"
+                " share_embeddings=False for two vocabularies"
             )
 
     @property
@@ -175,19 +199,24 @@ class TransformerConfig:
 
     @classmethod
     def base(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
-        """The paper's base model (Table 3): N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1."""
+        """The paper's base model (Table 3): N=6, d_model=512, d_ff=2048, h=8,
+        P_drop=0.1."""
         return cls(src_vocab_size=vocab_size, **overrides)
 
     @classmethod
     def big(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
-        """The paper's big model (Table 3): d_model=1024, d_ff=4096, h=16, P_drop=0.3."""
+        """The paper's big model (Table 3): d_model=1024, d_ff=4096, h=16,
+        P_drop=0.3."""
         fields = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
         return cls(src_vocab_size=vocab_size, **(fields | overrides))
 
     @classmethod
     def small(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
-        """A starting point for Multi30k: 3 layers of width 256 (the training part tunes it)."""
-        fields = dict(n_layers=3, d_model=256, n_heads=8, d_ff=1024, dropout=0.1)
+        """A starting point for Multi30k: 3 layers of width 256 (the training
+        part tunes it)."""
+        fields = dict(
+            n_layers=3, d_model=256, n_heads=8, d_ff=1024, dropout=0.1
+        )
         return cls(src_vocab_size=vocab_size, **(fields | overrides))
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,10 +225,12 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
-        """Rebuild a config from `to_dict()`'s output; unknown or missing keys are errors.
+        """Rebuild a config from `to_dict()`'s output; unknown or missing keys
+        are errors.
 
-        Every field is required, those with a default too: to_dict writes them all, and a
-        missing `norm_first` silently read as its default would rebuild another model.
+        Every field is required, those with a default too: to_dict writes them
+        all, and a missing `norm_first` silently read as its default would
+        rebuild another model.
         """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
@@ -224,7 +255,8 @@ class TransformerConfig:
 # %%
 from transformer.config import TransformerConfig
 
-VOCAB = 37_000  # the paper's shared English-German byte-pair vocabulary, "about 37000"
+# the paper's shared English-German byte-pair vocabulary, "about 37000"
+VOCAB = 37_000
 presets = {
     "base": TransformerConfig.base(VOCAB),
     "big": TransformerConfig.big(VOCAB),
@@ -245,8 +277,22 @@ table3 = pd.DataFrame.from_dict(
     orient="index",
 )
 paper_table3 = {
-    "base": {"N": 6, "d_model": 512, "d_ff": 2048, "h": 8, "d_k": 64, "P_drop": 0.1},
-    "big": {"N": 6, "d_model": 1024, "d_ff": 4096, "h": 16, "d_k": 64, "P_drop": 0.3},
+    "base": {
+        "N": 6,
+        "d_model": 512,
+        "d_ff": 2048,
+        "h": 8,
+        "d_k": 64,
+        "P_drop": 0.1,
+    },
+    "big": {
+        "N": 6,
+        "d_model": 1024,
+        "d_ff": 4096,
+        "h": 16,
+        "d_k": 64,
+        "P_drop": 0.3,
+    },
 }
 for name, row in paper_table3.items():
     for column, value in row.items():
@@ -329,8 +375,8 @@ for record in (prenorm.to_dict() | {"n_head": 8}, incomplete):
 
 # %%
 #| export
-"""The Transformer: embeddings, encoder, decoder and output layer, Figure 1 and Sections 3.1-3.4
-of Vaswani et al. (2017)."""
+"""The Transformer: embeddings, encoder, decoder and output layer, Figure 1 and
+Sections 3.1-3.4 of Vaswani et al. (2017)."""
 
 import torch
 from torch import Tensor, nn
@@ -346,11 +392,13 @@ from transformer.encoder import Encoder
 
 
 class Generator(nn.Module):
-    """The output layer: a linear map to the vocabulary and a log-softmax (Section 3.4)."""
+    """The output layer: a linear map to the vocabulary and a log-softmax
+    (Section 3.4)."""
 
     def __init__(self, d_model: int, vocab_size: int) -> None:
         super().__init__()
-        # No bias, as in the reference code; the weight may be the tied embedding matrix.
+        # No bias, as in the reference code; the weight may be the tied
+        # embedding matrix.
         self.proj = nn.Linear(d_model, vocab_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -381,8 +429,12 @@ class Transformer(nn.Module):
             if c.positional == "sinusoidal"
             else LearnedPositionalEncoding
         )
-        self.src_pos = positional(c.d_model, max_len=c.max_len, dropout=c.dropout)
-        self.tgt_pos = positional(c.d_model, max_len=c.max_len, dropout=c.dropout)
+        self.src_pos = positional(
+            c.d_model, max_len=c.max_len, dropout=c.dropout
+        )
+        self.tgt_pos = positional(
+            c.d_model, max_len=c.max_len, dropout=c.dropout
+        )
         stack = dict(
             n_layers=c.n_layers,
             d_model=c.d_model,
@@ -398,13 +450,15 @@ class Transformer(nn.Module):
         self.generator = Generator(c.d_model, c.target_vocab_size)
         self._init_weights()
         if c.tie_output:
-            # The same Parameter object, not a copy: one tensor, one gradient (3.4).
+            # The same Parameter object, not a copy: one tensor, one gradient
+            # (3.4).
             self.generator.proj.weight = self.tgt_embed.embedding.weight
 
     def _init_weights(self) -> None:
-        # Glorot-uniform matrices in both stacks, as the reference code, and zero biases:
-        # the attention biases, which the reference code does not have, start inert.
-        # The embedding tables keep TokenEmbedding's N(0, 1/d_model).
+        # Glorot-uniform matrices in both stacks, as the reference code, and
+        # zero biases: the attention biases, which the reference code does not
+        # have, start inert. The embedding tables keep TokenEmbedding's N(0,
+        # 1/d_model).
         for stack in (self.encoder, self.decoder):
             for module in stack.modules():
                 if isinstance(module, nn.Linear):
@@ -418,13 +472,16 @@ class Transformer(nn.Module):
         return self.src_pos(self.src_embed(src))  # (B, S, d_model)
 
     def _embed_target(self, tgt: Tensor, start: int = 0) -> Tensor:
-        return self.tgt_pos(self.tgt_embed(tgt), start=start)  # (B, T, d_model)
+        return self.tgt_pos(
+            self.tgt_embed(tgt), start=start
+        )  # (B, T, d_model)
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         """The encoder's memory of a batch of source sentences.
 
         Shapes:
-            src: (B, S) token ids; src_mask: boolean (B, 1, 1, S) (padding_mask)
+            src: (B, S) token ids; src_mask: boolean (B, 1, 1, S)
+                (padding_mask)
             returns (B, S, d_model)
         """
         memory, _ = self.encoder(self._embed_source(src), src_mask)
@@ -439,16 +496,19 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None,
         cache: DecoderCache | None = None,
     ) -> Tensor:
-        """The decoder's output vectors for a batch of (shifted) target sentences.
+        """The decoder's output vectors for a batch of (shifted) target
+        sentences.
 
         Shapes:
             tgt: (B, T) token ids; memory: (B, S, d_model)
-            src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T) (target_mask)
+            src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T)
+                (target_mask)
             returns (B, T, d_model)
 
-        With a cache (the decoding chapter), tgt holds only the new tokens, which take the
-        positions after the cache.length ones already decoded, and tgt_mask, if any, covers
-        all L cached positions, the new ones included: (B, 1, T, L).
+        With a cache (the decoding chapter), tgt holds only the new tokens,
+        which take the positions after the cache.length ones already decoded,
+        and tgt_mask, if any, covers all L cached positions, the new ones
+        included: (B, 1, T, L).
         """
         start = cache.length if cache is not None else 0
         out, _ = self.decoder(
@@ -490,7 +550,8 @@ class Transformer(nn.Module):
         """Every attention weight of one forward pass, one tensor per layer.
 
         Shapes:
-            "encoder": n_layers x (B, H, S, S); "decoder_self": n_layers x (B, H, T, T);
+            "encoder": n_layers x (B, H, S, S); "decoder_self": n_layers x (B,
+                H, T, T);
             "decoder_cross": n_layers x (B, H, T, S)
         """
         memory, encoder_weights = self.encoder(
@@ -529,22 +590,32 @@ pad_id, bos_id, eos_id = vocab["<pad>"], vocab["<bos>"], vocab["<eos>"]
 
 
 def copy_batch(n: int, generator: torch.Generator, longest: int = 8):
-    """n strings of 3 to `longest` letters: source, decoder input, labels, (n, longest + 1)."""
+    """n strings of 3 to `longest` letters: source, decoder input, labels, (n,
+    longest + 1)."""
     lengths = torch.randint(3, longest + 1, (n,), generator=generator)
     strings = torch.randint(
         len(specials), len(vocab), (n, longest), generator=generator
     )
     strings[torch.arange(longest) >= lengths[:, None]] = pad_id
     src = torch.cat([strings, torch.full((n, 1), pad_id)], dim=1)
-    src[torch.arange(n), lengths] = eos_id  # (B, S): the letters, <eos>, padding
-    tgt_in = torch.cat([torch.full((n, 1), bos_id), strings], dim=1)  # (B, T), T = S
+    src[torch.arange(n), lengths] = (
+        eos_id  # (B, S): the letters, <eos>, padding
+    )
+    tgt_in = torch.cat(
+        [torch.full((n, 1), bos_id), strings], dim=1
+    )  # (B, T), T = S
     return src, tgt_in, src  # the labels are the source: copy it
 
 
 src, tgt_in, labels = copy_batch(4, torch.Generator().manual_seed(0))
 src_mask, tgt_mask = padding_mask(src, pad_id), target_mask(tgt_in, pad_id)
 config = TransformerConfig(
-    src_vocab_size=len(vocab), d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.0
+    src_vocab_size=len(vocab),
+    d_model=64,
+    n_heads=4,
+    n_layers=2,
+    d_ff=128,
+    dropout=0.0,
 )
 model = Transformer(config)
 log_probs = model(src, tgt_in, src_mask=src_mask, tgt_mask=tgt_mask)
@@ -553,8 +624,11 @@ print("tgt_in   ", tuple(tgt_in.shape), "(B, T)")
 print("log-probs", tuple(log_probs.shape), "(B, T, V)")
 assert log_probs.shape == (4, tgt_in.shape[1], len(vocab))
 assert torch.allclose(log_probs.exp().sum(-1), torch.ones(log_probs.shape[:2]))
-# attention_weights runs the same pass and returns every layer's weights, for later figures.
-weights = model.attention_weights(src, tgt_in, src_mask=src_mask, tgt_mask=tgt_mask)
+# attention_weights runs the same pass and returns every layer's weights, for
+# later figures.
+weights = model.attention_weights(
+    src, tgt_in, src_mask=src_mask, tgt_mask=tgt_mask
+)
 assert [len(w) for w in weights.values()] == [config.n_layers] * 3
 
 # %% [markdown]
@@ -565,7 +639,9 @@ table = model.src_embed.embedding.weight
 assert model.tgt_embed.embedding.weight is table
 assert model.generator.proj.weight is table
 assert sum(p is table for p in model.parameters()) == 1
-print("embedding table:", tuple(table.shape), "(V, d_model), shared three ways")
+print(
+    "embedding table:", tuple(table.shape), "(V, d_model), shared three ways"
+)
 
 # %% [markdown]
 # The initialisation does what the text promised: the matrices have the spread of Glorot's
@@ -580,7 +656,10 @@ w_1 = model.decoder.layers[0].feed_forward.w_1.weight  # (d_ff, d_model)
 model.eval()
 with torch.no_grad():
     out = model.decode(
-        tgt_in, model.encode(src, src_mask), src_mask=src_mask, tgt_mask=tgt_mask
+        tgt_in,
+        model.encode(src, src_mask),
+        src_mask=src_mask,
+        tgt_mask=tgt_mask,
     )
     logits = model.generator.proj(out)[tgt_in != pad_id]
 init = pd.DataFrame(
@@ -598,11 +677,20 @@ init = pd.DataFrame(
             1.0,
         ],
     },
-    index=["W^Q, encoder layer 1", "W_1, decoder layer 1", "embedding table", "logits"],
+    index=[
+        "W^Q, encoder layer 1",
+        "W_1, decoder layer 1",
+        "embedding table",
+        "logits",
+    ],
 ).round(4)
 assert ((init["measured std"] / init["expected"]).between(0.75, 1.33)).all()
-biases = [p for n, p in model.named_parameters() if "attn.w_" in n and "bias" in n]
-assert len(biases) == 3 * config.n_layers * 4 and all((b == 0).all() for b in biases)
+biases = [
+    p for n, p in model.named_parameters() if "attn.w_" in n and "bias" in n
+]
+assert len(biases) == 3 * config.n_layers * 4 and all(
+    (b == 0).all() for b in biases
+)
 init
 
 # %% [markdown]
@@ -632,9 +720,13 @@ assert counts == {"base": 63_082_496, "big": 214_245_376}
 # %%
 torch.manual_seed(0)
 model = Transformer(config)
-optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+optimizer = torch.optim.Adam(
+    model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9
+)
 steps, losses = 400, []
-decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
+decay = torch.optim.lr_scheduler.LambdaLR(
+    optimizer, lambda step: 1 - step / steps
+)
 batches = torch.Generator().manual_seed(1)
 for _ in range(steps):
     src, tgt_in, labels = copy_batch(64, batches)
@@ -644,7 +736,9 @@ for _ in range(steps):
         src_mask=padding_mask(src, pad_id),
         tgt_mask=target_mask(tgt_in, pad_id),
     )  # (B, T, V)
-    loss = F.nll_loss(log_probs.flatten(0, 1), labels.flatten(), ignore_index=pad_id)
+    loss = F.nll_loss(
+        log_probs.flatten(0, 1), labels.flatten(), ignore_index=pad_id
+    )
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -693,13 +787,16 @@ guess = (
 # %% tags=["nbval-ignore-output"]
 @torch.no_grad()
 def greedy(model: Transformer, src: torch.Tensor, length: int) -> torch.Tensor:
-    """The most probable token at each step, `length` times: (B, S) ids -> (B, length)."""
+    """The most probable token at each step, `length` times: (B, S) ids -> (B,
+    length)."""
     src_mask = padding_mask(src, pad_id)
     memory = model.encode(src, src_mask)  # once per sentence
     out = torch.full((src.size(0), 1), bos_id)  # (B, 1)
     for _ in range(length):
         tgt_mask = causal_mask(out.size(1))
-        hidden = model.decode(out, memory, src_mask=src_mask, tgt_mask=tgt_mask)
+        hidden = model.decode(
+            out, memory, src_mask=src_mask, tgt_mask=tgt_mask
+        )
         next_token = model.generator(hidden[:, -1]).argmax(-1)  # (B,)
         out = torch.cat([out, next_token[:, None]], dim=1)
     return out[:, 1:]  # without <bos>
@@ -716,7 +813,10 @@ def text(ids: list[int]) -> str:
 model.eval()
 src, _, _ = copy_batch(100, torch.Generator().manual_seed(2))
 output = greedy(model, src, length=src.size(1))
-pairs = [(text(s), text(o)) for s, o in zip(src.tolist(), output.tolist(), strict=True)]
+pairs = [
+    (text(s), text(o))
+    for s, o in zip(src.tolist(), output.tolist(), strict=True)
+]
 copied = sum(s == o for s, o in pairs) / len(pairs)
 assert copied >= 0.8
 print(f"copied exactly: {copied:.0%} of {len(pairs)} strings")

@@ -44,10 +44,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp data
@@ -63,7 +64,8 @@ if importlib.util.find_spec("transformer") is None:
 
 # %%
 #| export
-"""Multi30k: the checked files of data/multi30k, the encoded cache, batches and BPE-dropout."""
+"""Multi30k: the checked files of data/multi30k, the encoded cache, batches and
+BPE-dropout."""
 
 import gzip
 import hashlib
@@ -74,9 +76,13 @@ from pathlib import Path
 
 
 def _repository_root() -> Path:
-    # The package is <root>/transformer. In it this file has a __file__; in its chapter (a
-    # notebook, which may run anywhere, e.g. Colab's /content) the installed package says.
-    here = globals().get("__file__") or importlib.util.find_spec("transformer").origin
+    # The package is <root>/transformer. In it this file has a __file__; in its
+    # chapter (a notebook, which may run anywhere, e.g. Colab's /content) the
+    # installed package says.
+    here = (
+        globals().get("__file__")
+        or importlib.util.find_spec("transformer").origin
+    )
     return Path(here).resolve().parent.parent
 
 
@@ -86,15 +92,18 @@ SPLITS = ("train", "val", "test_2016_flickr")
 
 
 class DataError(Exception):
-    """A data file is missing, corrupt or inconsistent, or a split or pair is unknown."""
+    """A data file is missing, corrupt or inconsistent, or a split or pair is
+    unknown."""
 
 
 def check_split(split: str, signature: str) -> None:
-    """A clear error for a split the book does not have; `signature`, the caller's, is shown
-    when `split` looks like a pair or a language (raw text loaders take the split first,
-    `load_encoded` the pair)."""
+    """A clear error for a split the book does not have; `signature`, the
+    caller's, is shown when `split` looks like a pair or a language (raw text
+    loaders take the split first, `load_encoded` the pair)."""
     if split not in SPLITS:
-        swapped = split in PAIRS or any(split in langs for langs in PAIRS.values())
+        swapped = split in PAIRS or any(
+            split in langs for langs in PAIRS.values()
+        )
         hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
         raise DataError(
             f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
@@ -102,7 +111,8 @@ def check_split(split: str, signature: str) -> None:
 
 
 def parse_pair(pair: str) -> tuple[str, str]:
-    """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not have."""
+    """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not
+    have."""
     if pair not in PAIRS:
         raise DataError(
             f"unknown language pair {pair!r}: choose one of {', '.join(PAIRS)}"
@@ -110,15 +120,20 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
-_MULTI30K = "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+_MULTI30K = (
+    "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+)
 
 
 def _data_dir_advice(data_dir: Path) -> str:
-    """What to do about a data folder without SHA256SUMS: it depends on whose it is."""
-    if Path(data_dir).absolute() == DATA_DIR:  # the package's own, data/multi30k
+    """What to do about a data folder without SHA256SUMS: it depends on whose
+    it is."""
+    if (
+        Path(data_dir).absolute() == DATA_DIR
+    ):  # the package's own, data/multi30k
         return (
-            "the package reads the data of the repository it was installed from: install "
-            "it with `pip install -e .` in a clone"
+            "the package reads the data of the repository it was installed"
+            " from: install it with `pip install -e .` in a clone"
         )
     # A folder the user named (--data-dir): reinstalling would not help.
     if Path(data_dir).is_dir():
@@ -130,7 +145,9 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     """File name -> SHA-256 from data_dir/SHA256SUMS."""
     sums = Path(data_dir) / "SHA256SUMS"
     if not sums.is_file():
-        raise DataError(f"missing checksum file {sums} ({_data_dir_advice(data_dir)})")
+        raise DataError(
+            f"missing checksum file {sums} ({_data_dir_advice(data_dir)})"
+        )
     try:
         text = sums.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -144,7 +161,11 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
         # `sha256sum` writes "digest  name", or "digest *name" in binary mode
         fields = line.split(maxsplit=1)
         digest = fields[0].lower()
-        if len(fields) != 2 or len(digest) != 64 or set(digest) - set(string.hexdigits):
+        if (
+            len(fields) != 2
+            or len(digest) != 64
+            or set(digest) - set(string.hexdigits)
+        ):
             raise DataError(f"{sums}:{number}: malformed line {line!r}")
         checksums[fields[1].strip().removeprefix("*")] = digest
     return checksums
@@ -159,39 +180,47 @@ def read_lines(path: Path, sha256: str) -> list[str]:
     digest = hashlib.sha256(raw).hexdigest()
     if digest != sha256:
         raise DataError(
-            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…, "
-            f"expected {sha256[:12]}… (restore it with `git checkout -- {path}`)"
+            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…,"
+            f" expected {sha256[:12]}… (restore it with `git checkout --"
+            f" {path}`)"
         )
     try:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
         raise DataError(f"cannot read data file {path}: {err}") from err
-    # "\n" only: str.splitlines would also cut at \r, \x0c, U+2028 and others inside a line.
+    # "\n" only: str.splitlines would also cut at \r, \x0c, U+2028 and others
+    # inside a line.
     lines = text.split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def load_split(split: str, language: str, data_dir: Path = DATA_DIR) -> list[str]:
+def load_split(
+    split: str, language: str, data_dir: Path = DATA_DIR
+) -> list[str]:
     """The sentences of one split in one language, one per line of the file."""
     check_split(split, "load_split(split, language)")
     name = f"{split}.{language}.gz"
     checksums = expected_checksums(data_dir)
     if name not in checksums:
-        raise DataError(f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}")
+        raise DataError(
+            f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}"
+        )
     return read_lines(Path(data_dir) / name, checksums[name])
 
 
 def load_pairs(
     split: str, pair: str, data_dir: Path = DATA_DIR
 ) -> list[tuple[str, str]]:
-    """(source, target) sentence pairs of a split, e.g. load_pairs("val", "de-en")."""
+    """(source, target) sentence pairs of a split, e.g. load_pairs("val",
+    "de-en")."""
     check_split(split, "load_pairs(split, pair)")
     src_lang, tgt_lang = parse_pair(pair)
     src = load_split(split, src_lang, data_dir)
     tgt = load_split(split, tgt_lang, data_dir)
     if len(src) != len(tgt):
         raise DataError(
-            f"{split}.{src_lang}.gz has {len(src)} lines but {split}.{tgt_lang}.gz has {len(tgt)}"
+            f"{split}.{src_lang}.gz has {len(src)} lines but"
+            f" {split}.{tgt_lang}.gz has {len(tgt)}"
         )
     return list(zip(src, tgt, strict=True))
 
@@ -249,37 +278,43 @@ for pair in PAIRS:
 
 # %%
 #| export tokenizer
-"""Text to token ids and back: one normalisation, spaCy's words and a joint BPE vocabulary."""
+"""Text to token ids and back: one normalisation, spaCy's words and a joint BPE
+vocabulary."""
 
 import unicodedata
 from collections.abc import Sequence
 from functools import cache, lru_cache
 
-MARK = "\u2581"  # "▁": this word starts the sentence or follows a space (as in SentencePiece)
-# A literal ▁ in the input becomes this character, absent from the training text: <unk>.
+# "▁": this word starts the sentence or follows a space (as in SentencePiece)
+MARK = "\u2581"
+# A literal ▁ in the input becomes this character, absent from the training
+# text: <unk>.
 _MARK_STAND_IN = "\ufffd"
 
 
 def normalize(text: str) -> str:
-    """The one normalisation: Unicode NFC, each run of whitespace to one space, ends stripped."""
+    """The one normalisation: Unicode NFC, each run of whitespace to one space,
+    ends stripped."""
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
 @cache
 def _spacy_tokenizer(language: str):
-    # Imported here, not at the top of the module: training from an encoded cache (see
-    # `prepare`) runs on machines without spaCy.
+    # Imported here, not at the top of the module: training from an encoded
+    # cache (see `prepare`) runs on machines without spaCy.
     try:
         import spacy
     except ImportError as err:
         raise ImportError(
-            "tokenising text needs spaCy: pip install -e '.[data]' in the repository "
-            "(training from a prepared cache does not)"
+            "tokenising text needs spaCy: pip install -e '.[data]' in the"
+            " repository (training from a prepared cache does not)"
         ) from err
     return spacy.blank(language).tokenizer  # rule-based; no trained pipeline
 
 
-def _pretokenize(language: str, texts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+def _pretokenize(
+    language: str, texts: tuple[str, ...]
+) -> tuple[tuple[str, ...], ...]:
     clean = [normalize(t).replace(MARK, _MARK_STAND_IN) for t in texts]
     sentences = []
     for doc in _spacy_tokenizer(language).pipe(clean, batch_size=1_000):
@@ -291,15 +326,20 @@ def _pretokenize(language: str, texts: tuple[str, ...]) -> tuple[tuple[str, ...]
     return tuple(sentences)
 
 
-# The chapter, `train_tokenizer` and `prepare` split the same whole splits: remember those.
+# The chapter, `train_tokenizer` and `prepare` split the same whole splits:
+# remember those.
 _pretokenize_split = lru_cache(maxsize=12)(_pretokenize)
 
 
-def pretokenize(texts: Sequence[str], language: str) -> tuple[tuple[str, ...], ...]:
-    """Normalise each text and cut it into spaCy words, marking with ▁ each word that starts
-    the sentence or follows a space."""
+def pretokenize(
+    texts: Sequence[str], language: str
+) -> tuple[tuple[str, ...], ...]:
+    """Normalise each text and cut it into spaCy words, marking with ▁ each
+    word that starts the sentence or follows a space."""
     if isinstance(texts, str):
-        raise TypeError("pretokenize takes a sequence of texts, not one string")
+        raise TypeError(
+            "pretokenize takes a sequence of texts, not one string"
+        )
     texts = tuple(texts)
     if len(texts) >= 1_000:
         return _pretokenize_split(language, texts)
@@ -325,19 +365,25 @@ assert pretokenize(["l'homme"], "fr")[0] == (MARK + "l'", "homme")
 
 # %%
 LANGUAGES = ("de", "fr", "en")
-raw = {lang: {split: load_split(split, lang) for split in SPLITS} for lang in LANGUAGES}
+raw = {
+    lang: {split: load_split(split, lang) for split in SPLITS}
+    for lang in LANGUAGES
+}
 words = {
     lang: {split: pretokenize(raw[lang][split], lang) for split in SPLITS}
     for lang in LANGUAGES
 }
 for lang in LANGUAGES:
     for split in SPLITS:
-        for sentence, ws in zip(raw[lang][split], words[lang][split], strict=True):
+        for sentence, ws in zip(
+            raw[lang][split], words[lang][split], strict=True
+        ):
             assert normalize(sentence)  # no sentence is empty
-            assert "".join(ws).replace(MARK, " ").strip() == normalize(sentence)
-print(
-    f"{sum(len(words[lang][split]) for lang in LANGUAGES for split in SPLITS):,} sentences"
-)
+            assert "".join(ws).replace(MARK, " ").strip() == normalize(
+                sentence
+            )
+n = sum(len(words[lang][split]) for lang in LANGUAGES for split in SPLITS)
+print(f"{n:,} sentences")
 print("the first German training sentence:", words["de"]["train"][0])
 
 # %% [markdown]
@@ -376,24 +422,29 @@ from transformer.files import atomic_write
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIALS = (PAD, UNK, BOS, EOS)
-VOCAB_SIZE = 8_000  # entries, specials included; the chapter explains the choice
+VOCAB_SIZE = (
+    8_000  # entries, specials included; the chapter explains the choice
+)
 TOKENIZER_FORMAT = "transformer-book tokenizer 1"
 
 
 class TokenizerError(Exception):
-    """A tokenizer file is unreadable or malformed, or a vocabulary lacks the special tokens."""
+    """A tokenizer file is unreadable or malformed, or a vocabulary lacks the
+    special tokens."""
 
 
 class Tokenizer:
-    """Text <-> token ids for one language pair: normalise, cut into spaCy words, then BPE.
+    """Text <-> token ids for one language pair: normalise, cut into spaCy
+    words, then BPE.
 
-    Source and target share the vocabulary. `decode(encode(text)) == normalize(text)` for any
-    text made of characters seen in training; other characters encode as <unk>.
+    Source and target share the vocabulary. `decode(encode(text)) ==
+    normalize(text)` for any text made of characters seen in training; other
+    characters encode as <unk>.
     """
 
-    # distinct words whose segmentations are kept: all of Multi30k has 22,000 (fr-en) to
-    # 30,000 (de-en); a long-lived tokenizer fed open text starts over at this many (about
-    # 50 MB) instead of growing without end
+    # distinct words whose segmentations are kept: all of Multi30k has 22,000
+    # (fr-en) to 30,000 (de-en); a long-lived tokenizer fed open text starts
+    # over at this many (about 50 MB) instead of growing without end
     segmentation_cache_size = 1 << 18
 
     def __init__(
@@ -432,41 +483,53 @@ class Tokenizer:
         if language is None:
             return self.languages[0]
         if language not in self.languages:
-            raise ValueError(f"language {language!r} is not one of {self.languages}")
+            raise ValueError(
+                f"language {language!r} is not one of {self.languages}"
+            )
         return language
 
     def encode(self, text: str, language: str | None = None) -> list[int]:
-        """Token ids of one sentence, without special tokens; `language` selects spaCy's rules
-        (default: the pair's source language)."""
+        """Token ids of one sentence, without special tokens; `language`
+        selects spaCy's rules (default: the pair's source language)."""
         return self.encode_batch([text], language)[0]
 
     def encode_batch(
         self, texts: Sequence[str], language: str | None = None
     ) -> list[list[int]]:
-        """`encode` for many sentences at once (spaCy is much faster on batches)."""
+        """`encode` for many sentences at once (spaCy is much faster on
+        batches)."""
         return self.encode_words(pretokenize(texts, self._language(language)))
 
     def segment(self, word: str) -> tuple[int, ...]:
-        """The ids of the BPE pieces of one marked word (a word of `pretokenize`)."""
+        """The ids of the BPE pieces of one marked word (a word of
+        `pretokenize`)."""
         pieces = self._segmentations.get(word)
-        if pieces is None:  # BPE works inside a word: segment each distinct one once
+        if (
+            pieces is None
+        ):  # BPE works inside a word: segment each distinct one once
             pieces = tuple(t.id for t in self.bpe.model.tokenize(word))
             if len(self._segmentations) >= self.segmentation_cache_size:
                 self._segmentations.clear()
             self._segmentations[word] = pieces
         return pieces
 
-    def encode_words(self, sentences: Iterable[Sequence[str]]) -> list[list[int]]:
-        """Token ids of sentences already cut into marked words by `pretokenize`."""
+    def encode_words(
+        self, sentences: Iterable[Sequence[str]]
+    ) -> list[list[int]]:
+        """Token ids of sentences already cut into marked words by
+        `pretokenize`."""
         segment = self.segment
-        return [[i for word in words for i in segment(word)] for words in sentences]
+        return [
+            [i for word in words for i in segment(word)] for words in sentences
+        ]
 
     def _checked(self, ids: Sequence[int]) -> list[int]:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
             raise ValueError(
-                f"token id {bad} is outside the vocabulary of {self.vocab_size}"
+                f"token id {bad} is outside the vocabulary of"
+                f" {self.vocab_size}"
             )
         return ids
 
@@ -475,8 +538,8 @@ class Tokenizer:
         return [self._pieces[i] for i in self._checked(ids)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of a sequence of ids: stops at the first <eos>, skips <bos> and <pad>, and
-        writes <unk> as the text "<unk>"."""
+        """Text of a sequence of ids: stops at the first <eos>, skips <bos> and
+        <pad>, and writes <unk> as the text "<unk>"."""
         pieces = []
         for i in self._checked(ids):
             if i == self.eos_id:
@@ -490,7 +553,9 @@ class Tokenizer:
             {
                 "format": TOKENIZER_FORMAT,
                 "languages": list(self.languages),
-                "normalization": "Unicode NFC; whitespace runs to one space; stripped",
+                "normalization": (
+                    "Unicode NFC; whitespace runs to one space; stripped"
+                ),
                 "word_mark": MARK,
                 "bpe": json.loads(self.bpe.to_str()),
             },
@@ -498,7 +563,8 @@ class Tokenizer:
         )
 
     def save(self, path: Path) -> None:
-        """Write the tokenizer as one JSON file (atomically: a temporary file, then a rename)."""
+        """Write the tokenizer as one JSON file (atomically: a temporary file,
+        then a rename)."""
         atomic_write(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
@@ -507,12 +573,14 @@ class Tokenizer:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise TokenizerError(f"cannot read tokenizer {path}: {err}") from err
+            raise TokenizerError(
+                f"cannot read tokenizer {path}: {err}"
+            ) from err
         return cls.from_json(text, source=path)
 
     @classmethod
     def from_json(cls, text: str, *, source: object = "JSON") -> "Tokenizer":
-        """The tokenizer of `to_json`'s text; `source` names it in the error."""
+        """The tokenizer of `to_json`'s text; `source` names it in errors."""
         try:
             spec = json.loads(text)
             if spec.get("format") != TOKENIZER_FORMAT:
@@ -523,21 +591,30 @@ class Tokenizer:
             languages = tuple(spec["languages"])
         # Truncated, not JSON, wrong format: one message.
         except Exception as err:
-            raise TokenizerError(f"cannot read tokenizer {source}: {err}") from err
+            raise TokenizerError(
+                f"cannot read tokenizer {source}: {err}"
+            ) from err
         return cls(bpe, languages=languages)
 
 
 def train_bpe(
-    sentences: Iterable[Sequence[str]], vocab_size: int, *, languages: tuple[str, str]
+    sentences: Iterable[Sequence[str]],
+    vocab_size: int,
+    *,
+    languages: tuple[str, str],
 ) -> Tokenizer:
-    """Learn BPE merges over pre-tokenised sentences until the vocabulary holds `vocab_size`
-    entries (special tokens and single characters included)."""
+    """Learn BPE merges over pre-tokenised sentences until the vocabulary holds
+    `vocab_size` entries (special tokens and single characters included)."""
     if vocab_size <= len(SPECIALS):
-        raise ValueError(f"vocab_size must exceed {len(SPECIALS)}, got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must exceed {len(SPECIALS)}, got {vocab_size}"
+        )
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token=UNK))
     bpe.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS),
+        show_progress=False,
     )
     bpe.train_from_iterator((" ".join(words) for words in sentences), trainer)
     return Tokenizer(bpe, languages=languages)
@@ -549,9 +626,9 @@ def train_tokenizer(
     *,
     languages: tuple[str, str],
 ) -> Tokenizer:
-    """The joint BPE tokenizer of a language pair, learned from both sides of its (source,
-    target) sentence pairs: give it the training split, and validation and test text never
-    reach the vocabulary."""
+    """The joint BPE tokenizer of a language pair, learned from both sides of
+    its (source, target) sentence pairs: give it the training split, and
+    validation and test text never reach the vocabulary."""
     src_lang, tgt_lang = languages
     sentences = pretokenize([s for s, _ in pairs], src_lang) + pretokenize(
         [t for _, t in pairs], tgt_lang
@@ -571,7 +648,12 @@ trained = {
     for pair in PAIRS
 }
 for tokenizer in trained.values():
-    specials = [tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id]
+    specials = [
+        tokenizer.pad_id,
+        tokenizer.unk_id,
+        tokenizer.bos_id,
+        tokenizer.eos_id,
+    ]
     print(tokenizer, dict(zip(SPECIALS, specials, strict=True)))
     assert tokenizer.pieces(specials) == list(SPECIALS)
     assert tokenizer.vocab_size == VOCAB_SIZE
@@ -581,7 +663,9 @@ for tokenizer in trained.values():
 # rarer word is spelled out of a few (▁ marks a piece that begins a word):
 
 # %%
-german = "Drei Feuerwehrangehörige sprechen neben einem Löschfahrzeug miteinander."
+german = (
+    "Drei Feuerwehrangehörige sprechen neben einem Löschfahrzeug miteinander."
+)
 french = "Un homme vêtu en noir joue une guitare électrique lors d'un concert."
 examples = {  # (pair, language): sentence
     ("de-en", "de"): german,
@@ -606,7 +690,8 @@ print(" ".join(tokenizer.pieces(ids)))
 print(tokenizer.decode(ids))
 assert ids.count(tokenizer.unk_id) == 5
 assert (
-    tokenizer.decode(ids) == "Ein Hund <unk> spielt im <unk>-Schnee <unk> <unk><unk>."
+    tokenizer.decode(ids)
+    == "Ein Hund <unk> spielt im <unk>-Schnee <unk> <unk><unk>."
 )
 
 # %% [markdown]
@@ -642,7 +727,9 @@ for pair, tokenizer in trained.items():
         for split in SPLITS:
             ids = tokenizer.encode_batch(raw[lang][split], lang)
             encoded[pair, lang, split] = ids
-            for sentence, sentence_ids in zip(raw[lang][split], ids, strict=True):
+            for sentence, sentence_ids in zip(
+                raw[lang][split], ids, strict=True
+            ):
                 assert tokenizer.unk_id not in sentence_ids
                 assert tokenizer.decode(sentence_ids) == normalize(sentence)
             checked += len(ids)
@@ -723,7 +810,9 @@ _STARTS = ("src_starts", "tgt_starts")
 def _flatten(
     sequences: Sequence[Sequence[int]], dtype: type = np.int32
 ) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    lengths = np.fromiter(
+        map(len, sequences), dtype=np.int64, count=len(sequences)
+    )
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = itertools.chain.from_iterable(sequences)
@@ -734,9 +823,10 @@ def _flatten(
 class EncodedSplit:
     """The token ids of one split, without special tokens, as flat arrays.
 
-    Pair i is (src_ids[src_offsets[i]:src_offsets[i + 1]], tgt_ids[tgt_offsets[i]:...]); ids
-    are int32 and each offsets array holds N + 1 int64 entries, starting at 0. The optional
-    `src_starts` and `tgt_starts` (bool, one per id) mark the ids that begin a word of
+    Pair i is (src_ids[src_offsets[i]:src_offsets[i + 1]],
+    tgt_ids[tgt_offsets[i]:...]); ids are int32 and each offsets array holds N
+    + 1 int64 entries, starting at 0. The optional `src_starts` and
+    `tgt_starts` (bool, one per id) mark the ids that begin a word of
     `pretokenize`, which BPE-dropout needs to segment the words afresh.
     """
 
@@ -750,7 +840,8 @@ class EncodedSplit:
     def __post_init__(self) -> None:
         for side in ("src", "tgt"):
             ids, offsets, starts = (
-                getattr(self, f"{side}_{name}") for name in ("ids", "offsets", "starts")
+                getattr(self, f"{side}_{name}")
+                for name in ("ids", "offsets", "starts")
             )
             if not (
                 (ids.ndim, ids.dtype, offsets.ndim, offsets.dtype)
@@ -762,18 +853,22 @@ class EncodedSplit:
             ):
                 raise DataError(f"inconsistent {side} ids and offsets")
             if starts is not None:
-                first = offsets[:-1][np.diff(offsets) > 0]  # of each non-empty sentence
+                first = offsets[:-1][
+                    np.diff(offsets) > 0
+                ]  # of each non-empty sentence
                 if not (
                     starts.dtype == np.bool_
                     and starts.shape == ids.shape
                     and bool(starts[first].all())
                 ):
                     raise DataError(
-                        f"inconsistent {side} word starts: one bool per id, and every "
-                        "sentence begins a word"
+                        f"inconsistent {side} word starts: one bool per id,"
+                        " and every sentence begins a word"
                     )
         if len(self.src_offsets) != len(self.tgt_offsets):
-            raise DataError("source and target hold different numbers of sentences")
+            raise DataError(
+                "source and target hold different numbers of sentences"
+            )
         if (self.src_starts is None) != (self.tgt_starts is None):
             raise DataError("word starts are given for one side only")
 
@@ -781,8 +876,8 @@ class EncodedSplit:
     def from_lists(
         cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]
     ) -> "EncodedSplit":
-        """From the token ids of each source and each target sentence (no word starts, so
-        BPE-dropout cannot resample it: see `from_words`)."""
+        """From the token ids of each source and each target sentence (no word
+        starts, so BPE-dropout cannot resample it: see `from_words`)."""
         return cls(*_flatten(src), *_flatten(tgt))
 
     @classmethod
@@ -792,12 +887,19 @@ class EncodedSplit:
         src: Sequence[Sequence[str]],
         tgt: Sequence[Sequence[str]],
     ) -> "EncodedSplit":
-        """From sentences cut into marked words by `pretokenize`, keeping the word starts."""
+        """From sentences cut into marked words by `pretokenize`, keeping the
+        word starts."""
         arrays = {}
         for side, sentences in (("src", src), ("tgt", tgt)):
-            pieces = [[tokenizer.segment(w) for w in words] for words in sentences]
-            ids = [[i for word in sentence for i in word] for sentence in pieces]
-            starts = [[k == 0 for w in s for k in range(len(w))] for s in pieces]
+            pieces = [
+                [tokenizer.segment(w) for w in words] for words in sentences
+            ]
+            ids = [
+                [i for word in sentence for i in word] for sentence in pieces
+            ]
+            starts = [
+                [k == 0 for w in s for k in range(len(w))] for s in pieces
+            ]
             arrays[f"{side}_ids"], arrays[f"{side}_offsets"] = _flatten(ids)
             arrays[f"{side}_starts"] = _flatten(starts, np.bool_)[0]
         return cls(**arrays)
@@ -833,7 +935,9 @@ class EncodedSplit:
 
 
 def _data_files(pair: str) -> list[str]:
-    return [f"{split}.{lang}.gz" for split in SPLITS for lang in parse_pair(pair)]
+    return [
+        f"{split}.{lang}.gz" for split in SPLITS for lang in parse_pair(pair)
+    ]
 
 
 def cache_problems(
@@ -843,25 +947,40 @@ def cache_problems(
     vocab_size: int | None = None,
     data_dir: Path = DATA_DIR,
 ) -> list[str]:
-    """What makes the cache of a pair unusable, [] if it is complete and current; with
-    vocab_size, a cache built with another vocabulary size is stale too."""
-    return _read_cache(pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir)[0]
+    """What makes the cache of a pair unusable, [] if it is complete and
+    current; with vocab_size, a cache built with another vocabulary size is
+    stale too."""
+    return _read_cache(
+        pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir
+    )[0]
 
 
 def _read_cache(
-    pair: str, cache_dir: Path, *, data_dir: Path, vocab_size: int | None = None
+    pair: str,
+    cache_dir: Path,
+    *,
+    data_dir: Path,
+    vocab_size: int | None = None,
 ) -> tuple[list[str], dict[str, bytes]]:
-    """(cache_problems, the content of each file whose checksum matched). The files are
-    read once: what is checked is what the caller uses, even if a rebuild replaces them."""
+    """(cache_problems, the content of each file whose checksum matched). The
+    files are read once: what is checked is what the caller uses, even if a
+    rebuild replaces them."""
     parse_pair(pair)
     folder = Path(cache_dir) / pair
     try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads(
+            (folder / "manifest.json").read_text(encoding="utf-8")
+        )
     except FileNotFoundError:
-        return ["no manifest.json: never built, or its build did not finish"], {}
+        return [
+            "no manifest.json: never built, or its build did not finish"
+        ], {}
     except (OSError, ValueError) as err:
         return [f"manifest.json is unreadable: {err}"], {}
-    if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != CACHE_FORMAT
+    ):
         return [f"manifest.json is not a {CACHE_FORMAT!r} manifest"], {}
     problems, built_for, built_size = (
         [],
@@ -871,7 +990,9 @@ def _read_cache(
     if built_for != pair:
         problems.append(f"manifest.json describes {built_for!r}, not {pair!r}")
     if vocab_size is not None and built_size != vocab_size:
-        problems.append(f"built with vocab_size={built_size}, asked for {vocab_size}")
+        problems.append(
+            f"built with vocab_size={built_size}, asked for {vocab_size}"
+        )
     try:
         checksums = expected_checksums(data_dir)
     except DataError as err:
@@ -885,7 +1006,9 @@ def _read_cache(
         else:
             for name in _data_files(pair):
                 if recorded.get(name) != checksums.get(name):
-                    problems.append(f"{name} has changed since the cache was built")
+                    problems.append(
+                        f"{name} has changed since the cache was built"
+                    )
     try:
         files = {"tokenizer.json": manifest["tokenizer_sha256"]}
         splits = manifest["splits"]
@@ -913,10 +1036,13 @@ def _read_cache(
     return problems, contents
 
 
-def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) -> None:
+def _build_cache(
+    pair: str, folder: Path, *, vocab_size: int, data_dir: Path
+) -> None:
     src_lang, tgt_lang = parse_pair(pair)
-    # Everything that can fail for want of data or of spaCy (training the tokenizer needs it)
-    # fails before the old cache is touched: a wrong --data-dir must not cost a good cache.
+    # Everything that can fail for want of data or of spaCy (training the
+    # tokenizer needs it) fails before the old cache is touched: a wrong
+    # --data-dir must not cost a good cache.
     texts = {split: load_pairs(split, pair, data_dir) for split in SPLITS}
     checksums = expected_checksums(data_dir)
     tokenizer = train_tokenizer(
@@ -955,7 +1081,8 @@ def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) ->
         },
     }
     atomic_write(
-        folder / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode()
+        folder / "manifest.json",
+        (json.dumps(manifest, indent=2) + "\n").encode(),
     )
 
 
@@ -967,9 +1094,10 @@ def prepare(
     data_dir: Path = DATA_DIR,
     rebuild: bool = False,
 ) -> Tokenizer:
-    """The tokenizer of a pair, with every split encoded in cache_dir/pair: a complete,
-    current cache is loaded and needs no spaCy; a missing, stale or corrupt one (see
-    cache_problems) is rebuilt from the text, as is any cache with rebuild=True."""
+    """The tokenizer of a pair, with every split encoded in cache_dir/pair: a
+    complete, current cache is loaded and needs no spaCy; a missing, stale or
+    corrupt one (see cache_problems) is rebuilt from the text, as is any cache
+    with rebuild=True."""
     folder = Path(cache_dir) / pair
     options = dict(vocab_size=vocab_size, data_dir=data_dir)
     problems, contents = [], {}
@@ -979,28 +1107,38 @@ def prepare(
         _build_cache(pair, folder, **options)
         problems, contents = _read_cache(pair, cache_dir, **options)
         if problems:  # only if something rewrote the files while we built them
-            raise DataError(f"the cache just built in {folder} is unusable: {problems}")
-    # Its checksum matched, but it may be a tokenizer that this version cannot read.
+            raise DataError(
+                f"the cache just built in {folder} is unusable: {problems}"
+            )
+    # Its checksum matched, but it may be a tokenizer that this version cannot
+    # read.
     try:
         return Tokenizer.from_json(
-            contents["tokenizer.json"].decode("utf-8"), source=folder / "tokenizer.json"
+            contents["tokenizer.json"].decode("utf-8"),
+            source=folder / "tokenizer.json",
         )
     except TokenizerError as err:
         raise DataError(str(err)) from err
 
 
 def load_encoded(
-    pair: str, split: str, cache_dir: Path = CACHE_DIR, *, data_dir: Path = DATA_DIR
+    pair: str,
+    split: str,
+    cache_dir: Path = CACHE_DIR,
+    *,
+    data_dir: Path = DATA_DIR,
 ) -> EncodedSplit:
-    """One split of a pair as token ids, from the cache that `prepare` wrote; needs no spaCy.
-    A missing, stale or corrupt cache raises DataError: it is never used."""
+    """One split of a pair as token ids, from the cache that `prepare` wrote;
+    needs no spaCy. A missing, stale or corrupt cache raises DataError: it is
+    never used."""
     check_split(split, "load_encoded(pair, split)")
     folder = Path(cache_dir) / pair
     problems, contents = _read_cache(pair, cache_dir, data_dir=data_dir)
     if problems:
         raise DataError(
-            f"cannot use the encoded cache {folder}: {'; '.join(problems)}. Rebuild it on a "
-            f"machine with spaCy: `python -m transformer prepare --pair {pair}`"
+            f"cannot use the encoded cache {folder}: {'; '.join(problems)}."
+            " Rebuild it on a machine with spaCy: `python -m transformer"
+            f" prepare --pair {pair}`"
         )
     return EncodedSplit.from_bytes(contents[f"{split}.safetensors"])
 
@@ -1072,7 +1210,8 @@ class Batch:
     Shapes:
         src: (B, S) x_1 … x_m <eos>, then pad_id: the encoder's input
         tgt_in: (B, T) <bos> y_1 … y_n, then pad_id: the decoder's input
-        tgt_out: (B, T) y_1 … y_n <eos>, then pad_id: what the decoder must predict
+        tgt_out: (B, T) y_1 … y_n <eos>, then pad_id: what the decoder must
+            predict
         index: (B,) the line of each pair in its split
     """
 
@@ -1081,13 +1220,19 @@ class Batch:
     tgt_out: Tensor
     index: Tensor
     n_src_tokens: int  # non-pad tokens in src
-    n_tgt_tokens: int  # non-pad tokens in tgt_out: the predictions the loss averages
+    n_tgt_tokens: (
+        int  # non-pad tokens in tgt_out: the predictions the loss averages
+    )
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+    def to(
+        self, device: torch.device | str, non_blocking: bool = False
+    ) -> "Batch":
         """The same batch on another device."""
         move = dict(device=device, non_blocking=non_blocking)
         tensors = ("src", "tgt_in", "tgt_out", "index")
-        return replace(self, **{n: getattr(self, n).to(**move) for n in tensors})
+        return replace(
+            self, **{n: getattr(self, n).to(**move) for n in tensors}
+        )
 
 
 def collate(
@@ -1099,10 +1244,12 @@ def collate(
     index: Sequence[int] | None = None,
     max_len: int | None = None,
 ) -> Batch:
-    """Pad (source ids, target ids) pairs, given without special tokens, into a Batch.
+    """Pad (source ids, target ids) pairs, given without special tokens, into a
+    Batch.
 
-    `index` gives each pair's line in its split (default 0 … B-1). A pair whose source with
-    <eos> or target with <bos> is longer than max_len raises ValueError: nothing is truncated.
+    `index` gives each pair's line in its split (default 0 … B-1). A pair whose
+    source with <eos> or target with <bos> is longer than max_len raises
+    ValueError: nothing is truncated.
     """
     if len(examples) == 0:
         raise ValueError("cannot collate an empty batch")
@@ -1113,14 +1260,17 @@ def collate(
             f"{len(examples)} pairs"
         )
     src_len = np.array([len(x) + 1 for x, _ in examples])  # + <eos>
-    tgt_len = np.array([len(y) + 1 for _, y in examples])  # + <bos> (in) or <eos> (out)
+    tgt_len = np.array(
+        [len(y) + 1 for _, y in examples]
+    )  # + <bos> (in) or <eos> (out)
     if max_len is not None:
         over = np.flatnonzero((src_len > max_len) | (tgt_len > max_len))
         if over.size:
             k = over[0]
             raise ValueError(
-                f"pair {int(index[k])} has {src_len[k]} source and {tgt_len[k]} target "
-                f"tokens, more than max_len={max_len}; nothing is truncated: drop or split it"
+                f"pair {int(index[k])} has {src_len[k]} source and"
+                f" {tgt_len[k]} target tokens, more than max_len={max_len};"
+                " nothing is truncated: drop or split it"
             )
     B, S, T = len(examples), int(src_len.max()), int(tgt_len.max())
     src = np.full((B, S), pad_id, dtype=np.int64)
@@ -1151,7 +1301,9 @@ tokenizer = cached["de-en"]
 specials = dict(
     pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
 )
-short, long = sorted((val[i] for i in range(5)), key=lambda pair: len(pair[1]))[::4]
+short, long = sorted(
+    (val[i] for i in range(5)), key=lambda pair: len(pair[1])
+)[::4]
 batch = collate([long, short, ([], [])], **specials)
 for name in ("src", "tgt_in", "tgt_out"):
     print(f"{name:<8}", tuple(getattr(batch, name).shape))
@@ -1159,14 +1311,21 @@ view = {}
 for row, label in ((1, "short pair"), (2, "empty pair")):
     for name in ("src", "tgt_in", "tgt_out"):
         view[label, name] = tokenizer.pieces(getattr(batch, name)[row])
-view = pd.DataFrame({key: pd.Series(pieces) for key, pieces in view.items()}).fillna("")
+view = pd.DataFrame(
+    {key: pd.Series(pieces) for key, pieces in view.items()}
+).fillna("")
 view.index.name = "position"
 
 not_eos = batch.tgt_out[:, :-1] != tokenizer.eos_id
-assert torch.equal(batch.tgt_in[:, 1:][not_eos], batch.tgt_out[:, :-1][not_eos])
+assert torch.equal(
+    batch.tgt_in[:, 1:][not_eos], batch.tgt_out[:, :-1][not_eos]
+)
 assert batch.n_src_tokens == int((batch.src != tokenizer.pad_id).sum())
 assert batch.n_tgt_tokens == int((batch.tgt_out != tokenizer.pad_id).sum())
-assert batch.src[2, 0] == tokenizer.eos_id and batch.tgt_out[2, 0] == tokenizer.eos_id
+assert (
+    batch.src[2, 0] == tokenizer.eos_id
+    and batch.tgt_out[2, 0] == tokenizer.eos_id
+)
 assert (
     batch.tgt_in[2, 0] == tokenizer.bos_id
     and (batch.tgt_in[2, 1:] == tokenizer.pad_id).all()
@@ -1201,7 +1360,9 @@ else:
 
 # %%
 #| export
-MAX_TOKENS = 8_000  # padded tokens per batch, on each side (the paper: about 25,000)
+MAX_TOKENS = (
+    8_000  # padded tokens per batch, on each side (the paper: about 25,000)
+)
 
 
 def token_batches(
@@ -1213,18 +1374,21 @@ def token_batches(
     epoch: int = 0,
     shuffle: bool = True,
 ) -> list[np.ndarray]:
-    """Group pairs into batches of similar length, each holding at most `max_tokens` padded
-    tokens on each side; returns the pair indices of each batch.
+    """Group pairs into batches of similar length, each holding at most
+    `max_tokens` padded tokens on each side; returns the pair indices of each
+    batch.
 
-    The lengths are those the model sees (with <eos>, or <bos>). Pairs are sorted by their
-    longer side, then by their total length, with ties in a random order drawn from
-    (seed, epoch); batches are cut greedily along that order and then, with shuffle, shuffled.
+    The lengths are those the model sees (with <eos>, or <bos>). Pairs are
+    sorted by their longer side, then by their total length, with ties in a
+    random order drawn from (seed, epoch); batches are cut greedily along that
+    order and then, with shuffle, shuffled.
     """
     src = np.asarray(src_lengths, dtype=np.int64)
     tgt = np.asarray(tgt_lengths, dtype=np.int64)
     if src.ndim != 1 or src.shape != tgt.shape:
         raise ValueError(
-            f"one source and one target length per pair: {src.shape}, {tgt.shape}"
+            f"one source and one target length per pair: {src.shape},"
+            f" {tgt.shape}"
         )
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
@@ -1237,7 +1401,8 @@ def token_batches(
         )
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(src)) if shuffle else np.arange(len(src))
-    # lexsort is stable: pairs of equal lengths keep the random order drawn above.
+    # lexsort is stable: pairs of equal lengths keep the random order drawn
+    # above.
     order = order[np.lexsort((src[order] + tgt[order], longest[order]))]
     batches, start, width = [], 0, 0
     for k, length in enumerate(longest[order].tolist()):
@@ -1263,14 +1428,27 @@ def iterate_batches(
     shuffle: bool = True,
     max_len: int | None = None,
 ) -> Iterator[Batch]:
-    """The batches of one epoch over an encoded split (see token_batches and collate)."""
-    lengths = data.src_lengths + 1, data.tgt_lengths + 1  # with <eos>; <bos> or <eos>
+    """The batches of one epoch over an encoded split (see token_batches and
+    collate)."""
+    lengths = (
+        data.src_lengths + 1,
+        data.tgt_lengths + 1,
+    )  # with <eos>; <bos> or <eos>
     groups = token_batches(
-        *lengths, max_tokens=max_tokens, seed=seed, epoch=epoch, shuffle=shuffle
+        *lengths,
+        max_tokens=max_tokens,
+        seed=seed,
+        epoch=epoch,
+        shuffle=shuffle,
     )
-    ids = {name: getattr(tokenizer, name) for name in ("pad_id", "bos_id", "eos_id")}
+    ids = {
+        name: getattr(tokenizer, name)
+        for name in ("pad_id", "bos_id", "eos_id")
+    }
     for index in groups:
-        yield collate([data[i] for i in index], **ids, index=index, max_len=max_len)
+        yield collate(
+            [data[i] for i in index], **ids, index=index, max_len=max_len
+        )
 
 
 # %% [markdown]
@@ -1317,12 +1495,15 @@ points = pd.DataFrame(
     }
 )
 widths = np.arange(8, 65)
-assert points["longest sentence (tokens)"].between(8, 64).all()  # the axes' range
+assert (
+    points["longest sentence (tokens)"].between(8, 64).all()
+)  # the axes' range
 budget = pd.DataFrame(
     {"longest sentence (tokens)": widths, "sentences": MAX_TOKENS // widths}
 )
 assert (
-    points["sentences"] * points["longest sentence (tokens)"] > 0.9 * MAX_TOKENS
+    points["sentences"] * points["longest sentence (tokens)"]
+    > 0.9 * MAX_TOKENS
 ).mean() > 0.9
 x = alt.X(
     "longest sentence (tokens):Q",
@@ -1336,7 +1517,9 @@ y = alt.Y(
     title="sentences in the batch",
 )
 (
-    alt.Chart(budget).mark_line(color="grey", strokeDash=[4, 4]).encode(x=x, y=y)
+    alt.Chart(budget)
+    .mark_line(color="grey", strokeDash=[4, 4])
+    .encode(x=x, y=y)
     + alt.Chart(points)
     .mark_point(filled=True)
     .encode(x=x, y=y, tooltip=list(points.columns))
@@ -1352,7 +1535,9 @@ y = alt.Y(
 # with as many sentences per batch on average:
 
 # %%
-def padding(groups: list[np.ndarray], src: np.ndarray, tgt: np.ndarray) -> dict:
+def padding(
+    groups: list[np.ndarray], src: np.ndarray, tgt: np.ndarray
+) -> dict:
     padded_src = sum(len(g) * src[g].max() for g in groups)
     padded_tgt = sum(len(g) * tgt[g].max() for g in groups)
     return {
@@ -1375,14 +1560,19 @@ for pair in PAIRS:
     shuffled = np.random.default_rng(0).permutation(len(data))
     random = [shuffled[i : i + size] for i in range(0, len(data), size)]
     rows.append(
-        {"pair": pair, "batches of": "similar length"} | padding(by_length, src, tgt)
+        {"pair": pair, "batches of": "similar length"}
+        | padding(by_length, src, tgt)
     )
     rows.append(
-        {"pair": pair, "batches of": "random sentences"} | padding(random, src, tgt)
+        {"pair": pair, "batches of": "random sentences"}
+        | padding(random, src, tgt)
     )
 padding_table = pd.DataFrame(rows).set_index(["pair", "batches of"])
 for pair in PAIRS:
-    sorted_, random_ = padding_table.loc[pair].iloc[0], padding_table.loc[pair].iloc[1]
+    sorted_, random_ = (
+        padding_table.loc[pair].iloc[0],
+        padding_table.loc[pair].iloc[1],
+    )
     assert sorted_["target padding"] < random_["target padding"] / 4
     assert sorted_["largest batch (padded target tokens)"] <= MAX_TOKENS
 padding_table
@@ -1406,15 +1596,24 @@ from random import Random
 
 
 class BPEDropout:
-    """BPE-dropout (Provilkov et al., 2020): segment words afresh, dropping each merge that
-    could apply with probability p at every step; p = 0 is the tokenizer's own BPE."""
+    """BPE-dropout (Provilkov et al., 2020): segment words afresh, dropping
+    each merge that could apply with probability p at every step; p = 0 is the
+    tokenizer's own BPE."""
 
     def __init__(self, tokenizer: Tokenizer, p: float) -> None:
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
-            raise ValueError(f"BPE-dropout probability must be in [0, 1), got {p!r}")
+        if (
+            isinstance(p, bool)
+            or not isinstance(p, int | float)
+            or not 0 <= p < 1
+        ):
+            raise ValueError(
+                f"BPE-dropout probability must be in [0, 1), got {p!r}"
+            )
         self.tokenizer, self.p = tokenizer, float(p)
         merges = json.loads(tokenizer.bpe.to_str())["model"]["merges"]
-        pairs = (tuple(m.split(" ") if isinstance(m, str) else m) for m in merges)
+        pairs = (
+            tuple(m.split(" ") if isinstance(m, str) else m) for m in merges
+        )
         self._rank = {pair: rank for rank, pair in enumerate(pairs)}
         self._vocab = tokenizer.bpe.get_vocab()
 
@@ -1422,12 +1621,17 @@ class BPEDropout:
         """The ids of one marked word's pieces, drawn with `rng`."""
         symbols, rank, p, draw = list(word), self._rank, self.p, rng.random
         while len(symbols) > 1:
-            # The best merge that survives: scanning the candidates, a merge is only drawn
-            # when it would beat the best survivor so far; the others cannot win anyway.
+            # The best merge that survives: scanning the candidates, a merge is
+            # only drawn when it would beat the best survivor so far; the
+            # others cannot win anyway.
             best, at = None, -1
             for i in range(len(symbols) - 1):
                 r = rank.get((symbols[i], symbols[i + 1]))
-                if r is not None and (best is None or r < best) and draw() >= p:
+                if (
+                    r is not None
+                    and (best is None or r < best)
+                    and draw() >= p
+                ):
                     best, at = r, i
             if best is None:
                 break
@@ -1440,16 +1644,17 @@ class BPEDropout:
         """Raise DataError if the split does not say where its words start."""
         if split.src_starts is None or split.tgt_starts is None:
             raise DataError(
-                "BPE-dropout needs the word starts of the training split: build it with "
-                "`EncodedSplit.from_words` or load it with `load_encoded` (`from_lists` "
-                "records no word starts)"
+                "BPE-dropout needs the word starts of the training split:"
+                " build it with `EncodedSplit.from_words` or load it with"
+                " `load_encoded` (`from_lists` records no word starts)"
             )
 
     def longest_spelling(
         self, split: EncodedSplit, sides: Sequence[str] = ("src", "tgt")
     ) -> int:
-        """The most tokens a sentence of `sides` can take when resampled, <bos> and <eos>
-        aside: one per character of its words, the spelling in which every merge drops."""
+        """The most tokens a sentence of `sides` can take when resampled, <bos>
+        and <eos> aside: one per character of its words, the spelling in which
+        every merge drops."""
         longest = 0
         for side in sides:
             ids, offsets = (
@@ -1469,19 +1674,26 @@ class BPEDropout:
         epoch: int,
         sides: Sequence[str] = ("src", "tgt"),
     ) -> EncodedSplit:
-        """The split with every word of `sides` ("src", "tgt" or both) segmented afresh, as a
-        function of (seed, epoch); the other side is kept as it is."""
+        """The split with every word of `sides` ("src", "tgt" or both)
+        segmented afresh, as a function of (seed, epoch); the other side is
+        kept as it is."""
         self.check(split)
         if not set(sides) <= {"src", "tgt"}:
-            raise ValueError(f"sides must be 'src' and/or 'tgt', got {sides!r}")
+            raise ValueError(
+                f"sides must be 'src' and/or 'tgt', got {sides!r}"
+            )
         rng = Random(f"bpe-dropout {seed} {epoch}")
         arrays = {name: getattr(split, name) for name in _ARRAYS + _STARTS}
         for side in [side for side in ("src", "tgt") if side in sides]:
             ids, offsets = arrays[f"{side}_ids"], arrays[f"{side}_offsets"]
             first = np.flatnonzero(arrays[f"{side}_starts"])
             pieces = self.tokenizer.pieces(ids)
-            bounds = zip(first.tolist(), [*first[1:].tolist(), len(ids)], strict=True)
-            words = [self.segment("".join(pieces[a:b]), rng) for a, b in bounds]
+            bounds = zip(
+                first.tolist(), [*first[1:].tolist(), len(ids)], strict=True
+            )
+            words = [
+                self.segment("".join(pieces[a:b]), rng) for a, b in bounds
+            ]
             new_ids, ends = _flatten(words)  # ends: where each word ends
             starts = np.zeros(len(new_ids), dtype=np.bool_)
             starts[ends[:-1]] = True
@@ -1505,9 +1717,12 @@ for pair, (src_lang, tgt_lang) in PAIRS.items():
         for word in words
     }
     assert all(
-        plain.segment(w, Random(0)) == list(tokenizer.segment(w)) for w in distinct
+        plain.segment(w, Random(0)) == list(tokenizer.segment(w))
+        for w in distinct
     )
-    print(f"{pair}: {len(distinct):,} distinct words, each segmented as by BPE")
+    print(
+        f"{pair}: {len(distinct):,} distinct words, each segmented as by BPE"
+    )
 
 # %% [markdown]
 # With $p = 0.1$ a word comes out in several spellings. The six commonest of 1,000 draws for a
@@ -1528,14 +1743,23 @@ for word in ("▁Mann", "▁Polizeihund"):
         " ".join(cached["de-en"].pieces(dropout.segment(word, draws)))
         for _ in range(1_000)
     )
-    plain_spelling = " ".join(cached["de-en"].pieces(cached["de-en"].segment(word)))
+    plain_spelling = " ".join(
+        cached["de-en"].pieces(cached["de-en"].segment(word))
+    )
     assert seen.most_common(1)[0][0] == plain_spelling
     left[word] = 1 - seen[plain_spelling] / 1_000
     spellings += [
-        {"word": word, "in training": train_words[word], "spelling": s, "of 1,000": n}
+        {
+            "word": word,
+            "in training": train_words[word],
+            "spelling": s,
+            "of 1,000": n,
+        }
         for s, n in seen.most_common(6)
     ]
-assert round(left["▁Mann"], 2) == 0.28 and round(left["▁Polizeihund"], 2) == 0.16
+assert (
+    round(left["▁Mann"], 2) == 0.28 and round(left["▁Polizeihund"], 2) == 0.16
+)
 pd.DataFrame(spellings).set_index(["word", "in training"])
 
 # %% [markdown]
@@ -1546,20 +1770,27 @@ pd.DataFrame(spellings).set_index(["word", "in training"])
 train = load_encoded("de-en", "train")
 epoch_0 = dropout.resample(train, seed=0, epoch=0)
 decode = cached["de-en"].decode
-assert all(decode(epoch_0[i][0]) == decode(train[i][0]) for i in range(len(train)))
-assert all(decode(epoch_0[i][1]) == decode(train[i][1]) for i in range(len(train)))
+assert all(
+    decode(epoch_0[i][0]) == decode(train[i][0]) for i in range(len(train))
+)
+assert all(
+    decode(epoch_0[i][1]) == decode(train[i][1]) for i in range(len(train))
+)
 again = dropout.resample(train, seed=0, epoch=0)
 assert np.array_equal(again.tgt_ids, epoch_0.tgt_ids)
 epoch_1 = dropout.resample(train, seed=0, epoch=1)
 assert not np.array_equal(epoch_1.tgt_ids, epoch_0.tgt_ids)
 growth = {
-    side: len(getattr(epoch_0, f"{side}_ids")) / len(getattr(train, f"{side}_ids"))
+    side: (
+        len(getattr(epoch_0, f"{side}_ids"))
+        / len(getattr(train, f"{side}_ids"))
+    )
     for side in ("src", "tgt")
 }
 assert round(growth["src"], 2) == 1.30 and round(growth["tgt"], 2) == 1.28
 print(
-    f"p = 0.1: {growth['src'] - 1:.0%} more German and {growth['tgt'] - 1:.0%} more "
-    "English tokens"
+    f"p = 0.1: {growth['src'] - 1:.0%} more German and {growth['tgt'] - 1:.0%}"
+    " more English tokens"
 )
 
 # %% [markdown]
@@ -1569,7 +1800,9 @@ print(
 
 # %%
 longest_bpe = int(max(train.src_lengths.max(), train.tgt_lengths.max())) + 1
-longest_drawn = int(max(epoch_0.src_lengths.max(), epoch_0.tgt_lengths.max())) + 1
+longest_drawn = (
+    int(max(epoch_0.src_lengths.max(), epoch_0.tgt_lengths.max())) + 1
+)
 longest_spelled = dropout.longest_spelling(train) + 1
 assert longest_bpe < longest_drawn <= longest_spelled == 256
 print(

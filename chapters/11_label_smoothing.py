@@ -40,10 +40,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp loss
@@ -94,7 +95,9 @@ print(f"q_y = {q[y].item():.4f}, every other token {q[0].item():.4f}")
 variants = {
     "ε/V (this book, PyTorch, Szegedy et al.)": q,
     "ε/(V−1) (fairseq, tensor2tensor)": torch.full((V,), eps / (V - 1)),
-    "ε/(V−2), no <pad> (Annotated Transformer)": torch.full((V,), eps / (V - 2)),
+    "ε/(V−2), no <pad> (Annotated Transformer)": torch.full(
+        (V,), eps / (V - 2)
+    ),
 }
 variants["ε/(V−1) (fairseq, tensor2tensor)"][y] = 1 - eps
 variants["ε/(V−2), no <pad> (Annotated Transformer)"][y] = 1 - eps
@@ -104,7 +107,11 @@ for name, dist in variants.items():
 
 targets = pd.DataFrame(
     [
-        {"token": token, "variant": name, "probability": round(dist[v].item(), 4)}
+        {
+            "token": token,
+            "variant": name,
+            "probability": round(dist[v].item(), 4),
+        }
         for name, dist in variants.items()
         for v, token in enumerate(vocab)
     ]
@@ -128,7 +135,9 @@ alt.Chart(
     color=alt.Color(
         "variant:N",
         sort=list(variants),
-        legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=400),
+        legend=alt.Legend(
+            orient="bottom", direction="vertical", labelLimit=400
+        ),
     ),
     tooltip=["token", "variant", alt.Tooltip("probability:Q", format=".4f")],
 ).properties(width=480, height=220)
@@ -174,7 +183,8 @@ alt.Chart(
 
 # %%
 #| export
-"""Label smoothing (Vaswani et al. 2017, section 5.4) and the metrics a validation loop reports."""
+"""Label smoothing (Vaswani et al. 2017, section 5.4) and the metrics a
+validation loop reports."""
 
 import math
 from dataclasses import dataclass
@@ -186,7 +196,8 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
-    """H(q) in nats for q = (1 − ε)·onehot(y) + ε/V: the KL loss is the cross-entropy minus this."""
+    """H(q) in nats for q = (1 − ε)·onehot(y) + ε/V: the KL loss is the
+    cross-entropy minus this."""
     if not 0.0 <= smoothing < 1.0:  # also rejects NaN
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
     if vocab_size < 1:
@@ -195,28 +206,37 @@ def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
         return 0.0
     right = 1.0 - smoothing + smoothing / vocab_size
     other = smoothing / vocab_size
-    return -(right * math.log(right) + (vocab_size - 1) * other * math.log(other))
+    return -(
+        right * math.log(right) + (vocab_size - 1) * other * math.log(other)
+    )
 
 
 def _check_inputs(log_probs: Tensor, target: Tensor) -> None:
-    """Float log-probabilities (..., V) and token ids (...) of torch.long, or a ValueError."""
+    """Float log-probabilities (..., V) and token ids (...) of torch.long, or a
+    ValueError."""
     if log_probs.dim() == 0 or log_probs.shape[:-1] != target.shape:
         raise ValueError(
-            f"log_probs {tuple(log_probs.shape)} does not match target {tuple(target.shape)}: "
-            "expected (..., V) and (...)"
+            f"log_probs {tuple(log_probs.shape)} does not match target"
+            f" {tuple(target.shape)}: expected (..., V) and (...)"
         )
     if not log_probs.is_floating_point():
-        raise ValueError(f"log_probs must be floating-point, got {log_probs.dtype}")
+        raise ValueError(
+            f"log_probs must be floating-point, got {log_probs.dtype}"
+        )
     if target.dtype != torch.long:
-        raise ValueError(f"target must hold token ids (torch.long), got {target.dtype}")
+        raise ValueError(
+            f"target must hold token ids (torch.long), got {target.dtype}"
+        )
 
 
 class LabelSmoothingLoss(nn.Module):
-    """KL(q ‖ p) from the smoothed target q to the model's distribution p, ignoring padding.
+    """KL(q ‖ p) from the smoothed target q to the model's distribution p,
+    ignoring padding.
 
     q gives 1 − ε + ε/V to the target token and ε/V to every other token, as
-    `F.cross_entropy(label_smoothing=ε)` does, and the loss is that cross-entropy minus the
-    constant H(q): zero when p = q. With smoothing 0 it is the negative log-likelihood.
+    `F.cross_entropy(label_smoothing=ε)` does, and the loss is that
+    cross-entropy minus the constant H(q): zero when p = q. With smoothing 0 it
+    is the negative log-likelihood.
     """
 
     def __init__(
@@ -234,36 +254,50 @@ class LabelSmoothingLoss(nn.Module):
         self.reduction = reduction
 
     def extra_repr(self) -> str:
-        return f"pad_id={self.pad_id}, smoothing={self.smoothing}, reduction={self.reduction!r}"
+        return (
+            f"pad_id={self.pad_id}, smoothing={self.smoothing},"
+            f" reduction={self.reduction!r}"
+        )
 
     def forward(self, log_probs: Tensor, target: Tensor) -> Tensor:
-        """The loss averaged over real target tokens ("mean"), summed ("sum") or per position.
+        """The loss averaged over real target tokens ("mean"), summed ("sum")
+        or per position.
 
         Shapes:
-            log_probs: (B, T, V) or (N, V), log-probabilities (the model's log_softmax)
-            target: (B, T) or (N,), token ids (torch.long); positions equal to pad_id are ignored
-            returns a scalar, or (B, T) / (N,) with zeros at padding for reduction="none"
+            log_probs: (B, T, V) or (N, V), log-probabilities (the model's
+                log_softmax)
+            target: (B, T) or (N,), token ids (torch.long); positions equal to
+                pad_id are ignored
+            returns a scalar, or (B, T) / (N,) with zeros at padding for
+                reduction="none"
 
-        A batch with no real token gives 0 with "mean" (and a zero gradient), not NaN.
+        A batch with no real token gives 0 with "mean" (and a zero gradient),
+        not NaN.
         """
         _check_inputs(log_probs, target)
         eps, vocab_size = self.smoothing, log_probs.size(-1)
         real = target != self.pad_id  # (B, T)
-        # Any id at padded positions will do for the gather, even a pad_id outside the vocabulary.
+        # Any id at padded positions will do for the gather, even a pad_id
+        # outside the vocabulary.
         index = target.masked_fill(~real, 0).unsqueeze(-1)  # (B, T, 1)
         # Accumulate in at least float32, also when the model runs in bfloat16.
         dtype = torch.promote_types(log_probs.dtype, torch.float32)
         nll = -log_probs.gather(-1, index).squeeze(-1).to(dtype)  # (B, T)
         loss = (1.0 - eps) * nll
         if eps > 0:
-            uniform = -log_probs.sum(dim=-1, dtype=dtype) / vocab_size  # (B, T)
-            loss = loss + eps * uniform - smoothed_target_entropy(eps, vocab_size)
+            uniform = (
+                -log_probs.sum(dim=-1, dtype=dtype) / vocab_size
+            )  # (B, T)
+            loss = (
+                loss + eps * uniform - smoothed_target_entropy(eps, vocab_size)
+            )
         loss = loss.masked_fill(~real, 0.0)
         if self.reduction == "none":
             return loss
         if self.reduction == "sum":
             return loss.sum()
-        # clamp: an all-padding batch gives 0 / 1 = 0, with no host-device sync to check for it
+        # clamp: an all-padding batch gives 0 / 1 = 0, with no host-device sync
+        # to check for it
         return loss.sum() / real.sum().clamp(min=1)
 
 
@@ -275,7 +309,9 @@ from transformer.loss import LabelSmoothingLoss, smoothed_target_entropy
 
 V_wmt = 37_000  # the paper's shared English-German vocabulary
 for size in (V, V_wmt):
-    print(f"V = {size:>6,}: H(q) = {smoothed_target_entropy(eps, size):.4f} nats")
+    print(
+        f"V = {size:>6,}: H(q) = {smoothed_target_entropy(eps, size):.4f} nats"
+    )
 assert math.isclose(
     smoothed_target_entropy(eps, V), -(q * q.log()).sum().item(), rel_tol=1e-12
 )
@@ -291,14 +327,19 @@ assert math.isclose(
 B, T = 3, 6
 logits = torch.randn(B, T, V, dtype=torch.float64)
 target = torch.randint(1, V, (B, T))
-target[0, 4:] = pad_id  # the first sentence has 4 tokens, the second 5, the third 6
+target[0, 4:] = (
+    pad_id  # the first sentence has 4 tokens, the second 5, the third 6
+)
 target[1, 5:] = pad_id
 log_probs = logits.log_softmax(dim=-1)
 
 criterion = LabelSmoothingLoss(pad_id=pad_id, smoothing=eps)
 ours = criterion(log_probs, target)
 theirs = F.cross_entropy(
-    logits.view(-1, V), target.view(-1), label_smoothing=eps, ignore_index=pad_id
+    logits.view(-1, V),
+    target.view(-1),
+    label_smoothing=eps,
+    ignore_index=pad_id,
 )
 reference = theirs - smoothed_target_entropy(eps, V)
 print(criterion)
@@ -313,14 +354,19 @@ assert torch.allclose(ours, reference, atol=1e-12)
 # %%
 nll = LabelSmoothingLoss(pad_id=pad_id, smoothing=0.0)(log_probs, target)
 assert torch.allclose(
-    nll, F.nll_loss(log_probs.view(-1, V), target.view(-1), ignore_index=pad_id)
+    nll,
+    F.nll_loss(log_probs.view(-1, V), target.view(-1), ignore_index=pad_id),
 )
 
 n_tokens = (target != pad_id).sum()
 summed = LabelSmoothingLoss(pad_id=pad_id, reduction="sum")(log_probs, target)
 assert n_tokens == 15 and torch.allclose(summed, ours * n_tokens)
-per_position = LabelSmoothingLoss(pad_id=pad_id, reduction="none")(log_probs, target)
-assert per_position.shape == (B, T) and torch.allclose(per_position.sum(), summed)
+per_position = LabelSmoothingLoss(pad_id=pad_id, reduction="none")(
+    log_probs, target
+)
+assert per_position.shape == (B, T) and torch.allclose(
+    per_position.sum(), summed
+)
 assert per_position[target == pad_id].abs().max() == 0
 
 # %% [markdown]
@@ -335,13 +381,17 @@ assert grad[target == pad_id].abs().max() == 0
 # At a real position the gradient is (p − q) / (number of real tokens).
 p_model = logits.detach().softmax(-1)
 q_batch = torch.full_like(p_model, eps / V).scatter_add(
-    -1, target.unsqueeze(-1), torch.full((B, T, 1), 1 - eps, dtype=torch.float64)
+    -1,
+    target.unsqueeze(-1),
+    torch.full((B, T, 1), 1 - eps, dtype=torch.float64),
 )
 real = target != pad_id
 assert torch.allclose(grad[real], (p_model - q_batch)[real] / real.sum())
 
 scrambled = logits.detach().clone()
-scrambled[target == pad_id] = 1e4 * torch.randn_like(scrambled[target == pad_id])
+scrambled[target == pad_id] = 1e4 * torch.randn_like(
+    scrambled[target == pad_id]
+)
 assert torch.allclose(criterion(scrambled.log_softmax(-1), target), loss)
 
 all_pad = torch.full((B, T), pad_id)
@@ -364,7 +414,9 @@ assert criterion(log_probs, all_pad) == 0 and theirs_all_pad.isnan()
 # %%
 p = torch.arange(0.01, 0.999 + 1e-9, 1e-4, dtype=torch.float64)  # (N,)
 others = ((1 - p) / (V - 1)).unsqueeze(-1).expand(-1, V).clone()  # (N, V)
-sweep_log_probs = others.scatter(1, torch.full((len(p), 1), y), p.unsqueeze(-1)).log()
+sweep_log_probs = others.scatter(
+    1, torch.full((len(p), 1), y), p.unsqueeze(-1)
+).log()
 right = torch.full((len(p),), y)
 
 curves = {
@@ -383,7 +435,8 @@ assert smoothed.min().abs() < 1e-6  # the KL divergence reaches zero there
 assert curves["ε = 0 (negative log-likelihood)"].argmin() == len(p) - 1
 
 # %%
-# Every 50th point over the whole range, every 10th in the zoomed panel, and the last point.
+# Every 50th point over the whole range, every 10th in the zoomed panel, and
+# the last point.
 coarse = sorted(set(range(0, len(p), 50)) | {len(p) - 1})
 fine = [i for i in range(0, len(p), 10) if p[i] >= 0.8] + [len(p) - 1]
 losses = pd.DataFrame(
@@ -421,7 +474,9 @@ def loss_panel(panel: str, ticks: list[float], title: str) -> alt.LayerChart:
                 axis=alt.Axis(values=ticks),
             ),
             y=alt.Y("loss:Q", title="loss (nats)"),
-            color=alt.Color("ε:N", title=None, legend=alt.Legend(orient="bottom")),
+            color=alt.Color(
+                "ε:N", title=None, legend=alt.Legend(orient="bottom")
+            ),
             tooltip=["ε", "p(right token)", "loss"],
         )
     )
@@ -432,14 +487,18 @@ def loss_panel(panel: str, ticks: list[float], title: str) -> alt.LayerChart:
     )
     if panel == "all":
         return (lines + marker).properties(width=300, height=240)
-    label = marker.mark_text(align="right", dx=-8, dy=-10).encode(text="label:N")
+    label = marker.mark_text(align="right", dx=-8, dy=-10).encode(
+        text="label:N"
+    )
     return (lines + marker + label).properties(width=300, height=240)
 
 
 (
     loss_panel("all", [0, 0.2, 0.4, 0.6, 0.8, 1], "p from 0.01 to 0.999")
     | loss_panel("zoom", [0.8, 0.85, 0.9, 0.95, 1], "zoomed: p from 0.8")
-).properties(title=f"Loss against the model's confidence in the right token (V = {V})")
+).properties(
+    title=f"Loss against the model's confidence in the right token (V = {V})"
+)
 
 
 # %% [markdown]
@@ -452,8 +511,8 @@ def loss_panel(panel: str, ticks: list[float], title: str) -> alt.LayerChart:
 for size in (V, V_wmt):
     q_y = 1 - eps + eps / size
     print(
-        f"V = {size:>6,}: q_y = {q_y:.4f}, best NLL = {-math.log(q_y):.4f} nats, "
-        f"perplexity >= {1 / q_y:.4f}"
+        f"V = {size:>6,}: q_y = {q_y:.4f}, best NLL = {-math.log(q_y):.4f}"
+        f" nats, perplexity >= {1 / q_y:.4f}"
     )
 
 # %% [markdown]
@@ -468,7 +527,8 @@ for size in (V, V_wmt):
 #| export
 @dataclass(frozen=True)
 class TokenStats:
-    """Sums over real (non-padding) target tokens; add them up across batches, then read means."""
+    """Sums over real (non-padding) target tokens; add them up across batches,
+    then read means."""
 
     nll_sum: float = 0.0
     correct: int = 0
@@ -483,28 +543,35 @@ class TokenStats:
 
     def _count(self) -> int:
         if self.tokens == 0:
-            raise ValueError("no target tokens were counted: the means are undefined")
+            raise ValueError(
+                "no target tokens were counted: the means are undefined"
+            )
         return self.tokens
 
     @property
     def nll(self) -> float:
-        """Mean negative log-likelihood per token, in nats, without smoothing."""
+        """Mean negative log-likelihood per token, in nats, unsmoothed."""
         return self.nll_sum / self._count()
 
     @property
     def perplexity(self) -> float:
-        """e^nll: per subword token, <eos> included (the paper's per-wordpiece perplexity)."""
+        """e^nll: per subword token, <eos> included (the paper's per-wordpiece
+        perplexity)."""
         return math.exp(self.nll)
 
     @property
     def accuracy(self) -> float:
-        """Share of real target tokens whose most probable prediction is the right one."""
+        """Share of real target tokens whose most probable prediction is the
+        right one."""
         return self.correct / self._count()
 
 
 @torch.no_grad()
-def token_stats(log_probs: Tensor, target: Tensor, *, pad_id: int) -> TokenStats:
-    """Unsmoothed NLL, correct predictions and token count of one batch, padding ignored.
+def token_stats(
+    log_probs: Tensor, target: Tensor, *, pad_id: int
+) -> TokenStats:
+    """Unsmoothed NLL, correct predictions and token count of one batch,
+    padding ignored.
 
     Shapes:
         log_probs: (B, T, V) or (N, V); target: (B, T) or (N,)
@@ -533,10 +600,12 @@ halves = token_stats(log_probs[:1], target[:1], pad_id=pad_id) + token_stats(
     log_probs[1:], target[1:], pad_id=pad_id
 )
 assert halves.tokens == stats.tokens == 15 and halves.correct == stats.correct
-assert math.isclose(halves.nll, stats.nll) and math.isclose(stats.nll, nll.item())
+assert math.isclose(halves.nll, stats.nll) and math.isclose(
+    stats.nll, nll.item()
+)
 print(
-    f"tokens {stats.tokens}, NLL {stats.nll:.4f}, perplexity {stats.perplexity:.3f}, "
-    f"accuracy {stats.accuracy:.3f}"
+    f"tokens {stats.tokens}, NLL {stats.nll:.4f}, perplexity"
+    f" {stats.perplexity:.3f}, accuracy {stats.accuracy:.3f}"
 )
 
 # %% [markdown]
@@ -547,10 +616,14 @@ print(
 g = torch.Generator().manual_seed(0)
 random_logits = torch.randn(10_000, V, dtype=torch.float64, generator=g)
 random_targets = torch.randint(1, V, (10_000,), generator=g)  # never <pad>
-chance = token_stats(random_logits.log_softmax(-1), random_targets, pad_id=pad_id)
+chance = token_stats(
+    random_logits.log_softmax(-1), random_targets, pad_id=pad_id
+)
 print(f"accuracy {chance.accuracy:.3f} (1/V = {1 / V:.3f})")
 print(f"perplexity {chance.perplexity:.1f}")
-assert abs(chance.accuracy - 1 / V) < 0.01 and V / 2 < chance.perplexity < 2 * V
+assert (
+    abs(chance.accuracy - 1 / V) < 0.01 and V / 2 < chance.perplexity < 2 * V
+)
 
 # %% [markdown]
 # ## Summary

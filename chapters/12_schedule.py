@@ -47,10 +47,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp schedule
@@ -84,7 +85,8 @@ torch.set_printoptions(precision=4)
 
 # %%
 #| export
-"""Adam and the learning-rate schedule of Vaswani et al. (2017), section 5.3, equation (3)."""
+"""Adam and the learning-rate schedule of Vaswani et al. (2017), section 5.3,
+equation (3)."""
 
 from collections.abc import Iterable
 
@@ -96,11 +98,14 @@ ADAM_BETAS = (0.9, 0.98)
 ADAM_EPS = 1e-9
 
 
-def noam_lr(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> float:
-    """factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), equation (3).
+def noam_lr(
+    step: int, *, d_model: int, warmup: int, factor: float = 1.0
+) -> float:
+    """factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), equation
+    (3).
 
-    `step` is the number of the update, counted from 1; step 0 (before any update) gives 0,
-    the limit of the linear warm-up.
+    `step` is the number of the update, counted from 1; step 0 (before any
+    update) gives 0, the limit of the linear warm-up.
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -132,10 +137,14 @@ for name, d_model, steps in [("base", 512, 100_000), ("big", 1024, 300_000)]:
             "d_model": d_model,
             "first update": f"{noam_lr(1, d_model=d_model, warmup=4000):.2e}",
             "peak (step 4,000)": f"{peak:.2e}",
-            "last update": f"{noam_lr(steps, d_model=d_model, warmup=4000):.2e}",
+            "last update": (
+                f"{noam_lr(steps, d_model=d_model, warmup=4000):.2e}"
+            ),
         }
     )
-assert math.isclose(noam_lr(4000, d_model=512, warmup=4000), 7.0e-4, rel_tol=0.01)
+assert math.isclose(
+    noam_lr(4000, d_model=512, warmup=4000), 7.0e-4, rel_tol=0.01
+)
 assert noam_lr(0, d_model=512, warmup=4000) == 0.0
 assert noam_lr(9, d_model=512, warmup=4000, factor=2.0) == 2 * noam_lr(
     9, d_model=512, warmup=4000
@@ -169,8 +178,8 @@ for (d_model, warmup), lr in curves.items():
     assert all(a < b for a, b in zip(lr[1:top], lr[2 : top + 1], strict=True))
     assert all(a > b for a, b in zip(lr[top:-1], lr[top + 1 :], strict=True))
 
-# A wider model is lower at every step; after the longest warm-up, 8,000, the three warm-ups
-# at d_model = 512 give the same rate.
+# A wider model is lower at every step; after the longest warm-up, 8,000, the
+# three warm-ups at d_model = 512 give the same rate.
 assert all(
     a > b > c
     for a, b, c in zip(
@@ -181,15 +190,19 @@ assert all(
     )
 )
 for step in range(8000, STEPS + 1):
-    assert curves[512, 2000][step] == curves[512, 4000][step] == curves[512, 8000][step]
+    assert (
+        curves[512, 2000][step]
+        == curves[512, 4000][step]
+        == curves[512, 8000][step]
+    )
 
 # %%
 from transformer.plots import use_book_renderer
 
 use_book_renderer()
 
-# One point in 100 keeps the chart small; every warm-up is a multiple of 100, so the peaks
-# are among the points and stay sharp.
+# One point in 100 keeps the chart small; every warm-up is a multiple of 100,
+# so the peaks are among the points and stay sharp.
 shown = list(range(0, STEPS + 1, 100))
 assert all(w in shown for _, w in configs)
 panels = {  # the panel's title, and its curves with their legend labels
@@ -234,7 +247,9 @@ peaks = pd.DataFrame(
 
 def schedule_panel(panel: str) -> alt.LayerChart:
     x = alt.X(
-        "step:Q", title="step", axis=alt.Axis(values=list(range(0, STEPS + 1, 4000)))
+        "step:Q",
+        title="step",
+        axis=alt.Axis(values=list(range(0, STEPS + 1, 4000))),
     )
     y = alt.Y("learning rate:Q", title="learning rate (× 1e-4)")
     color = alt.Color(
@@ -246,7 +261,9 @@ def schedule_panel(panel: str) -> alt.LayerChart:
     lines = (
         alt.Chart(schedule[schedule.panel == panel], title=panel)
         .mark_line()
-        .encode(x=x, y=y, color=color, tooltip=["curve", "step", "learning rate"])
+        .encode(
+            x=x, y=y, color=color, tooltip=["curve", "step", "learning rate"]
+        )
     )
     dots = (
         alt.Chart(peaks[peaks.panel == panel])
@@ -303,8 +320,11 @@ assert torch.allclose(weights.detach(), -1e-3 * weights.grad.sign(), rtol=1e-4)
 
 # %%
 #| export
-def _param_list(params: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """A parameter group's tensors as a list: one tensor, or an iterable of them."""
+def _param_list(
+    params: torch.Tensor | Iterable[torch.Tensor],
+) -> list[torch.Tensor]:
+    """A parameter group's tensors as a list: one tensor, or an iterable of
+    them."""
     return [params] if isinstance(params, torch.Tensor) else list(params)
 
 
@@ -316,39 +336,54 @@ def make_optimizer(
     factor: float = 1.0,
     fused: bool | None = None,
 ) -> tuple[torch.optim.Adam, LambdaLR]:
-    """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation (3).
+    """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation
+    (3).
 
-    The optimizer's base lr is 1.0 and the scheduler's factor is noam_lr(k + 1) after k calls of
-    `scheduler.step()`, so update n (from 1) uses noam_lr(n). Call `optimizer.step()`, then
-    `scheduler.step()`. `fused=None` uses the fused Adam when every parameter is on CUDA.
+    The optimizer's base lr is 1.0 and the scheduler's factor is noam_lr(k + 1)
+    after k calls of `scheduler.step()`, so update n (from 1) uses noam_lr(n).
+    Call `optimizer.step()`, then `scheduler.step()`. `fused=None` uses the
+    fused Adam when every parameter is on CUDA.
     """
     if isinstance(model_or_params, nn.Module):
         params: list = list(model_or_params.parameters())
     else:
-        # A group's "params" may be a generator (`model.encoder.parameters()`): make it a
-        # list, or reading it here would leave Adam an empty group. It may also be one tensor,
-        # as torch.optim allows, which list() would cut into its rows.
+        # A group's "params" may be a generator (`model.encoder.parameters()`):
+        # make it a list, or reading it here would leave Adam an empty group.
+        # It may also be one tensor, as torch.optim allows, which list() would
+        # cut into its rows.
         params = [
-            p | {"params": _param_list(p["params"])} if isinstance(p, dict) else p
+            (
+                p | {"params": _param_list(p["params"])}
+                if isinstance(p, dict)
+                else p
+            )
             for p in model_or_params
         ]
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
     if not groups or any(not group for group in groups):
-        raise ValueError("make_optimizer got no parameters (or an empty group)")
-    if any(isinstance(p, dict) and "lr" in p for p in params):
-        # LambdaLR multiplies a group's own lr by the schedule: noam_lr(n) would be scaled.
         raise ValueError(
-            "a parameter group sets its own lr: the schedule sets every group's learning "
-            "rate (use factor= to scale it)"
+            "make_optimizer got no parameters (or an empty group)"
+        )
+    if any(isinstance(p, dict) and "lr" in p for p in params):
+        # LambdaLR multiplies a group's own lr by the schedule: noam_lr(n)
+        # would be scaled.
+        raise ValueError(
+            "a parameter group sets its own lr: the schedule sets every"
+            " group's learning rate (use factor= to scale it)"
         )
     if fused is None:
-        fused = all(t.is_cuda and t.is_floating_point() for g in groups for t in g)
+        fused = all(
+            t.is_cuda and t.is_floating_point() for g in groups for t in g
+        )
     # Check the schedule's arguments before building anything.
     noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)
 
     def lr_at(completed_updates: int) -> float:
         return noam_lr(
-            completed_updates + 1, d_model=d_model, warmup=warmup, factor=factor
+            completed_updates + 1,
+            d_model=d_model,
+            warmup=warmup,
+            factor=factor,
         )
 
     optimizer = torch.optim.Adam(
@@ -393,7 +428,9 @@ pd.DataFrame(
             "scheduler.step() calls": k,
             "update": k + 1,
             "optimizer lr": f"{lr:.4e}",
-            "noam_lr(update)": f"{noam_lr(k + 1, d_model=512, warmup=WARMUP):.4e}",
+            "noam_lr(update)": (
+                f"{noam_lr(k + 1, d_model=512, warmup=WARMUP):.4e}"
+            ),
         }
         for k, lr in seen.items()
     ]

@@ -44,10 +44,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp train
@@ -96,8 +97,9 @@ torch.set_printoptions(precision=4)
 
 # %%
 #| export validation
-"""Teacher-forced validation of Vaswani et al. (2017)'s model: the label-smoothed loss, the
-NLL and perplexities per token and per word, and the token accuracy."""
+"""Teacher-forced validation of Vaswani et al. (2017)'s model: the
+label-smoothed loss, the NLL and perplexities per token and per word, and the
+token accuracy."""
 
 import math
 from collections.abc import Iterable
@@ -115,8 +117,8 @@ from transformer.tokenizer import Tokenizer
 
 
 def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
-    """The model's log-probabilities of each next target token of a batch, the decoder
-    fed the reference prefix (teacher forcing).
+    """The model's log-probabilities of each next target token of a batch, the
+    decoder fed the reference prefix (teacher forcing).
 
     Shapes:
         batch.src: (B, S); batch.tgt_in: (B, T)
@@ -132,11 +134,12 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 
 # %%
 #| export
-"""The training loop of Vaswani et al. (2017), section 5: one update over token-bucketed
-batches, and the trainer that runs the epochs, validates, checkpoints and resumes exactly,
-in one process or several (torchrun).
+"""The training loop of Vaswani et al. (2017), section 5: one update over
+token-bucketed batches, and the trainer that runs the epochs, validates,
+checkpoints and resumes exactly, in one process or several (torchrun).
 
-Imports neither Altair, pandas nor spaCy: a GPU machine trains from the encoded cache.
+Imports neither Altair, pandas nor spaCy: a GPU machine trains from the encoded
+cache.
 """
 
 import contextlib
@@ -154,7 +157,8 @@ from transformer.validation import batch_log_probs
 
 
 def _ddp(model: nn.Module) -> DistributedDataParallel | None:
-    """The DistributedDataParallel wrapper of a model, seen through torch.compile's."""
+    """The DistributedDataParallel wrapper of a model, seen through
+    torch.compile's."""
     inner = getattr(model, "_orig_mod", model)
     return inner if isinstance(inner, DistributedDataParallel) else None
 
@@ -171,31 +175,40 @@ def train_step(
 ) -> Tensor:
     """One update with the gradient of (summed loss) / `tokens`.
 
-    `batches` are this process's micro-batches; `tokens` counts the real target tokens of the
-    whole update, every micro-batch of every process. Returns this process's summed loss,
-    detached and on the model's device.
+    `batches` are this process's micro-batches; `tokens` counts the real target
+    tokens of the whole update, every micro-batch of every process. Returns
+    this process's summed loss, detached and on the model's device.
     """
     if criterion.reduction != "sum":
         raise ValueError(
-            f"criterion must sum the loss, got reduction={criterion.reduction!r}"
+            "criterion must sum the loss, got"
+            f" reduction={criterion.reduction!r}"
         )
     if not batches or tokens <= 0:
         raise ValueError(
             f"an update needs batches and tokens, got {len(batches)}, {tokens}"
         )
     ddp = _ddp(model)
-    # DistributedDataParallel averages the gradients of the processes; we want their sum.
+    # DistributedDataParallel averages the gradients of the processes; we want
+    # their sum.
     scale = (dist.get_world_size() if ddp is not None else 1) / tokens
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=device)
     for k, batch in enumerate(batches):
         batch = batch.to(device, non_blocking=True)
-        # Processes exchange gradients once, in the backward pass of the last micro-batch.
+        # Processes exchange gradients once, in the backward pass of the last
+        # micro-batch.
         last = k == len(batches) - 1
-        with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                log_probs = batch_log_probs(model, batch, pad_id=criterion.pad_id)
+        with (
+            contextlib.nullcontext() if ddp is None or last else ddp.no_sync()
+        ):
+            with torch.autocast(
+                device.type, dtype=torch.bfloat16, enabled=bf16
+            ):
+                log_probs = batch_log_probs(
+                    model, batch, pad_id=criterion.pad_id
+                )
             loss = criterion(log_probs, batch.tgt_out)
             (loss * scale).backward()
         total += loss.detach()
@@ -253,11 +266,12 @@ for name, batches in [("one batch", [full]), ("three micro-batches", parts)]:
     gradients[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
 one, three = gradients["one batch"], gradients["three micro-batches"]
 assert torch.allclose(one, three, rtol=1e-4, atol=1e-7)
-# The size of the rounding differences depends on the CPU's kernels: bounded, not printed.
+# The size of the rounding differences depends on the CPU's kernels: bounded,
+# not printed.
 assert (one - three).abs().max() < 1e-6
 print(
-    f"{full.n_tgt_tokens} target tokens; gradient entries up to {one.abs().max():.2f}, "
-    "the largest difference below 1e-6"
+    f"{full.n_tgt_tokens} target tokens; gradient entries up to"
+    f" {one.abs().max():.2f}, the largest difference below 1e-6"
 )
 
 # %% [markdown]
@@ -287,13 +301,15 @@ print(
 # %%
 #| export validation
 def count_words(tokenizer: Tokenizer, data: EncodedSplit) -> int:
-    """Words of the references: whitespace-separated pieces of each decoded target sentence."""
+    """Words of the references: whitespace-separated pieces of each decoded
+    target sentence."""
     return sum(len(tokenizer.decode(tgt).split()) for _, tgt in data)
 
 
 @dataclass(frozen=True)
 class Validation:
-    """Sums over a validation set: the label-smoothed loss, `TokenStats`, and the word count."""
+    """Sums over a validation set: the label-smoothed loss, `TokenStats`, and
+    the word count."""
 
     loss_sum: float
     stats: TokenStats
@@ -306,8 +322,10 @@ class Validation:
 
     @property
     def word_perplexity(self) -> float | None:
-        """exp(total NLL / words of the references); None without a word count."""
-        return math.exp(self.stats.nll_sum / self.words) if self.words else None
+        """exp(total NLL / reference words); None without a word count."""
+        return (
+            math.exp(self.stats.nll_sum / self.words) if self.words else None
+        )
 
     def metrics(self) -> dict[str, float | None]:
         return {
@@ -329,8 +347,11 @@ def evaluate(
     words: int | None = None,
     bf16: bool = False,
 ) -> Validation:
-    """Teacher-forced validation metrics, in eval mode; summed over processes when distributed."""
-    criterion = LabelSmoothingLoss(pad_id=pad_id, smoothing=smoothing, reduction="sum")
+    """Teacher-forced validation metrics, in eval mode; summed over processes
+    when distributed."""
+    criterion = LabelSmoothingLoss(
+        pad_id=pad_id, smoothing=smoothing, reduction="sum"
+    )
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -347,7 +368,9 @@ def evaluate(
         total = torch.tensor(sums, dtype=torch.float64, device=device)
         dist.all_reduce(total)
         loss_sum, nll_sum, correct, tokens = total.tolist()
-        stats = TokenStats(nll_sum=nll_sum, correct=int(correct), tokens=int(tokens))
+        stats = TokenStats(
+            nll_sum=nll_sum, correct=int(correct), tokens=int(tokens)
+        )
     return Validation(loss_sum=loss_sum, stats=stats, words=words)
 
 
@@ -365,8 +388,8 @@ def evaluate(
 
 # %%
 #| export train_config
-"""The configuration of a training run: `TrainConfig`, each field checked by a table, the
-named recipes, and what a checkpoint records of the run."""
+"""The configuration of a training run: `TrainConfig`, each field checked by a
+table, the named recipes, and what a checkpoint records of the run."""
 
 import dataclasses
 import math
@@ -393,7 +416,9 @@ from transformer.tokenizer import VOCAB_SIZE, Tokenizer
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
-PEAK_BF16_FLOPS = 790e12  # measured bf16 matrix-multiply rate of an H100 or H200
+PEAK_BF16_FLOPS = (
+    790e12  # measured bf16 matrix-multiply rate of an H100 or H200
+)
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
 
 
@@ -420,8 +445,8 @@ def _share(value: object) -> bool:
 _POSITIVE = (_positive, "must be a positive integer")
 _RATE = (_rate, "must be a finite positive number")
 _TEXT = (lambda v: v is None or isinstance(v, str), "must be a string or None")
-# Each field's check, in the order they are made; a value that fails is refused as
-# "<field> <message>, got <value>".
+# Each field's check, in the order they are made; a value that fails is refused
+# as "<field> <message>, got <value>".
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "vocab_size": _POSITIVE,
     "epochs": _POSITIVE,
@@ -433,7 +458,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "must be a positive integer or None",
     ),
     "log_every": _POSITIVE,
-    "seed": (lambda v: _integer(v) and v >= 0, "must be a non-negative integer"),
+    "seed": (
+        lambda v: _integer(v) and v >= 0,
+        "must be a non-negative integer",
+    ),
     "average_last": (
         lambda v: isinstance(v, int) and v >= 0,
         "must be an integer >= 0",
@@ -453,7 +481,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v is None or _rate(v),
         "must be finite positive minutes or None",
     ),
-    "bf16": (lambda v: v in (None, True, False), "must be True, False or None"),
+    "bf16": (
+        lambda v: v in (None, True, False),
+        "must be True, False or None",
+    ),
     "compile": (lambda v: isinstance(v, bool), "must be True or False"),
     "out_dir": _TEXT,
     "cache_dir": _TEXT,
@@ -464,7 +495,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a training run; the defaults follow the paper where it says."""
+    """Everything that defines a training run; the defaults follow the paper
+    where it says."""
 
     pair: str
     model: str = "small"  # a TransformerConfig preset
@@ -472,13 +504,19 @@ class TrainConfig:
     vocab_size: int = VOCAB_SIZE  # of the joint BPE vocabulary (data chapter)
     epochs: int = 10
     max_steps: int | None = None
-    max_tokens: int = MAX_TOKENS  # padded tokens per batch and side, per process
+    max_tokens: int = (
+        MAX_TOKENS  # padded tokens per batch and side, per process
+    )
     accumulation: int = 1  # batches per process and update
     warmup: int = 4000
     lr_factor: float = 1.0
     label_smoothing: float = 0.1
-    bpe_dropout: float = 0.0  # on the training words (data chapter); 0: off (the paper)
-    bpe_dropout_sides: str = "both"  # or "source": targets keep BPE's own spelling
+    bpe_dropout: float = (
+        0.0  # on the training words (data chapter); 0: off (the paper)
+    )
+    bpe_dropout_sides: str = (
+        "both"  # or "source": targets keep BPE's own spelling
+    )
     seed: int = 0
     bf16: bool | None = None  # None: on with CUDA
     compile: bool = False
@@ -494,11 +532,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.pair not in PAIRS:
             raise ValueError(
-                f"pair: unknown language pair {self.pair!r}, choose one of {', '.join(PAIRS)}"
+                f"pair: unknown language pair {self.pair!r}, choose one of"
+                f" {', '.join(PAIRS)}"
             )
         if self.model not in MODEL_PRESETS:
             raise ValueError(
-                f"model: unknown preset {self.model!r}, choose one of {', '.join(MODEL_PRESETS)}"
+                f"model: unknown preset {self.model!r}, choose one of"
+                f" {', '.join(MODEL_PRESETS)}"
             )
         if not isinstance(self.model_overrides, dict):
             raise ValueError(
@@ -510,8 +550,9 @@ class TrainConfig:
         bad = sorted(set(self.model_overrides) - known)
         if bad:
             raise ValueError(
-                f"model_overrides: unknown or fixed field(s) {', '.join(bad)} (the vocabulary "
-                f"size comes from the tokenizer); known: {', '.join(sorted(known))}"
+                f"model_overrides: unknown or fixed field(s) {', '.join(bad)}"
+                " (the vocabulary size comes from the tokenizer); known:"
+                f" {', '.join(sorted(known))}"
             )
         for name, (valid, message) in _CHECKS.items():
             if not valid(value := getattr(self, name)):
@@ -521,8 +562,8 @@ class TrainConfig:
                 torch.device(self.device)
             except RuntimeError:
                 raise ValueError(
-                    "device must be a torch device such as cpu, cuda or cuda:1, "
-                    f"got {self.device!r}"
+                    "device must be a torch device such as cpu, cuda or"
+                    f" cuda:1, got {self.device!r}"
                 ) from None
         try:  # the overrides' values, e.g. d_model % n_heads
             self.model_config(self.vocab_size)
@@ -535,17 +576,21 @@ class TrainConfig:
         return preset(vocab_size, **self.model_overrides)
 
     def uses_bf16(self, device_type: str) -> bool:
-        """Whether to train and validate under bfloat16 autocast on a `device_type` device:
-        `bf16` if set, otherwise on with CUDA only."""
+        """Whether to train and validate under bfloat16 autocast on a
+        `device_type` device: `bf16` if set, otherwise on with CUDA only."""
         return self.bf16 if self.bf16 is not None else device_type == "cuda"
 
     @property
     def output_dir(self) -> Path:
-        return Path(self.out_dir if self.out_dir is not None else f"runs/{self.pair}")
+        return Path(
+            self.out_dir if self.out_dir is not None else f"runs/{self.pair}"
+        )
 
     @property
     def cache_path(self) -> Path:
-        return Path(self.cache_dir) if self.cache_dir is not None else CACHE_DIR
+        return (
+            Path(self.cache_dir) if self.cache_dir is not None else CACHE_DIR
+        )
 
     @property
     def data_path(self) -> Path:
@@ -557,17 +602,20 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """Rebuild a config from `to_dict()`'s output; unknown keys are errors."""
+        """A config from `to_dict()`'s output; unknown keys are errors."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {', '.join(unknown)}")
+            raise ValueError(
+                f"unknown TrainConfig field(s) {', '.join(unknown)}"
+            )
         return cls(**d)
 
 
 def quick_mode() -> bool:
-    """Whether heavy cells run their small CPU version: without a CUDA GPU, or when the
-    environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for the full version)."""
+    """Whether heavy cells run their small CPU version: without a CUDA GPU, or
+    when the environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for
+    the full version)."""
     flag = os.environ.get("TRANSFORMER_QUICK", "")
     if flag not in ("", "0", "1"):
         raise ValueError(f"TRANSFORMER_QUICK must be 0 or 1, got {flag!r}")
@@ -577,7 +625,8 @@ def quick_mode() -> bool:
 
 
 def quick_config(pair: str, **overrides: Any) -> TrainConfig:
-    """A tiny model trained for a few dozen updates: about a minute on a 2-core CPU."""
+    """A tiny model trained for a few dozen updates: about a minute on a 2-core
+    CPU."""
     fields = dict(
         pair=pair,
         model="small",
@@ -595,16 +644,21 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
-    """What config.json holds: the model, the run, and the vocabulary's fingerprint."""
+    """What config.json holds: the model, the run, and the vocabulary's
+    fingerprint."""
     return {
         "format": CHECKPOINT_FORMAT,
         "model": model_config.to_dict(),
         "train": config.to_dict(),
-        "vocab": {"size": tokenizer.vocab_size, "sha256": tokenizer_digest(tokenizer)},
+        "vocab": {
+            "size": tokenizer.vocab_size,
+            "sha256": tokenizer_digest(tokenizer),
+        },
     }
 
 
-# The fields a resumed run must share with its checkpoint: they decide the updates themselves.
+# The fields a resumed run must share with its checkpoint: they decide the
+# updates themselves.
 RESUME_FIXED = (
     "pair",
     "model",
@@ -622,50 +676,54 @@ RESUME_FIXED = (
 
 
 def check_recipe(folder: Path, config: TrainConfig) -> None:
-    """Raise CheckpointError, naming the folder and the field, if the checkpoint in `folder`
-    was trained with another value of a field that decides the updates (RESUME_FIXED)."""
+    """Raise CheckpointError, naming the folder and the field, if the
+    checkpoint in `folder` was trained with another value of a field that
+    decides the updates (RESUME_FIXED)."""
     stored = read_record(folder).get("train", {})
     for name in RESUME_FIXED:
         theirs, ours = stored.get(name), getattr(config, name)
-        if name == "model_overrides":  # name the field of the model that differs
+        if (
+            name == "model_overrides"
+        ):  # name the field of the model that differs
             theirs, ours = theirs or {}, ours or {}
             for key in sorted(theirs.keys() | ours.keys()):
                 if theirs.get(key) != ours.get(key):
                     raise CheckpointError(
-                        f"{folder}: the checkpoint was trained with {name}.{key}="
-                        f"{theirs.get(key)!r}, this run asks for {name}.{key}={ours.get(key)!r}"
+                        f"{folder}: the checkpoint was trained with"
+                        f" {name}.{key}={theirs.get(key)!r}, this run asks for"
+                        f" {name}.{key}={ours.get(key)!r}"
                     )
         elif name in stored and theirs != ours:
             raise CheckpointError(
-                f"{folder}: the checkpoint was trained with {name}={theirs!r}, "
-                f"this run asks for {name}={ours!r}"
+                f"{folder}: the checkpoint was trained with {name}={theirs!r},"
+                f" this run asks for {name}={ours!r}"
             )
 
 
 def resume_point(
     out: Path, config: TrainConfig, env: Distributed, *, resume: bool
 ) -> Path | None:
-    """The checkpoint a run in `out` resumes from, if any, after the checks that need no
-    data: the folder holds no other run unless resuming, and the checkpoint was trained with
-    this recipe by as many processes."""
+    """The checkpoint a run in `out` resumes from, if any, after the checks
+    that need no data: the folder holds no other run unless resuming, and the
+    checkpoint was trained with this recipe by as many processes."""
     checkpoint = latest_checkpoint(out)
     occupied = out.is_dir() and any(out.iterdir())
-    # Every process looks at the folder before the first one writes into it, so that all
-    # of them see the same thing, and refuse (or go on) together.
+    # Every process looks at the folder before the first one writes into it, so
+    # that all of them see the same thing, and refuse (or go on) together.
     barrier()
     if occupied and not resume:
         raise CheckpointError(
-            f"output folder {out} is not empty: pass --resume to continue the run in it, "
-            "or choose another --out"
+            f"output folder {out} is not empty: pass --resume to continue the"
+            " run in it, or choose another --out"
         )
     if checkpoint is not None:
         check_recipe(checkpoint, config)
         processes = Progress.read(checkpoint).processes
         if processes != env.world_size:
             raise CheckpointError(
-                f"{checkpoint}: the run was trained by {processes} process(es), this "
-                f"one has {env.world_size}: they decide the updates, so resume "
-                f"with {processes}"
+                f"{checkpoint}: the run was trained by {processes}"
+                f" process(es), this one has {env.world_size}: they decide the"
+                f" updates, so resume with {processes}"
             )
     return checkpoint
 
@@ -679,7 +737,9 @@ from transformer.train_config import TrainConfig
 config = TrainConfig(
     pair="de-en", model="small", model_overrides={"dropout": 0.3}, warmup=2000
 )
-assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+assert (
+    TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+)
 print(config.model_config(8000))
 for bad in [
     dict(pair="en-de"),
@@ -728,8 +788,9 @@ for bad in [
 
 # %%
 #| export distributed
-"""One process among several: torchrun's environment, each process's device, and the
-collectives that the processes of a run share (DistributedDataParallel adds the gradients)."""
+"""One process among several: torchrun's environment, each process's device,
+and the collectives that the processes of a run share (DistributedDataParallel
+adds the gradients)."""
 
 import os
 from collections.abc import Mapping
@@ -742,14 +803,17 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class Distributed:
-    """This process's place among the processes of a run (torchrun's environment)."""
+    """This process's place among the processes of a run (torchrun's
+    environment)."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Distributed":
+    def from_environ(
+        cls, environ: Mapping[str, str] | None = None
+    ) -> "Distributed":
         environ = os.environ if environ is None else environ
         try:
             world_size = int(environ.get("WORLD_SIZE", "1"))
@@ -772,12 +836,17 @@ class Distributed:
 
 def world_size() -> int:
     """The number of processes of the process group; 1 without one."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return (
+        dist.get_world_size()
+        if dist.is_available() and dist.is_initialized()
+        else 1
+    )
 
 
 def device_for(requested: str | None, env: Distributed) -> torch.device:
-    """The device a process trains on: `requested`, else CUDA when there is a GPU; a CUDA
-    device without an index is the process's own GPU (LOCAL_RANK)."""
+    """The device a process trains on: `requested`, else CUDA when there is a
+    GPU; a CUDA device without an index is the process's own GPU (LOCAL_RANK).
+    """
     if requested is not None:
         device = torch.device(requested)
     else:
@@ -803,8 +872,9 @@ def all_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 def seed_update(seed: int, step: int, rank: int) -> None:
-    """Seed the randomness of an update (dropout) from (seed, update, process): a resumed
-    run draws the same masks as an uninterrupted one without storing generator states."""
+    """Seed the randomness of an update (dropout) from (seed, update, process):
+    a resumed run draws the same masks as an uninterrupted one without storing
+    generator states."""
     torch.manual_seed(
         int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
     )
@@ -815,9 +885,9 @@ def seed_update(seed: int, step: int, rank: int) -> None:
 
 # %%
 #| export epochs
-"""What a training run trains on, epoch by epoch: the splits from the encoded cache, the
-checks that every sentence and every epoch fit the run's batches, each epoch's batches and,
-under BPE-dropout, each epoch's spelling."""
+"""What a training run trains on, epoch by epoch: the splits from the encoded
+cache, the checks that every sentence and every epoch fit the run's batches,
+each epoch's batches and, under BPE-dropout, each epoch's spelling."""
 
 import functools
 import multiprocessing
@@ -849,7 +919,8 @@ class TrainingData:
 
 
 def load_training_data(config: TrainConfig) -> TrainingData:
-    """The pair's tokenizer and splits from the encoded cache, built first if needed (spaCy)."""
+    """The pair's tokenizer and splits from the encoded cache, built first if
+    needed (spaCy)."""
     env = Distributed.from_environ()
     try:
         # The first process builds the cache; the others wait and load it.
@@ -863,7 +934,10 @@ def load_training_data(config: TrainConfig) -> TrainingData:
         )
         splits = [
             load_encoded(
-                config.pair, split, config.cache_path, data_dir=config.data_path
+                config.pair,
+                split,
+                config.cache_path,
+                data_dir=config.data_path,
             )
             for split in ("train", "val")
         ]
@@ -878,8 +952,8 @@ def load_training_data(config: TrainConfig) -> TrainingData:
 def epoch_batches(
     train: EncodedSplit, epoch: int, config: TrainConfig
 ) -> list[np.ndarray]:
-    """An epoch's batches of pair indices: token-bucketed, in an order drawn from
-    (seed, epoch)."""
+    """An epoch's batches of pair indices: token-bucketed, in an order drawn
+    from (seed, epoch)."""
     return token_batches(
         train.src_lengths + 1,  # + <eos>
         train.tgt_lengths + 1,  # + <bos> (input) or <eos> (output)
@@ -890,25 +964,33 @@ def epoch_batches(
 
 
 def check_lengths(
-    config: TrainConfig, data: TrainingData, max_len: int, bpe: BPEDropout | None
+    config: TrainConfig,
+    data: TrainingData,
+    max_len: int,
+    bpe: BPEDropout | None,
 ) -> None:
-    """Refuse, before any update, a split whose longest sentence (with its <bos> or <eos>)
-    fits neither a batch nor the model's positional table. With BPE-dropout, a training
-    sentence counts in its longest spelling too, which a later epoch may draw."""
+    """Refuse, before any update, a split whose longest sentence (with its
+    <bos> or <eos>) fits neither a batch nor the model's positional table. With
+    BPE-dropout, a training sentence counts in its longest spelling too, which
+    a later epoch may draw."""
     longest = {
-        f"{name} sentence": int(max(split.src_lengths.max(), split.tgt_lengths.max()))
+        f"{name} sentence": int(
+            max(split.src_lengths.max(), split.tgt_lengths.max())
+        )
         for name, split in (("train", data.train), ("val", data.val))
     }
     if bpe is not None:
         sides = BPE_DROPOUT_SIDES[config.bpe_dropout_sides]
-        what = "train sentence as BPE-dropout may spell it, one token a character"
+        what = (
+            "train sentence as BPE-dropout may spell it, one token a character"
+        )
         longest[what] = bpe.longest_spelling(data.train, sides)
     for what, tokens in longest.items():
         tokens += 1  # <bos> or <eos>
         if tokens > config.max_tokens:
             raise DataError(
-                f"max_tokens={config.max_tokens} cannot hold the longest {what} "
-                f"({tokens} tokens): raise --max-tokens"
+                f"max_tokens={config.max_tokens} cannot hold the longest"
+                f" {what} ({tokens} tokens): raise --max-tokens"
             )
         if tokens > max_len:
             raise DataError(
@@ -929,8 +1011,11 @@ def updates_per_epoch(batches: int, accumulation: int, processes: int) -> int:
     return batches // group
 
 
-def dropped_warning(batches: int, accumulation: int, processes: int) -> str | None:
-    """A warning when grouping batches into updates leaves out over 10% of them."""
+def dropped_warning(
+    batches: int, accumulation: int, processes: int
+) -> str | None:
+    """A warning when grouping batches into updates leaves out over 10% of
+    them."""
     group = accumulation * processes
     dropped = batches % group
     if dropped <= 0.1 * batches:
@@ -944,26 +1029,36 @@ def dropped_warning(batches: int, accumulation: int, processes: int) -> str | No
 
 
 def prepare_epochs(
-    config: TrainConfig, data: TrainingData, max_len: int, processes: int, epoch: int
+    config: TrainConfig,
+    data: TrainingData,
+    max_len: int,
+    processes: int,
+    epoch: int,
 ) -> tuple["Spellings", int]:
-    """The checks made before the first update (every sentence fits a batch and the model;
-    epoch `epoch`, the one to come, gives an update), and the spellings of the epochs.
-    Returns them and the number of batches of epoch `epoch`."""
-    bpe = BPEDropout(data.tokenizer, config.bpe_dropout) if config.bpe_dropout else None
+    """The checks made before the first update (every sentence fits a batch and
+    the model; epoch `epoch`, the one to come, gives an update), and the
+    spellings of the epochs. Returns them and the number of batches of epoch
+    `epoch`."""
+    bpe = (
+        BPEDropout(data.tokenizer, config.bpe_dropout)
+        if config.bpe_dropout
+        else None
+    )
     if bpe is not None:
         bpe.check(data.train)
     check_lengths(config, data, max_len, bpe)
-    # The batches of the epoch to come, in BPE's own spelling (BPE-dropout changes
-    # their number only slightly): an epoch must give at least one update.
+    # The batches of the epoch to come, in BPE's own spelling (BPE-dropout
+    # changes their number only slightly): an epoch must give at least one
+    # update.
     first = len(epoch_batches(data.train, epoch, config))
     updates_per_epoch(first, config.accumulation, processes)
     return Spellings(data.train, bpe, config), first
 
 
 class Spellings:
-    """The training split as each epoch spells it: BPE's own spelling, or with BPE-dropout a
-    new one each epoch, a function of (seed, epoch). With `prefetch` a second process spells
-    the next epoch while this one trains."""
+    """The training split as each epoch spells it: BPE's own spelling, or with
+    BPE-dropout a new one each epoch, a function of (seed, epoch). With
+    `prefetch` a second process spells the next epoch while this one trains."""
 
     def __init__(
         self, train: EncodedSplit, bpe: BPEDropout | None, config: TrainConfig
@@ -1074,8 +1169,11 @@ def _build(
     model_config: TransformerConfig,
     device: torch.device,
     pad_id: int,
-) -> tuple[Transformer, torch.optim.Optimizer, LRScheduler, LabelSmoothingLoss]:
-    """The model, initialised from the run's seed, Adam with the schedule, and the loss."""
+) -> tuple[
+    Transformer, torch.optim.Optimizer, LRScheduler, LabelSmoothingLoss
+]:
+    """The model, initialised from the run's seed, Adam with the schedule, and
+    the loss."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
     optimizer, scheduler = make_optimizer(
@@ -1085,23 +1183,31 @@ def _build(
         factor=config.lr_factor,
     )
     smoothing = config.label_smoothing
-    criterion = LabelSmoothingLoss(pad_id=pad_id, smoothing=smoothing, reduction="sum")
+    criterion = LabelSmoothingLoss(
+        pad_id=pad_id, smoothing=smoothing, reduction="sum"
+    )
     return model, optimizer, scheduler, criterion
 
 
 def _wrap(
-    model: nn.Module, config: TrainConfig, env: Distributed, device: torch.device
+    model: nn.Module,
+    config: TrainConfig,
+    env: Distributed,
+    device: torch.device,
 ) -> nn.Module:
-    """The model that updates run: under DistributedDataParallel with several processes,
-    compiled if asked."""
+    """The model that updates run: under DistributedDataParallel with several
+    processes, compiled if asked."""
     if env.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     return torch.compile(model) if config.compile else model
 
 
-def _bar(total: int, initial: int, epoch: int, epochs: int, main: bool) -> tqdm:
-    """The progress bar of an epoch's updates, shown by the first process in a terminal."""
+def _bar(
+    total: int, initial: int, epoch: int, epochs: int, main: bool
+) -> tqdm:
+    """The progress bar of an epoch's updates, shown by the first process in a
+    terminal."""
     return tqdm(
         total=total,
         initial=initial,
@@ -1113,14 +1219,15 @@ def _bar(total: int, initial: int, epoch: int, epochs: int, main: bool) -> tqdm:
 
 
 def _last_epochs(out: Path, average_last: int) -> list[Path]:
-    """The epoch checkpoints to average: the last `average_last`, none below 2."""
+    """The epoch checkpoints to average: the last `average_last`, from 2."""
     found = list_checkpoints(out)
     epochs = [path for _, path in found if path.name.startswith("epoch-")]
     return epochs[-average_last:] if average_last >= 2 else []
 
 
 def _prepare_folder(out: Path) -> None:
-    """Make the run's folders; delete what a killed run left (see atomic_folder)."""
+    """Make the run's folders; delete what a killed run left (see
+    atomic_folder)."""
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     remove_stale(out)
     remove_stale(out / "checkpoints")
@@ -1129,8 +1236,8 @@ def _prepare_folder(out: Path) -> None:
 def _store_settings(
     out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
 ) -> None:
-    """Drop the records after update `step`, which a resumed run writes again, and store
-    the settings (both atomically: --resume reads them back)."""
+    """Drop the records after update `step`, which a resumed run writes again,
+    and store the settings (both atomically: --resume reads them back)."""
     for name in ("metrics.jsonl", "steps.jsonl"):
         truncate_jsonl(out / name, step)
     settings = json.dumps(config.to_dict(), indent=2) + "\n"
@@ -1141,7 +1248,8 @@ def _store_settings(
 def _validation_set(
     data: TrainingData, config: TrainConfig, max_len: int, env: Distributed
 ) -> tuple[int, list[Batch]]:
-    """The words of the validation references, and this process's share of the batches."""
+    """The words of the validation references, and this process's share of the
+    batches."""
     val = iterate_batches(
         data.val,
         data.tokenizer,
@@ -1149,7 +1257,10 @@ def _validation_set(
         shuffle=False,
         max_len=max_len,
     )
-    return count_words(data.tokenizer, data.val), list(val)[env.rank :: env.world_size]
+    return (
+        count_words(data.tokenizer, data.val),
+        list(val)[env.rank :: env.world_size],
+    )
 
 
 def _collate_share(
@@ -1159,7 +1270,8 @@ def _collate_share(
     max_len: int,
     env: Distributed,
 ) -> list[Batch]:
-    """This process's batches of an update: every world_size-th, from its rank on."""
+    """This process's batches of an update: every world_size-th, from its rank
+    on."""
     return [
         collate(
             [train[i] for i in index],
@@ -1177,45 +1289,60 @@ def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
     """Where a run starts: from a checkpoint, or from scratch."""
     if checkpoint is not None:
         return f"resuming from {checkpoint}"
-    if resume:  # the same command repeated across stops starts the run the first time
+    if (
+        resume
+    ):  # the same command repeated across stops starts the run the first time
         return f"nothing to resume in {out}: starting a new run"
     return "starting"
 
 
 def _start_line(
-    where: str, config: TrainConfig, n: int, env: Distributed, device, bf16: bool
+    where: str,
+    config: TrainConfig,
+    n: int,
+    env: Distributed,
+    device,
+    bf16: bool,
 ) -> str:
-    """The log's first line: where the run starts, its model, processes and arithmetic."""
+    """The log's first line: where the run starts, its model, processes and
+    arithmetic."""
     return (
-        f"{where}: {config.pair}, model {config.model} {config.model_overrides or ''} "
-        f"({n:,} parameters), {env.world_size} process(es) on {device}, "
-        f"bf16 {bf16}, compile {config.compile}"
+        f"{where}: {config.pair}, model {config.model}"
+        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
+        f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
     )
 
 
 class _Clock:
-    """The time limit: the run stops at a check early enough to validate and save."""
+    """The time limit: the run stops at a check early enough to validate and
+    save."""
 
-    def __init__(self, limit: float | None, env: Distributed, device: torch.device):
+    def __init__(
+        self, limit: float | None, env: Distributed, device: torch.device
+    ):
         self.start, self.limit = time.perf_counter(), limit
         self.env, self.device = env, device
-        self.reserve = 0.05 * 60 * limit if limit else 0.0  # to validate and save
-        # With several processes the time check is a collective: every 10 updates then.
+        self.reserve = (
+            0.05 * 60 * limit if limit else 0.0
+        )  # to validate and save
+        # With several processes the time check is a collective: every 10
+        # updates then.
         self.check_every = 1 if env.world_size == 1 else 10
         self.gap = 0.0  # the longest time measured between two time checks
         self.checked: float | None = None  # when the time was last checked
 
     def time_is_up(self) -> bool:
-        """Measure the time since the last check, then say whether to stop now."""
+        """Measure the time since the last check; say whether to stop now."""
         now = time.perf_counter()
         if self.checked is not None:
             self.gap = max(self.gap, now - self.checked)
         self.checked = now
         if self.limit is None:
             return False
-        # The run goes on until the next check before it validates and saves: the
-        # longest time seen between two checks (one update, or ten with several
-        # processes) is reserved besides the time of validating and saving.
+        # The run goes on until the next check before it validates and saves:
+        # the longest time seen between two checks (one update, or ten with
+        # several processes) is reserved besides the time of validating and
+        # saving.
         reserve = self.reserve + self.gap
         late = time.perf_counter() - self.start > 60 * self.limit - reserve
         if self.env.world_size > 1:  # processes must stop at the same update
@@ -1226,7 +1353,8 @@ class _Clock:
 
 
 class _StepLog:
-    """The lines of steps.jsonl: the training loss and throughput since the last line."""
+    """The lines of steps.jsonl: the training loss and throughput since the
+    last line."""
 
     def __init__(self, path: Path | None, device: torch.device) -> None:
         self.path, self.device = path, device
@@ -1239,9 +1367,11 @@ class _StepLog:
         self.loss += loss
         self.tokens += tokens
 
-    def write(self, p: Progress, batches: int, lr: float, start: float) -> dict:
-        """The line at update `p.step` of an epoch of `batches` batches; `start` is when
-        this process of the run began."""
+    def write(
+        self, p: Progress, batches: int, lr: float, start: float
+    ) -> dict:
+        """The line at update `p.step` of an epoch of `batches` batches;
+        `start` is when this process of the run began."""
         now = time.perf_counter()
         mean = all_sum([self.loss.item()], self.device)[0] / self.tokens
         record = {
@@ -1267,7 +1397,8 @@ class TrainResult:
 
 
 class _Log:
-    """Lines to the run's train.log and, if `echo`, to the terminal (around the progress bar)."""
+    """Lines to the run's train.log and, if `echo`, to the terminal (around the
+    progress bar)."""
 
     def __init__(self, path: Path | None, echo: bool) -> None:
         self.file = open(path, "a") if path is not None else None
@@ -1275,7 +1406,9 @@ class _Log:
 
     def __call__(self, message: str, *, echo: bool = True) -> None:
         if self.file is not None:
-            self.file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+            self.file.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n"
+            )
             self.file.flush()
         if self.echo and echo:
             tqdm.write(message, file=sys.stdout)
@@ -1294,8 +1427,8 @@ def _epoch_record(
     wall_time: float,
     peak: float | None,
 ) -> dict[str, Any]:
-    """The line of metrics.jsonl for an epoch, or the part of one before a stop; `peak` is
-    the processes' peak FLOP rate (None on a CPU: no MFU)."""
+    """The line of metrics.jsonl for an epoch, or the part of one before a
+    stop; `peak` is the processes' peak FLOP rate (None on a CPU: no MFU)."""
     seconds = max(p.epoch_seconds, 1e-9)
     return {
         "kind": kind,
@@ -1321,7 +1454,8 @@ def _metrics_text(r: dict[str, Any]) -> str:
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:
     mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
     return (
-        f"epoch {r['epoch']:g}/{epochs} step {r['step']:,}: train loss {r['train_loss']:.3f}, "
+        f"epoch {r['epoch']:g}/{epochs} step {r['step']:,}: train loss"
+        f" {r['train_loss']:.3f}, "
         + _metrics_text(r)
         + f", {r['tokens_per_s']:,.0f} tok/s{mfu}, lr {r['lr']:.2e}"
     )
@@ -1334,7 +1468,8 @@ def _epoch_line(r: dict[str, Any], epochs: int) -> str:
 # %%
 #| export
 class Trainer:
-    """One process's part of a training run; `train(config)` builds one and calls `run()`."""
+    """One process's part of a training run; `train(config)` builds one and
+    calls `run()`."""
 
     def __init__(
         self,
@@ -1358,12 +1493,15 @@ class Trainer:
                 checkpoint, model_config=self.model_config, tokenizer=tokenizer
             )
         max_len = self.model_config.max_len
-        epoch = Progress.read(checkpoint).epoch if checkpoint is not None else 0
+        epoch = (
+            Progress.read(checkpoint).epoch if checkpoint is not None else 0
+        )
         self.spellings, first = prepare_epochs(
             c, self.data, max_len, env.world_size, epoch
         )
-        # With a GPU, a second process spells the next epoch while this one trains (the CPU
-        # is otherwise idle); on a CPU, the training itself keeps every core busy.
+        # With a GPU, a second process spells the next epoch while this one
+        # trains (the CPU is otherwise idle); on a CPU, the training itself
+        # keeps every core busy.
         self.spellings.prefetch = self.device.type == "cuda"
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
@@ -1378,8 +1516,12 @@ class Trainer:
             _store_settings(self.out, c, tokenizer, self.progress.step)
         self.step_model = _wrap(self.model, c, env, self.device)
         self.bf16 = c.uses_bf16(self.device.type)
-        self.words, self.val_batches = _validation_set(self.data, c, max_len, env)
-        self.loss_acc = torch.zeros((), device=self.device, dtype=torch.float64)
+        self.words, self.val_batches = _validation_set(
+            self.data, c, max_len, env
+        )
+        self.loss_acc = torch.zeros(
+            (), device=self.device, dtype=torch.float64
+        )
         steps = self.out / "steps.jsonl" if env.is_main else None
         self.steps = _StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
@@ -1389,10 +1531,11 @@ class Trainer:
         if warning := dropped_warning(first, c.accumulation, env.world_size):
             self.log(warning)
 
-    # -- set-up -------------------------------------------------------------------------------
+    # -- set-up
 
     def _load(self, checkpoint: Path) -> None:
-        """Continue from a checkpoint: the weights, the optimiser, the schedule, progress."""
+        """Continue from a checkpoint: the weights, the optimiser, the
+        schedule, progress."""
         load_weights(self.model, checkpoint / "model.safetensors")
         state = load_state(checkpoint, "trainer")
         self.optimizer.load_state_dict(state["optimizer"])
@@ -1405,7 +1548,7 @@ class Trainer:
         self.log(_start_line(where, c, n, self.env, self.device, self.bf16))
         self.log(f"config: {json.dumps(c.to_dict())}", echo=False)
 
-    # -- the epochs ---------------------------------------------------------------------------
+    # -- the epochs
 
     def run(self) -> TrainResult:
         c, p = self.config, self.progress
@@ -1433,7 +1576,8 @@ class Trainer:
         return TrainResult(self.out, stopped, p.step, metrics)
 
     def _train_epoch(self) -> tuple[str | None, int]:
-        """Updates until the epoch ends (None) or the run must stop (the reason)."""
+        """Updates until the epoch ends (None) or the run must stop (the
+        reason)."""
         c, p, env, clock = self.config, self.progress, self.env, self.clock
         self.train = self.spellings(p.epoch)
         self.tgt_lengths = self.train.tgt_lengths + 1
@@ -1446,7 +1590,9 @@ class Trainer:
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
         self.model.train()
-        bar = _bar(total, min(p.batch // group, total), p.epoch, c.epochs, env.is_main)
+        bar = _bar(
+            total, min(p.batch // group, total), p.epoch, c.epochs, env.is_main
+        )
         start, updates, reason = _sync(self.device), 0, None
         self.steps.restart(start)
         clock.checked = None
@@ -1462,7 +1608,10 @@ class Trainer:
             bar.update(1)
             if p.step % c.log_every == 0:
                 r = self.steps.write(p, len(batches), self._lr(), clock.start)
-                loss, tok_s = f"{r['train_loss']:.3f}", f"{r['tokens_per_s']:,.0f}"
+                loss, tok_s = (
+                    f"{r['train_loss']:.3f}",
+                    f"{r['tokens_per_s']:,.0f}",
+                )
                 bar.set_postfix(loss=loss, tok_s=tok_s, lr=f"{r['lr']:.2e}")
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
@@ -1470,9 +1619,17 @@ class Trainer:
         return reason, updates
 
     def _update(self, update: list[np.ndarray]) -> None:
-        """One update over a group of batches, of which this process collates its share."""
-        c, p, env, tok = self.config, self.progress, self.env, self.data.tokenizer
-        mine = _collate_share(self.train, update, tok, self.model_config.max_len, env)
+        """One update over a group of batches, of which this process collates
+        its share."""
+        c, p, env, tok = (
+            self.config,
+            self.progress,
+            self.env,
+            self.data.tokenizer,
+        )
+        mine = _collate_share(
+            self.train, update, tok, self.model_config.max_len, env
+        )
         every = np.concatenate(update)
         tokens = int(self.tgt_lengths[every].sum())
         seed_update(c.seed, p.step, env.rank)
@@ -1496,13 +1653,18 @@ class Trainer:
         """The learning rate of the last update (equation 3)."""
         c, d_model = self.config, self.model_config.d_model
         return noam_lr(
-            self.progress.step, d_model=d_model, warmup=c.warmup, factor=c.lr_factor
+            self.progress.step,
+            d_model=d_model,
+            warmup=c.warmup,
+            factor=c.lr_factor,
         )
 
-    # -- the end of an epoch, and of the run --------------------------------------------------
+    # -- the end of an epoch, and of the run
+    # --------------------------------------------------
 
     def _end_period(self, *, kind: str) -> None:
-        """Validate, record the metrics, and write a checkpoint (the end of an epoch, or a stop)."""
+        """Validate, record the metrics, and write a checkpoint (the end of an
+        epoch, or a stop)."""
         c, p = self.config, self.progress
         started = time.perf_counter()
         p.epoch_loss_sum += all_sum([self.loss_acc.item()], self.device)[0]
@@ -1510,20 +1672,33 @@ class Trainer:
         validation = self._validate(self.model)
         if kind == "epoch":
             p.epoch += 1
-        epoch = float(p.epoch) if kind == "epoch" else round(p.epoch + self.fraction, 4)
+        epoch = (
+            float(p.epoch)
+            if kind == "epoch"
+            else round(p.epoch + self.fraction, 4)
+        )
         wall = p.wall_time + time.perf_counter() - self.clock.start
         peak = (
-            c.peak_flops * self.env.world_size if self.device.type == "cuda" else None
+            c.peak_flops * self.env.world_size
+            if self.device.type == "cuda"
+            else None
         )
-        record = _epoch_record(kind, epoch, p, validation, self._lr(), wall, peak)
+        record = _epoch_record(
+            kind, epoch, p, validation, self._lr(), wall, peak
+        )
         self.log(_epoch_line(record, c.epochs))
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
             p.epoch_seconds, p.epoch_flops = 0.0, 0.0
         if self.env.is_main:
-            # The record first: a resumed run drops records newer than its checkpoint.
+            # The record first: a resumed run drops records newer than its
+            # checkpoint.
             append_jsonl(self.out / "metrics.jsonl", record)
-            name = f"epoch-{p.epoch:03d}" if kind == "epoch" else f"step-{p.step:07d}"
+            name = (
+                f"epoch-{p.epoch:03d}"
+                if kind == "epoch"
+                else f"step-{p.step:07d}"
+            )
             self._save(self.out / "checkpoints" / name)
         barrier()
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
@@ -1541,13 +1716,17 @@ class Trainer:
     def _save(self, folder: Path) -> None:
         p, env = self.progress, self.env
         wall_time = p.wall_time + time.perf_counter() - self.clock.start
-        saved = dataclasses.replace(p, wall_time=wall_time, processes=env.world_size)
+        saved = dataclasses.replace(
+            p, wall_time=wall_time, processes=env.world_size
+        )
         state = {"optimizer": self.optimizer.state_dict()}
         state["scheduler"] = self.scheduler.state_dict()
         write_checkpoint(
             folder,
             self.model,
-            record=run_record(self.config, self.model_config, self.data.tokenizer),
+            record=run_record(
+                self.config, self.model_config, self.data.tokenizer
+            ),
             tokenizer=self.data.tokenizer,
             trainer_state=state,
             progress=saved,
@@ -1555,13 +1734,16 @@ class Trainer:
         prune_checkpoints(self.out, self.config.average_last)
 
     def _average(self) -> None:
-        """Average the last `average_last` epoch checkpoints into out/average and validate it."""
+        """Average the last `average_last` epoch checkpoints into out/average
+        and validate it."""
         c, p, tokenizer = self.config, self.progress, self.data.tokenizer
         chosen = _last_epochs(self.out, c.average_last)
         if len(chosen) < 2:
             return
         averaged = Transformer(self.model_config).to(self.device)
-        load_tensors_into(averaged, average_checkpoints(chosen), "averaged checkpoints")
+        load_tensors_into(
+            averaged, average_checkpoints(chosen), "averaged checkpoints"
+        )
         validation = self._validate(averaged)
         names = [path.name for path in chosen]
         record = {
@@ -1575,7 +1757,9 @@ class Trainer:
         self.log(f"average of {', '.join(names)}: " + _metrics_text(record))
         if self.env.is_main:
             append_jsonl(self.out / "metrics.jsonl", record)
-            run = run_record(c, self.model_config, tokenizer) | {"averaged": names}
+            run = run_record(c, self.model_config, tokenizer) | {
+                "averaged": names
+            }
             write_checkpoint(
                 self.out / "average", averaged, record=run, tokenizer=tokenizer
             )
@@ -1591,8 +1775,9 @@ def train(
 ) -> TrainResult:
     """Train as `config` says, in one process or, under torchrun, in several.
 
-    With `resume`, continue the run in the output folder from its latest checkpoint. `data`
-    replaces the Multi30k cache (tests); `echo=False` writes the log to train.log only.
+    With `resume`, continue the run in the output folder from its latest
+    checkpoint. `data` replaces the Multi30k cache (tests); `echo=False` writes
+    the log to train.log only.
     """
     env = Distributed.from_environ()
     owns_group = env.world_size > 1 and not dist.is_initialized()
@@ -1637,11 +1822,14 @@ def train(
 # %%
 #| export train_config
 def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
-    """The recipe of the book's Multi30k models (the table above) as a TrainConfig."""
+    """The recipe of the book's Multi30k models (the table above) as a
+    TrainConfig."""
     fields = dict(
         pair=pair,
         model="small",
-        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3),
+        model_overrides=dict(
+            n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
+        ),
         epochs=35,
         max_tokens=3_000,
         warmup=800,
@@ -1672,7 +1860,8 @@ peak_lr = noam_lr(
 )
 assert n_params == 6_001_664 and abs(peak_lr - 1.547e-3) < 1e-6
 print(
-    f"{n_params:,} parameters, peak learning rate {peak_lr:.2e} at update {recipe.warmup}"
+    f"{n_params:,} parameters, peak learning rate {peak_lr:.2e} at update"
+    f" {recipe.warmup}"
 )
 
 # %% [markdown]
@@ -1695,12 +1884,18 @@ for pair in ("de-en", "fr-en"):
         if r["kind"] == "epoch":
             rows.append(
                 dict(
-                    pair=pair, epoch=r["epoch"], split="training", loss=r["train_loss"]
+                    pair=pair,
+                    epoch=r["epoch"],
+                    split="training",
+                    loss=r["train_loss"],
                 )
             )
             rows.append(
                 dict(
-                    pair=pair, epoch=r["epoch"], split="validation", loss=r["val_loss"]
+                    pair=pair,
+                    epoch=r["epoch"],
+                    split="validation",
+                    loss=r["val_loss"],
                 )
             )
 curves = pd.DataFrame(rows).round(4)
@@ -1726,9 +1921,10 @@ for pair in ("de-en", "fr-en"):
     average = [r for r in records if r["kind"] == "average"][-1]
     assert average["val_loss"] < last["val_loss"]
     print(
-        f"{pair}: epoch {last['epoch']:g} validation loss {last['val_loss']:.3f}, "
-        f"perplexity per token {last['val_ppl_token']:.2f}; "
-        f"average {average['val_loss']:.3f}, {average['val_ppl_token']:.2f}"
+        f"{pair}: epoch {last['epoch']:g} validation loss"
+        f" {last['val_loss']:.3f}, perplexity per token"
+        f" {last['val_ppl_token']:.2f}; average {average['val_loss']:.3f},"
+        f" {average['val_ppl_token']:.2f}"
     )
 
 # %% [markdown]
@@ -1749,12 +1945,15 @@ from transformer.train_config import quick_config, quick_mode
 
 if quick_mode():
     print(
-        "QUICK MODE (no GPU, or TRANSFORMER_QUICK=1): a tiny model trained for 60 updates,"
+        "QUICK MODE (no GPU, or TRANSFORMER_QUICK=1): a tiny model trained for"
+        " 60 updates,"
     )
     print("to show the loop at work; it is not the book's trained model")
     config = quick_config("de-en", out_dir=tempfile.mkdtemp(prefix="quick-"))
 else:
-    config = multi30k_recipe("de-en", out_dir=tempfile.mkdtemp(prefix="de-en-"))
+    config = multi30k_recipe(
+        "de-en", out_dir=tempfile.mkdtemp(prefix="de-en-")
+    )
 config
 
 # %% tags=["nbval-ignore-output"]

@@ -49,10 +49,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp decode
@@ -99,7 +100,8 @@ V = 3 + len(letters)
 
 
 def reversal_batch(n: int, shortest: int, longest: int, generator=None):
-    """n random strings and their reversals: src (n, S), decoder input and labels (n, S + 1)."""
+    """n random strings and their reversals: src (n, S), decoder input and
+    labels (n, S + 1)."""
     lengths = torch.randint(shortest, longest + 1, (n,), generator=generator)
     S = int(lengths.max())
     src = torch.full((n, S), pad_id)
@@ -118,10 +120,18 @@ def spell(tokens: list[int]) -> str:
 
 
 config = TransformerConfig.small(
-    vocab_size=V, d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, max_len=128
+    vocab_size=V,
+    d_model=64,
+    n_heads=4,
+    n_layers=2,
+    d_ff=256,
+    dropout=0.0,
+    max_len=128,
 )
 model = Transformer(config)
-optimizer, scheduler = make_optimizer(model, d_model=64, warmup=100, factor=0.25)
+optimizer, scheduler = make_optimizer(
+    model, d_model=64, warmup=100, factor=0.25
+)
 criterion = LabelSmoothingLoss(pad_id=pad_id, smoothing=0.1)
 losses = []
 started = time.perf_counter()
@@ -146,7 +156,8 @@ training_seconds = time.perf_counter() - started
 
 # %% tags=["nbval-ignore-output"]
 print(
-    f"trained in {training_seconds:.0f} s; loss over the last 50 steps {sum(losses[-50:]) / 50:.3f}"
+    f"trained in {training_seconds:.0f} s; loss over the last 50 steps"
+    f" {sum(losses[-50:]) / 50:.3f}"
 )
 assert sum(losses[-50:]) < 0.2 * sum(losses[:50])
 
@@ -188,8 +199,9 @@ test_src.shape
 
 # %%
 #| export
-"""Greedy decoding and beam search with a key/value cache (Section 6.1 of Vaswani et al.,
-2017, with the length penalty of Wu et al., 2016), and translating text with a trained model."""
+"""Greedy decoding and beam search with a key/value cache (Section 6.1 of
+Vaswani et al., 2017, with the length penalty of Wu et al., 2016), and
+translating text with a trained model."""
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -202,18 +214,21 @@ from transformer.decoder import DecoderCache
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
 
-EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (Section 6.1)
+EXTRA_LENGTH = (
+    50  # "maximum output length ... input length + 50" (Section 6.1)
+)
 
 
 @dataclass(frozen=True)
 class Hypothesis:
     """One decoded sentence.
 
-    tokens: the output ids, without BOS and EOS.
-    log_prob: log p(output | source), summed over the tokens and the final EOS, if any.
-    score: what the search maximised: log_prob / lp(length) for beam search, log_prob for
+    tokens: the output ids, without BOS and EOS. log_prob: log p(output |
+    source), summed over the tokens and the final EOS, if any. score: what the
+    search maximised: log_prob / lp(length) for beam search, log_prob for
         greedy decoding.
-    ended: True if the output ended with EOS, False if the length limit cut it off.
+    ended: True if the output ended with EOS, False if the length limit cut it
+    off.
     """
 
     tokens: list[int]
@@ -227,8 +242,9 @@ def output_limits(
 ) -> Tensor:
     """The most tokens each sentence may output, EOS included: (B, S) -> (B,).
 
-    Each source's length (its non-padding tokens) + 50, as in the paper, or max_len if given;
-    never more than the positions of the model's positional encoding (config.max_len).
+    Each source's length (its non-padding tokens) + 50, as in the paper, or
+    max_len if given; never more than the positions of the model's positional
+    encoding (config.max_len).
     """
     if max_len is None:
         limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
@@ -242,34 +258,39 @@ def output_limits(
 # %%
 #| export
 def _check_src(src: Tensor, pad_id: int) -> None:
-    """A batch of sources must be a (B, S) tensor of token ids, each row with a real token."""
+    """A batch of sources must be a (B, S) tensor of token ids, each row with a
+    real token."""
     if src.dim() != 2 or src.dtype != torch.long:
         raise ValueError(
             "src must be a (B, S) tensor of token ids (torch.long), got shape "
             f"{tuple(src.shape)} and {src.dtype}"
         )
     if src.size(1) == 0:
-        raise ValueError("src has no positions: encode each source with its <eos>")
-    # A row of padding alone would be decoded from a memory the mask hides entirely.
+        raise ValueError(
+            "src has no positions: encode each source with its <eos>"
+        )
+    # A row of padding alone would be decoded from a memory the mask hides
+    # entirely.
     empty = (src == pad_id).all(dim=1)  # (B,)
     if empty.any():
         raise ValueError(
-            f"src row {int(empty.nonzero()[0])} is all padding: encode each source with "
-            "its <eos>"
+            f"src row {int(empty.nonzero()[0])} is all padding: encode each"
+            " source with its <eos>"
         )
 
 
 def _check_ids(*, bos_id: int, eos_id: int, pad_id: int) -> None:
     if pad_id in (bos_id, eos_id):
         raise ValueError(
-            f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id ({eos_id}): "
-            "an ended sentence is recognised by its padding"
+            f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id"
+            f" ({eos_id}): an ended sentence is recognised by its padding"
         )
 
 
 @contextmanager
 def _inference(model: Transformer) -> Iterator[None]:
-    """No gradients and no dropout; the model's training mode is restored afterwards."""
+    """No gradients and no dropout; the model's training mode is restored
+    afterwards."""
     was_training = model.training
     model.eval()
     try:
@@ -288,12 +309,14 @@ def _next_log_probs(
 ) -> Tensor:
     """log p(next token | ys, source) for every row: ys (N, t) -> (N, V)."""
     if cache is None:
-        # The whole output so far again, under the causal mask: t positions at step t.
+        # The whole output so far again, under the causal mask: t positions at
+        # step t.
         mask = causal_mask(ys.size(1), device=ys.device)  # (1, 1, t, t)
         out = model.decode(ys, memory, src_mask=src_mask, tgt_mask=mask)
     else:
-        # The newest token only: the cache holds the keys and values of the others, and a
-        # single query at the end of the sequence may see all of them, so there is no mask.
+        # The newest token only: the cache holds the keys and values of the
+        # others, and a single query at the end of the sequence may see all of
+        # them, so there is no mask.
         out = model.decode(
             ys[:, -1:], memory, src_mask=src_mask, tgt_mask=None, cache=cache
         )
@@ -303,7 +326,8 @@ def _next_log_probs(
 def _forbid_specials(
     log_probs: Tensor, *, bos_id: int, eos_id: int, pad_id: int
 ) -> Tensor:
-    """Padding and BOS (unless it doubles as EOS) are not outputs: never choose them."""
+    """Padding and BOS (unless it doubles as EOS) are not outputs: never choose
+    them."""
     log_probs[..., pad_id] = float("-inf")
     if bos_id != eos_id:
         log_probs[..., bos_id] = float("-inf")
@@ -313,13 +337,16 @@ def _forbid_specials(
 def _hypothesis(
     row: Tensor, log_prob: float, score: float, *, eos_id: int, pad_id: int
 ) -> Hypothesis:
-    """The output of one decoded row (without its BOS): the tokens before EOS or padding."""
+    """The output of one decoded row (without its BOS): the tokens before EOS
+    or padding."""
     tokens = row.tolist()
     ended = eos_id in tokens
     for stop in (eos_id, pad_id):
         if stop in tokens:
             tokens = tokens[: tokens.index(stop)]
-    return Hypothesis(tokens=tokens, log_prob=log_prob, score=score, ended=ended)
+    return Hypothesis(
+        tokens=tokens, log_prob=log_prob, score=score, ended=ended
+    )
 
 
 def greedy_decode(
@@ -332,11 +359,13 @@ def greedy_decode(
     max_len: int | None = None,
     use_cache: bool = True,
 ) -> list[Hypothesis]:
-    """The most probable next token at each step, for a batch of sentences at once.
+    """The most probable next token at each step, for a batch of sentences at
+    once.
 
     Shapes:
         src: (B, S) token ids, padded with pad_id
-        returns B hypotheses, in the order of the batch (their score is their log_prob)
+        returns B hypotheses, in the order of the batch (their score is their
+            log_prob)
     """
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     _check_src(src, pad_id)
@@ -346,23 +375,37 @@ def greedy_decode(
     with _inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)  # (B,)
-        cache = DecoderCache.empty(len(model.decoder.layers)) if use_cache else None
+        limits = output_limits(
+            model, src, pad_id=pad_id, max_len=max_len
+        )  # (B,)
+        cache = (
+            DecoderCache.empty(len(model.decoder.layers))
+            if use_cache
+            else None
+        )
         # Row b: BOS, then sentence b's output, then padding once it has ended.
         ys = torch.full((B, int(limits.max()) + 1), pad_id, device=src.device)
         ys[:, 0] = bos_id
         log_prob = torch.zeros(B, device=src.device)
-        going = torch.arange(B, device=src.device)  # the sentences still decoding
+        going = torch.arange(
+            B, device=src.device
+        )  # the sentences still decoding
         for t in range(int(limits.max())):
-            step = _next_log_probs(model, ys[going, : t + 1], memory, src_mask, cache)
-            step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-            best, token = step.max(dim=-1)  # (n,) for the n sentences still going
+            step = _next_log_probs(
+                model, ys[going, : t + 1], memory, src_mask, cache
+            )
+            step = _forbid_specials(
+                step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+            )
+            best, token = step.max(
+                dim=-1
+            )  # (n,) for the n sentences still going
             ys[going, t + 1] = token
             log_prob[going] += best
             stays = (token != eos_id) & (t + 1 < limits)  # (n,)
             if not stays.all():
-                # A sentence that has ended leaves the batch: the next steps compute the
-                # others only, and its row of ys keeps its padding.
+                # A sentence that has ended leaves the batch: the next steps
+                # compute the others only, and its row of ys keeps its padding.
                 going, limits = going[stays], limits[stays]
                 memory, src_mask = memory[stays], src_mask[stays]
                 if cache is not None:
@@ -396,7 +439,8 @@ pd.DataFrame(
 def exact(hypotheses) -> float:
     """The share of outputs that are exactly the reversed source."""
     return sum(
-        spell(h.tokens) == r for h, r in zip(hypotheses, references, strict=True)
+        spell(h.tokens) == r
+        for h, r in zip(hypotheses, references, strict=True)
     ) / len(references)
 
 
@@ -405,7 +449,8 @@ assert exact(greedy) > 0.8
 
 # %% tags=["nbval-ignore-output"]
 print(
-    f"exactly right, greedy: trained {exact(greedy):.1%}, half-trained {exact(greedy_half):.1%}"
+    f"exactly right, greedy: trained {exact(greedy):.1%}, half-trained"
+    f" {exact(greedy_half):.1%}"
 )
 
 # %% [markdown]
@@ -433,7 +478,9 @@ print(
 # %%
 uncached = greedy_decode(model, test_src, **ids, use_cache=False)
 assert [h.tokens for h in uncached] == [h.tokens for h in greedy]
-gap = max(abs(a.log_prob - b.log_prob) for a, b in zip(greedy, uncached, strict=True))
+gap = max(
+    abs(a.log_prob - b.log_prob) for a, b in zip(greedy, uncached, strict=True)
+)
 assert gap < 1e-4
 print("the same 200 outputs with and without the cache")
 
@@ -444,7 +491,7 @@ print("the same 200 outputs with and without the cache")
 
 # %% tags=["nbval-ignore-output"]
 def decoder_shapes(use_cache: bool) -> list[tuple[int, int]]:
-    """(rows, length) of the decoder's input at each step of greedy decoding."""
+    """(rows, length) of the decoder's input at each greedy step."""
     shapes = []
     hook = model.decoder.register_forward_pre_hook(
         lambda module, args: shapes.append(tuple(args[0].shape[:2]))
@@ -458,15 +505,20 @@ def decoder_shapes(use_cache: bool) -> list[tuple[int, int]]:
 
 cached, uncached_shapes = decoder_shapes(True), decoder_shapes(False)
 rows = [n for n, _ in cached]
-assert [n for n, _ in uncached_shapes] == rows  # the same strings at every step
+assert [
+    n for n, _ in uncached_shapes
+] == rows  # the same strings at every step
 assert all(length == 1 for _, length in cached)  # the newest token only
-assert [length for _, length in uncached_shapes] == list(range(1, len(rows) + 1))
+assert [length for _, length in uncached_shapes] == list(
+    range(1, len(rows) + 1)
+)
 n_steps = len(rows)
 with_cache = [n * length for n, length in cached]
 without_cache = [n * length for n, length in uncached_shapes]
 print(
-    f"{n_steps} steps: {sum(with_cache):,} positions with the cache, "
-    f"{sum(without_cache):,} without ({sum(without_cache) / sum(with_cache):.1f} times as many)"
+    f"{n_steps} steps: {sum(with_cache):,} positions with the cache,"
+    f" {sum(without_cache):,} without"
+    f" ({sum(without_cache) / sum(with_cache):.1f} times as many)"
 )
 
 # %% [markdown]
@@ -544,24 +596,28 @@ assert cached_seconds < uncached_seconds
 # %%
 #| export
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
-    """lp(Y) = ((5 + |Y|) / 6)^α of Wu et al. (2016), |Y| counting the final EOS."""
+    """lp(Y) = ((5 + |Y|) / 6)^α of Wu et al. (2016), |Y| counting the final
+    EOS."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
-# The largest α accepted: far beyond any useful one, yet small enough that lp stays
-# finite in float32 for outputs of 40,000 tokens.
+# The largest α accepted: far beyond any useful one, yet small enough that lp
+# stays finite in float32 for outputs of 40,000 tokens.
 MAX_ALPHA = 10.0
 
 
 def check_alpha(
     alpha: float, *, max_len: int | None = None, name: str = "alpha"
 ) -> None:
-    """α must be a number from 0 to MAX_ALPHA: lp must grow with length (α >= 0) and
-    stay finite, up to max_len tokens if given (an infinite lp makes scores NaN).
+    """α must be a number from 0 to MAX_ALPHA: lp must grow with length (α >=
+    0) and stay finite, up to max_len tokens if given (an infinite lp makes
+    scores NaN).
 
     Raises ValueError whose message names the value as `name`."""
     if not 0 <= alpha <= MAX_ALPHA:  # also rejects NaN and infinity
-        raise ValueError(f"{name} must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}")
+        raise ValueError(
+            f"{name} must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}"
+        )
     if (
         max_len is not None
         and length_penalty(torch.tensor(float(max_len)), alpha).isinf()
@@ -577,11 +633,15 @@ class BeamStep:
     """The beams after one step of beam search, for figures and debugging.
 
     Shapes (n sentences still searching, K beams, best first):
-        sentences: (n,) their indices in the batch; a finished sentence leaves the search
-        tokens: (n, K) the token each beam just output (pad_id once it has ended)
+        sentences: (n,) their indices in the batch; a finished sentence leaves
+            the search
+        tokens: (n, K) the token each beam just output (pad_id once it has
+            ended)
         parents: (n, K) the beam, at the step before, that each beam extends
-        log_probs, scores: (n, K) log p(beam | source) and log_prob / lp(length)
-        ended: (n, K) True for the beams that output EOS or reached the length limit
+        log_probs, scores: (n, K) log p(beam | source) and log_prob /
+            lp(length)
+        ended: (n, K) True for the beams that output EOS or reached the length
+            limit
     """
 
     step: int
@@ -606,12 +666,14 @@ def beam_search(
     use_cache: bool = True,
     on_step: Callable[[BeamStep], None] | None = None,
 ) -> list[Hypothesis]:
-    """Beam search with the length penalty lp(Y) = ((5 + |Y|)/6)^α, for a batch of sentences.
+    """Beam search with the length penalty lp(Y) = ((5 + |Y|)/6)^α, for a batch
+    of sentences.
 
-    Each step extends the K beams of every sentence by every token and keeps the K best
-    candidates by log p(Y | X) / lp(|Y|); a beam that has ended stays a candidate as it is.
-    A sentence is finished when none of its open beams can overtake its best ended one; the
-    search stops when every sentence is finished. on_step, if given, sees every step.
+    Each step extends the K beams of every sentence by every token and keeps
+    the K best candidates by log p(Y | X) / lp(|Y|); a beam that has ended
+    stays a candidate as it is. A sentence is finished when none of its open
+    beams can overtake its best ended one; the search stops when every sentence
+    is finished. on_step, if given, sees every step.
 
     Shapes:
         src: (B, S) token ids, padded with pad_id
@@ -628,62 +690,102 @@ def beam_search(
     with _inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)  # (B,)
-        # The K beams of sentence b are rows b*K ... b*K + K - 1 of one batch of B*K rows.
+        limits = output_limits(
+            model, src, pad_id=pad_id, max_len=max_len
+        )  # (B,)
+        # The K beams of sentence b are rows b*K ... b*K + K - 1 of one batch
+        # of B*K rows.
         memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
         src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
-        cache = DecoderCache.empty(len(model.decoder.layers)) if use_cache else None
+        cache = (
+            DecoderCache.empty(len(model.decoder.layers))
+            if use_cache
+            else None
+        )
         ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
-        # At the start the K beams would be K copies of BOS: keep one, the others at -inf.
+        # At the start the K beams would be K copies of BOS: keep one, the
+        # others at -inf.
         log_prob = torch.full((B, K), float("-inf"), device=device)
         log_prob[:, 0] = 0.0
         length = torch.zeros(B, K, dtype=torch.long, device=device)
         ended = torch.zeros(B, K, dtype=torch.bool, device=device)
         first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
-        # Each sentence's best ended hypothesis so far, and its row: BOS, the tokens, then
-        # padding. Open beams whose score rises with lp can push an ended beam out of the K;
-        # the search must not lose it with the beam.
+        # Each sentence's best ended hypothesis so far, and its row: BOS, the
+        # tokens, then padding. Open beams whose score rises with lp can push
+        # an ended beam out of the K; the search must not lose it with the
+        # beam.
         kept_score = torch.full((B,), -torch.inf, device=device)
         kept_log_prob = torch.full((B,), -torch.inf, device=device)
         kept_ys = ys.new_full((B, int(limits.max()) + 1), pad_id)
         going = torch.arange(B, device=device)  # the sentences still searching
         for t in range(int(limits.max())):
             n = going.numel()
-            step = _next_log_probs(model, ys, memory, src_mask, cache).view(n, K, -1)
-            step = _forbid_specials(step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-            beams = _extend(step, log_prob, length, ended, t, alpha, eos_id, pad_id)
+            step = _next_log_probs(model, ys, memory, src_mask, cache).view(
+                n, K, -1
+            )
+            step = _forbid_specials(
+                step, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+            )
+            beams = _extend(
+                step, log_prob, length, ended, t, alpha, eos_id, pad_id
+            )
             scores, parents, tokens, log_prob, length, ended = beams
             ended |= t + 1 >= limits[:, None]
-            # Every beam continues the row of its parent: reorder the rows, then append.
+            # Every beam continues the row of its parent: reorder the rows,
+            # then append.
             rows = (first_row[:n] + parents).view(-1)  # (n*K,)
-            ys = torch.cat([ys[rows], tokens.view(-1, 1)], dim=1)  # (n*K, t + 2)
-            if cache is not None:  # rows stay within each sentence's beams: see reorder
+            ys = torch.cat(
+                [ys[rows], tokens.view(-1, 1)], dim=1
+            )  # (n*K, t + 2)
+            if (
+                cache is not None
+            ):  # rows stay within each sentence's beams: see reorder
                 cache.reorder(rows, static=False)
-            # Keep the best ended beam of each sentence if it beats the one kept so far
-            # (an ended beam's score is log_prob / lp(length), as the candidates were scored).
-            ended_score, ended_beam = torch.where(ended, scores, -torch.inf).max(dim=1)
+            # Keep the best ended beam of each sentence if it beats the one
+            # kept so far (an ended beam's score is log_prob / lp(length), as
+            # the candidates were scored).
+            ended_score, ended_beam = torch.where(
+                ended, scores, -torch.inf
+            ).max(dim=1)
             better = ended_score > kept_score[going]  # (n,)
-            kept_score[going] = torch.where(better, ended_score, kept_score[going])
+            kept_score[going] = torch.where(
+                better, ended_score, kept_score[going]
+            )
             gained = log_prob.gather(1, ended_beam[:, None])[:, 0]  # (n,)
-            kept_log_prob[going] = torch.where(better, gained, kept_log_prob[going])
+            kept_log_prob[going] = torch.where(
+                better, gained, kept_log_prob[going]
+            )
             best_row = ys[first_row[:n, 0] + ended_beam]  # (n, t + 2)
             old_row = kept_ys[going, : t + 2]
-            kept_ys[going, : t + 2] = torch.where(better[:, None], best_row, old_row)
+            kept_ys[going, : t + 2] = torch.where(
+                better[:, None], best_row, old_row
+            )
             if on_step is not None:
-                on_step(BeamStep(t, going, tokens, parents, log_prob, scores, ended))
-            finished = _finished(kept_score[going], log_prob, ended, limits, alpha)
+                on_step(
+                    BeamStep(
+                        t, going, tokens, parents, log_prob, scores, ended
+                    )
+                )
+            finished = _finished(
+                kept_score[going], log_prob, ended, limits, alpha
+            )
             if finished.any():
                 # A finished sentence leaves the batch, with its K rows.
                 stays = ~finished  # (n,)
                 going, limits = going[stays], limits[stays]
-                log_prob, length, ended = log_prob[stays], length[stays], ended[stays]
+                log_prob, length, ended = (
+                    log_prob[stays],
+                    length[stays],
+                    ended[stays],
+                )
                 keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
                 ys, memory, src_mask = ys[keep], memory[keep], src_mask[keep]
                 if cache is not None:
                     cache.reorder(keep)
                 if going.numel() == 0:
                     break
-    # Every sentence now has a kept hypothesis that none of its open beams can overtake.
+    # Every sentence now has a kept hypothesis that none of its open beams can
+    # overtake.
     return [
         _hypothesis(row[1:], lp, score, eos_id=eos_id, pad_id=pad_id)
         for row, lp, score in zip(
@@ -702,19 +804,24 @@ def _extend(
     eos_id: int,
     pad_id: int,
 ) -> tuple[Tensor, ...]:
-    """One step of beam search: the K best extensions of each sentence's K beams.
+    """One step of beam search: the K best extensions of each sentence's K
+    beams.
 
     Shapes:
-        step: (n, K, V) log p(next token) of every beam; log_prob, length, ended: (n, K)
-        returns the new beams' scores, parents, tokens, log_prob, length and ended, each
+        step: (n, K, V) log p(next token) of every beam; log_prob, length,
+            ended: (n, K)
+        returns the new beams' scores, parents, tokens, log_prob, length and
+            ended, each
         (n, K), best first
     """
     n, K, V = step.shape
-    # All the continuations of a beam share its lp, so its K most probable tokens are its
-    # K best candidates: K * K candidates per sentence, not K * V.
+    # All the continuations of a beam share its lp, so its K most probable
+    # tokens are its K best candidates: K * K candidates per sentence, not K *
+    # V.
     C = min(K, V)
     top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
-    # An ended beam has one continuation, padding, which leaves its log-probability alone.
+    # An ended beam has one continuation, padding, which leaves its
+    # log-probability alone.
     stay = torch.full((C,), float("-inf"), device=step.device)
     stay[0] = 0.0
     top = torch.where(ended[..., None], stay, top)
@@ -735,13 +842,17 @@ def _extend(
 
 
 def _finished(
-    kept_score: Tensor, log_prob: Tensor, ended: Tensor, limits: Tensor, alpha: float
+    kept_score: Tensor,
+    log_prob: Tensor,
+    ended: Tensor,
+    limits: Tensor,
+    alpha: float,
 ) -> Tensor:
-    """The sentences whose best ended hypothesis (kept_score, (B,)) no open beam of
-    (B, K) can overtake: -> (B,).
+    """The sentences whose best ended hypothesis (kept_score, (B,)) no open
+    beam of (B, K) can overtake: -> (B,).
 
-    An open beam's log-probability can only fall as it grows, and lp only rise, up to
-    lp(limit): the best it can still score is log_prob / lp(limit).
+    An open beam's log-probability can only fall as it grows, and lp only rise,
+    up to lp(limit): the best it can still score is log_prob / lp(limit).
     """
     best_open = torch.where(ended, -torch.inf, log_prob).amax(dim=1)  # (B,)
     reachable = best_open / length_penalty(limits, alpha)  # (B,)
@@ -763,13 +874,16 @@ accuracy = pd.DataFrame(
         "greedy": [exact(greedy), exact(greedy_half)],
         "beam 4, α = 0.6": [exact(beam), exact(beam_half)],
     },
-    index=pd.Index(["trained (600 steps)", "half-trained (150 steps)"], name="model"),
+    index=pd.Index(
+        ["trained (600 steps)", "half-trained (150 steps)"], name="model"
+    ),
 )
 assert exact(beam) > 0.8
 
 
 def gnmt_score(h: Hypothesis, alpha: float = 0.6) -> float:
-    """s(Y) of any hypothesis, greedy decoding's included: log p / lp(|Y|), EOS counted."""
+    """s(Y) of any hypothesis, greedy decoding's included: log p / lp(|Y|), EOS
+    counted."""
     length = torch.tensor(float(len(h.tokens) + h.ended))
     return h.log_prob / length_penalty(length, alpha).item()
 
@@ -779,14 +893,17 @@ for name, (g_out, b_out) in {
     "trained": (greedy, beam),
     "half-trained": (greedy_half, beam_half),
 }.items():
-    gains = [b.score - gnmt_score(g) for g, b in zip(g_out, b_out, strict=True)]
+    gains = [
+        b.score - gnmt_score(g) for g, b in zip(g_out, b_out, strict=True)
+    ]
     higher[name] = sum(gain > 1e-6 for gain in gains) / len(gains)
     lower[name] = sum(gain < -1e-6 for gain in gains) / len(gains)
     print(
-        f"{name}: beam search scores higher than greedy decoding on {higher[name]:.0%} "
-        f"of the strings, lower on {lower[name]:.0%}"
+        f"{name}: beam search scores higher than greedy decoding on"
+        f" {higher[name]:.0%} of the strings, lower on {lower[name]:.0%}"
     )
-# the unsure model leaves the search much more to find; it is rarely worse than greedy
+# the unsure model leaves the search much more to find; it is rarely worse than
+# greedy
 assert higher["trained"] < 0.05
 assert higher["half-trained"] > max(0.1, 4 * higher["trained"])
 assert max(lower.values()) < 0.02
@@ -795,7 +912,10 @@ beam_only = sum(spell(b.tokens) == r != spell(g.tokens) for g, b, r in both)
 greedy_only = sum(spell(g.tokens) == r != spell(b.tokens) for g, b, r in both)
 # exact matches move far less than the scores
 assert beam_only + greedy_only <= 25
-assert abs(beam_only - greedy_only) <= higher["half-trained"] * len(references) / 2
+assert (
+    abs(beam_only - greedy_only)
+    <= higher["half-trained"] * len(references) / 2
+)
 assert (accuracy.loc["trained (600 steps)"] > 0.8).all()
 print("% of the 200 strings exactly right:")
 (accuracy * 100).round(1)
@@ -821,8 +941,10 @@ for alpha in (0.0, 0.6, 1.0, 2.0):
         {
             "α": alpha,
             "% exactly right": 100 * exact(found),
-            "output length / answer length": sum(len(h.tokens) for h in found)
-            / sum(len(r) for r in references),
+            "output length / answer length": (
+                sum(len(h.tokens) for h in found)
+                / sum(len(r) for r in references)
+            ),
         }
     )
 by_alpha = pd.DataFrame(rows).set_index("α")
@@ -855,18 +977,25 @@ from transformer.decode import BeamStep
 
 fixed = [
     i
-    for i, (g, b, r) in enumerate(zip(greedy_half, beam_half, references, strict=True))
+    for i, (g, b, r) in enumerate(
+        zip(greedy_half, beam_half, references, strict=True)
+    )
     if spell(b.tokens) == r != spell(g.tokens)
 ]
-assert fixed, "beam search gets no string right that greedy decoding gets wrong"
+assert fixed, (
+    "beam search gets no string right that greedy decoding gets wrong"
+)
 chosen = fixed[0]
-one_src = test_src[chosen : chosen + 1, : int((test_src[chosen] != pad_id).sum())]
+one_src = test_src[
+    chosen : chosen + 1, : int((test_src[chosen] != pad_id).sum())
+]
 steps: list[BeamStep] = []
 [tree_result] = beam_search(half_trained, one_src, **ids, on_step=steps.append)
 
 
 def beam_tree(steps: list[BeamStep]) -> pd.DataFrame:
-    """One row per kept hypothesis and step (sentence 0), with its parent's rank."""
+    """One row per kept hypothesis and step (sentence 0), with its parent's
+    rank."""
     nodes = [
         {
             "step": 0,
@@ -895,7 +1024,10 @@ def beam_tree(steps: list[BeamStep]) -> pd.DataFrame:
             elif token == eos_id:
                 text, label, state = texts[parent] + " EOS", "EOS", "ends here"
             else:
-                text, label = texts[parent] + letters[token - 3], letters[token - 3]
+                text, label = (
+                    texts[parent] + letters[token - 3],
+                    letters[token - 3],
+                )
                 state = "ended by the limit" if s.ended[0, k] else "open"
             new_texts.append(text)
             new_ended.append(bool(s.ended[0, k]))
@@ -918,21 +1050,28 @@ def beam_tree(steps: list[BeamStep]) -> pd.DataFrame:
 tree = beam_tree(steps)
 print(f"source {spell(one_src[0].tolist())}, answer {references[chosen]}")
 print(
-    f"greedy       {spell(greedy_half[chosen].tokens)}  (log p {greedy_half[chosen].log_prob:.3f})"
+    f"greedy       {spell(greedy_half[chosen].tokens)}  (log p"
+    f" {greedy_half[chosen].log_prob:.3f})"
 )
-print(f"beam search  {spell(tree_result.tokens)}  (score {tree_result.score:.3f})")
+print(
+    f"beam search  {spell(tree_result.tokens)}  (score"
+    f" {tree_result.score:.3f})"
+)
 assert spell(tree_result.tokens) == spell(beam_half[chosen].tokens)
 
 # %% tags=["nbval-ignore-output"]
-# A hypothesis's text is its path: prefixes of an output are the points on the way to it.
+# A hypothesis's text is its path: prefixes of an output are the points on the
+# way to it.
 result_text = spell(tree_result.tokens) + " EOS"
 greedy_text = spell(greedy_half[chosen].tokens) + " EOS"
 tree["path"] = [
-    "result"
-    if result_text.startswith(h)
-    else "greedy"
-    if greedy_text.startswith(h)
-    else "other"
+    (
+        "result"
+        if result_text.startswith(h)
+        else "greedy"
+        if greedy_text.startswith(h)
+        else "other"
+    )
     for h in tree["hypothesis"]
 ]
 edges = tree.dropna(subset=["parent rank"]).assign(
@@ -949,7 +1088,9 @@ y_rank = alt.Y(
     title="rank in the beam",
 )
 x_step = alt.X("step:Q", title="step", axis=alt.Axis(tickMinStep=1))
-edge_encoding = dict(x="parent step:Q", x2="step:Q", y="parent rank:Q", y2="rank:Q")
+edge_encoding = dict(
+    x="parent step:Q", x2="step:Q", y="parent rank:Q", y2="rank:Q"
+)
 lines = alt.Chart(edges).mark_rule(color="#bbbbbb").encode(**edge_encoding)
 greedy_lines = (
     alt.Chart(edges[edges["path"] == "greedy"])
@@ -980,8 +1121,12 @@ text = (
     width=560,
     height=220,
     title=alt.Title(
-        f"Beam search (K = 4, α = 0.6) for the source {spell(one_src[0].tolist())!r}",
-        subtitle="black: the path to the result; dashed orange: greedy decoding's path",
+        "Beam search (K = 4, α = 0.6) for the source"
+        f" {spell(one_src[0].tolist())!r}",
+        subtitle=(
+            "black: the path to the result; dashed orange: greedy decoding's"
+            " path"
+        ),
     ),
 )
 
@@ -1012,29 +1157,39 @@ from transformer.data import DATA_DIR, PAIRS
 from transformer.tokenizer import Tokenizer, normalize
 
 BATCH_SIZE = 32  # sentences decoded at once by `translate`
-# The shipped models, beside data/ in the repository: checkpoints/de-en, checkpoints/fr-en.
+# The shipped models, beside data/ in the repository: checkpoints/de-en,
+# checkpoints/fr-en.
 CHECKPOINTS_DIR = DATA_DIR.parents[1] / "checkpoints"
 
 
-def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """The indices 0 … n-1 of n sentences in batches of at most batch_size, longest first
-    (ties in input order), so that each batch holds sentences of similar lengths."""
+def length_sorted_batches(
+    lengths: Sequence[int], batch_size: int
+) -> list[list[int]]:
+    """The indices 0 … n-1 of n sentences in batches of at most batch_size,
+    longest first (ties in input order), so that each batch holds sentences of
+    similar lengths."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return [
+        order[i : i + batch_size] for i in range(0, len(order), batch_size)
+    ]
 
 
 def _listed(items: list[str], most: int = 10) -> str:
     """'a', 'a and b', 'a, b and c', '… and 3 more'."""
     if len(items) > most:
         return f"{', '.join(items[:most])} and {len(items) - most} more"
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+    return (
+        items[0]
+        if len(items) == 1
+        else f"{', '.join(items[:-1])} and {items[-1]}"
+    )
 
 
 def _sentences(indices: list[int]) -> str:
-    """'sentence 3' or 'sentences 3, 8 and 12' for indices 2, 7, 11: numbered from 1, as
-    lines are."""
+    """'sentence 3' or 'sentences 3, 8 and 12' for indices 2, 7, 11: numbered
+    from 1, as lines are."""
     noun = "sentence" if len(indices) == 1 else "sentences"
     return f"{noun} {_listed([str(i + 1) for i in indices])}"
 
@@ -1049,13 +1204,14 @@ def translate(
     batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Translations of `sentences`, in their order: beam search (beam_size 1: greedy decoding)
-    over batches of similar lengths, on the model's device.
+    """Translations of `sentences`, in their order: beam search (beam_size 1:
+    greedy decoding) over batches of similar lengths, on the model's device.
 
-    An empty sentence translates to "". A source longer than the model's positions is cut to
-    its first config.max_len - 1 tokens, then <eos>; `warn`, if given, is told about those and
-    about translations that the length limit stopped before <eos>. Needs spaCy (to cut the
-    sentences into words) unless every sentence is empty.
+    An empty sentence translates to "". A source longer than the model's
+    positions is cut to its first config.max_len - 1 tokens, then <eos>;
+    `warn`, if given, is told about those and about translations that the
+    length limit stopped before <eos>. Needs spaCy (to cut the sentences into
+    words) unless every sentence is empty.
     """
     check_alpha(alpha, max_len=model.config.max_len)
     special = {
@@ -1074,7 +1230,9 @@ def translate(
         src = src.to(device)
         if beam_size == 1:
             return greedy_decode(model, src, **special)
-        return beam_search(model, src, beam_size=beam_size, alpha=alpha, **special)
+        return beam_search(
+            model, src, beam_size=beam_size, alpha=alpha, **special
+        )
 
     return translate_batches(
         decode_batch,
@@ -1097,11 +1255,14 @@ def translate_batches(
     batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """`translate` around any decoder of id batches (the package's, or another engine's):
-    `decode_batch` takes sources as ids with their <eos>, longest first, and returns their
-    hypotheses; max_len is the model's number of positions."""
+    """`translate` around any decoder of id batches (the package's, or another
+    engine's): `decode_batch` takes sources as ids with their <eos>, longest
+    first, and returns their hypotheses; max_len is the model's number of
+    positions."""
     if isinstance(sentences, str):
-        raise TypeError("translate takes a sequence of sentences, not one string")
+        raise TypeError(
+            "translate takes a sequence of sentences, not one string"
+        )
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     texts = [normalize(s) for s in sentences]
@@ -1113,8 +1274,9 @@ def translate_batches(
     if too_long and warn is not None:
         sizes = _listed([str(n) for n in too_long.values()])
         warn(
-            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more than the model's "
-            f"{max_len} positions: translating the first {room}"
+            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more"
+            f" than the model's {max_len} positions: translating the first"
+            f" {room}"
         )
     sources = [ids[:room] + [tokenizer.eos_id] for ids in encoded]
     results = [""] * len(texts)
@@ -1127,8 +1289,8 @@ def translate_batches(
                 cut_off.append(todo[j])
     if cut_off and warn is not None:
         warn(
-            f"{_sentences(sorted(cut_off))}: the translation stopped at the length "
-            "limit, before <eos>"
+            f"{_sentences(sorted(cut_off))}: the translation stopped at the"
+            " length limit, before <eos>"
         )
     return results
 
@@ -1143,9 +1305,9 @@ from transformer.decode import length_sorted_batches
 batches = length_sorted_batches([3, 9, 1, 4, 9], batch_size=2)
 print(batches)
 assert batches == [[1, 4], [3, 0], [2]]
-assert sorted(i for b in length_sorted_batches(range(10), 3) for i in b) == list(
-    range(10)
-)
+assert sorted(
+    i for b in length_sorted_batches(range(10), 3) for i in b
+) == list(range(10))
 
 # %% [markdown]
 # ## Translating with the shipped models
@@ -1164,12 +1326,13 @@ def load_pair_model(
     *,
     device: str | torch.device = "cpu",
 ) -> tuple[Transformer, Tokenizer]:
-    """The model (eval mode) and tokenizer that translate `pair` ("de-en" or "fr-en"): those
-    of the folder `checkpoint`, a shipped model or a training checkpoint, or by default the
-    shipped model CHECKPOINTS_DIR / pair.
+    """The model (eval mode) and tokenizer that translate `pair` ("de-en" or
+    "fr-en"): those of the folder `checkpoint`, a shipped model or a training
+    checkpoint, or by default the shipped model CHECKPOINTS_DIR / pair.
 
-    Raises CheckpointError, one line that names the folder, if it is missing (for the default
-    folder: how to train a model), does not load, or holds a model of another pair.
+    Raises CheckpointError, one line that names the folder, if it is missing
+    (for the default folder: how to train a model), does not load, or holds a
+    model of another pair.
     """
     if pair not in PAIRS:
         raise ValueError(
@@ -1179,9 +1342,10 @@ def load_pair_model(
     if not folder.is_dir():
         if checkpoint is None:
             raise CheckpointError(
-                f"no {pair} model in {folder}: none has been shipped yet. Train one with "
-                f"`python -m transformer train --pair {pair} --export {folder}`, or name a "
-                "model folder with --checkpoint DIR"
+                f"no {pair} model in {folder}: none has been shipped yet."
+                f" Train one with `python -m transformer train --pair {pair}"
+                f" --export {folder}`, or name a model folder with"
+                " --checkpoint DIR"
             )
         raise CheckpointError(f"no model folder {folder}")
     try:
@@ -1211,13 +1375,22 @@ from transformer.decode import load_pair_model, translate
 examples = {
     "de-en": [
         "Ein Hund mit einem Stock im Maul schwimmt in einem See.",
-        "Eine Gruppe von Musikern spielt auf einem belebten Platz vor einer Kirche.",
-        "Ein älterer Mann in einer orangefarbenen Weste repariert ein altes Fahrrad.",
+        (
+            "Eine Gruppe von Musikern spielt auf einem belebten Platz vor"
+            " einer Kirche."
+        ),
+        (
+            "Ein älterer Mann in einer orangefarbenen Weste repariert ein"
+            " altes Fahrrad."
+        ),
     ],
     "fr-en": [
         "Un chien avec un bâton dans la gueule nage dans un lac.",
         "Un groupe de musiciens joue sur une place animée devant une église.",
-        "Un homme âgé en gilet orange répare un vieux vélo au bord de la route.",
+        (
+            "Un homme âgé en gilet orange répare un vieux vélo au bord de la"
+            " route."
+        ),
     ],
 }
 live = []
@@ -1231,7 +1404,10 @@ for pair, sentences in examples.items():
     ]
 live = pd.DataFrame(live).set_index("pair")
 assert "dog" in live["beam 4"].iloc[0] and "dog" in live["beam 4"].iloc[3]
-assert "square" in live["beam 4"].iloc[1] and (live["beam 4"] != live["greedy"]).any()
+assert (
+    "square" in live["beam 4"].iloc[1]
+    and (live["beam 4"] != live["greedy"]).any()
+)
 with pd.option_context("display.max_colwidth", None):
     display(live)
 
@@ -1242,7 +1418,7 @@ with pd.option_context("display.max_colwidth", None):
 #
 # ```
 # python -m transformer translate --pair de-en "Zwei Hunde spielen im Schnee."
-# python -m transformer translate --pair fr-en --beam 1 < sentences.txt > translations.txt
+# python -m transformer translate --pair fr-en --beam 1 < in.txt > out.txt
 # ```
 #
 # What the shipped models' translations are worth is the subject of the results chapter.

@@ -59,10 +59,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp evaluate
@@ -100,9 +101,9 @@ _ = torch.manual_seed(0)  # returns the generator, which need not be shown
 
 # %%
 #| export
-"""Scoring translations: sacreBLEU's BLEU and chrF with their signatures (Post, 2018), a
-lowercased tokenised BLEU for comparison with published Multi30k results, translating a
-Multi30k split, and BLEU by source length."""
+"""Scoring translations: sacreBLEU's BLEU and chrF with their signatures (Post,
+2018), a lowercased tokenised BLEU for comparison with published Multi30k
+results, translating a Multi30k split, and BLEU by source length."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -112,7 +113,8 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from transformer.tokenizer import MARK, pretokenize
 
-# The name of the lowercased tokenised BLEU wherever it is printed: not comparable with sacreBLEU.
+# The name of the lowercased tokenised BLEU wherever it is printed: not
+# comparable with sacreBLEU.
 LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
 
 
@@ -121,11 +123,14 @@ class Scores:
     """Corpus scores of n translations against one reference each, in percent.
 
     bleu: sacreBLEU's BLEU, cased, its 13a tokenizer on the detokenised output.
-    chrf: sacreBLEU's chrF (character n-grams up to 6, β = 2).
-    length_ratio, brevity_penalty: BLEU's output/reference length (13a words) and its BP.
-    bleu_lc_tok: BLEU of lowercased text cut into words by spaCy (tok:none after that), as
-        most published Multi30k results are computed: comparable with those that use spaCy's
-        words (torchtext's `bleu_score`), only roughly with Moses-tokenised ones, and not with
+    chrf: sacreBLEU's chrF (character n-grams up to 6, β = 2). length_ratio,
+    brevity_penalty: BLEU's output/reference length (13a words) and its BP.
+    bleu_lc_tok: BLEU of lowercased text cut into words by spaCy (tok:none
+    after that), as
+        most published Multi30k results are computed: comparable with those
+            that use spaCy's
+        words (torchtext's `bleu_score`), only roughly with Moses-tokenised
+            ones, and not with
         `bleu`.
     """
 
@@ -144,17 +149,24 @@ class Scores:
         return "\n".join(
             [
                 f"sacreBLEU {self.bleu:6.2f}  {self.bleu_signature}",
-                f"          (output/reference length {self.length_ratio:.3f}, "
-                f"brevity penalty {self.brevity_penalty:.3f})",
+                (
+                    "          (output/reference length"
+                    f" {self.length_ratio:.3f}, brevity penalty"
+                    f" {self.brevity_penalty:.3f})"
+                ),
                 f"chrF      {self.chrf:6.2f}  {self.chrf_signature}",
-                f"{LC_TOK_BLEU}, only to compare with published Multi30k results: "
-                f"{self.bleu_lc_tok:.2f}  {self.bleu_lc_tok_signature}",
+                (
+                    f"{LC_TOK_BLEU}, only to compare with published Multi30k"
+                    f" results: {self.bleu_lc_tok:.2f} "
+                    f" {self.bleu_lc_tok_signature}"
+                ),
             ]
         )
 
 
 def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
-    """Each text cut into words by spaCy's rules for `language`, the words joined by spaces."""
+    """Each text cut into words by spaCy's rules for `language`, the words
+    joined by spaces."""
     return [
         " ".join(word.removeprefix(MARK) for word in words)
         for words in pretokenize(texts, language)
@@ -162,10 +174,14 @@ def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
 
 
 def score(
-    hypotheses: Sequence[str], references: Sequence[str], *, language: str = "en"
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    language: str = "en",
 ) -> Scores:
-    """sacreBLEU's BLEU and chrF of detokenised translations against the raw references (one
-    per sentence), and the lowercased spaCy-tokenised BLEU; `language`: the references'."""
+    """sacreBLEU's BLEU and chrF of detokenised translations against the raw
+    references (one per sentence), and the lowercased spaCy-tokenised BLEU;
+    `language`: the references'."""
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise TypeError("score takes sequences of sentences, not one string")
     if len(hypotheses) != len(references):
@@ -178,7 +194,8 @@ def score(
     bleu, chrf = BLEU(), CHRF()
     bleu_score = bleu.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
-    # The text is cut into words already: no second tokenizer, and no warning about it.
+    # The text is cut into words already: no second tokenizer, and no warning
+    # about it.
     lc_tok = BLEU(lowercase=True, tokenize="none", force=True)
     lc_tok_score = lc_tok.corpus_score(
         spacy_words(hypotheses, language), [spacy_words(references, language)]
@@ -206,7 +223,10 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from transformer.evaluate import score
 
-toy_refs = ["A dog runs across a green meadow.", "Two children play in the snow."]
+toy_refs = [
+    "A dog runs across a green meadow.",
+    "Two children play in the snow.",
+]
 toy_hyps = ["A dog runs across a green field.", "two kids play in snow."]
 toy = score(toy_hyps, toy_refs)
 print(toy.report())
@@ -215,7 +235,8 @@ assert toy.bleu == BLEU().corpus_score(toy_hyps, [toy_refs]).score
 assert toy.chrf == CHRF().corpus_score(toy_hyps, [toy_refs]).score
 assert "case:mixed" in toy.bleu_signature and "tok:13a" in toy.bleu_signature
 assert (
-    "case:lc" in toy.bleu_lc_tok_signature and "tok:none" in toy.bleu_lc_tok_signature
+    "case:lc" in toy.bleu_lc_tok_signature
+    and "tok:none" in toy.bleu_lc_tok_signature
 )
 assert toy.bleu_lc_tok > toy.bleu
 assert round(score(toy_refs, toy_refs).bleu, 6) == 100.0
@@ -240,8 +261,8 @@ from transformer.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class SplitTranslations:
-    """The sources and references of (part of) a split, a model's translations of the sources,
-    and the wall-clock seconds that the translation took."""
+    """The sources and references of (part of) a split, a model's translations
+    of the sources, and the wall-clock seconds that the translation took."""
 
     pair: str
     split: str
@@ -268,8 +289,8 @@ def translate_split(
     batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
 ) -> SplitTranslations:
-    """Translate the first `limit` sentences (default: all) of a Multi30k split with
-    `transformer.decode.translate`, and time it."""
+    """Translate the first `limit` sentences (default: all) of a Multi30k split
+    with `transformer.decode.translate`, and time it."""
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")
     if limit is not None and limit < 1:
@@ -301,9 +322,12 @@ def translate_split(
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
-    """Write one line per item, UTF-8, atomically (a temporary file beside `path`, synced to
-    disk, then renamed): a failed write leaves the old file as it was."""
-    atomic_write(Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8"))
+    """Write one line per item, UTF-8, atomically (a temporary file beside
+    `path`, synced to disk, then renamed): a failed write leaves the old file
+    as it was."""
+    atomic_write(
+        Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8")
+    )
 
 
 # %% [markdown]
@@ -317,13 +341,18 @@ def write_lines(path: Path, lines: Sequence[str]) -> None:
 #| export
 import math
 
-LENGTH_BOUNDS = (1, 10, 15, 20)  # the first source length, in words, of each group
+LENGTH_BOUNDS = (
+    1,
+    10,
+    15,
+    20,
+)  # the first source length, in words, of each group
 
 
 @dataclass(frozen=True)
 class LengthGroup:
-    """The sentences whose source has `words` words: how many, their sacreBLEU and BLEU's
-    output/reference length ratio (both nan for an empty group)."""
+    """The sentences whose source has `words` words: how many, their sacreBLEU
+    and BLEU's output/reference length ratio (both nan for an empty group)."""
 
     words: str
     sentences: int
@@ -338,9 +367,10 @@ def bleu_by_length(
     *,
     bounds: Sequence[int] = LENGTH_BOUNDS,
 ) -> list[LengthGroup]:
-    """sacreBLEU of the sentences grouped by the length of their source in words (separated by
-    spaces): group i holds bounds[i] to bounds[i+1] - 1 words, the last bounds[-1] or more, and
-    a source shorter than bounds[0] counts in the first."""
+    """sacreBLEU of the sentences grouped by the length of their source in
+    words (separated by spaces): group i holds bounds[i] to bounds[i+1] - 1
+    words, the last bounds[-1] or more, and a source shorter than bounds[0]
+    counts in the first."""
     if not len(sources) == len(hypotheses) == len(references):
         raise ValueError(
             f"{len(sources)} sources, {len(hypotheses)} translations and "
@@ -352,7 +382,9 @@ def bleu_by_length(
     groups: list[list[int]] = [[] for _ in bounds]
     for i, source in enumerate(sources):
         n = len(source.split())
-        groups[max((k for k, b in enumerate(bounds) if n >= b), default=0)].append(i)
+        groups[
+            max((k for k, b in enumerate(bounds) if n >= b), default=0)
+        ].append(i)
     results = []
     for k, members in enumerate(groups):
         last = bounds[k + 1] - 1 if k + 1 < len(bounds) else None
@@ -367,9 +399,12 @@ def bleu_by_length(
             results.append(LengthGroup(words, 0, math.nan, math.nan))
             continue
         found = BLEU().corpus_score(
-            [hypotheses[i] for i in members], [[references[i] for i in members]]
+            [hypotheses[i] for i in members],
+            [[references[i] for i in members]],
         )
-        results.append(LengthGroup(words, len(members), found.score, found.ratio))
+        results.append(
+            LengthGroup(words, len(members), found.score, found.ratio)
+        )
     return results
 
 
@@ -385,8 +420,20 @@ medium = "Ein Mann mit einem roten Hut sitzt auf einer Bank im Park."
 long = " ".join(["Ein Wort"] * 10)
 groups = bleu_by_length(
     [short, short, medium, medium, long],
-    ["A dog runs.", "A dog runs.", "A man sits.", "Nothing alike here", "Words."],
-    ["A dog runs.", "A dog is running.", "A man sits.", "A man in a red hat", "Words."],
+    [
+        "A dog runs.",
+        "A dog runs.",
+        "A man sits.",
+        "Nothing alike here",
+        "Words.",
+    ],
+    [
+        "A dog runs.",
+        "A dog is running.",
+        "A man sits.",
+        "A man in a red hat",
+        "Words.",
+    ],
 )
 for group in groups:
     print(group)
@@ -415,10 +462,11 @@ for pair, (model, tokenizer) in models.items():
     averaged = record["averaged"]
     c = model.config
     print(
-        f"{NAMES[pair]}: {sum(p.numel() for p in model.parameters()):,} parameters "
-        f"(d_model {c.d_model}, {c.n_heads} heads, {c.n_layers} + {c.n_layers} layers, "
-        f"d_ff {c.d_ff}, vocabulary {tokenizer.vocab_size:,}); weights: the average of "
-        f"{len(averaged)} epochs, {averaged[0]} to {averaged[-1]}"
+        f"{NAMES[pair]}: {sum(p.numel() for p in model.parameters()):,}"
+        f" parameters (d_model {c.d_model}, {c.n_heads} heads, {c.n_layers} +"
+        f" {c.n_layers} layers, d_ff {c.d_ff}, vocabulary"
+        f" {tokenizer.vocab_size:,}); weights: the average of {len(averaged)}"
+        f" epochs, {averaged[0]} to {averaged[-1]}"
     )
     assert tokenizer.pair == pair
 
@@ -432,7 +480,9 @@ for pair, (model, tokenizer) in models.items():
 # %% tags=["nbval-ignore-output"]
 from transformer.evaluate import score, translate_split
 
-warnings: list[str] = []  # sentences cut to fit, translations stopped by the limit
+warnings: list[
+    str
+] = []  # sentences cut to fit, translations stopped by the limit
 test = {}
 for pair, (model, tokenizer) in models.items():
     test[pair] = translate_split(
@@ -440,22 +490,30 @@ for pair, (model, tokenizer) in models.items():
         tokenizer,
         pair,
         "test_2016_flickr",
-        warn=lambda message, pair=pair: warnings.append(f"{NAMES[pair]}: {message}"),
+        warn=lambda message, pair=pair: warnings.append(
+            f"{NAMES[pair]}: {message}"
+        ),
     )
 scores = {pair: score(t.hypotheses, t.references) for pair, t in test.items()}
 for pair, s in scores.items():
     print(
-        f"{NAMES[pair]}, test_2016_flickr, {s.sentences:,} sentences, beam 4, α = 0.6"
+        f"{NAMES[pair]}, test_2016_flickr, {s.sentences:,} sentences, beam 4,"
+        " α = 0.6"
     )
     print(s.report(), end="\n\n")
 print(
-    "\n".join(warnings) or "no sentence was cut, and every translation ended with <eos>"
+    "\n".join(warnings)
+    or "no sentence was cut, and every translation ended with <eos>"
 )
 assert all(s.sentences == 1000 for s in scores.values())
-# The numbers the prose quotes (loosely: another CPU may flip a near-tie in a sentence).
+# The numbers the prose quotes (loosely: another CPU may flip a near-tie in a
+# sentence).
 QUOTED = {"de-en": (41.6, 60.7), "fr-en": (53.1, 68.9)}
 for pair, (bleu, chrf) in QUOTED.items():
-    assert abs(scores[pair].bleu - bleu) < 0.3 and abs(scores[pair].chrf - chrf) < 0.3
+    assert (
+        abs(scores[pair].bleu - bleu) < 0.3
+        and abs(scores[pair].chrf - chrf) < 0.3
+    )
 
 # %% [markdown]
 # German→English scores **41.6 sacreBLEU** and 60.7 chrF, French→English **53.1 sacreBLEU** and
@@ -466,7 +524,8 @@ for pair, (bleu, chrf) in QUOTED.items():
 #
 # ```
 # python -m transformer evaluate --pair de-en
-# python -m transformer evaluate --pair fr-en --split val --beam 1 --output val.fr-en.txt
+# python -m transformer evaluate --pair fr-en --split val --beam 1 \
+#     --output val.fr-en.txt
 # ```
 #
 # ## Greedy decoding against beam search
@@ -479,14 +538,18 @@ from sacrebleu.significance import PairedTest
 from transformer.evaluate import LC_TOK_BLEU
 
 greedy = {
-    pair: translate_split(model, tokenizer, pair, "test_2016_flickr", beam_size=1)
+    pair: translate_split(
+        model, tokenizer, pair, "test_2016_flickr", beam_size=1
+    )
     for pair, (model, tokenizer) in models.items()
 }
-greedy_scores = {pair: score(t.hypotheses, t.references) for pair, t in greedy.items()}
+greedy_scores = {
+    pair: score(t.hypotheses, t.references) for pair, t in greedy.items()
+}
 
 
 def score_row(s, **columns) -> dict:
-    """One table row: the given columns, then the scores rounded for reading."""
+    """One table row: the given columns, then the rounded scores."""
     return columns | {
         "sacreBLEU": round(s.bleu, 2),
         "chrF": round(s.chrf, 2),
@@ -495,8 +558,11 @@ def score_row(s, **columns) -> dict:
     }
 
 
-def p_value(baseline: list[str], system: list[str], references: list[str]) -> float:
-    """sacreBLEU's paired bootstrap, 1,000 draws: the p-value of the system's BLEU gain."""
+def p_value(
+    baseline: list[str], system: list[str], references: list[str]
+) -> float:
+    """sacreBLEU's paired bootstrap, 1,000 draws: the p-value of the system's
+    BLEU gain."""
     _, results = PairedTest(
         [("baseline", baseline), ("system", system)],
         {"BLEU": BLEU()},
@@ -508,12 +574,17 @@ def p_value(baseline: list[str], system: list[str], references: list[str]) -> fl
 
 
 beam_p = {
-    pair: p_value(greedy[pair].hypotheses, test[pair].hypotheses, test[pair].references)
+    pair: p_value(
+        greedy[pair].hypotheses, test[pair].hypotheses, test[pair].references
+    )
     for pair in NAMES
 }
 for pair in NAMES:
     gain = scores[pair].bleu - greedy_scores[pair].bleu
-    print(f"{NAMES[pair]}: beam search {gain:+.2f} sacreBLEU, p = {beam_p[pair]:.2f}")
+    print(
+        f"{NAMES[pair]}: beam search {gain:+.2f} sacreBLEU, p ="
+        f" {beam_p[pair]:.2f}"
+    )
 assert all(scores[p].bleu > greedy_scores[p].bleu for p in NAMES)
 assert beam_p["de-en"] < 0.05 < beam_p["fr-en"]
 assert abs(greedy_scores["de-en"].bleu_lc_tok - 41.3) < 0.3
@@ -548,7 +619,9 @@ pd.DataFrame(
 # %% tags=["nbval-ignore-output"]
 averaging_rows, average_p = [], {}
 for pair in NAMES:
-    last_model, last_tokenizer = load_pair_model(pair, CHECKPOINTS_DIR / pair / "last")
+    last_model, last_tokenizer = load_pair_model(
+        pair, CHECKPOINTS_DIR / pair / "last"
+    )
     last = translate_split(last_model, last_tokenizer, pair)
     averaging_rows += [
         score_row(
@@ -556,12 +629,19 @@ for pair in NAMES:
             model=NAMES[pair],
             weights="last epoch",
         ),
-        score_row(scores[pair], model=NAMES[pair], weights="average of the last five"),
+        score_row(
+            scores[pair], model=NAMES[pair], weights="average of the last five"
+        ),
     ]
-    average_p[pair] = p_value(last.hypotheses, test[pair].hypotheses, last.references)
+    average_p[pair] = p_value(
+        last.hypotheses, test[pair].hypotheses, last.references
+    )
 averaging = pd.DataFrame(averaging_rows).set_index(["model", "weights"])
 gains = averaging["sacreBLEU"].groupby("model").diff().dropna()
-print(f"p-values of the gains: {', '.join(f'{p:.2f}' for p in average_p.values())}")
+print(
+    "p-values of the gains:"
+    f" {', '.join(f'{p:.2f}' for p in average_p.values())}"
+)
 assert gains.between(0.3, 1.0).all() and max(average_p.values()) < 0.05
 averaging
 
@@ -590,7 +670,9 @@ for pair, t in test.items():
         ),
     )
     for percentile in (10, 50, 90):
-        sentence_chrf, i = candidates[round(percentile / 100 * (len(candidates) - 1))]
+        sentence_chrf, i = candidates[
+            round(percentile / 100 * (len(candidates) - 1))
+        ]
         example_rows.append(
             {
                 "model": NAMES[pair],
@@ -650,7 +732,8 @@ def padded(rows: list[list[int]]) -> torch.Tensor:
 def all_weights(
     src: torch.Tensor, tgt_in: torch.Tensor
 ) -> dict[str, list[torch.Tensor]]:
-    """Every attention weight of the German→English model for a batch, without dropout."""
+    """Every attention weight of the German→English model for a batch, without
+    dropout."""
     with torch.no_grad():
         return de_model.eval().attention_weights(
             src,
@@ -674,31 +757,41 @@ weights = all_weights(src, tgt_in)
 def offset_share(
     w: torch.Tensor, ids: torch.Tensor, d: int, *, causal: bool, first: int = 0
 ) -> tuple[torch.Tensor, float]:
-    """Mean weight of each head from position i on position i - d (d = 1: the previous token,
-    0: itself, -1: the next one), over the real positions i >= first whose i - d is real, and
-    the mean that even attention would give there: w (B, H, L, L), ids (B, L) -> (H,), float."""
+    """Mean weight of each head from position i on position i - d (d = 1: the
+    previous token, 0: itself, -1: the next one), over the real positions i >=
+    first whose i - d is real, and the mean that even attention would give
+    there: w (B, H, L, L), ids (B, L) -> (H,), float."""
     L = ids.size(1)
     real = ids != pad  # (B, L)
-    on_d = w.diagonal(offset=-d, dim1=-2, dim2=-1)  # (B, H, L - |d|): w[i, i - d]
+    on_d = w.diagonal(
+        offset=-d, dim1=-2, dim2=-1
+    )  # (B, H, L - |d|): w[i, i - d]
     queries = slice(max(d, 0), L + min(d, 0))
     keys = slice(max(-d, 0), L - max(d, 0))
     both = real[:, queries] & real[:, keys]  # (B, L - |d|)
     both &= torch.arange(L)[queries] >= first
-    # Even attention over what position i may see: i + 1 positions, or the whole source.
+    # Even attention over what position i may see: i + 1 positions, or the
+    # whole source.
     seen = torch.arange(1, L + 1) if causal else real.sum(dim=1, keepdim=True)
     even = (1 / seen.expand_as(real)[:, queries].float())[both].mean()
     return (on_d * both[:, None]).sum(dim=(0, 2)) / both.sum(), float(even)
 
 
-# The positions where the token to predict (not <eos>) occurs exactly once in the source.
-same = (labels[:, :, None] == src[:, None, :]) & (src != pad)[:, None, :]  # (B, T, S)
-aligned_rows = (same.sum(dim=-1) == 1) & (labels != eos) & (labels != pad)  # (B, T)
+# The positions where the token to predict (not <eos>) occurs exactly once in
+# the source.
+same = (labels[:, :, None] == src[:, None, :]) & (src != pad)[
+    :, None, :
+]  # (B, T, S)
+aligned_rows = (
+    (same.sum(dim=-1) == 1) & (labels != eos) & (labels != pad)
+)  # (B, T)
 src_len = (src != pad).sum(dim=1, keepdim=True).float()  # (B, 1)
 
 
 def same_token_share(w: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Mean weight of each head on the source token equal to the token being predicted, over
-    the aligned positions, and even attention's: w (B, H, T, S) -> (H,), float."""
+    """Mean weight of each head on the source token equal to the token being
+    predicted, over the aligned positions, and even attention's: w (B, H, T, S)
+    -> (H,), float."""
     on_same = (w * same[:, None]).sum(dim=-1)  # (B, H, T)
     even = (1 / src_len).expand_as(labels)[aligned_rows].mean()
     return (on_same * aligned_rows[:, None]).sum(
@@ -706,12 +799,16 @@ def same_token_share(w: torch.Tensor) -> tuple[torch.Tensor, float]:
     ) / aligned_rows.sum(), float(even)
 
 
-TARGETS_AT = {1: "the previous token", 0: "the token itself", -1: "the next token"}
+TARGETS_AT = {
+    1: "the previous token",
+    0: "the token itself",
+    -1: "the next token",
+}
 shares = []
 for layer in range(de_model.config.n_layers):
     measured = [
-        # From the third output position on, so that each distance is measured on the same
-        # positions and none sees fewer than three.
+        # From the third output position on, so that each distance is measured
+        # on the same positions and none sees fewer than three.
         (
             "decoder self",
             TARGETS_AT[d],
@@ -749,7 +846,8 @@ for layer in range(de_model.config.n_layers):
             )
 shares = pd.DataFrame(shares)
 print(
-    f"{int(aligned_rows.sum())} target positions whose next token occurs once in the source"
+    f"{int(aligned_rows.sum())} target positions whose next token occurs once"
+    " in the source"
 )
 print("% of each head's weight; even attention would give:")
 print(
@@ -777,8 +875,9 @@ picked = shares.loc[shares.groupby("attention")["share"].idxmax()].set_index(
 )
 for attention, row in picked.iterrows():
     print(
-        f"{attention}: layer {row['layer']}, head {row['head']} puts {row['share']:.0%} of "
-        f"its weight on {row['weight on']} (even attention: {row['even']:.0%})"
+        f"{attention}: layer {row['layer']}, head {row['head']} puts"
+        f" {row['share']:.0%} of its weight on {row['weight on']} (even"
+        f" attention: {row['even']:.0%})"
     )
 assert (picked["share"] > 2.5 * picked["even"]).all()
 
@@ -817,12 +916,13 @@ def attention_explorer(
     title: str,
     name: str,
 ) -> alt.Chart:
-    """Every layer's and head's weights for one sentence, (1, H, T_q, T_k) per layer, as one
-    heatmap with a layer menu and a head slider; `start` = (layer, head), from 1."""
+    """Every layer's and head's weights for one sentence, (1, H, T_q, T_k) per
+    layer, as one heatmap with a layer menu and a head slider; `start` =
+    (layer, head), from 1."""
     xs = [f"{j}:{t}" for j, t in enumerate(keys)]
     ys = [f"{i}:{t}" for i, t in enumerate(queries)]
-    # One row of data per query, its weights as a list (the chart unpacks them): a tenth of
-    # the size of one row per weight.
+    # One row of data per query, its weights as a list (the chart unpacks
+    # them): a tenth of the size of one row per weight.
     rows = [
         {
             "layer": layer + 1,
@@ -837,32 +937,48 @@ def attention_explorer(
     layer = alt.param(
         name=f"{name}_layer",
         value=int(start[0]),
-        bind=alt.binding_select(options=list(range(1, len(maps) + 1)), name="layer "),
+        bind=alt.binding_select(
+            options=list(range(1, len(maps) + 1)), name="layer "
+        ),
     )
     head = alt.param(
         name=f"{name}_head",
         value=int(start[1]),
-        bind=alt.binding_range(min=1, max=maps[0].size(1), step=1, name="head "),
+        bind=alt.binding_range(
+            min=1, max=maps[0].size(1), step=1, name="head "
+        ),
     )
-    labels = {"query": ys, "key": xs} | ({"predicts": predicts} if predicts else {})
+    labels = {"query": ys, "key": xs} | (
+        {"predicts": predicts} if predicts else {}
+    )
     tooltip = [f"{field}:N" for field in labels] + [
         alt.Tooltip("weight:Q", format=".3f")
     ]
     return (
         alt.Chart(alt.Data(values=rows), title=title)
-        .transform_filter((alt.datum.layer == layer) & (alt.datum.head == head))
+        .transform_filter(
+            (alt.datum.layer == layer) & (alt.datum.head == head)
+        )
         .transform_flatten(["weights"], ["weight"])
         .transform_window(k="row_number()", groupby=["q"])
         .transform_calculate(
             query=f"{json.dumps(ys)}[datum.q]",
             key=f"{json.dumps(xs)}[datum.k - 1]",
-            **({"predicts": f"{json.dumps(predicts)}[datum.q]"} if predicts else {}),
+            **(
+                {"predicts": f"{json.dumps(predicts)}[datum.q]"}
+                if predicts
+                else {}
+            ),
         )
         .mark_rect()
         .encode(
-            x=alt.X("key:N", sort=xs, axis=alt.Axis(labelAngle=-45), title="key"),
+            x=alt.X(
+                "key:N", sort=xs, axis=alt.Axis(labelAngle=-45), title="key"
+            ),
             y=alt.Y("query:N", sort=ys, title="query"),
-            color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues", domain=[0, 1])),
+            color=alt.Color(
+                "weight:Q", scale=alt.Scale(scheme="blues", domain=[0, 1])
+            ),
             tooltip=tooltip,
         )
         .add_params(layer, head)
@@ -872,7 +988,9 @@ def attention_explorer(
 
 def start_of(attention: str) -> tuple[int, int]:
     """The (layer, head) picked for a kind of attention."""
-    return int(picked.loc[attention, "layer"]), int(picked.loc[attention, "head"])
+    return int(picked.loc[attention, "layer"]), int(
+        picked.loc[attention, "head"]
+    )
 
 
 # %% [markdown]
@@ -949,10 +1067,13 @@ assert (by_length.groupby("model")["sentences"].sum() == 1000).all()
 bleu_by_group = by_length.set_index(["model", "source words"])["sacreBLEU"]
 assert bleu_by_group["French→English"].is_monotonic_decreasing
 assert bleu_by_group["German→English"].idxmin() == "20+"
-# the numbers the prose quotes, loosely: a group of 35 sentences moves with one translation
+# the numbers the prose quotes, loosely: a group of 35 sentences moves with one
+# translation
 quoted = {("German→English", "1–9"): 43.8, ("German→English", "20+"): 27.4}
 quoted |= {("French→English", "1–9"): 59.2, ("French→English", "20+"): 42.3}
-assert all(abs(bleu_by_group[key] - value) < 1 for key, value in quoted.items())
+assert all(
+    abs(bleu_by_group[key] - value) < 1 for key, value in quoted.items()
+)
 by_length.set_index(["model", "source words"])
 
 # %% [markdown]
@@ -973,9 +1094,17 @@ alt.Chart(by_length).mark_bar().encode(
     xOffset="model:N",
     y=alt.Y("sacreBLEU:Q"),
     color=alt.Color("model:N", title=None),
-    tooltip=["model", "source words", "sentences", "sacreBLEU", "length ratio"],
+    tooltip=[
+        "model",
+        "source words",
+        "sentences",
+        "sacreBLEU",
+        "length ratio",
+    ],
 ).properties(
-    width=360, height=220, title="sacreBLEU by source length, test_2016_flickr, beam 4"
+    width=360,
+    height=220,
+    title="sacreBLEU by source length, test_2016_flickr, beam 4",
 )
 
 # %% [markdown]
@@ -992,16 +1121,25 @@ alt.Chart(by_length).mark_bar().encode(
 
 # %%
 bench = json.loads(
-    (DATA_DIR.parents[1] / "experiments/benchmarks/decode-cpu.json").read_text()
+    (
+        DATA_DIR.parents[1] / "experiments/benchmarks/decode-cpu.json"
+    ).read_text()
 )
 speed = pd.DataFrame(bench["rows"])
-print(f"{bench['machine']}, {bench['threads']} threads, torch {bench['torch']}")
+print(
+    f"{bench['machine']}, {bench['threads']} threads, torch {bench['torch']}"
+)
 speed.assign(
-    **{"sentences/s": speed.sentences_per_s.round(1), "× CTranslate2": speed.ratio.round(2)}
+    **{
+        "sentences/s": speed.sentences_per_s.round(1),
+        "× CTranslate2": speed.ratio.round(2),
+    }
 )[
     ["engine", "decoding", "batch_size", "sentences/s", "× CTranslate2",
      "same_as_package", "bleu"]
-].round({"bleu": 2}).set_index(["decoding", "batch_size", "engine"])  # fmt: skip
+].round({"bleu": 2}).set_index(
+    ["decoding", "batch_size", "engine"]
+)  # fmt: skip
 
 # %% [markdown]
 # What to see: with 32 sentences at a time, the package decodes at a little under half the
@@ -1020,9 +1158,18 @@ alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(
     color=alt.Color("engine:N", legend=None),
     row=alt.Row("decoding:N", title=None),
     column=alt.Column("batch_size:O", title="sentences per batch"),
-    tooltip=["engine", "decoding", "batch_size", "sentences_per_s", "ratio", "bleu"],
+    tooltip=[
+        "engine",
+        "decoding",
+        "batch_size",
+        "sentences_per_s",
+        "ratio",
+        "bleu",
+    ],
 ).properties(
-    width=220, height=90, title="Decoding speed on the CPU (1 = CTranslate2 float32)"
+    width=220,
+    height=90,
+    title="Decoding speed on the CPU (1 = CTranslate2 float32)",
 )
 
 # %% [markdown]

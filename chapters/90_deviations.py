@@ -43,10 +43,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% [markdown]
 # ## The table
@@ -104,10 +105,16 @@ output, _ = attention(x, x, x)
 output.square().sum().backward()
 names = ("w_q", "w_k", "w_v", "w_o")
 largest = {
-    name: getattr(attention, name).bias.grad.abs().max().item() for name in names
+    name: getattr(attention, name).bias.grad.abs().max().item()
+    for name in names
 }
-assert largest["w_k"] < 1e-6 < min(largest["w_q"], largest["w_v"], largest["w_o"])
-{name: "zero" if value < 1e-6 else "nonzero" for name, value in largest.items()}
+assert (
+    largest["w_k"] < 1e-6 < min(largest["w_q"], largest["w_v"], largest["w_o"])
+)
+{
+    name: "zero" if value < 1e-6 else "nonzero"
+    for name, value in largest.items()
+}
 
 # %% [markdown]
 # **The recipe** changes the size of everything that the paper sized for 4.5 million sentence

@@ -36,10 +36,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp checkpoint
@@ -96,13 +97,17 @@ from typing import Any
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half of it."""
+    """Write a file so that readers see the old content or the new, never half
+    of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
     try:
-        # mkstemp makes the file readable by its owner only; give it the mode that open()
-        # would have, so that a cache or a checkpoint can be shared like any other file.
+        # mkstemp makes the file readable by its owner only; give it the mode
+        # that open() would have, so that a cache or a checkpoint can be shared
+        # like any other file.
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
@@ -117,7 +122,8 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """Ask the disk to hold what `path` (a file or a folder) says before going on."""
+    """Ask the disk to hold what `path` (a file or a folder) says before going
+    on."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -127,22 +133,25 @@ def _fsync(path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_folder(path: Path) -> Iterator[Path]:
-    """Yield a temporary folder that replaces `path` when the block ends without error."""
+    """Yield a temporary folder that replaces `path` when the block ends
+    without error."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        # A rename can reach the disk before the data of the files renamed: after a
-        # power cut the folder would be there with empty files. The data first, then
-        # the names.
+        # A rename can reach the disk before the data of the files renamed:
+        # after a power cut the folder would be there with empty files. The
+        # data first, then the names.
         for folder, _, files in os.walk(tmp):
             for name in files:
                 _fsync(Path(folder) / name)
             _fsync(Path(folder))
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if path.exists():  # a rename cannot replace a folder that has files in it
+        if (
+            path.exists()
+        ):  # a rename cannot replace a folder that has files in it
             os.replace(path, old)
         os.replace(tmp, path)
         _fsync(path.parent)  # the renames themselves
@@ -153,7 +162,8 @@ def atomic_folder(path: Path) -> Iterator[Path]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON Lines file; a last line cut short by a crash is skipped."""
+    """The records of a JSON Lines file; a last line cut short by a crash is
+    skipped."""
     records = []
     if Path(path).is_file():
         for line in Path(path).read_text().splitlines():
@@ -165,7 +175,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one record to a JSON Lines file, on the disk when this returns."""
+    """Append one record to a JSON Lines file, on disk when this returns."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
@@ -173,16 +183,22 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the records up to update `step` (a resumed run writes the later ones again)."""
+    """Keep the records up to update `step` (a resumed run writes the later
+    ones again)."""
     if Path(path).exists():
         kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-        atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        atomic_write(
+            path, "".join(json.dumps(r) + "\n" for r in kept).encode()
+        )
 
 
 def remove_stale(folder: Path) -> None:
-    """Delete the temporary files and folders that a writer killed in `atomic_write` or
-    `atomic_folder` left in `folder`."""
-    for stale in [*Path(folder).glob(".*.tmp*"), *Path(folder).glob(".*.old-*")]:
+    """Delete the temporary files and folders that a writer killed in
+    `atomic_write` or `atomic_folder` left in `folder`."""
+    for stale in [
+        *Path(folder).glob(".*.tmp*"),
+        *Path(folder).glob(".*.old-*"),
+    ]:
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:
@@ -205,7 +221,9 @@ try:
 except KeyboardInterrupt:
     pass
 assert (scratch / "run" / "a.txt").read_text() == "first"
-assert [p.name for p in scratch.iterdir()] == ["run"]  # no temporary folder left
+assert [p.name for p in scratch.iterdir()] == [
+    "run"
+]  # no temporary folder left
 with atomic_folder(scratch / "run") as tmp:
     (tmp / "b.txt").write_text("second")
 print(sorted(p.name for p in (scratch / "run").iterdir()))
@@ -240,8 +258,9 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 
 # %%
 #| export
-"""Checkpoints and shipped models: the formats, saving and loading without pickle, averaging,
-the records of a run's checkpoints, export, and `load_model`."""
+"""Checkpoints and shipped models: the formats, saving and loading without
+pickle, averaging, the records of a run's checkpoints, export, and
+`load_model`."""
 
 import hashlib
 import json
@@ -263,29 +282,36 @@ from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, TokenizerError
 
 CHECKPOINT_FORMAT = "transformer-book checkpoint 1"
-# and the form `export_model` writes (the section "Exporting and loading a model")
+# and the form `export_model` writes (the section "Exporting and loading a
+# model")
 SHIPPED_FORMAT = "transformer-book model 1"
 
 
 class CheckpointError(Exception):
-    """A checkpoint or model folder is missing, incomplete, or does not match the run."""
+    """A checkpoint or model folder is missing, incomplete, or does not match
+    the run."""
 
 
 def _encode(obj: object, tensors: dict[str, Tensor], path: str) -> dict:
-    """JSON for a nested state, its tensors moved into `tensors` under their paths."""
+    """JSON for a nested state, its tensors moved into `tensors` under their
+    paths."""
     if isinstance(obj, Tensor):
         tensors[path] = obj.detach().to("cpu").contiguous()
         return {"tensor": path}
     if isinstance(obj, dict):
         return {
-            "dict": [[k, _encode(v, tensors, f"{path}/{k}")] for k, v in obj.items()]
+            "dict": [
+                [k, _encode(v, tensors, f"{path}/{k}")] for k, v in obj.items()
+            ]
         }
     if isinstance(obj, list | tuple):
         items = [_encode(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]
         return {"tuple" if isinstance(obj, tuple) else "list": items}
     if obj is None or isinstance(obj, bool | int | float | str):
         return {"value": obj}
-    raise TypeError(f"cannot store a {type(obj).__name__} at {path} without pickle")
+    raise TypeError(
+        f"cannot store a {type(obj).__name__} at {path} without pickle"
+    )
 
 
 def _decode(node: dict, tensors: dict[str, Tensor]) -> object:
@@ -301,7 +327,8 @@ def _decode(node: dict, tensors: dict[str, Tensor]) -> object:
 
 
 def save_state(folder: Path, name: str, state: object) -> None:
-    """Write a nested state as `name.safetensors` (its tensors) and `name.json` (the rest)."""
+    """Write a nested state as `name.safetensors` (its tensors) and `name.json`
+    (the rest)."""
     tensors: dict[str, Tensor] = {}
     skeleton = _encode(state, tensors, name)
     safetensors.torch.save_file(tensors, Path(folder) / f"{name}.safetensors")
@@ -311,24 +338,33 @@ def save_state(folder: Path, name: str, state: object) -> None:
 def load_state(folder: Path, name: str) -> object:
     """The state that `save_state` wrote, tensors on the CPU."""
     try:
-        tensors = safetensors.torch.load_file(Path(folder) / f"{name}.safetensors")
+        tensors = safetensors.torch.load_file(
+            Path(folder) / f"{name}.safetensors"
+        )
         skeleton = json.loads((Path(folder) / f"{name}.json").read_text())
         return _decode(skeleton, tensors)
     except (OSError, ValueError, KeyError, safetensors.SafetensorError) as err:
-        raise CheckpointError(f"cannot read {name} state in {folder}: {err}") from err
+        raise CheckpointError(
+            f"cannot read {name} state in {folder}: {err}"
+        ) from err
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DistributedDataParallel's wrappers."""
+    """The model inside torch.compile's and DDP's wrappers."""
     model = getattr(model, "_orig_mod", model)
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    return (
+        model.module if isinstance(model, DistributedDataParallel) else model
+    )
 
 
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """The weights and persistent buffers, each shared tensor once under its first name."""
+    """The weights and persistent buffers, each shared tensor once under its
+    first name."""
     tensors, seen = {}, set()
     for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
-        if id(tensor) not in seen:  # tied parameters are one object under several names
+        if (
+            id(tensor) not in seen
+        ):  # tied parameters are one object under several names
             seen.add(id(tensor))
             tensors[name] = tensor.detach()
     return tensors
@@ -348,8 +384,8 @@ def save_weights(
 
 
 def read_tensors(path: str | Path) -> dict[str, Tensor]:
-    """The tensors of a safetensors file; a missing or damaged file is a CheckpointError
-    naming it."""
+    """The tensors of a safetensors file; a missing or damaged file is a
+    CheckpointError naming it."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights file {path}")
@@ -362,21 +398,22 @@ def read_tensors(path: str | Path) -> dict[str, Tensor]:
 def load_tensors_into(
     model: nn.Module, tensors: dict[str, Tensor], source: object
 ) -> None:
-    """Copy `tensors` into the model's weights (tied ones follow), after checking names and
-    shapes; errors name `source`."""
+    """Copy `tensors` into the model's weights (tied ones follow), after
+    checking names and shapes; errors name `source`."""
     expected = model_tensors(model)
     missing = sorted(expected.keys() - tensors.keys())
     unexpected = sorted(tensors.keys() - expected.keys())
     if missing or unexpected:
         raise CheckpointError(
-            f"{source}: the weights do not fit the model: "
-            f"missing {missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'}"
+            f"{source}: the weights do not fit the model: missing"
+            f" {missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'}"
         )
     for name, target in expected.items():
         if tensors[name].shape != target.shape:
             raise CheckpointError(
-                f"{source}: weight {name} has shape {tuple(tensors[name].shape)}, "
-                f"the model expects {tuple(target.shape)}"
+                f"{source}: weight {name} has shape"
+                f" {tuple(tensors[name].shape)}, the model expects"
+                f" {tuple(target.shape)}"
             )
     with torch.no_grad():
         for name, target in expected.items():
@@ -384,7 +421,8 @@ def load_tensors_into(
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
-    """Load a safetensors file written by `save_weights` into a model of the same config."""
+    """Load a safetensors file written by `save_weights` into a model of the
+    same config."""
     tensors = read_tensors(path)
     load_tensors_into(_unwrap(model), tensors, path)
 
@@ -418,7 +456,8 @@ toy = collate(
 )
 with torch.no_grad():
     assert torch.equal(
-        batch_log_probs(restored, toy, pad_id=0), batch_log_probs(model, toy, pad_id=0)
+        batch_log_probs(restored, toy, pad_id=0),
+        batch_log_probs(model, toy, pad_id=0),
     )
 
 # %% [markdown]
@@ -457,16 +496,22 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 # %%
 #| export
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
-    """The element-wise mean of the weights of several checkpoints (folders or files).
+    """The element-wise mean of the weights of several checkpoints (folders or
+    files).
 
-    The paper's final models average the last 5 (base) or 20 (big) checkpoints (section 6.1).
+    The paper's final models average the last 5 (base) or 20 (big) checkpoints
+    (section 6.1).
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     total: dict[str, Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
-        file = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
+        file = (
+            Path(path) / "model.safetensors"
+            if Path(path).is_dir()
+            else Path(path)
+        )
         tensors = read_tensors(file)
         if not total:
             total = {k: v.double() for k, v in tensors.items()}
@@ -499,7 +544,8 @@ for i, (w, b) in enumerate(
     [([1.0, 2.0], [0.0]), ([3.0, 4.0], [1.0]), ([5.0, 9.0], [2.0])]
 ):
     save_file(
-        {"w": torch.tensor(w), "b": torch.tensor(b)}, scratch / f"c{i}.safetensors"
+        {"w": torch.tensor(w), "b": torch.tensor(b)},
+        scratch / f"c{i}.safetensors",
     )
 mean = average_checkpoints([scratch / f"c{i}.safetensors" for i in range(3)])
 assert torch.equal(mean["w"], torch.tensor([3.0, 5.0]))
@@ -523,7 +569,8 @@ mean
 # %%
 #| export
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
-    """The SHA-256 of a tokenizer's JSON: the vocabulary's fingerprint in config.json."""
+    """The SHA-256 of a tokenizer's JSON: the vocabulary's fingerprint in
+    config.json."""
     return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
 
 
@@ -533,18 +580,22 @@ def read_record(folder: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{folder} is not a checkpoint: no config.json") from None
+        raise CheckpointError(
+            f"{folder} is not a checkpoint: no config.json"
+        ) from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
-    if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+    if not isinstance(record, dict) or not isinstance(
+        record.get("model"), dict
+    ):
         raise CheckpointError(f"{path} is not a transformer-book config")
     if not isinstance(record.get("vocab"), dict):
         raise CheckpointError(f"{path} is not a transformer-book config")
     known = (CHECKPOINT_FORMAT, SHIPPED_FORMAT)
     if record.get("format", CHECKPOINT_FORMAT) not in known:
         raise CheckpointError(
-            f"{path} has format {record['format']!r}, which this version cannot read "
-            f"({CHECKPOINT_FORMAT!r} or {SHIPPED_FORMAT!r})"
+            f"{path} has format {record['format']!r}, which this version"
+            f" cannot read ({CHECKPOINT_FORMAT!r} or {SHIPPED_FORMAT!r})"
         )
     return record
 
@@ -552,26 +603,29 @@ def read_record(folder: Path) -> dict[str, Any]:
 def check_compatible(
     folder: Path, *, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> None:
-    """Raise CheckpointError, naming the folder and the field, unless the checkpoint in
-    `folder` has this model config and this vocabulary."""
+    """Raise CheckpointError, naming the folder and the field, unless the
+    checkpoint in `folder` has this model config and this vocabulary."""
     record = read_record(folder)
     theirs, ours = record["model"], model_config.to_dict()
     for name in sorted(theirs.keys() | ours.keys()):
         if theirs.get(name) != ours.get(name):
             raise CheckpointError(
-                f"{folder}: the checkpoint's model has {name}={theirs.get(name)!r}, "
-                f"this run's has {name}={ours.get(name)!r}"
+                f"{folder}: the checkpoint's model has"
+                f" {name}={theirs.get(name)!r}, this run's has"
+                f" {name}={ours.get(name)!r}"
             )
     vocab = record["vocab"]
     if vocab.get("size") != tokenizer.vocab_size:
         raise CheckpointError(
-            f"{folder}: the checkpoint's vocabulary has {vocab.get('size')} entries, "
-            f"this run's tokenizer {tokenizer.vocab_size} (field vocab_size)"
+            f"{folder}: the checkpoint's vocabulary has {vocab.get('size')}"
+            f" entries, this run's tokenizer {tokenizer.vocab_size} (field"
+            " vocab_size)"
         )
     if vocab.get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
-            f"{folder}: the checkpoint was trained with another vocabulary of the same size "
-            "(field tokenizer: its tokenizer.json differs from this run's)"
+            f"{folder}: the checkpoint was trained with another vocabulary of"
+            " the same size (field tokenizer: its tokenizer.json differs from"
+            " this run's)"
         )
 
 
@@ -601,7 +655,8 @@ class Progress:
 
 
 def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
-    """(update, folder) of each complete checkpoint of the run in `out`, oldest first."""
+    """(update, folder) of each complete checkpoint of the run in `out`, oldest
+    first."""
     found = []
     folder = Path(out) / "checkpoints"
     for path in folder.glob("[!.]*") if folder.is_dir() else []:
@@ -628,9 +683,10 @@ def write_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> None:
-    """Write a checkpoint folder atomically: the weights, config.json (`record`) and
-    tokenizer.json, and when given the optimiser's state and progress.json. Without them
-    the folder is a model (a run's average), not a checkpoint to resume from."""
+    """Write a checkpoint folder atomically: the weights, config.json
+    (`record`) and tokenizer.json, and when given the optimiser's state and
+    progress.json. Without them the folder is a model (a run's average), not a
+    checkpoint to resume from."""
     with atomic_folder(folder) as tmp:
         save_weights(model, tmp / "model.safetensors")
         if trainer_state is not None:
@@ -638,14 +694,16 @@ def write_checkpoint(
         (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         tokenizer.save(tmp / "tokenizer.json")
         if progress is not None:
-            # Written last: a folder with progress.json is a complete checkpoint.
+            # Written last: a folder with progress.json is a complete
+            # checkpoint.
             (tmp / "progress.json").write_text(
                 json.dumps(asdict(progress), indent=2) + "\n"
             )
 
 
 def prune_checkpoints(out: Path, average_last: int) -> None:
-    """Keep the newest checkpoint whole, and the weights of the last `average_last` epochs."""
+    """Keep the newest checkpoint whole, and the weights of the last
+    `average_last` epochs."""
     found = list_checkpoints(out)
     newest = found[-1][1]
     epochs = [path for _, path in found if path.name.startswith("epoch-")]
@@ -742,9 +800,13 @@ tiny_run = dict(
     device="cpu",
 )
 straight = train(
-    TrainConfig(**tiny_run, out_dir=str(scratch / "straight")), data=data, echo=False
+    TrainConfig(**tiny_run, out_dir=str(scratch / "straight")),
+    data=data,
+    echo=False,
 )
-stopped = TrainConfig(**tiny_run, max_steps=2, out_dir=str(scratch / "resumed"))
+stopped = TrainConfig(
+    **tiny_run, max_steps=2, out_dir=str(scratch / "resumed")
+)
 first = train(stopped, data=data, echo=False)
 second = train(
     TrainConfig(**tiny_run, out_dir=str(scratch / "resumed")),
@@ -752,7 +814,10 @@ second = train(
     data=data,
     echo=False,
 )
-print(f"stopped: {first.stopped} after {first.step} updates; resumed to {second.step}")
+print(
+    f"stopped: {first.stopped} after {first.step} updates; resumed to"
+    f" {second.step}"
+)
 for folder in ("checkpoints/epoch-002", "average"):
     a = read_tensors(scratch / "straight" / folder / "model.safetensors")
     b = read_tensors(scratch / "resumed" / folder / "model.safetensors")
@@ -797,7 +862,8 @@ else:
 # the sums are added up before the means are taken.
 #
 # ```
-# torchrun --nproc_per_node 8 -m transformer train --pair de-en --config base --out runs/base
+# torchrun --nproc_per_node 8 -m transformer train --pair de-en \
+#     --config base --out runs/base
 # ```
 #
 # The tests check the equivalence on a CPU, with PyTorch's `gloo` backend and two processes:
@@ -833,19 +899,21 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _model_source(source: Path) -> Path:
-    """The folder of weights a run or checkpoint path stands for: the run's average when
-    it is current, else its newest checkpoint."""
+    """The folder of weights a run or checkpoint path stands for: the run's
+    average when it is current, else its newest checkpoint."""
     if (source / "model.safetensors").is_file():
         return source
     found = [path for _, path in list_checkpoints(source)]
     average = source / "average"
     if (average / "model.safetensors").is_file():
-        # A run continued after it averaged (killed, stopped by its time limit, or
-        # with average_last below 2) has trained past its average: the average is
-        # current only while it ends with the newest epoch checkpoint. A `partial`
-        # checkpoint after that one is left out, as the average of a run stopped by
-        # its time limit leaves it out.
-        epochs = [path.name for path in found if path.name.startswith("epoch-")]
+        # A run continued after it averaged (killed, stopped by its time limit,
+        # or with average_last below 2) has trained past its average: the
+        # average is current only while it ends with the newest epoch
+        # checkpoint. A `partial` checkpoint after that one is left out, as the
+        # average of a run stopped by its time limit leaves it out.
+        epochs = [
+            path.name for path in found if path.name.startswith("epoch-")
+        ]
         averaged = read_record(average).get("averaged") or [None]
         if not epochs or averaged[-1] == epochs[-1]:
             return average
@@ -856,20 +924,22 @@ def _model_source(source: Path) -> Path:
     return found[-1]
 
 
-# What an export writes: a destination that holds anything else is not replaced.
+# What an export writes: a destination that holds anything else is not
+# replaced.
 _EXPORT_FILES = ("config.json", "tokenizer.json", "metrics.jsonl")
 
 
 def check_export_destination(dest: Path, source: Path) -> None:
-    """Refuse a destination that `export_model` would replace with loss: one that is, or
-    holds, the source, or holds anything but an earlier export's files."""
+    """Refuse a destination that `export_model` would replace with loss: one
+    that is, or holds, the source, or holds anything but an earlier export's
+    files."""
     dest, source = Path(dest), Path(source)
     if dest.resolve() == source.resolve() or source.resolve().is_relative_to(
         dest.resolve()
     ):
         raise CheckpointError(
-            f"cannot export into {dest}: it holds the source {source}, which the "
-            "export would replace; choose a new or empty folder"
+            f"cannot export into {dest}: it holds the source {source}, which"
+            " the export would replace; choose a new or empty folder"
         )
     if not dest.exists():
         return
@@ -888,7 +958,9 @@ def check_export_destination(dest: Path, source: Path) -> None:
     )
     if not others and (dest / "config.json").is_file():
         try:
-            shipped = json.loads((dest / "config.json").read_text()).get("format")
+            shipped = json.loads((dest / "config.json").read_text()).get(
+                "format"
+            )
         except (OSError, ValueError, AttributeError):
             shipped = None
         if shipped != SHIPPED_FORMAT:
@@ -896,8 +968,9 @@ def check_export_destination(dest: Path, source: Path) -> None:
     if others:
         raise CheckpointError(
             f"cannot export into {dest}: it holds {', '.join(others[:3])}"
-            f"{' and more' if len(others) > 3 else ''}, which an export does not "
-            "write and would delete; choose a new or empty folder"
+            f"{' and more' if len(others) > 3 else ''},"
+            " which an export does not write and would delete; choose a new"
+            " or empty folder"
         )
 
 
@@ -910,9 +983,13 @@ def _shards(
     for name, tensor in tensors.items():
         half = tensor.to(_DTYPES[dtype]).contiguous()
         if not torch.isfinite(half).all():
-            raise ValueError(f"weight {name} does not fit in {dtype}: try bfloat16")
+            raise ValueError(
+                f"weight {name} does not fit in {dtype}: try bfloat16"
+            )
         nbytes = half.numel() * half.element_size()
-        if nbytes > max_file_bytes - 65_536:  # leave room for the file's JSON header
+        if (
+            nbytes > max_file_bytes - 65_536
+        ):  # leave room for the file's JSON header
             raise ValueError(
                 f"weight {name} alone needs {nbytes:,} bytes, over the limit"
             )
@@ -931,18 +1008,24 @@ def export_model(
     dtype: str = "float16",
     max_file_bytes: int = MAX_FILE_BYTES,
 ) -> Path:
-    """Write the shipped form of a trained model: 16-bit safetensors files of at most
-    `max_file_bytes`, config.json, tokenizer.json and the run's metrics.jsonl.
+    """Write the shipped form of a trained model: 16-bit safetensors files of
+    at most `max_file_bytes`, config.json, tokenizer.json and the run's
+    metrics.jsonl.
 
-    `source` is a run folder (its average when current, else its latest checkpoint) or a
-    checkpoint folder. `dest` must be new, empty or an earlier export (CheckpointError).
+    `source` is a run folder (its average when current, else its latest
+    checkpoint) or a checkpoint folder. `dest` must be new, empty or an earlier
+    export (CheckpointError).
     """
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        raise ValueError(
+            f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}"
+        )
     check_export_destination(Path(dest), Path(source))
     folder = _model_source(Path(source))
     record = read_record(folder)
-    files = _shards(read_tensors(folder / "model.safetensors"), dtype, max_file_bytes)
+    files = _shards(
+        read_tensors(folder / "model.safetensors"), dtype, max_file_bytes
+    )
     weight_map = {}
     dest = Path(dest)
     candidates = (
@@ -973,7 +1056,8 @@ def export_model(
 def load_model(
     folder: str | Path, *, device: str | torch.device = "cpu"
 ) -> tuple[Transformer, Tokenizer]:
-    """The model (float32, eval mode) and tokenizer of a shipped folder or a checkpoint."""
+    """The model (float32, eval mode) and tokenizer of a shipped folder or a
+    checkpoint."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"no model folder {folder}")
@@ -992,13 +1076,14 @@ def load_model(
         raise CheckpointError(str(err)) from err
     if tokenizer.vocab_size != model_config.src_vocab_size:
         raise CheckpointError(
-            f"{folder}: tokenizer.json has {tokenizer.vocab_size} entries, the model's "
-            f"src_vocab_size is {model_config.src_vocab_size} (field vocab_size)"
+            f"{folder}: tokenizer.json has {tokenizer.vocab_size} entries, the"
+            f" model's src_vocab_size is {model_config.src_vocab_size} (field"
+            " vocab_size)"
         )
     if record["vocab"].get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
-            f"{folder}: tokenizer.json is not the vocabulary the model was trained with "
-            "(field tokenizer)"
+            f"{folder}: tokenizer.json is not the vocabulary the model was"
+            " trained with (field tokenizer)"
         )
     if record.get("format") == SHIPPED_FORMAT:
         files = sorted(set(record.get("weight_map", {}).values()))
@@ -1025,12 +1110,14 @@ exported = export_model(scratch / "straight", scratch / "exported")
 print(sorted(p.name for p in exported.iterdir()))
 half, _ = load_model(exported)
 full, _ = load_model(scratch / "straight" / "average")
-ids = dict(pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+ids = dict(
+    pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+)
 batch = collate([data.val[i] for i in range(4)], **ids)
 with torch.no_grad():
-    gap = batch_log_probs(half, batch, pad_id=tokenizer.pad_id) - batch_log_probs(
-        full, batch, pad_id=tokenizer.pad_id
-    )
+    gap = batch_log_probs(
+        half, batch, pad_id=tokenizer.pad_id
+    ) - batch_log_probs(full, batch, pad_id=tokenizer.pad_id)
 assert 0 < gap.abs().max() < 1e-2
 
 # %% [markdown]
@@ -1045,7 +1132,9 @@ record = read_record(shipped)
 files = sorted(set(record["weight_map"].values()))
 n_params = sum(p.numel() for p in de_en.parameters())
 print(f"{record['format']!r}: {record['dtype']} weights in {files}")
-print(f"{n_params:,} parameters, a vocabulary of {de_en_tokenizer.vocab_size:,}")
+print(
+    f"{n_params:,} parameters, a vocabulary of {de_en_tokenizer.vocab_size:,}"
+)
 assert n_params == 6_001_664
 
 # %% tags=["remove-cell"]

@@ -46,10 +46,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp cli
@@ -86,18 +87,21 @@ PROG = "python -m transformer"
 
 
 class UsageError(Exception):
-    """A mistake on the command line: one line on standard error and exit status 2."""
+    """A mistake on the command line: one line on standard error and exit
+    status 2."""
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (`UsageError`), not a usage block."""
+    """An ArgumentParser whose errors are one line (`UsageError`), not a usage
+    block."""
 
     def error(self, message: str) -> None:
         raise UsageError(message)
 
 
 def first_line(err: BaseException) -> str:
-    """The first line of an error's message, or its type's name when it has none."""
+    """The first line of an error's message, or its type's name when it has
+    none."""
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
@@ -106,8 +110,9 @@ def run(
     body: Callable[[], None],
     errors: tuple[type[BaseException], ...] = (),
 ) -> int:
-    """Run a command's body; return its exit status. `UsageError` and the `errors` the
-    command declares print one line on standard error and return 2; `--help` returns 0."""
+    """Run a command's body; return its exit status. `UsageError` and the
+    `errors` the command declares print one line on standard error and return
+    2; `--help` returns 0."""
     try:
         body()
     except SystemExit as stop:  # argparse's --help
@@ -164,11 +169,14 @@ from transformer.tokenizer import SPECIALS, VOCAB_SIZE
 
 
 def prepare_command(argv: Sequence[str]) -> None:
-    """`python -m transformer prepare`: build, or check and keep, the encoded caches."""
+    """`python -m transformer prepare`: build, or check and keep, the encoded
+    caches."""
     parser = Parser(
         prog=f"{PROG} prepare",
-        description="Tokenise Multi30k and cache every split as token ids (needs spaCy "
-        "unless the cache is already current).",
+        description=(
+            "Tokenise Multi30k and cache every split as token ids (needs spaCy"
+            " unless the cache is already current)."
+        ),
     )
     parser.add_argument(
         "--pair",
@@ -198,18 +206,20 @@ def prepare_command(argv: Sequence[str]) -> None:
             rebuild=args.rebuild,
         )
         splits = {
-            split: load_encoded(pair, split, args.cache_dir, data_dir=args.data_dir)
+            split: load_encoded(
+                pair, split, args.cache_dir, data_dir=args.data_dir
+            )
             for split in SPLITS
         }
         if k == 0:  # once the first cache is whole: an error comes alone
             print(
-                f"{'pair':<6} {'split':<17} {'sentences':>9} {'src tokens':>10} "
-                f"{'tgt tokens':>10}"
+                f"{'pair':<6} {'split':<17} {'sentences':>9}"
+                f" {'src tokens':>10} {'tgt tokens':>10}"
             )
         for split, data in splits.items():
             print(
-                f"{pair:<6} {split:<17} {len(data):>9,} {len(data.src_ids):>10,} "
-                f"{len(data.tgt_ids):>10,}"
+                f"{pair:<6} {split:<17} {len(data):>9,}"
+                f" {len(data.src_ids):>10,} {len(data.tgt_ids):>10,}"
             )
         where = os.path.relpath(Path(args.cache_dir) / pair)
         print(f"{pair:<6} {tokenizer!r} in {where}")
@@ -245,16 +255,22 @@ from transformer.train_config import (
 
 def train_parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog=f"{PROG} train", description="Train a translation model on Multi30k."
+        prog=f"{PROG} train",
+        description="Train a translation model on Multi30k.",
     )
     p.add_argument("--pair", required=True, help="de-en or fr-en")
     p.add_argument(
         "--config",
         default=None,
-        help=f"a recipe ({', '.join(RECIPES)}), a model preset ({', '.join(MODEL_PRESETS)}; "
-        "default small) or a TrainConfig JSON",
+        help=(
+            f"a recipe ({', '.join(RECIPES)}), a model preset"
+            f" ({', '.join(MODEL_PRESETS)}; default small) or a TrainConfig"
+            " JSON"
+        ),
     )
-    p.add_argument("--out", default=None, help="output folder (default runs/<pair>)")
+    p.add_argument(
+        "--out", default=None, help="output folder (default runs/<pair>)"
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -262,13 +278,19 @@ def train_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--epochs", type=int)
     p.add_argument("--max-steps", type=int)
-    p.add_argument("--max-tokens", type=int, help="padded tokens per batch and side")
-    p.add_argument("--accumulation", type=int, help="batches per process and update")
+    p.add_argument(
+        "--max-tokens", type=int, help="padded tokens per batch and side"
+    )
+    p.add_argument(
+        "--accumulation", type=int, help="batches per process and update"
+    )
     p.add_argument("--warmup", type=int)
     p.add_argument("--lr-factor", type=float)
     p.add_argument("--dropout", type=float)
     p.add_argument("--label-smoothing", type=float)
-    p.add_argument("--bpe-dropout", type=float, help="in [0, 1); default 0: off")
+    p.add_argument(
+        "--bpe-dropout", type=float, help="in [0, 1); default 0: off"
+    )
     p.add_argument("--bpe-dropout-sides", choices=list(BPE_DROPOUT_SIDES))
     p.add_argument("--seed", type=int)
     p.add_argument("--time-limit", type=float, help="minutes")
@@ -279,7 +301,9 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--device")
     p.add_argument("--log-every", type=int)
     p.add_argument("--compile", action="store_true", default=None)
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--bf16", action=argparse.BooleanOptionalAction, default=None
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -294,8 +318,10 @@ def train_parser() -> argparse.ArgumentParser:
         "--export",
         default=None,
         metavar="DIR",
-        help="write the shipped model folder when training ends (a new or empty "
-        "folder, or an earlier export)",
+        help=(
+            "write the shipped model folder when training ends (a new or empty"
+            " folder, or an earlier export)"
+        ),
     )
     return p
 
@@ -325,7 +351,8 @@ FIELD_OPTIONS = (
 
 
 def parse_value(text: str) -> Any:
-    """A --set value: a JSON number, string or boolean; True and False also as in Python."""
+    """A --set value: a JSON number, string or boolean; True and False also as
+    in Python."""
     if text in ("True", "False"):
         return text == "True"
     try:
@@ -335,7 +362,8 @@ def parse_value(text: str) -> Any:
 
 
 def _json_fields(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object of TrainConfig fields in `path`, or a ValueError naming it."""
+    """The JSON object of TrainConfig fields in `path`, or a ValueError naming
+    it."""
     try:
         fields = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -349,8 +377,8 @@ def _json_fields(path: Path, what: str) -> dict[str, Any]:
 
 
 def _starting_fields(args: argparse.Namespace, out: str) -> dict[str, Any]:
-    """The fields a run starts from: the stored run's on resume, a recipe, a preset, a
-    JSON file, or the quick configuration."""
+    """The fields a run starts from: the stored run's on resume, a recipe, a
+    preset, a JSON file, or the quick configuration."""
     stored = Path(out) / "train_config.json"
     fields: dict[str, Any] = {}
     if args.resume and stored.is_file():
@@ -365,14 +393,17 @@ def _starting_fields(args: argparse.Namespace, out: str) -> dict[str, Any]:
     if args.config is None:
         return fields
     if args.config.endswith(".json"):
-        return fields | _json_fields(Path(args.config), f"--config {args.config}")
+        return fields | _json_fields(
+            Path(args.config), f"--config {args.config}"
+        )
     if args.config in RECIPES:  # on resume, the stored run must agree with it
         return fields | RECIPES[args.config](args.pair).to_dict()
     return fields | {"model": args.config}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig that command-line arguments ask for (on resume, over the stored one)."""
+    """The TrainConfig that command-line arguments ask for (on resume, over the
+    stored one)."""
     out = args.out if args.out is not None else f"runs/{args.pair}"
     fields = _starting_fields(args, out) | {"pair": args.pair, "out_dir": out}
     for name in FIELD_OPTIONS:
@@ -381,8 +412,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     overrides = fields.get("model_overrides", {})
     if not isinstance(overrides, dict):
         raise ValueError(
-            "model_overrides must be a JSON object of TransformerConfig fields, "
-            f"got {overrides!r}"
+            "model_overrides must be a JSON object of TransformerConfig"
+            f" fields, got {overrides!r}"
         )
     overrides = dict(overrides)
     if args.dropout is not None:
@@ -399,8 +430,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def summary_table(records: list[dict[str, Any]]) -> str:
     """The epochs of a run (and its average) as a small text table."""
     head = (
-        f"{'epoch':>7} {'step':>8} {'train loss':>10} {'val loss':>8} {'ppl/word':>8} "
-        f"{'accuracy':>8} {'tok/s':>9} {'MFU':>6}"
+        f"{'epoch':>7} {'step':>8} {'train loss':>10} {'val loss':>8}"
+        f" {'ppl/word':>8} {'accuracy':>8} {'tok/s':>9} {'MFU':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in records:
@@ -409,18 +440,20 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         tok_s = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else ""
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
         lines.append(
-            f"{epoch:>7} {r['step']:>8,} {train_loss:>10} {r['val_loss']:>8.3f} "
-            f"{r['val_ppl_word']:>8.2f} {r['val_accuracy']:>8.1%} {tok_s:>9} {mfu:>6}"
+            f"{epoch:>7} {r['step']:>8,} {train_loss:>10}"
+            f" {r['val_loss']:>8.3f} {r['val_ppl_word']:>8.2f}"
+            f" {r['val_accuracy']:>8.1%} {tok_s:>9} {mfu:>6}"
         )
     return "\n".join(lines)
 
 
 def train_command(argv: Sequence[str]) -> None:
-    """`python -m transformer train ...`: train, then print the run's epochs."""
+    """`python -m transformer train ...`: train, then print the epochs."""
     args = train_parser().parse_args(argv)
     if args.pair not in PAIRS:
         raise UsageError(
-            f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
+            f"unknown language pair {args.pair!r}: choose one of"
+            f" {', '.join(PAIRS)}"
         )
     try:
         config = config_from_args(args)
@@ -435,12 +468,14 @@ def train_command(argv: Sequence[str]) -> None:
             export_model(result.out_dir, args.export)
         except ValueError as err:  # e.g. a weight too large for float16
             raise UsageError(
-                f"the run in {result.out_dir} is saved, but --export failed: {err}"
+                f"the run in {result.out_dir} is saved, but --export failed:"
+                f" {err}"
             ) from err
     if main_process:
         print(summary_table(result.metrics))
         print(
-            f"stopped: {result.stopped} after {result.step:,} updates; run in {result.out_dir}"
+            f"stopped: {result.stopped} after {result.step:,} updates; run in"
+            f" {result.out_dir}"
         )
         if args.export:
             print(f"model exported to {args.export}")
@@ -508,18 +543,24 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.6,
         metavar="A",
-        help=f"length penalty α of beam search, from 0 to {MAX_ALPHA:g} (default: 0.6, "
-        "the paper's)",
+        help=(
+            f"length penalty α of beam search, from 0 to {MAX_ALPHA:g}"
+            " (default: 0.6, the paper's)"
+        ),
     )
     p.add_argument(
         "--checkpoint",
         type=Path,
         metavar="DIR",
-        help="a shipped model or a checkpoint folder (default: checkpoints/<pair> in the "
-        "repository)",
+        help=(
+            "a shipped model or a checkpoint folder (default:"
+            " checkpoints/<pair> in the repository)"
+        ),
     )
     p.add_argument(
-        "--device", choices=["cpu", "cuda"], help="default: cuda when available"
+        "--device",
+        choices=["cpu", "cuda"],
+        help="default: cuda when available",
     )
     p.add_argument(
         "--batch-size",
@@ -531,10 +572,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def check_model_options(args: argparse.Namespace) -> str:
-    """The device to decode on, once the values of `add_model_options`' options are checked."""
+    """The device to decode on, once the values of `add_model_options`' options
+    are checked."""
     if args.pair not in PAIRS:
         raise UsageError(
-            f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
+            f"unknown language pair {args.pair!r}: choose one of"
+            f" {', '.join(PAIRS)}"
         )
     if args.beam < 1:
         raise UsageError(f"--beam must be at least 1, got {args.beam}")
@@ -543,7 +586,9 @@ def check_model_options(args: argparse.Namespace) -> str:
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+        raise UsageError(
+            f"--batch-size must be at least 1, got {args.batch_size}"
+        )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but no CUDA GPU is available")
@@ -553,9 +598,9 @@ def check_model_options(args: argparse.Namespace) -> str:
 def load_for_command(
     pair: str, checkpoint: Path | None, device: str, *, alpha: float
 ) -> tuple[Transformer, Tokenizer]:
-    """The model and tokenizer to decode with (`load_pair_model`), or a one-line UsageError
-    naming the folder; also one if the length penalty would overflow within the model's
-    positions."""
+    """The model and tokenizer to decode with (`load_pair_model`), or a
+    one-line UsageError naming the folder; also one if the length penalty would
+    overflow within the model's positions."""
     try:
         model, tokenizer = load_pair_model(pair, checkpoint, device=device)
     except CheckpointError as err:
@@ -568,43 +613,48 @@ def load_for_command(
 
 
 TRANSLATE_EPILOG = """\
-Input and output: the SENTENCEs given, or else standard input, one sentence per line
-(UTF-8); one translation per line on standard output, in the same order. An empty line
-gives an empty line. Characters that the vocabulary lacks become <unk>. Put -- before
-sentences that begin with a dash. A SENTENCE that names an existing file is translated
-as a sentence all the same, with a warning: a file of sentences goes on standard input,
-< FILE.
+Input and output: the SENTENCEs given, or else standard input, one sentence per
+line (UTF-8); one translation per line on standard output, in the same order.
+An empty line gives an empty line. Characters that the vocabulary lacks become
+<unk>. Put -- before sentences that begin with a dash. A SENTENCE that names an
+existing file is translated as a sentence all the same, with a warning: a file
+of sentences goes on standard input, < FILE.
 
-A sentence longer than the model's positions (its config's max_len, <eos> included) is
-cut to fit: its first max_len - 1 tokens are translated, and a warning on standard error
-names it by its number (the line number, for standard input). So is a translation that
-the length limit stopped before <eos>.
+A sentence longer than the model's positions (its config's max_len, <eos>
+included) is cut to fit: its first max_len - 1 tokens are translated, and a
+warning on standard error names it by its number (the line number, for standard
+input). So is a translation that the length limit stopped before <eos>.
 
-Errors (an unknown pair or option, a missing or unusable model folder, no spaCy) print
-one line on standard error and exit with status 2."""
+Errors (an unknown pair or option, a missing or unusable model folder, no
+spaCy) print one line on standard error and exit with status 2."""
 
 
 def read_lines(stream) -> list[str]:
-    """The lines of a text stream, read as UTF-8 (undecodable bytes become U+FFFD)."""
+    """The lines of a text stream, read as UTF-8 (undecodable bytes become
+    U+FFFD)."""
     if hasattr(stream, "buffer"):
         text = stream.buffer.read().decode("utf-8", errors="replace")
     else:
         text = stream.read()
-    lines = text.split("\n")  # not splitlines(): U+2028 and friends are inside a line
+    lines = text.split(
+        "\n"
+    )  # not splitlines(): U+2028 and friends are inside a line
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     return [line.removesuffix("\r") for line in lines]
 
 
 def warning(command: str) -> Callable[[str], None]:
-    """A function that prints a command's warnings, one line each, on standard error."""
+    """A function that prints a command's warnings, one line each, on standard
+    error."""
     return lambda message: print(
         f"{PROG} {command}: warning: {message}", file=sys.stderr
     )
 
 
 def translate_command(argv: Sequence[str]) -> None:
-    """`python -m transformer translate ...`: one translation per line on standard output."""
+    """`python -m transformer translate ...`: one translation per line on
+    standard output."""
     p = Parser(
         prog=f"{PROG} translate",
         description="Translate sentences with a trained model (Part III).",
@@ -622,22 +672,29 @@ def translate_command(argv: Sequence[str]) -> None:
         "--engine",
         choices=["package", "ctranslate2"],
         default="package",
-        help="ctranslate2: decode in CTranslate2 with a model folder written by `export` "
-        "(--model DIR)",
+        help=(
+            "ctranslate2: decode in CTranslate2 with a model folder written by"
+            " `export` (--model DIR)"
+        ),
     )
     p.add_argument(
         "--model", type=Path, metavar="DIR", help="with --engine ctranslate2"
     )
     argv = list(argv)
-    # After "--" every argument is a sentence (parse_intermixed_args mishandles "--").
+    # After "--" every argument is a sentence (parse_intermixed_args mishandles
+    # "--").
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_intermixed_args(argv[:cut])
     args.sentences += argv[cut + 1 :]
     device = check_model_options(args)
     if args.engine == "ctranslate2":
-        from transformer.deploy import ctranslate2_translate  # it builds on this module
+        from transformer.deploy import (
+            ctranslate2_translate,
+        )  # it builds on this module
 
-        translate_with = ctranslate2_translate(args, threads=torch.get_num_threads())
+        translate_with = ctranslate2_translate(
+            args, threads=torch.get_num_threads()
+        )
     else:
         model, tokenizer = load_for_command(
             args.pair, args.checkpoint, device, alpha=args.alpha
@@ -646,13 +703,14 @@ def translate_command(argv: Sequence[str]) -> None:
     warn = warning("translate")
     if args.sentences:
         sentences = args.sentences
-        # isfile, not Path.is_file: a sentence too long for a file name is no error
+        # isfile, not Path.is_file: a sentence too long for a file name is no
+        # error
         for name in filter(os.path.isfile, sentences):
             # still a sentence, as the usage says; but a file was likely meant
             warn(
-                f"SENTENCE {name!r} names a file, translated here as a sentence: "
-                f"to translate the file's lines, give it as standard input, "
-                f"< {shlex.quote(name)}"
+                f"SENTENCE {name!r} names a file, translated here as a"
+                " sentence: to translate the file's lines, give it as"
+                f" standard input, < {shlex.quote(name)}"
             )
     else:
         if sys.stdin.isatty():
@@ -670,20 +728,23 @@ def translate_command(argv: Sequence[str]) -> None:
 
 
 EVALUATE_EPILOG = """\
-Prints sacreBLEU (cased, its 13a tokenizer on the detokenised translations against the raw
-references) and chrF, each with its signature; BLEU on lowercased spaCy-tokenised text, only
-to compare with published Multi30k results; and the time that the translation took.
+Prints sacreBLEU (cased, its 13a tokenizer on the detokenised translations
+against the raw references) and chrF, each with its signature; BLEU on
+lowercased spaCy-tokenised text, only to compare with published Multi30k
+results; and the time that the translation took.
 
-Errors (an unknown pair, split or option, a missing or unusable model folder, a missing or
-corrupt data file, an output file that cannot be written, no spaCy) print one line on
-standard error and exit with status 2."""
+Errors (an unknown pair, split or option, a missing or unusable model folder, a
+missing or corrupt data file, an output file that cannot be written, no spaCy)
+print one line on standard error and exit with status 2."""
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=f"{PROG} evaluate",
-        description="Score a trained model on a Multi30k split with sacreBLEU and chrF "
-        "(Part III).",
+        description=(
+            "Score a trained model on a Multi30k split with sacreBLEU and chrF"
+            " (Part III)."
+        ),
         epilog=EVALUATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -699,8 +760,10 @@ def evaluate_parser() -> argparse.ArgumentParser:
         type=Path,
         default=DATA_DIR,
         metavar="DIR",
-        help="the Multi30k files and their SHA256SUMS (default: data/multi30k in the "
-        "repository)",
+        help=(
+            "the Multi30k files and their SHA256SUMS (default: data/multi30k"
+            " in the repository)"
+        ),
     )
     p.add_argument(
         "--limit",
@@ -726,17 +789,22 @@ def check_evaluate_options(args: argparse.Namespace) -> None:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
     if args.output is not None and not args.output.parent.is_dir():
-        raise UsageError(f"cannot write {args.output}: no folder {args.output.parent}")
+        raise UsageError(
+            f"cannot write {args.output}: no folder {args.output.parent}"
+        )
     if args.output is not None and args.output.is_dir():
         raise UsageError(f"cannot write {args.output}: it is a folder")
 
 
 def evaluate_command(argv: Sequence[str]) -> None:
-    """`python -m transformer evaluate ...`: translate a split, print its scores."""
+    """`python -m transformer evaluate ...`: translate a split, print its
+    scores."""
     args = evaluate_parser().parse_args(argv)
     device = check_model_options(args)
     check_evaluate_options(args)
-    load_pairs(args.split, args.pair, args.data_dir)  # a data error before the model's
+    load_pairs(
+        args.split, args.pair, args.data_dir
+    )  # a data error before the model's
     model, tokenizer = load_for_command(
         args.pair, args.checkpoint, device, alpha=args.alpha
     )
@@ -759,17 +827,23 @@ def evaluate_command(argv: Sequence[str]) -> None:
         try:
             write_lines(args.output, result.hypotheses)
         except OSError as err:
-            raise UsageError(f"cannot write {args.output}: {err.strerror}") from err
+            raise UsageError(
+                f"cannot write {args.output}: {err.strerror}"
+            ) from err
     folder = args.checkpoint or f"the shipped model, checkpoints/{args.pair}"
-    search = "greedy" if args.beam == 1 else f"beam {args.beam}, α {args.alpha:g}"
+    search = (
+        "greedy" if args.beam == 1 else f"beam {args.beam}, α {args.alpha:g}"
+    )
     print(
-        f"{args.pair} {args.split}: {scores.sentences:,} sentences, {search}, model {folder}"
+        f"{args.pair} {args.split}: {scores.sentences:,} sentences, {search},"
+        f" model {folder}"
     )
     print(scores.report())
     threads = torch.get_num_threads()
     print(
-        f"translated in {result.seconds:.1f} s ({result.sentences_per_second:.1f} "
-        f"sentences/s on {device}, {threads} CPU thread{'s' if threads > 1 else ''})"
+        f"translated in {result.seconds:.1f} s"
+        f" ({result.sentences_per_second:.1f} sentences/s on {device},"
+        f" {threads} CPU thread{'s' if threads > 1 else ''})"
     )
     if args.output is not None:
         print(f"translations written to {args.output}")
@@ -809,9 +883,12 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], None], tuple, str]] = {
         (DataError, ImportError),
         "score a trained model with sacreBLEU and chrF (Part III)",
     ),
-    # transformer.deploy builds on this module: it is imported when the command runs.
+    # transformer.deploy builds on this module: it is imported when the command
+    # runs.
     "export": (
-        lambda argv: importlib.import_module("transformer.deploy").export_command(argv),
+        lambda argv: importlib.import_module(
+            "transformer.deploy"
+        ).export_command(argv),
         (ImportError, OSError),
         "write a model for CTranslate2, the inference engine (appendix)",
     ),
@@ -822,8 +899,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m transformer COMMAND ...`; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
-        # Asked for, the help goes to standard output; without a command it is an error,
-        # so the usage goes to standard error with status 2.
+        # Asked for, the help goes to standard output; without a command it is
+        # an error, so the usage goes to standard error with status 2.
         out = sys.stdout if argv else sys.stderr
         print(f"usage: {PROG} COMMAND [options]\n\ncommands:", file=out)
         for name, (_, _, summary) in COMMANDS.items():
@@ -844,7 +921,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG} {command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # Keep Python from failing again when it flushes standard output at exit.
+        # Keep Python from failing again when it flushes standard output at
+        # exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
@@ -856,7 +934,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 # %%
 from transformer.cli import main
 
-assert main(["translate", "--pair", "de-en", "Zwei Hunde spielen im Schnee."]) == 0
+assert (
+    main(["translate", "--pair", "de-en", "Zwei Hunde spielen im Schnee."])
+    == 0
+)
 assert main(["translate", "--pair", "xx-en", "Hallo."]) == 2
 
 # %% [markdown]

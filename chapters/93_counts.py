@@ -35,10 +35,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp counts
@@ -106,7 +107,9 @@ for n_heads in (1, 2, 4, 8, 16, 32):
     rows.append(row)
 flops = pd.DataFrame(rows).set_index("heads")
 matmul = flops["projections"] + flops["QKᵀ"] + flops["weights·V"]
-assert (flops["matrix products, counted"] == matmul).all()  # the formulas are right
+assert (
+    flops["matrix products, counted"] == matmul
+).all()  # the formulas are right
 assert (matmul == matmul.iloc[0]).all()  # the same for every number of heads
 flops.insert(5, "total", matmul + flops["softmax"])
 assert (flops["softmax"] / flops["total"]).max() < 0.01
@@ -167,7 +170,8 @@ for T in (crossover // 2, 2 * crossover):
 
 # %%
 #| export
-"""Parameter and FLOP counts of the Transformer: the cost of a training step, for MFU."""
+"""Parameter and FLOP counts of the Transformer: the cost of a training step,
+for MFU."""
 
 from collections.abc import Sequence
 
@@ -177,9 +181,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DistributedDataParallel's wrappers."""
+    """The model inside torch.compile's and DDP's wrappers."""
     model = getattr(model, "_orig_mod", model)
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    return (
+        model.module if isinstance(model, DistributedDataParallel) else model
+    )
 
 
 def non_embedding_parameters(model: nn.Module) -> tuple[int, int]:
@@ -192,8 +198,8 @@ def non_embedding_parameters(model: nn.Module) -> tuple[int, int]:
 
 
 def cross_attention_kv_parameters(model: nn.Module) -> int:
-    """N_kv: the parameters of the decoder's cross-attention key and value projections,
-    which are applied to the source positions."""
+    """N_kv: the parameters of the decoder's cross-attention key and value
+    projections, which are applied to the source positions."""
     return sum(
         p.numel()
         for layer in _unwrap(model).decoder.layers
@@ -205,16 +211,21 @@ def cross_attention_kv_parameters(model: nn.Module) -> int:
 def training_flops(
     model: nn.Module, *, src_lengths: Sequence[int], tgt_lengths: Sequence[int]
 ) -> np.ndarray:
-    """FLOPs of a forward and backward pass over each (source, target) pair, by the formula
-    6·((N_enc + N_kv)·S + (N_dec − N_kv + d_model·V)·T)
-    + 12·d_model·(L_e·S² + L_d·T² + L_d·S·T).
+    """FLOPs of a forward and backward pass over each (source, target) pair, by
+    the formula 6·((N_enc + N_kv)·S + (N_dec − N_kv + d_model·V)·T) +
+    12·d_model·(L_e·S² + L_d·T² + L_d·S·T).
 
-    Lengths count real tokens (<eos> of the source, <bos> or <eos> of the target included).
+    Lengths count real tokens (<eos> of the source, <bos> or <eos> of the
+    target included).
     """
     n_enc, n_dec = non_embedding_parameters(model)
     n_kv = cross_attention_kv_parameters(model)
     config = _unwrap(model).config
-    d, layers, vocab = config.d_model, config.n_layers, config.target_vocab_size
+    d, layers, vocab = (
+        config.d_model,
+        config.n_layers,
+        config.target_vocab_size,
+    )
     s = np.asarray(src_lengths, dtype=np.float64)
     t = np.asarray(tgt_lengths, dtype=np.float64)
     linear = 6 * ((n_enc + n_kv) * s + (n_dec - n_kv + d * vocab) * t)
@@ -233,12 +244,15 @@ from transformer.counts import (
     training_flops,
 )
 
-# On the meta device the layers have shapes but no memory, and draw no random numbers.
+# On the meta device the layers have shapes but no memory, and draw no random
+# numbers.
 with torch.device("meta"):
     base = Transformer(TransformerConfig.base(37_000))
 n_enc, n_dec = non_embedding_parameters(base)
 n_kv = cross_attention_kv_parameters(base)
-assert n_kv == 6 * 2 * (512 * 512 + 512)  # six layers, W_K and W_V with their biases
+assert n_kv == 6 * 2 * (
+    512 * 512 + 512
+)  # six layers, W_K and W_V with their biases
 flops = training_flops(base, src_lengths=[25], tgt_lengths=[27])[0]
 attention = 12 * 512 * 6 * (25**2 + 27**2 + 25 * 27)
 output_layer = 6 * 512 * 37_000 * 27
@@ -256,7 +270,10 @@ print(
 )
 # A batch is the sum of its pairs: padding costs nothing in the count.
 two = training_flops(base, src_lengths=[25, 10], tgt_lengths=[27, 12])
-assert two.sum() == flops + training_flops(base, src_lengths=[10], tgt_lengths=[12])[0]
+assert (
+    two.sum()
+    == flops + training_flops(base, src_lengths=[10], tgt_lengths=[12])[0]
+)
 
 # %% [markdown]
 # About 10 GFLOPs, of which attention is under 1% and the output layer almost a third: at the
@@ -284,13 +301,18 @@ assert two.sum() == flops + training_flops(base, src_lengths=[10], tgt_lengths=[
 # %%
 bench = pd.DataFrame(
     json.loads(
-        (DATA_DIR.parents[1] / "checkpoints" / "throughput-h100.json").read_text()
+        (
+            DATA_DIR.parents[1] / "checkpoints" / "throughput-h100.json"
+        ).read_text()
     )
 )
 assert (bench["device"] == "NVIDIA H100 80GB HBM3").all()
 speed = bench.set_index("variant")["tokens_per_s"]
 mfu = bench.set_index("variant")["mfu"]
-assert min(speed["recipe fp32"], speed["recipe fp32 (repeated)"]) > speed["recipe bf16"]
+assert (
+    min(speed["recipe fp32"], speed["recipe fp32 (repeated)"])
+    > speed["recipe bf16"]
+)
 assert speed["base-25k bf16"] > 2 * speed["base-25k fp32"]
 assert mfu.max() == mfu["base-25k bf16"] < 0.1
 pd.DataFrame(
@@ -316,7 +338,8 @@ pd.DataFrame(
 # %%
 moved = 6 * n_kv * (25 - 27)
 print(
-    f"the cross-attention's W_K and W_V charged to T instead of S: {-moved / flops:+.2%}"
+    "the cross-attention's W_K and W_V charged to T instead of S:"
+    f" {-moved / flops:+.2%}"
 )
 assert abs(moved / flops) < 0.01
 
@@ -331,7 +354,8 @@ assert abs(moved / flops) < 0.01
 
 # %%
 def parameter_breakdown(model: Transformer) -> dict[str, int]:
-    """Parameters of each part, each tensor counted once (tied tensors where first seen)."""
+    """Parameters of each part, each tensor counted once (tied tensors where
+    first seen)."""
     seen: set[int] = set()
 
     def count(*modules: nn.Module) -> int:
@@ -353,7 +377,9 @@ def parameter_breakdown(model: Transformer) -> dict[str, int]:
     }
     parts["total"] = sum(parts.values())
     assert parts["total"] == sum(p.numel() for p in model.parameters())
-    assert (parts["encoder"], parts["decoder"]) == non_embedding_parameters(model)
+    assert (parts["encoder"], parts["decoder"]) == non_embedding_parameters(
+        model
+    )
     return parts
 
 
@@ -364,8 +390,12 @@ with torch.device("meta"):
         "base": Transformer(TransformerConfig.base(VOCAB)),
         "big": Transformer(TransformerConfig.big(VOCAB)),
     }
-counts = pd.DataFrame({name: parameter_breakdown(m) for name, m in built.items()}).T
-counts["paper (Table 3)"] = [paper_millions[name] * 10**6 for name in counts.index]
+counts = pd.DataFrame(
+    {name: parameter_breakdown(m) for name, m in built.items()}
+).T
+counts["paper (Table 3)"] = [
+    paper_millions[name] * 10**6 for name in counts.index
+]
 counts["difference"] = (counts["total"] / counts["paper (Table 3)"] - 1).map(
     "{:+.1%}".format
 )
@@ -402,17 +432,25 @@ for name, m in built.items():
 
 base_total, big_total = (int(counts.loc[k, "total"]) for k in ("base", "big"))
 assert base_total == 63_082_496
-assert abs(big_total / 213e6 - 1) < 0.01 and -0.035 < base_total / 65e6 - 1 < -0.025
+assert (
+    abs(big_total / 213e6 - 1) < 0.01
+    and -0.035 < base_total / 65e6 - 1 < -0.025
+)
 attention_biases = sum(
     p.numel()
     for name, p in built["base"].named_parameters()
     if "attn.w_" in name and name.endswith(".bias")
 )
 assert attention_biases == 18 * 4 * 512 == 36_864
-print(f"base: {base_total:,} parameters, {base_total / 65e6 - 1:+.2%} from 65M")
-print(f"big:  {big_total:,} parameters, {big_total / 213e6 - 1:+.2%} from 213M")
 print(
-    f"base, attention biases: {attention_biases:,}, {attention_biases / base_total:.2%}"
+    f"base: {base_total:,} parameters, {base_total / 65e6 - 1:+.2%} from 65M"
+)
+print(
+    f"big:  {big_total:,} parameters, {big_total / 213e6 - 1:+.2%} from 213M"
+)
+print(
+    f"base, attention biases: {attention_biases:,},"
+    f" {attention_biases / base_total:.2%}"
 )
 
 # %% [markdown]
@@ -435,14 +473,18 @@ with torch.device("meta"):
         {
             what: sum(
                 p.numel()
-                for p in Transformer(TransformerConfig.base(VOCAB, **kw)).parameters()
+                for p in Transformer(
+                    TransformerConfig.base(VOCAB, **kw)
+                ).parameters()
             )
             for what, kw in variants.items()
         },
         name="base model parameters",
     )
 assert sharing.iloc[1] > 80e6 and sharing.iloc[2] > 100e6
-assert sharing.iloc[1] - sharing.iloc[0] == VOCAB * 512  # the tied output layer
+assert (
+    sharing.iloc[1] - sharing.iloc[0] == VOCAB * 512
+)  # the tied output layer
 sharing.map("{:,}".format)
 
 # %% [markdown]
@@ -470,7 +512,9 @@ table3_rows = {
 }
 rows = []
 for name, (n, d_model, d_ff, h, paper) in table3_rows.items():
-    c = TransformerConfig(VOCAB, n_layers=n, d_model=d_model, d_ff=d_ff, n_heads=h)
+    c = TransformerConfig(
+        VOCAB, n_layers=n, d_model=d_model, d_ff=d_ff, n_heads=h
+    )
     parts = formula(c)
     ours = sum(parts.values())
     layers = parts["encoder"] + parts["decoder"]
@@ -479,20 +523,35 @@ for name, (n, d_model, d_ff, h, paper) in table3_rows.items():
             "row": name,
             "paper (M)": paper,
             "ours, V = 37,000 (M)": round(ours / 1e6, 2),
-            "V that would match": int(round((paper * 1e6 - layers) / d_model, -2)),
+            "V that would match": int(
+                round((paper * 1e6 - layers) / d_model, -2)
+            ),
             "± (rounding)": int(round(0.5e6 / d_model, -1)),
         }
     )
 implied = pd.DataFrame(rows).set_index("row")
-assert implied.drop(index="big")["V that would match"].between(40_000, 42_000).all()
-assert implied.loc["big", "V that would match"] < 37_000  # the big row does not fit
-# Between rows of one d_model the differences match the paper's, to its rounding (±1M).
+assert (
+    implied.drop(index="big")["V that would match"]
+    .between(40_000, 42_000)
+    .all()
+)
+assert (
+    implied.loc["big", "V that would match"] < 37_000
+)  # the big row does not fit
+# Between rows of one d_model the differences match the paper's, to its
+# rounding (±1M).
 for chain in (
     ["C: N = 2", "C: N = 4", "base", "C: N = 8"],
     ["C: d_ff = 1024", "base", "C: d_ff = 4096"],
 ):
-    steps = implied.loc[chain, ["paper (M)", "ours, V = 37,000 (M)"]].diff().dropna()
-    assert (steps["paper (M)"] - steps["ours, V = 37,000 (M)"]).abs().max() <= 1, chain
+    steps = (
+        implied.loc[chain, ["paper (M)", "ours, V = 37,000 (M)"]]
+        .diff()
+        .dropna()
+    )
+    assert (
+        steps["paper (M)"] - steps["ours, V = 37,000 (M)"]
+    ).abs().max() <= 1, chain
 implied
 
 # %% [markdown]
@@ -514,8 +573,9 @@ recipe_parts = parameter_breakdown(recipe)
 assert recipe_parts["total"] == 6_001_664
 assert recipe_parts["embeddings"] == 8_000 * 256
 print(
-    f"{recipe_parts['total']:,} parameters, "
-    f"{recipe_parts['embeddings'] / recipe_parts['total']:.0%} of them the shared table"
+    f"{recipe_parts['total']:,} parameters,"
+    f" {recipe_parts['embeddings'] / recipe_parts['total']:.0%} of them the"
+    " shared table"
 )
 
 # %% [markdown]
@@ -529,11 +589,14 @@ print(
 
 # %%
 decode_bench = json.loads(
-    (DATA_DIR.parents[1] / "experiments/benchmarks/decode-cpu.json").read_text()
+    (
+        DATA_DIR.parents[1] / "experiments/benchmarks/decode-cpu.json"
+    ).read_text()
 )
 profile_shares = (100 * pd.DataFrame(decode_bench["profile"])).round(1)
 assert abs(profile_shares.sum() - 100).max() < 0.5
-# "Python": what the operations leave of the time the same decoding takes unprofiled.
+# "Python": what the operations leave of the time the same decoding takes
+# unprofiled.
 profile_shares.sort_values("greedy", ascending=False)
 
 # %% [markdown]
@@ -550,24 +613,36 @@ profile_shares.sort_values("greedy", ascending=False)
 gemm = json.loads(
     (DATA_DIR.parents[1] / "experiments/benchmarks/gemm-cpu.json").read_text()
 )
-print(f"{gemm['machine']}, {gemm['threads']} threads, {gemm['sentences']} sentences")
+print(
+    f"{gemm['machine']}, {gemm['threads']} threads, {gemm['sentences']}"
+    " sentences"
+)
 engine_runs = pd.DataFrame(gemm["engine"])
 engine_runs["seconds"] = engine_runs.seconds.map(statistics.median)
-engine_runs = engine_runs.pivot(index="decoding", columns="sgemm", values="seconds")
+engine_runs = engine_runs.pivot(
+    index="decoding", columns="sgemm", values="seconds"
+)
 package_runs = pd.DataFrame(gemm["package"]).set_index("decoding")
 whole = pd.DataFrame(
     {
-        "CTranslate2 (all products)": engine_runs["MKL forced"]
-        / engine_runs["own choice"],
-        "package (output layer)": package_runs.mkl.map(statistics.median)
-        / package_runs.onednn.map(statistics.median),
+        "CTranslate2 (all products)": (
+            engine_runs["MKL forced"] / engine_runs["own choice"]
+        ),
+        "package (output layer)": (
+            package_runs.mkl.map(statistics.median)
+            / package_runs.onednn.map(statistics.median)
+        ),
         "same translations": package_runs.same,
     }
 )
 products = pd.DataFrame(gemm["products"])
 products["MKL / oneDNN"] = products.mkl / products.onednn
-output_layer = products[products["product"] == "output layer"].set_index("rows")
-small = products[(products["product"] != "output layer") & (products.rows == 32)]
+output_layer = products[products["product"] == "output layer"].set_index(
+    "rows"
+)
+small = products[
+    (products["product"] != "output layer") & (products.rows == 32)
+]
 assert whole["CTranslate2 (all products)"].between(1.15, 1.5).all()
 assert (whole["same translations"] == 1000).all()
 assert whole.loc["beam 4", "package (output layer)"] > 1.05
@@ -605,7 +680,9 @@ train_bench = json.loads(
     (DATA_DIR.parents[1] / "experiments/benchmarks/train-cpu.json").read_text()
 )
 print(f"{train_bench['machine']}, {train_bench['threads']} threads")
-pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename("target tokens/s")
+pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename(
+    "target tokens/s"
+)
 
 # %% [markdown]
 # The package trains at least as fast as the library, within the few percent by which repeated

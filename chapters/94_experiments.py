@@ -42,14 +42,15 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
-# experiments/ lies at the repository's root, beside chapters/ (Colab's set-up cell puts the
-# clone's root on the path already).
+# experiments/ lies at the repository's root, beside chapters/ (Colab's set-up
+# cell puts the clone's root on the path already).
 import sys
 from pathlib import Path
 
@@ -115,7 +116,9 @@ for pair in ("de-en", "fr-en"):
         change, compared = comparison.effect(metrics, runs[ref][1])
         report = RUNS_DIR / pair / name / "word_level.json"
         bleu = (
-            json.loads(report.read_text()).get("val_bleu") if report.is_file() else None
+            json.loads(report.read_text()).get("val_bleu")
+            if report.is_file()
+            else None
         )
         rows.append(
             {
@@ -123,30 +126,42 @@ for pair in ("de-en", "fr-en"):
                 "pair": pair,
                 "run": name,
                 "trained on": comparison.trained_on(name, config),
-                "changes": comparison.differences(name, config, ref, runs[ref][0]),
+                "changes": comparison.differences(
+                    name, config, ref, runs[ref][0]
+                ),
                 "against": ref,
-                "average ppl/word": comparison.average(metrics)["val_ppl_word"],
+                "average ppl/word": comparison.average(metrics)[
+                    "val_ppl_word"
+                ],
                 "effect": change,
                 "compared": compared,
                 "val sacreBLEU": bleu["sacrebleu"] if bleu else None,
             }
         )
-order = {name: i for i, name in enumerate(n for q in QUESTIONS.values() for n in q)}
+order = {
+    name: i for i, name in enumerate(n for q in QUESTIONS.values() for n in q)
+}
 table = (
     pd.DataFrame(rows)
-    .sort_values(["run", "pair"], key=lambda c: c.map(order) if c.name == "run" else c)
+    .sort_values(
+        ["run", "pair"], key=lambda c: c.map(order) if c.name == "run" else c
+    )
     .set_index(["question", "pair", "run"])
 )
 curves = pd.DataFrame(curves)
 effect = table["effect"]  # (question, pair, run) -> ratio - 1
-assert len(table) == 40 and set(QUESTION) == set(table.index.get_level_values("run"))
+assert len(table) == 40 and set(QUESTION) == set(
+    table.index.get_level_values("run")
+)
 assert (table["trained on"] == "GPU, bfloat16").sum() == 8
 assert table["val sacreBLEU"].notna().sum() == 7
 shown = table.assign(
     **{
         "average ppl/word": table["average ppl/word"].map("{:.2f}".format),
         "effect": table["effect"].map("{:+.1%}".format),
-        "val sacreBLEU": table["val sacreBLEU"].map("{:.1f}".format).replace("nan", ""),
+        "val sacreBLEU": (
+            table["val sacreBLEU"].map("{:.1f}".format).replace("nan", "")
+        ),
     }
 )
 with pd.option_context("display.max_rows", 50, "display.max_colwidth", 80):
@@ -174,7 +189,9 @@ with pd.option_context("display.max_rows", 50, "display.max_colwidth", 80):
 seed_gap = curves.pivot_table(
     index="epoch", columns="run", values="val_ppl_word", aggfunc="first"
 )
-early = (seed_gap["dropout-0.2-cpu-seed-1"] / seed_gap["dropout-0.2-cpu"] - 1).loc[1:10]
+early = (
+    seed_gap["dropout-0.2-cpu-seed-1"] / seed_gap["dropout-0.2-cpu"] - 1
+).loc[1:10]
 chance = effect["chance"].round(3).to_dict()
 assert chance == {
     ("de-en", "dropout-0.2-cpu-seed-1"): 0.016,
@@ -182,7 +199,9 @@ assert chance == {
     ("fr-en", "recipe-seed-1-cpu"): 0.011,
 }
 assert 0.09 < early.abs().max() < 0.11
-CHANCE = max(chance.values())  # the band: what the seed alone moved a run's end
+CHANCE = max(
+    chance.values()
+)  # the band: what the seed alone moved a run's end
 
 # %% [markdown]
 # The effects as a chart, one point per run and pair, each run's perplexity divided by its
@@ -196,7 +215,9 @@ LIMITS = [0.75, 4.2]
 points = table.reset_index().assign(ratio=lambda t: 1 + t["effect"])
 points["averaged"] = points["compared"].eq("averages")
 points["label"] = points["run"] + " (" + points["pair"] + ")"
-on_scale = points[points["ratio"].between(*LIMITS)].round({"ratio": 4, "effect": 4})
+on_scale = points[points["ratio"].between(*LIMITS)].round(
+    {"ratio": 4, "effect": 4}
+)
 ratio_axis = alt.X(
     "ratio:Q",
     title="validation perplexity per word, relative to the reference",
@@ -204,7 +225,11 @@ ratio_axis = alt.X(
     axis=alt.Axis(values=[0.8, 1, 1.5, 2, 3, 4]),
 )
 on_scale = on_scale.assign(low=1 / (1 + CHANCE), high=1 + CHANCE)
-band = alt.Chart().mark_rect(color="#dddddd").encode(x="min(low):Q", x2="max(high):Q")
+band = (
+    alt.Chart()
+    .mark_rect(color="#dddddd")
+    .encode(x="min(low):Q", x2="max(high):Q")
+)
 dots = (
     alt.Chart()
     .mark_point(size=60, strokeWidth=2)
@@ -267,27 +292,42 @@ assert off_scale == ["base", "base-dropout-0.3"]
 
 # %%
 epoch_ppl = curves.pivot_table(
-    index="epoch", columns=["pair", "run"], values="val_ppl_word", aggfunc="first"
+    index="epoch",
+    columns=["pair", "run"],
+    values="val_ppl_word",
+    aggfunc="first",
 )
 train_loss = curves.pivot_table(
-    index="epoch", columns=["pair", "run"], values="train_loss", aggfunc="first"
+    index="epoch",
+    columns=["pair", "run"],
+    values="train_loss",
+    aggfunc="first",
 )
 de = effect.xs("de-en", level="pair").droplevel("question")
 fr = effect.xs("fr-en", level="pair").droplevel("question")
-ppl = pd.Series({key: record["val_ppl_word"] for key, record in averaged.items()})
+ppl = pd.Series(
+    {key: record["val_ppl_word"] for key, record in averaged.items()}
+)
 bleu = table["val sacreBLEU"].droplevel("question")
 dropout_01 = epoch_ppl["de-en", "dropout-0.1-cpu"].dropna()
 assert dropout_01.idxmin() == 16 and dropout_01[20] > dropout_01[16]
 assert train_loss["de-en", "dropout-0.1-cpu"].dropna().is_monotonic_decreasing
 assert round(de["dropout-0.1-cpu"], 3) == 0.074
-assert [round(de["dropout-0.2"], 3), round(fr["dropout-0.2"], 3)] == [0.046, 0.027]
+assert [round(de["dropout-0.2"], 3), round(fr["dropout-0.2"], 3)] == [
+    0.046,
+    0.027,
+]
 assert table.loc[("dropout", "de-en", "dropout-0.2"), "compared"] == "epoch 32"
-assert all(epoch_ppl[p, SHIPPED].dropna().idxmin() == 35 for p in ("de-en", "fr-en"))
+assert all(
+    epoch_ppl[p, SHIPPED].dropna().idxmin() == 35 for p in ("de-en", "fr-en")
+)
 best_epoch = epoch_ppl.idxmin()
 assert [best_epoch[p, "dropout-0.2"] for p in ("de-en", "fr-en")] == [26, 29]
 assert round(1 + de["dropout-0.4-cpu"], 1) == 2.8
 last_loss = train_loss.ffill().iloc[-1]  # each run's last epoch
-assert [round(last_loss["de-en", r], 2) for r in ("dropout-0.4-cpu", SHIPPED)] == [
+assert [
+    round(last_loss["de-en", r], 2) for r in ("dropout-0.4-cpu", SHIPPED)
+] == [
     1.73,
     1.08,
 ]
@@ -295,13 +335,19 @@ assert round(de["inner-dropout-cpu"], 3) == 0.014
 assert de["inner-dropout-cpu"] < chance["de-en", "dropout-0.2-cpu-seed-1"]
 assert round(de["no-label-smoothing"], 2) == 0.17
 assert (
-    best_epoch["de-en", "dropout-0.2"] - best_epoch["de-en", "no-label-smoothing"] == 5
+    best_epoch["de-en", "dropout-0.2"]
+    - best_epoch["de-en", "no-label-smoothing"]
+    == 5
 )
 smoothing = ["label-smoothing-0.05-cpu", "label-smoothing-0.2-cpu"]
 assert [round(de[r], 3) for r in smoothing] == [0.047, 0.055]
-against_seed_1 = ppl["de-en"][smoothing] / ppl["de-en", "recipe-seed-1-cpu"] - 1
+against_seed_1 = (
+    ppl["de-en"][smoothing] / ppl["de-en", "recipe-seed-1-cpu"] - 1
+)
 assert [round(x, 3) for x in against_seed_1] == [0.011, 0.018]
-assert [round(bleu["de-en", r], 1) for r in [*smoothing, "recipe-seed-1-cpu"]] == [
+assert [
+    round(bleu["de-en", r], 1) for r in [*smoothing, "recipe-seed-1-cpu"]
+] == [
     41.4,
     42.2,
     41.4,
@@ -340,26 +386,37 @@ assert [round(bleu["de-en", r], 1) for r in [*smoothing, "recipe-seed-1-cpu"]] =
 # to reach for when the budget is a few epochs, such as a short run on a CPU.
 
 # %%
-assert [round(de["d_ff-1024"], 3), round(fr["d_ff-1024"], 3)] == [0.020, -0.001]
+assert [round(de["d_ff-1024"], 3), round(fr["d_ff-1024"], 3)] == [
+    0.020,
+    -0.001,
+]
 assert [round(1 + de[r], 1) for r in ("base", "base-lr-0.45")] == [5.3, 2.8]
 assert [
-    table.loc[("size", "de-en", r), "compared"] for r in ("base", "base-lr-0.45")
+    table.loc[("size", "de-en", r), "compared"]
+    for r in ("base", "base-lr-0.45")
 ] == [
     "epoch 14",
     "epoch 19",
 ]
 diverged = epoch_ppl["de-en", "base-dropout-0.3"].dropna()
 assert (
-    diverged.iloc[-1] > 100 * diverged.min() and diverged.idxmax() > diverged.idxmin()
+    diverged.iloc[-1] > 100 * diverged.min()
+    and diverged.idxmax() > diverged.idxmin()
 )
-assert [round(1 + de["4-layers"], 1), round(1 + fr["4-layers"], 1)] == [2.6, 2.7]
-assert [round(1 + de[r], 1) for r in ("4-layers-cpu", "4-layers-lr-0.35-cpu")] == [
+assert [round(1 + de["4-layers"], 1), round(1 + fr["4-layers"], 1)] == [
+    2.6,
+    2.7,
+]
+assert [
+    round(1 + de[r], 1) for r in ("4-layers-cpu", "4-layers-lr-0.35-cpu")
+] == [
     2.3,
     2.5,
 ]
 assert round(de["4-layers-pre-norm-cpu"], 2) == -0.16
 pre_norm_lead = (
-    epoch_ppl["de-en", "pre-norm-cpu"] / epoch_ppl["de-en", "dropout-0.2-cpu"] - 1
+    epoch_ppl["de-en", "pre-norm-cpu"] / epoch_ppl["de-en", "dropout-0.2-cpu"]
+    - 1
 )
 assert (pre_norm_lead.loc[2:12] < -0.1).all() and abs(pre_norm_lead[16]) < 0.02
 assert round(de["pre-norm-cpu"], 3) == 0.024
@@ -367,10 +424,18 @@ pre_norm_vs_seed_1 = (
     ppl["de-en", "pre-norm-cpu"] / ppl["de-en", "dropout-0.2-cpu-seed-1"] - 1
 )
 assert round(pre_norm_vs_seed_1, 3) == 0.008
-assert last_loss["de-en", "pre-norm-cpu"] < last_loss["de-en", "dropout-0.2-cpu"] - 0.2
+assert (
+    last_loss["de-en", "pre-norm-cpu"]
+    < last_loss["de-en", "dropout-0.2-cpu"] - 0.2
+)
 pre_norm = ["recipe-pre-norm-cpu", "recipe-pre-norm-cpu-seed-1"]
 four = ["recipe-4-layers-pre-norm-cpu", "recipe-4-layers-pre-norm-cpu-seed-1"]
-assert [round(de[r], 3) for r in pre_norm + four] == [0.037, 0.037, 0.010, 0.011]
+assert [round(de[r], 3) for r in pre_norm + four] == [
+    0.037,
+    0.037,
+    0.010,
+    0.011,
+]
 assert [round(fr[r], 3) for r in pre_norm] == [-0.026, 0.016]
 
 # %% [markdown]
@@ -397,18 +462,26 @@ assert [round(fr[r], 3) for r in pre_norm] == [-0.026, 0.016]
 
 # %%
 def word_groups(pair: str, run: str) -> dict[str, dict[str, float]]:
-    """The stored word-level report's groups: tokens, NLL and correct, by times seen."""
-    report = json.loads((RUNS_DIR / pair / run / "word_level.json").read_text())
+    """The stored word-level report's groups: tokens, NLL and correct, by times
+    seen."""
+    report = json.loads(
+        (RUNS_DIR / pair / run / "word_level.json").read_text()
+    )
     return report["groups"]
 
 
 recipe_groups = pd.DataFrame(word_groups("de-en", "recipe-seed-1-cpu")).T
-shares = recipe_groups[["tokens", "nll"]] / recipe_groups[["tokens", "nll"]].sum()
+shares = (
+    recipe_groups[["tokens", "nll"]] / recipe_groups[["tokens", "nll"]].sum()
+)
 rare, common = shares.loc[["never", "once"]].sum(), shares.loc["100+"]
 per_token = recipe_groups["nll"] / recipe_groups["tokens"]
 assert round(rare["tokens"], 3) == 0.020 and round(rare["nll"], 2) == 0.22
 assert (
-    14.5 < per_token[["never", "once"]].min() < per_token[["never", "once"]].max() < 22
+    14.5
+    < per_token[["never", "once"]].min()
+    < per_token[["never", "once"]].max()
+    < 22
 )
 assert [round(common["tokens"], 2), round(common["nll"], 2)] == [0.76, 0.43]
 assert round(per_token["100+"]) == 1
@@ -422,7 +495,10 @@ vocab_runs = {
 }
 by_group = pd.DataFrame(
     {
-        label: {g: v["nll"] / v["tokens"] for g, v in word_groups("de-en", run).items()}
+        label: {
+            g: v["nll"] / v["tokens"]
+            for g, v in word_groups("de-en", run).items()
+        }
         for run, label in vocab_runs.items()
     }
 ).T
@@ -433,7 +509,11 @@ assert (
 )
 assert round(de["vocab-12000-cpu"], 3) == 0.020
 sizes = ["4,000 entries", "8,000 entries (the CPU baseline)", "12,000 entries"]
-assert [round(x, 1) for x in by_group.loc[sizes, "never"]] == [19.9, 20.8, 22.0]
+assert [round(x, 1) for x in by_group.loc[sizes, "never"]] == [
+    19.9,
+    20.8,
+    22.0,
+]
 assert [round(x, 1) for x in by_group.loc[sizes, "5-19"]] == [5.5, 4.8, 4.4]
 assert 2.5 < shares.loc["5-19", "tokens"] / shares.loc["never", "tokens"] < 4
 by_group.round(3)
@@ -456,13 +536,20 @@ assert round(1 + de["bpe-dropout-cpu"], 1) == 3.8 and len(stopped) == 10
 assert stopped[10] > stopped[9]
 both_sides = word_groups("de-en", "bpe-dropout-cpu")
 both_sides = {group: g["nll"] / g["tokens"] for group, g in both_sides.items()}
-assert [round(both_sides["100+"], 2), round(by_group.loc[sizes[1], "100+"], 2)] == [
+assert [
+    round(both_sides["100+"], 2),
+    round(by_group.loc[sizes[1], "100+"], 2),
+] == [
     2.07,
     1.04,
 ]
 assert round(de["bpe-dropout-source-cpu"], 3) == 0.098
 assert (
-    round(de["bpe-dropout-source-cpu"] / chance["de-en", "dropout-0.2-cpu-seed-1"]) == 6
+    round(
+        de["bpe-dropout-source-cpu"]
+        / chance["de-en", "dropout-0.2-cpu-seed-1"]
+    )
+    == 6
 )
 source_side = by_group.loc[vocab_runs["bpe-dropout-source-cpu"]].drop("<eos>")
 assert (source_side > by_group.loc[sizes[1]].drop("<eos>")).all()
@@ -481,7 +568,9 @@ assert round(source_side["never"], 1) == 21.2
 
 # %%
 small, large = "tokens-1500-cpu", "tokens-6000-cpu"
-step = curves.pivot_table(index="epoch", columns=["pair", "run"], values="step")
+step = curves.pivot_table(
+    index="epoch", columns=["pair", "run"], values="step"
+)
 assert [int(step["de-en", r].max()) for r in (small, SHIPPED, large)] == [
     11_235,
     5_635,
@@ -530,8 +619,11 @@ long_runs = {
 }
 de_curves = curves[(curves["pair"] == "de-en") & curves["run"].isin(long_runs)]
 de_curves = de_curves.assign(recipe=de_curves["run"].map(long_runs))
-de_curves = de_curves[de_curves["epoch"] >= 10][["recipe", "epoch", "val_ppl_word"]]
-# the averages: each run's own, and those of the two continued runs after 35 epochs
+de_curves = de_curves[de_curves["epoch"] >= 10][
+    ["recipe", "epoch", "val_ppl_word"]
+]
+# the averages: each run's own, and those of the two continued runs after 35
+# epochs
 averages_of = {**long_runs, SHIPPED: long_runs["110-epochs"]}
 averages_of["recipe-seed-1-cpu"] = long_runs["recipe-seed-1-cpu-60-epochs"]
 ends = pd.DataFrame(
@@ -556,10 +648,14 @@ lines = (
     .mark_line(clip=True)
     .encode(
         x=alt.X(
-            "epoch:Q", title="epoch", scale=alt.Scale(domain=[10, 111], nice=False)
+            "epoch:Q",
+            title="epoch",
+            scale=alt.Scale(domain=[10, 111], nice=False),
         ),
         y=alt.Y(
-            "val_ppl_word:Q", title="validation perplexity per word", scale=ppl_scale
+            "val_ppl_word:Q",
+            title="validation perplexity per word",
+            scale=ppl_scale,
         ),
         color=recipe_colour,
         tooltip=["recipe", "epoch", "val_ppl_word"],
@@ -569,25 +665,37 @@ diamonds = (
     alt.Chart(ends.round(3))
     .mark_point(shape="diamond", size=90, filled=True)
     .encode(
-        x="epoch:Q", y=alt.Y("val_ppl_word:Q", scale=ppl_scale), color=recipe_colour
+        x="epoch:Q",
+        y=alt.Y("val_ppl_word:Q", scale=ppl_scale),
+        color=recipe_colour,
     )
 )
 (lines + diamonds).properties(
-    width=460, height=260, title="German→English: the runs of the recipe's length"
+    width=460,
+    height=260,
+    title="German→English: the runs of the recipe's length",
 )
 
 # %%
 acc = curves.pivot_table(
-    index="epoch", columns=["pair", "run"], values="val_accuracy", aggfunc="first"
+    index="epoch",
+    columns=["pair", "run"],
+    values="val_accuracy",
+    aggfunc="first",
 )
 longest = epoch_ppl.xs("110-epochs", axis=1, level="run")
 assert longest.idxmin().tolist() == [57, 42]  # de-en, fr-en
 shipped_35 = epoch_ppl.xs(SHIPPED, axis=1, level="run").dropna()
-assert (longest.loc[1:35] == shipped_35).all().all()  # the shipped runs, continued
+assert (
+    (longest.loc[1:35] == shipped_35).all().all()
+)  # the shipped runs, continued
 assert (longest.ffill().iloc[-1] > longest.min()).all()
 de_acc = acc["de-en", "110-epochs"]
 assert [round(de_acc[57], 3), round(de_acc[110], 3)] == [0.702, 0.708]
-assert [round(de["110-epochs"], 3), round(fr["110-epochs"], 3)] == [0.075, 0.075]
+assert [round(de["110-epochs"], 3), round(fr["110-epochs"], 3)] == [
+    0.075,
+    0.075,
+]
 sixty = "recipe-seed-1-cpu-60-epochs"
 assert round(de[sixty], 3) == -0.028
 assert round(ppl["de-en", sixty] / ppl["de-en", SHIPPED] - 1, 3) == 0.007
@@ -596,15 +704,21 @@ assert [round(bleu["de-en", r], 1) for r in ("recipe-seed-1-cpu", sixty)] == [
     42.7,
 ]
 late = epoch_ppl["de-en", sixty]
-assert late.loc[41:60].between(7.71, 7.89).all() and late.loc[35:40].min() > 7.86
+assert (
+    late.loc[41:60].between(7.71, 7.89).all() and late.loc[35:40].min() > 7.86
+)
 windows = pd.DataFrame(
-    json.loads((RUNS_DIR / "de-en" / sixty / "averages.json").read_text())["windows"]
+    json.loads((RUNS_DIR / "de-en" / sixty / "averages.json").read_text())[
+        "windows"
+    ]
 ).set_index(["first", "last"])["val_ppl_word"]
 late_fives = windows[[(e - 4, e) for e in range(51, 61)]]
 assert round(late_fives.max() / late_fives.min() - 1, 3) == 0.017
 assert windows.idxmin() == (47, 60) and round(windows[47, 60], 2) == 7.50
 assert round(windows[47, 60] / windows[31, 35] - 1, 3) == -0.037
-minutes = curves[curves["run"] == SHIPPED].groupby("pair")["wall_time"].max() / 60
+minutes = (
+    curves[curves["run"] == SHIPPED].groupby("pair")["wall_time"].max() / 60
+)
 assert (minutes.round() == 7).all()
 # less regularisation: the validation perplexity turns up within 35 epochs
 turns = ["dropout-0.1-cpu", "dropout-0.2", "no-label-smoothing"]
@@ -630,7 +744,10 @@ assert alone["model"] == "checkpoints/fr-en"
 together = ensemble["ensemble"]
 assert round(together["ppl_word"], 2) == 5.25
 assert round(1 - together["ppl_word"] / alone["ppl_word"], 3) == 0.105
-assert [round(together["accuracy"], 3), round(alone["accuracy"], 3)] == [0.754, 0.747]
+assert [round(together["accuracy"], 3), round(alone["accuracy"], 3)] == [
+    0.754,
+    0.747,
+]
 # a larger step than any change made to a run's end (compared as averages)
 ends_moved = -table.loc[table["compared"] == "averages", "effect"]
 assert 1 - together["ppl_word"] / alone["ppl_word"] > ends_moved.max()
@@ -652,10 +769,15 @@ assert abs(alone["ppl_word"] - ppl["fr-en", SHIPPED]) < 0.02
 
 # %%
 bench = pd.DataFrame(
-    json.loads((comparison.CHECKPOINTS_DIR / "throughput-h100.json").read_text())
+    json.loads(
+        (comparison.CHECKPOINTS_DIR / "throughput-h100.json").read_text()
+    )
 ).set_index("variant")
 speed = bench["tokens_per_s"]
-assert min(speed["recipe fp32"], speed["recipe fp32 (repeated)"]) > speed["recipe bf16"]
+assert (
+    min(speed["recipe fp32"], speed["recipe fp32 (repeated)"])
+    > speed["recipe bf16"]
+)
 assert round(speed["base-25k bf16"] / speed["base-25k fp32"], 1) == 2.4
 assert round(bench.loc["base-25k bf16", "mfu"], 3) == 0.097
 pd.DataFrame(

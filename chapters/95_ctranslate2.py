@@ -37,10 +37,11 @@ if importlib.util.find_spec("transformer") is None:
     repo = "https://github.com/transformer-book/attention-is-all-you-need"
     where = "/content/transformer-book"
     subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
-    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]
-    subprocess.run(pip, check=True)
-    sys.path.insert(0, where)  # an editable install is seen only after a restart
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
 #| default_exp export
@@ -69,8 +70,8 @@ if importlib.util.find_spec("transformer") is None:
 
 # %%
 #| export
-"""Export a trained model to CTranslate2, the inference engine of production translation
-systems, and translate with the exported model."""
+"""Export a trained model to CTranslate2, the inference engine of production
+translation systems, and translate with the exported model."""
 
 import json
 import math
@@ -95,12 +96,14 @@ from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 
 QUANTIZATIONS = ("float32", "int8")
-INSTALL = "pip install 'ctranslate2>=4.5,<5'"  # the package's [ctranslate2] extra
+INSTALL = (  # the package's [ctranslate2] extra
+    "pip install 'ctranslate2>=4.5,<5'"
+)
 EXPORT_RECORD = "transformer.json"  # beside CTranslate2's own config.json
 
 
 def require_ctranslate2():
-    """The ctranslate2 module, or an ImportError that says how to install it."""
+    """The ctranslate2 module, or an ImportError saying how to install it."""
     try:
         import ctranslate2
     except ImportError as err:
@@ -111,7 +114,8 @@ def require_ctranslate2():
 
 
 def check_convertible(model: Transformer) -> None:
-    """Raise ValueError naming every part of the model that the export does not convert."""
+    """Raise ValueError naming every part of the model that the export does not
+    convert."""
     c = model.config
     problems = []
     if c.norm_first:
@@ -129,9 +133,8 @@ def check_convertible(model: Transformer) -> None:
         raise ValueError(
             "cannot export to CTranslate2 a model with "
             + ", ".join(problems)
-            + ": the "
-            "export converts the paper's post-norm model with sinusoids and one shared "
-            "embedding"
+            + ": the export converts the paper's post-norm model with"
+            " sinusoids and one shared embedding"
         )
 
 
@@ -146,13 +149,15 @@ def check_convertible(model: Transformer) -> None:
 # %%
 #| export
 def _array(t: Tensor) -> np.ndarray:
-    """A copy: the engine's quantisation works in place, and must not touch the model."""
+    """A copy: the engine's quantisation works in place, and must not touch the
+    model."""
     return t.detach().to("cpu", torch.float32).numpy().copy()
 
 
 def _linear(spec, *modules: nn.Linear) -> None:
-    """One CTranslate2 linear layer from one or more torch ones, stacked along the outputs
-    (the fused query/key/value projection). torch's (out, in) layout is CTranslate2's."""
+    """One CTranslate2 linear layer from one or more torch ones, stacked along
+    the outputs (the fused query/key/value projection). torch's (out, in)
+    layout is CTranslate2's."""
     spec.weight = np.concatenate([_array(m.weight) for m in modules])
     if modules[0].bias is not None:
         spec.bias = np.concatenate([_array(m.bias) for m in modules])
@@ -163,7 +168,8 @@ def _norm(spec, norm: nn.LayerNorm) -> None:
 
 
 def _layers(spec, model: Transformer) -> None:
-    """Each layer's weights: attention, feed-forward and the LayerNorm after each sublayer."""
+    """Each layer's weights: attention, feed-forward and the LayerNorm after
+    each sublayer."""
     for s, layer in zip(spec.encoder.layer, model.encoder.layers, strict=True):
         a = layer.self_attn
         _linear(s.self_attention.linear[0], a.w_q, a.w_k, a.w_v)
@@ -178,7 +184,9 @@ def _layers(spec, model: Transformer) -> None:
         _linear(s.self_attention.linear[1], a.w_o)
         _norm(s.self_attention.layer_norm, layer.sublayers[0].norm)
         _linear(s.attention.linear[0], x.w_q)
-        _linear(s.attention.linear[1], x.w_k, x.w_v)  # keys and values of the memory
+        _linear(
+            s.attention.linear[1], x.w_k, x.w_v
+        )  # keys and values of the memory
         _linear(s.attention.linear[2], x.w_o)
         _norm(s.attention.layer_norm, layer.sublayers[1].norm)
         _linear(s.ffn.linear_0, layer.feed_forward.w_1)
@@ -187,7 +195,8 @@ def _layers(spec, model: Transformer) -> None:
 
 
 def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
-    """A ctranslate2.specs.TransformerSpec holding the model's weights and vocabulary."""
+    """A ctranslate2.specs.TransformerSpec holding the model's weights and
+    vocabulary."""
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -204,22 +213,31 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         pre_norm=False,  # LayerNorm(x + Sublayer(x)), and no final LayerNorm
         activation=common_spec.Activation.RELU,
     )
-    # The engine's own table puts all the sines before all the cosines; the package
-    # interleaves them (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos): give it the package's.
-    table = _array(sinusoidal_encoding(c.max_len, c.d_model))  # (max_len, d_model)
-    embedding = _array(model.src_embed.embedding.weight)  # (V, d_model), shared
+    # The engine's own table puts all the sines before all the cosines; the
+    # package interleaves them (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos): give
+    # it the package's.
+    table = _array(
+        sinusoidal_encoding(c.max_len, c.d_model)
+    )  # (max_len, d_model)
+    embedding = _array(
+        model.src_embed.embedding.weight
+    )  # (V, d_model), shared
     for side in (spec.encoder, spec.decoder):
         side.scale_embeddings = True  # × √d_model, as TokenEmbedding does
         side.position_encodings.encodings = table
     spec.encoder.embeddings[0].weight = embedding
     spec.decoder.embeddings.weight = embedding
-    spec.decoder.projection.weight = embedding  # the tied output layer, without bias
+    spec.decoder.projection.weight = (
+        embedding  # the tied output layer, without bias
+    )
     _layers(spec, model)
     pieces = tokenizer.pieces(
         range(tokenizer.vocab_size)
     )  # in id order: id i is piece i
     spec.register_source_vocabulary(pieces)
-    spec.register_target_vocabulary(pieces)  # the same list: saved as one shared file
+    spec.register_target_vocabulary(
+        pieces
+    )  # the same list: saved as one shared file
     config = spec.config
     config.layer_norm_epsilon = 1e-6
     config.unk_token = pieces[tokenizer.unk_id]
@@ -248,11 +266,13 @@ def export_ctranslate2(
     *,
     quantization: str = "float32",
 ) -> Path:
-    """Write `model` as a CTranslate2 model folder `out` (float32 or int8 weights), with the
-    package's tokenizer beside it; the folder appears whole or not at all."""
+    """Write `model` as a CTranslate2 model folder `out` (float32 or int8
+    weights), with the package's tokenizer beside it; the folder appears whole
+    or not at all."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(
-            f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+            f"quantization must be one of {', '.join(QUANTIZATIONS)}, got"
+            f" {quantization!r}"
         )
     spec = ctranslate2_spec(model, tokenizer)
     spec.validate()
@@ -266,7 +286,9 @@ def export_ctranslate2(
             "max_len": model.config.max_len,
             "quantization": quantization,
         }
-        atomic_write(tmp / EXPORT_RECORD, json.dumps(record, indent=1).encode())
+        atomic_write(
+            tmp / EXPORT_RECORD, json.dumps(record, indent=1).encode()
+        )
     return out
 
 
@@ -282,7 +304,8 @@ def export_ctranslate2(
 # %%
 #| export
 class CTranslate2Model:
-    """An exported folder, loaded: the engine's translator and the package's tokenizer."""
+    """An exported folder, loaded: the engine's translator and the package's
+    tokenizer."""
 
     def __init__(
         self,
@@ -292,20 +315,23 @@ class CTranslate2Model:
         device: str = "cpu",
         compute_type: str = "default",
     ) -> None:
-        """threads: the CPU threads (0: the engine's choice); device "cpu" or "cuda";
-        compute_type: the engine's, e.g. "float16" on a GPU ("default": as exported)."""
+        """threads: the CPU threads (0: the engine's choice); device "cpu" or
+        "cuda"; compute_type: the engine's, e.g. "float16" on a GPU ("default":
+        as exported)."""
         ctranslate2 = require_ctranslate2()
         folder = Path(folder)
         record_path = folder / EXPORT_RECORD
         if not record_path.is_file():
             raise CheckpointError(
-                f"{folder} is not a model exported by `python -m transformer export`: "
-                f"no {EXPORT_RECORD}"
+                f"{folder} is not a model exported by `python -m transformer"
+                f" export`: no {EXPORT_RECORD}"
             )
         try:
             self.max_len = int(json.loads(record_path.read_text())["max_len"])
         except (ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{record_path}: no max_len ({err})") from err
+            raise CheckpointError(
+                f"{record_path}: no max_len ({err})"
+            ) from err
         self.folder = folder
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
         self.translator = ctranslate2.Translator(
@@ -319,19 +345,29 @@ class CTranslate2Model:
         self._ids = {piece: i for i, piece in enumerate(self._pieces)}
 
     def decode_batch(
-        self, sources: Sequence[list[int]], *, beam_size: int = 4, alpha: float = 0.6
+        self,
+        sources: Sequence[list[int]],
+        *,
+        beam_size: int = 4,
+        alpha: float = 0.6,
     ) -> list[list[int]]:
-        """The output ids of sources given as ids with their final <eos>, as the package's
-        decoders take them: one batch, the limit source + 50 tokens of its longest."""
+        """The output ids of sources given as ids with their final <eos>, as
+        the package's decoders take them: one batch, the limit source + 50
+        tokens of its longest."""
         tok = self.tokenizer
         results = self.translator.translate_batch(
-            [self.tokenizer.pieces(s[:-1]) for s in sources],  # the engine adds <eos>
+            [
+                self.tokenizer.pieces(s[:-1]) for s in sources
+            ],  # the engine adds <eos>
             beam_size=beam_size,
             # the engine divides by |Y|^α, where GNMT's lp is ((5 + |Y|)/6)^α
             length_penalty=alpha if beam_size > 1 else 1.0,
             max_decoding_length=self._limit(sources),
             min_decoding_length=0,  # <eos> may come first, as in the package
-            suppress_sequences=[[self._pieces[tok.pad_id]], [self._pieces[tok.bos_id]]],
+            suppress_sequences=[
+                [self._pieces[tok.pad_id]],
+                [self._pieces[tok.bos_id]],
+            ],
         )
         return [[self._ids[p] for p in r.hypotheses[0]] for r in results]
 
@@ -348,17 +384,22 @@ class CTranslate2Model:
         batch_size: int = BATCH_SIZE,
         warn: Callable[[str], None] | None = None,
     ) -> list[str]:
-        """Translations of `sentences`, in their order, as `decode.translate` makes them,
-        with the same warnings."""
+        """Translations of `sentences`, in their order, as `decode.translate`
+        makes them, with the same warnings."""
         check_alpha(alpha)
 
         def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
             limit = self._limit(sources)
             return [  # the engine's scores are not the package's: not kept
                 Hypothesis(
-                    ids, log_prob=math.nan, score=math.nan, ended=len(ids) < limit
+                    ids,
+                    log_prob=math.nan,
+                    score=math.nan,
+                    ended=len(ids) < limit,
                 )
-                for ids in self.decode_batch(sources, beam_size=beam_size, alpha=alpha)
+                for ids in self.decode_batch(
+                    sources, beam_size=beam_size, alpha=alpha
+                )
             ]
 
         return translate_batches(
@@ -394,7 +435,9 @@ sentences = [
     "Eine Frau in einem roten Kleid singt auf einer Bühne.",
 ]
 for package, ct2 in zip(
-    translate(model, tokenizer, sentences), engine.translate(sentences), strict=True
+    translate(model, tokenizer, sentences),
+    engine.translate(sentences),
+    strict=True,
 ):
     print(f"package:     {package}\nCTranslate2: {ct2}\n")
 
@@ -437,8 +480,8 @@ assert same[1] >= 0.99 * len(sources)
 
 # %%
 #| export deploy
-"""`python -m transformer export`, and `translate --engine ctranslate2`: the command line's
-face of `transformer.export`."""
+"""`python -m transformer export`, and `translate --engine ctranslate2`: the
+command line's face of `transformer.export`."""
 
 import argparse
 from collections.abc import Callable, Sequence
@@ -447,7 +490,11 @@ from pathlib import Path
 from transformer.checkpoint import CheckpointError
 from transformer.cli import PROG, Parser, UsageError, load_for_command
 from transformer.data import PAIRS
-from transformer.export import QUANTIZATIONS, CTranslate2Model, export_ctranslate2
+from transformer.export import (
+    QUANTIZATIONS,
+    CTranslate2Model,
+    export_ctranslate2,
+)
 from transformer.tokenizer import TokenizerError
 
 
@@ -455,8 +502,11 @@ def export_command(argv: Sequence[str]) -> None:
     """`python -m transformer export --format ctranslate2 --pair P OUT`."""
     p = Parser(
         prog=f"{PROG} export",
-        description="Write a trained model as a CTranslate2 model folder, the package's "
-        "tokenizer beside it, for `translate --engine ctranslate2 --model OUT`.",
+        description=(
+            "Write a trained model as a CTranslate2 model folder, the"
+            " package's tokenizer beside it, for `translate --engine"
+            " ctranslate2 --model OUT`."
+        ),
     )
     p.add_argument("out", type=Path, metavar="OUT", help="the folder to write")
     p.add_argument("--format", choices=["ctranslate2"], required=True)
@@ -465,7 +515,10 @@ def export_command(argv: Sequence[str]) -> None:
         "--checkpoint",
         type=Path,
         metavar="DIR",
-        help="a shipped model or a checkpoint folder (default: checkpoints/<pair>)",
+        help=(
+            "a shipped model or a checkpoint folder (default:"
+            " checkpoints/<pair>)"
+        ),
     )
     p.add_argument(
         "--quantize",
@@ -476,21 +529,30 @@ def export_command(argv: Sequence[str]) -> None:
     args = p.parse_args(argv)
     if args.pair not in PAIRS:
         raise UsageError(
-            f"unknown language pair {args.pair!r}: choose one of {', '.join(PAIRS)}"
+            f"unknown language pair {args.pair!r}: choose one of"
+            f" {', '.join(PAIRS)}"
         )
-    model, tokenizer = load_for_command(args.pair, args.checkpoint, "cpu", alpha=0.0)
+    model, tokenizer = load_for_command(
+        args.pair, args.checkpoint, "cpu", alpha=0.0
+    )
     try:
-        export_ctranslate2(model, tokenizer, args.out, quantization=args.quantize)
+        export_ctranslate2(
+            model, tokenizer, args.out, quantization=args.quantize
+        )
     except ValueError as err:  # a model the export does not convert
         raise UsageError(str(err)) from None
-    print(f"{args.pair} model written to {args.out} for CTranslate2 ({args.quantize})")
+    print(
+        f"{args.pair} model written to {args.out} for CTranslate2"
+        f" ({args.quantize})"
+    )
 
 
 def ctranslate2_translate(
     args: argparse.Namespace, threads: int
 ) -> Callable[..., list[str]]:
-    """`translate --engine ctranslate2`: the exported folder args.model, loaded, as a
-    function of the sentences and translate's keyword arguments."""
+    """`translate --engine ctranslate2`: the exported folder args.model,
+    loaded, as a function of the sentences and translate's keyword arguments.
+    """
     if args.model is None:
         raise UsageError(
             "--engine ctranslate2 needs --model DIR, a folder written by "
@@ -502,7 +564,8 @@ def ctranslate2_translate(
         raise UsageError(f"cannot load {args.model}: {err}") from err
     if engine.tokenizer.pair != args.pair:
         raise UsageError(
-            f"{args.model} holds a {engine.tokenizer.pair} model, not a {args.pair} one"
+            f"{args.model} holds a {engine.tokenizer.pair} model, not a"
+            f" {args.pair} one"
         )
     return engine.translate
 
@@ -515,9 +578,19 @@ from transformer.cli import main
 
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
-    main(["export", "--format", "ctranslate2", "--pair", "de-en", str(scratch / "cli")])
-    main(["translate", "--pair", "de-en", "--engine", "ctranslate2", "--model",
-          str(scratch / "cli"), "Ein Hund rennt über eine Wiese."])  # fmt: skip
+    main(
+        [
+            "export",
+            "--format",
+            "ctranslate2",
+            "--pair",
+            "de-en",
+            str(scratch / "cli"),
+        ]
+    )
+    main(["translate", "--pair", "de-en", "--engine", "ctranslate2",
+          "--model", str(scratch / "cli"),
+          "Ein Hund rennt über eine Wiese."])  # fmt: skip
 print(out.getvalue())
 
 # %% [markdown]
@@ -528,7 +601,9 @@ from transformer.config import TransformerConfig
 from transformer.model import Transformer
 
 pre_norm = Transformer(
-    TransformerConfig(src_vocab_size=tokenizer.vocab_size, norm_first=True, n_layers=1)
+    TransformerConfig(
+        src_vocab_size=tokenizer.vocab_size, norm_first=True, n_layers=1
+    )
 )
 try:
     export_ctranslate2(pre_norm, tokenizer, scratch / "pre-norm")

@@ -70,3 +70,15 @@ def test_the_setup_cell_follows_the_configured_url(scratch_repo: Path):
     nb.setup_cells(scratch_repo)
     assert nb.notebook_problems(path, nb.repository_url(scratch_repo)) == []
     assert "someone-else/" in nbformat.read(path, as_version=4).cells[1].source
+
+
+def test_a_line_wider_than_the_column_is_caught(scratch_repo: Path):
+    path = scratch_repo / "chapters" / "01_attention.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    code = next(c for c in notebook.cells if c.cell_type == "code" and c.outputs)
+    code.source += "\nx = " + "1 + " * 30 + "1"
+    text = next(c for c in notebook.cells if c.cell_type == "markdown")
+    text.source += "\n\n```\n" + "y" * (nb.CODE_WIDTH + 1) + "\n```\n"
+    problems = nb.wide_code(notebook)
+    assert len(problems) == 2, problems
+    assert all(f"wider than the column ({nb.CODE_WIDTH})" in p for p in problems)

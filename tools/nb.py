@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import re
 import shutil
 import stat
 import sys
@@ -28,6 +29,10 @@ PACKAGE = ROOT / "transformer"
 # Modules of the package written by hand rather than exported from a chapter.
 HAND_WRITTEN = {"__init__.py", "__main__.py"}
 SETUP_TAG = "colab-setup"  # the book hides its input: it matters in Colab only
+# The widest code line the book's article column shows without scrolling sideways
+# (14-px monospace in the column at a 1280-px window; chapters/ruff.toml formats to it).
+CODE_WIDTH = 79
+REMOVED = {"remove-cell", "remove-input"}
 
 
 def chapter_paths(root: Path = ROOT) -> list[Path]:
@@ -101,10 +106,11 @@ def setup_cell_source(url: str) -> str:
         f'    repo = "{url}"\n'
         '    where = "/content/transformer-book"\n'
         '    subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)\n'
-        "    # [notebooks]: spaCy's tokenizers, Altair and pandas, at the versions the book needs\n"
-        '    pip = [sys.executable, "-m", "pip", "install", "-q", "-e", where + "[notebooks]"]\n'
-        "    subprocess.run(pip, check=True)\n"
-        "    sys.path.insert(0, where)  # an editable install is seen only after a restart"
+        "    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs\n"
+        '    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]\n'
+        '    subprocess.run([*pip, where + "[notebooks]"], check=True)\n'
+        "    # An editable install is seen only after a restart.\n"
+        "    sys.path.insert(0, where)"
     )
 
 
@@ -188,6 +194,7 @@ def notebook_problems(path: Path, url: str) -> list[str]:
                 problems.append(f"{name}: cell {i} printed a traceback")
         if cell.source.strip():
             counts.append(cell.execution_count)
+    problems += [f"{name}: {w}" for w in wide_code(nb)]
     if counts and (None in counts or counts != list(range(1, len(counts) + 1))):
         problems.append(
             f"{name}: not executed top to bottom in one run (`make execute NB={name}`)"
@@ -203,6 +210,29 @@ def notebook_problems(path: Path, url: str) -> list[str]:
     elif twin.read_text() != jupytext.writes(nb, fmt="py:percent"):
         problems.append(f"{name}: its .py twin is out of sync (`make sync`)")
     return problems
+
+
+def wide_code(nb) -> list[str]:
+    """Code lines a reader sees that are wider than the column: in code cells
+    the book shows, and in the fenced blocks of markdown cells."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            if REMOVED & set(cell.metadata.get("tags", [])):
+                continue
+            lines = cell.source.splitlines()
+        elif cell.cell_type == "markdown":
+            blocks = re.findall(r"^```[^\n]*\n(.*?)^```", cell.source, re.M | re.S)
+            lines = "".join(blocks).splitlines()
+        else:
+            continue
+        found += [
+            f"cell {i} has a line of {len(line)} characters, wider than the"
+            f" column ({CODE_WIDTH}): {line[:40]}"
+            for line in lines
+            if len(line) > CODE_WIDTH
+        ]
+    return found
 
 
 def check(root: Path = ROOT) -> list[str]:

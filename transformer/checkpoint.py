@@ -7,8 +7,9 @@ __all__ = ['CHECKPOINT_FORMAT', 'SHIPPED_FORMAT', 'MAX_FILE_BYTES', 'CheckpointE
            'write_checkpoint', 'prune_checkpoints', 'check_export_destination', 'export_model', 'load_model']
 
 # %% ../chapters/91_engineering.ipynb #59d89aed
-"""Checkpoints and shipped models: the formats, saving and loading without pickle, averaging,
-the records of a run's checkpoints, export, and `load_model`."""
+"""Checkpoints and shipped models: the formats, saving and loading without
+pickle, averaging, the records of a run's checkpoints, export, and
+`load_model`."""
 
 import hashlib
 import json
@@ -30,29 +31,36 @@ from .model import Transformer
 from .tokenizer import Tokenizer, TokenizerError
 
 CHECKPOINT_FORMAT = "transformer-book checkpoint 1"
-# and the form `export_model` writes (the section "Exporting and loading a model")
+# and the form `export_model` writes (the section "Exporting and loading a
+# model")
 SHIPPED_FORMAT = "transformer-book model 1"
 
 
 class CheckpointError(Exception):
-    """A checkpoint or model folder is missing, incomplete, or does not match the run."""
+    """A checkpoint or model folder is missing, incomplete, or does not match
+    the run."""
 
 
 def _encode(obj: object, tensors: dict[str, Tensor], path: str) -> dict:
-    """JSON for a nested state, its tensors moved into `tensors` under their paths."""
+    """JSON for a nested state, its tensors moved into `tensors` under their
+    paths."""
     if isinstance(obj, Tensor):
         tensors[path] = obj.detach().to("cpu").contiguous()
         return {"tensor": path}
     if isinstance(obj, dict):
         return {
-            "dict": [[k, _encode(v, tensors, f"{path}/{k}")] for k, v in obj.items()]
+            "dict": [
+                [k, _encode(v, tensors, f"{path}/{k}")] for k, v in obj.items()
+            ]
         }
     if isinstance(obj, list | tuple):
         items = [_encode(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]
         return {"tuple" if isinstance(obj, tuple) else "list": items}
     if obj is None or isinstance(obj, bool | int | float | str):
         return {"value": obj}
-    raise TypeError(f"cannot store a {type(obj).__name__} at {path} without pickle")
+    raise TypeError(
+        f"cannot store a {type(obj).__name__} at {path} without pickle"
+    )
 
 
 def _decode(node: dict, tensors: dict[str, Tensor]) -> object:
@@ -68,7 +76,8 @@ def _decode(node: dict, tensors: dict[str, Tensor]) -> object:
 
 
 def save_state(folder: Path, name: str, state: object) -> None:
-    """Write a nested state as `name.safetensors` (its tensors) and `name.json` (the rest)."""
+    """Write a nested state as `name.safetensors` (its tensors) and `name.json`
+    (the rest)."""
     tensors: dict[str, Tensor] = {}
     skeleton = _encode(state, tensors, name)
     safetensors.torch.save_file(tensors, Path(folder) / f"{name}.safetensors")
@@ -78,24 +87,33 @@ def save_state(folder: Path, name: str, state: object) -> None:
 def load_state(folder: Path, name: str) -> object:
     """The state that `save_state` wrote, tensors on the CPU."""
     try:
-        tensors = safetensors.torch.load_file(Path(folder) / f"{name}.safetensors")
+        tensors = safetensors.torch.load_file(
+            Path(folder) / f"{name}.safetensors"
+        )
         skeleton = json.loads((Path(folder) / f"{name}.json").read_text())
         return _decode(skeleton, tensors)
     except (OSError, ValueError, KeyError, safetensors.SafetensorError) as err:
-        raise CheckpointError(f"cannot read {name} state in {folder}: {err}") from err
+        raise CheckpointError(
+            f"cannot read {name} state in {folder}: {err}"
+        ) from err
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DistributedDataParallel's wrappers."""
+    """The model inside torch.compile's and DDP's wrappers."""
     model = getattr(model, "_orig_mod", model)
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    return (
+        model.module if isinstance(model, DistributedDataParallel) else model
+    )
 
 
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """The weights and persistent buffers, each shared tensor once under its first name."""
+    """The weights and persistent buffers, each shared tensor once under its
+    first name."""
     tensors, seen = {}, set()
     for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
-        if id(tensor) not in seen:  # tied parameters are one object under several names
+        if (
+            id(tensor) not in seen
+        ):  # tied parameters are one object under several names
             seen.add(id(tensor))
             tensors[name] = tensor.detach()
     return tensors
@@ -115,8 +133,8 @@ def save_weights(
 
 
 def read_tensors(path: str | Path) -> dict[str, Tensor]:
-    """The tensors of a safetensors file; a missing or damaged file is a CheckpointError
-    naming it."""
+    """The tensors of a safetensors file; a missing or damaged file is a
+    CheckpointError naming it."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no weights file {path}")
@@ -129,21 +147,22 @@ def read_tensors(path: str | Path) -> dict[str, Tensor]:
 def load_tensors_into(
     model: nn.Module, tensors: dict[str, Tensor], source: object
 ) -> None:
-    """Copy `tensors` into the model's weights (tied ones follow), after checking names and
-    shapes; errors name `source`."""
+    """Copy `tensors` into the model's weights (tied ones follow), after
+    checking names and shapes; errors name `source`."""
     expected = model_tensors(model)
     missing = sorted(expected.keys() - tensors.keys())
     unexpected = sorted(tensors.keys() - expected.keys())
     if missing or unexpected:
         raise CheckpointError(
-            f"{source}: the weights do not fit the model: "
-            f"missing {missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'}"
+            f"{source}: the weights do not fit the model: missing"
+            f" {missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'}"
         )
     for name, target in expected.items():
         if tensors[name].shape != target.shape:
             raise CheckpointError(
-                f"{source}: weight {name} has shape {tuple(tensors[name].shape)}, "
-                f"the model expects {tuple(target.shape)}"
+                f"{source}: weight {name} has shape"
+                f" {tuple(tensors[name].shape)}, the model expects"
+                f" {tuple(target.shape)}"
             )
     with torch.no_grad():
         for name, target in expected.items():
@@ -151,22 +170,29 @@ def load_tensors_into(
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
-    """Load a safetensors file written by `save_weights` into a model of the same config."""
+    """Load a safetensors file written by `save_weights` into a model of the
+    same config."""
     tensors = read_tensors(path)
     load_tensors_into(_unwrap(model), tensors, path)
 
 # %% ../chapters/91_engineering.ipynb #911fd5e8
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
-    """The element-wise mean of the weights of several checkpoints (folders or files).
+    """The element-wise mean of the weights of several checkpoints (folders or
+    files).
 
-    The paper's final models average the last 5 (base) or 20 (big) checkpoints (section 6.1).
+    The paper's final models average the last 5 (base) or 20 (big) checkpoints
+    (section 6.1).
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     total: dict[str, Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
-        file = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
+        file = (
+            Path(path) / "model.safetensors"
+            if Path(path).is_dir()
+            else Path(path)
+        )
         tensors = read_tensors(file)
         if not total:
             total = {k: v.double() for k, v in tensors.items()}
@@ -188,7 +214,8 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
 
 # %% ../chapters/91_engineering.ipynb #a84b1306
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
-    """The SHA-256 of a tokenizer's JSON: the vocabulary's fingerprint in config.json."""
+    """The SHA-256 of a tokenizer's JSON: the vocabulary's fingerprint in
+    config.json."""
     return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
 
 
@@ -198,18 +225,22 @@ def read_record(folder: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{folder} is not a checkpoint: no config.json") from None
+        raise CheckpointError(
+            f"{folder} is not a checkpoint: no config.json"
+        ) from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
-    if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+    if not isinstance(record, dict) or not isinstance(
+        record.get("model"), dict
+    ):
         raise CheckpointError(f"{path} is not a transformer-book config")
     if not isinstance(record.get("vocab"), dict):
         raise CheckpointError(f"{path} is not a transformer-book config")
     known = (CHECKPOINT_FORMAT, SHIPPED_FORMAT)
     if record.get("format", CHECKPOINT_FORMAT) not in known:
         raise CheckpointError(
-            f"{path} has format {record['format']!r}, which this version cannot read "
-            f"({CHECKPOINT_FORMAT!r} or {SHIPPED_FORMAT!r})"
+            f"{path} has format {record['format']!r}, which this version"
+            f" cannot read ({CHECKPOINT_FORMAT!r} or {SHIPPED_FORMAT!r})"
         )
     return record
 
@@ -217,26 +248,29 @@ def read_record(folder: Path) -> dict[str, Any]:
 def check_compatible(
     folder: Path, *, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> None:
-    """Raise CheckpointError, naming the folder and the field, unless the checkpoint in
-    `folder` has this model config and this vocabulary."""
+    """Raise CheckpointError, naming the folder and the field, unless the
+    checkpoint in `folder` has this model config and this vocabulary."""
     record = read_record(folder)
     theirs, ours = record["model"], model_config.to_dict()
     for name in sorted(theirs.keys() | ours.keys()):
         if theirs.get(name) != ours.get(name):
             raise CheckpointError(
-                f"{folder}: the checkpoint's model has {name}={theirs.get(name)!r}, "
-                f"this run's has {name}={ours.get(name)!r}"
+                f"{folder}: the checkpoint's model has"
+                f" {name}={theirs.get(name)!r}, this run's has"
+                f" {name}={ours.get(name)!r}"
             )
     vocab = record["vocab"]
     if vocab.get("size") != tokenizer.vocab_size:
         raise CheckpointError(
-            f"{folder}: the checkpoint's vocabulary has {vocab.get('size')} entries, "
-            f"this run's tokenizer {tokenizer.vocab_size} (field vocab_size)"
+            f"{folder}: the checkpoint's vocabulary has {vocab.get('size')}"
+            f" entries, this run's tokenizer {tokenizer.vocab_size} (field"
+            " vocab_size)"
         )
     if vocab.get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
-            f"{folder}: the checkpoint was trained with another vocabulary of the same size "
-            "(field tokenizer: its tokenizer.json differs from this run's)"
+            f"{folder}: the checkpoint was trained with another vocabulary of"
+            " the same size (field tokenizer: its tokenizer.json differs from"
+            " this run's)"
         )
 
 
@@ -266,7 +300,8 @@ class Progress:
 
 
 def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
-    """(update, folder) of each complete checkpoint of the run in `out`, oldest first."""
+    """(update, folder) of each complete checkpoint of the run in `out`, oldest
+    first."""
     found = []
     folder = Path(out) / "checkpoints"
     for path in folder.glob("[!.]*") if folder.is_dir() else []:
@@ -293,9 +328,10 @@ def write_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> None:
-    """Write a checkpoint folder atomically: the weights, config.json (`record`) and
-    tokenizer.json, and when given the optimiser's state and progress.json. Without them
-    the folder is a model (a run's average), not a checkpoint to resume from."""
+    """Write a checkpoint folder atomically: the weights, config.json
+    (`record`) and tokenizer.json, and when given the optimiser's state and
+    progress.json. Without them the folder is a model (a run's average), not a
+    checkpoint to resume from."""
     with atomic_folder(folder) as tmp:
         save_weights(model, tmp / "model.safetensors")
         if trainer_state is not None:
@@ -303,14 +339,16 @@ def write_checkpoint(
         (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         tokenizer.save(tmp / "tokenizer.json")
         if progress is not None:
-            # Written last: a folder with progress.json is a complete checkpoint.
+            # Written last: a folder with progress.json is a complete
+            # checkpoint.
             (tmp / "progress.json").write_text(
                 json.dumps(asdict(progress), indent=2) + "\n"
             )
 
 
 def prune_checkpoints(out: Path, average_last: int) -> None:
-    """Keep the newest checkpoint whole, and the weights of the last `average_last` epochs."""
+    """Keep the newest checkpoint whole, and the weights of the last
+    `average_last` epochs."""
     found = list_checkpoints(out)
     newest = found[-1][1]
     epochs = [path for _, path in found if path.name.startswith("epoch-")]
@@ -328,19 +366,21 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _model_source(source: Path) -> Path:
-    """The folder of weights a run or checkpoint path stands for: the run's average when
-    it is current, else its newest checkpoint."""
+    """The folder of weights a run or checkpoint path stands for: the run's
+    average when it is current, else its newest checkpoint."""
     if (source / "model.safetensors").is_file():
         return source
     found = [path for _, path in list_checkpoints(source)]
     average = source / "average"
     if (average / "model.safetensors").is_file():
-        # A run continued after it averaged (killed, stopped by its time limit, or
-        # with average_last below 2) has trained past its average: the average is
-        # current only while it ends with the newest epoch checkpoint. A `partial`
-        # checkpoint after that one is left out, as the average of a run stopped by
-        # its time limit leaves it out.
-        epochs = [path.name for path in found if path.name.startswith("epoch-")]
+        # A run continued after it averaged (killed, stopped by its time limit,
+        # or with average_last below 2) has trained past its average: the
+        # average is current only while it ends with the newest epoch
+        # checkpoint. A `partial` checkpoint after that one is left out, as the
+        # average of a run stopped by its time limit leaves it out.
+        epochs = [
+            path.name for path in found if path.name.startswith("epoch-")
+        ]
         averaged = read_record(average).get("averaged") or [None]
         if not epochs or averaged[-1] == epochs[-1]:
             return average
@@ -351,20 +391,22 @@ def _model_source(source: Path) -> Path:
     return found[-1]
 
 
-# What an export writes: a destination that holds anything else is not replaced.
+# What an export writes: a destination that holds anything else is not
+# replaced.
 _EXPORT_FILES = ("config.json", "tokenizer.json", "metrics.jsonl")
 
 
 def check_export_destination(dest: Path, source: Path) -> None:
-    """Refuse a destination that `export_model` would replace with loss: one that is, or
-    holds, the source, or holds anything but an earlier export's files."""
+    """Refuse a destination that `export_model` would replace with loss: one
+    that is, or holds, the source, or holds anything but an earlier export's
+    files."""
     dest, source = Path(dest), Path(source)
     if dest.resolve() == source.resolve() or source.resolve().is_relative_to(
         dest.resolve()
     ):
         raise CheckpointError(
-            f"cannot export into {dest}: it holds the source {source}, which the "
-            "export would replace; choose a new or empty folder"
+            f"cannot export into {dest}: it holds the source {source}, which"
+            " the export would replace; choose a new or empty folder"
         )
     if not dest.exists():
         return
@@ -383,7 +425,9 @@ def check_export_destination(dest: Path, source: Path) -> None:
     )
     if not others and (dest / "config.json").is_file():
         try:
-            shipped = json.loads((dest / "config.json").read_text()).get("format")
+            shipped = json.loads((dest / "config.json").read_text()).get(
+                "format"
+            )
         except (OSError, ValueError, AttributeError):
             shipped = None
         if shipped != SHIPPED_FORMAT:
@@ -391,8 +435,9 @@ def check_export_destination(dest: Path, source: Path) -> None:
     if others:
         raise CheckpointError(
             f"cannot export into {dest}: it holds {', '.join(others[:3])}"
-            f"{' and more' if len(others) > 3 else ''}, which an export does not "
-            "write and would delete; choose a new or empty folder"
+            f"{' and more' if len(others) > 3 else ''},"
+            " which an export does not write and would delete; choose a new"
+            " or empty folder"
         )
 
 
@@ -405,9 +450,13 @@ def _shards(
     for name, tensor in tensors.items():
         half = tensor.to(_DTYPES[dtype]).contiguous()
         if not torch.isfinite(half).all():
-            raise ValueError(f"weight {name} does not fit in {dtype}: try bfloat16")
+            raise ValueError(
+                f"weight {name} does not fit in {dtype}: try bfloat16"
+            )
         nbytes = half.numel() * half.element_size()
-        if nbytes > max_file_bytes - 65_536:  # leave room for the file's JSON header
+        if (
+            nbytes > max_file_bytes - 65_536
+        ):  # leave room for the file's JSON header
             raise ValueError(
                 f"weight {name} alone needs {nbytes:,} bytes, over the limit"
             )
@@ -426,18 +475,24 @@ def export_model(
     dtype: str = "float16",
     max_file_bytes: int = MAX_FILE_BYTES,
 ) -> Path:
-    """Write the shipped form of a trained model: 16-bit safetensors files of at most
-    `max_file_bytes`, config.json, tokenizer.json and the run's metrics.jsonl.
+    """Write the shipped form of a trained model: 16-bit safetensors files of
+    at most `max_file_bytes`, config.json, tokenizer.json and the run's
+    metrics.jsonl.
 
-    `source` is a run folder (its average when current, else its latest checkpoint) or a
-    checkpoint folder. `dest` must be new, empty or an earlier export (CheckpointError).
+    `source` is a run folder (its average when current, else its latest
+    checkpoint) or a checkpoint folder. `dest` must be new, empty or an earlier
+    export (CheckpointError).
     """
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        raise ValueError(
+            f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}"
+        )
     check_export_destination(Path(dest), Path(source))
     folder = _model_source(Path(source))
     record = read_record(folder)
-    files = _shards(read_tensors(folder / "model.safetensors"), dtype, max_file_bytes)
+    files = _shards(
+        read_tensors(folder / "model.safetensors"), dtype, max_file_bytes
+    )
     weight_map = {}
     dest = Path(dest)
     candidates = (
@@ -468,7 +523,8 @@ def export_model(
 def load_model(
     folder: str | Path, *, device: str | torch.device = "cpu"
 ) -> tuple[Transformer, Tokenizer]:
-    """The model (float32, eval mode) and tokenizer of a shipped folder or a checkpoint."""
+    """The model (float32, eval mode) and tokenizer of a shipped folder or a
+    checkpoint."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"no model folder {folder}")
@@ -487,13 +543,14 @@ def load_model(
         raise CheckpointError(str(err)) from err
     if tokenizer.vocab_size != model_config.src_vocab_size:
         raise CheckpointError(
-            f"{folder}: tokenizer.json has {tokenizer.vocab_size} entries, the model's "
-            f"src_vocab_size is {model_config.src_vocab_size} (field vocab_size)"
+            f"{folder}: tokenizer.json has {tokenizer.vocab_size} entries, the"
+            f" model's src_vocab_size is {model_config.src_vocab_size} (field"
+            " vocab_size)"
         )
     if record["vocab"].get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
-            f"{folder}: tokenizer.json is not the vocabulary the model was trained with "
-            "(field tokenizer)"
+            f"{folder}: tokenizer.json is not the vocabulary the model was"
+            " trained with (field tokenizer)"
         )
     if record.get("format") == SHIPPED_FORMAT:
         files = sorted(set(record.get("weight_map", {}).values()))

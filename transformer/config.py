@@ -4,7 +4,8 @@
 __all__ = ['POSITIONAL_KINDS', 'TransformerConfig']
 
 # %% ../chapters/08_model.ipynb #388ebca3
-"""The model's hyperparameters: a frozen, validated dataclass (paper, Table 3)."""
+"""The model's hyperparameters: a frozen, validated dataclass (paper, Table 3).
+"""
 
 import dataclasses
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ POSITIONAL_KINDS = ("sinusoidal", "learned")
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Hyperparameters of the encoder-decoder Transformer; the defaults are the paper's base model.
+    """Hyperparameters of the encoder-decoder Transformer; the defaults are the
+    paper's base model.
 
     `tgt_vocab_size=None` means one vocabulary shared by source and target.
     """
@@ -36,47 +38,68 @@ class TransformerConfig:
     tie_output: bool = True
 
     def __post_init__(self) -> None:
-        sizes = ["src_vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"]
+        sizes = [
+            "src_vocab_size",
+            "d_model",
+            "n_heads",
+            "n_layers",
+            "d_ff",
+            "max_len",
+        ]
         if self.tgt_vocab_size is not None:
             sizes.append("tgt_vocab_size")
         for name in sizes:
             value = getattr(self, name)
             # bool is a subclass of int: True is not a size.
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value <= 0
+            ):
+                raise ValueError(
+                    f"{name} must be a positive integer, got {value!r}"
+                )
         if self.d_model % self.n_heads != 0:
             raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads "
-                f"({self.n_heads}): each head works in d_model / n_heads dimensions"
+                f"d_model ({self.d_model}) must be divisible by n_heads"
+                f" ({self.n_heads}): each head works in d_model / n_heads"
+                " dimensions"
             )
         for name in ("dropout", "attention_dropout", "ffn_dropout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+                raise ValueError(
+                    f"{name} must be a number in [0, 1), got {value!r}"
+                )
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         for name in ("norm_first", "share_embeddings", "tie_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
-                    f"{name} must be True or False, got {getattr(self, name)!r}"
+                    f"{name} must be True or False, got"
+                    f" {getattr(self, name)!r}"
                 )
         if self.positional not in POSITIONAL_KINDS:
             raise ValueError(
-                f"positional must be one of {', '.join(map(repr, POSITIONAL_KINDS))}, "
-                f"got {self.positional!r}"
+                "positional must be one of"
+                f" {', '.join(map(repr, POSITIONAL_KINDS))}, got"
+                f" {self.positional!r}"
             )
         if self.positional == "sinusoidal" and self.d_model % 2 != 0:
-            # The sinusoids come in sine/cosine pairs, one pair per two dimensions (3.5).
+            # The sinusoids come in sine/cosine pairs, one pair per two
+            # dimensions (3.5).
             raise ValueError(
-                f"d_model ({self.d_model}) must be even with positional='sinusoidal': "
-                "the encoding pairs a sine and a cosine per frequency; use an even width "
-                "or positional='learned'"
+                f"d_model ({self.d_model}) must be even with"
+                " positional='sinusoidal': the encoding pairs a sine and a"
+                " cosine per frequency; use an even width or"
+                " positional='learned'"
             )
         if self.share_embeddings and self.tgt_vocab_size is not None:
             raise ValueError(
-                "share_embeddings=True needs one vocabulary shared by source and target "
-                f"(tgt_vocab_size=None), got tgt_vocab_size={self.tgt_vocab_size}: "
-                "set share_embeddings=False for two vocabularies"
+                "share_embeddings=True needs one vocabulary shared by source"
+                " and target (tgt_vocab_size=None), got"
+                f" tgt_vocab_size={self.tgt_vocab_size}: set"
+                " share_embeddings=False for two vocabularies"
             )
 
     @property
@@ -93,19 +116,24 @@ class TransformerConfig:
 
     @classmethod
     def base(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
-        """The paper's base model (Table 3): N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1."""
+        """The paper's base model (Table 3): N=6, d_model=512, d_ff=2048, h=8,
+        P_drop=0.1."""
         return cls(src_vocab_size=vocab_size, **overrides)
 
     @classmethod
     def big(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
-        """The paper's big model (Table 3): d_model=1024, d_ff=4096, h=16, P_drop=0.3."""
+        """The paper's big model (Table 3): d_model=1024, d_ff=4096, h=16,
+        P_drop=0.3."""
         fields = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
         return cls(src_vocab_size=vocab_size, **(fields | overrides))
 
     @classmethod
     def small(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
-        """A starting point for Multi30k: 3 layers of width 256 (the training part tunes it)."""
-        fields = dict(n_layers=3, d_model=256, n_heads=8, d_ff=1024, dropout=0.1)
+        """A starting point for Multi30k: 3 layers of width 256 (the training
+        part tunes it)."""
+        fields = dict(
+            n_layers=3, d_model=256, n_heads=8, d_ff=1024, dropout=0.1
+        )
         return cls(src_vocab_size=vocab_size, **(fields | overrides))
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,10 +142,12 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
-        """Rebuild a config from `to_dict()`'s output; unknown or missing keys are errors.
+        """Rebuild a config from `to_dict()`'s output; unknown or missing keys
+        are errors.
 
-        Every field is required, those with a default too: to_dict writes them all, and a
-        missing `norm_first` silently read as its default would rebuild another model.
+        Every field is required, those with a default too: to_dict writes them
+        all, and a missing `norm_first` silently read as its default would
+        rebuild another model.
         """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)

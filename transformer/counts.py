@@ -4,7 +4,8 @@
 __all__ = ['non_embedding_parameters', 'cross_attention_kv_parameters', 'training_flops']
 
 # %% ../chapters/93_counts.ipynb #7c2ea22a
-"""Parameter and FLOP counts of the Transformer: the cost of a training step, for MFU."""
+"""Parameter and FLOP counts of the Transformer: the cost of a training step,
+for MFU."""
 
 from collections.abc import Sequence
 
@@ -14,9 +15,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DistributedDataParallel's wrappers."""
+    """The model inside torch.compile's and DDP's wrappers."""
     model = getattr(model, "_orig_mod", model)
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    return (
+        model.module if isinstance(model, DistributedDataParallel) else model
+    )
 
 
 def non_embedding_parameters(model: nn.Module) -> tuple[int, int]:
@@ -29,8 +32,8 @@ def non_embedding_parameters(model: nn.Module) -> tuple[int, int]:
 
 
 def cross_attention_kv_parameters(model: nn.Module) -> int:
-    """N_kv: the parameters of the decoder's cross-attention key and value projections,
-    which are applied to the source positions."""
+    """N_kv: the parameters of the decoder's cross-attention key and value
+    projections, which are applied to the source positions."""
     return sum(
         p.numel()
         for layer in _unwrap(model).decoder.layers
@@ -42,16 +45,21 @@ def cross_attention_kv_parameters(model: nn.Module) -> int:
 def training_flops(
     model: nn.Module, *, src_lengths: Sequence[int], tgt_lengths: Sequence[int]
 ) -> np.ndarray:
-    """FLOPs of a forward and backward pass over each (source, target) pair, by the formula
-    6·((N_enc + N_kv)·S + (N_dec − N_kv + d_model·V)·T)
-    + 12·d_model·(L_e·S² + L_d·T² + L_d·S·T).
+    """FLOPs of a forward and backward pass over each (source, target) pair, by
+    the formula 6·((N_enc + N_kv)·S + (N_dec − N_kv + d_model·V)·T) +
+    12·d_model·(L_e·S² + L_d·T² + L_d·S·T).
 
-    Lengths count real tokens (<eos> of the source, <bos> or <eos> of the target included).
+    Lengths count real tokens (<eos> of the source, <bos> or <eos> of the
+    target included).
     """
     n_enc, n_dec = non_embedding_parameters(model)
     n_kv = cross_attention_kv_parameters(model)
     config = _unwrap(model).config
-    d, layers, vocab = config.d_model, config.n_layers, config.target_vocab_size
+    d, layers, vocab = (
+        config.d_model,
+        config.n_layers,
+        config.target_vocab_size,
+    )
     s = np.asarray(src_lengths, dtype=np.float64)
     t = np.asarray(tgt_lengths, dtype=np.float64)
     linear = 6 * ((n_enc + n_kv) * s + (n_dec - n_kv + d * vocab) * t)

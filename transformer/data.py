@@ -6,7 +6,8 @@ __all__ = ['DATA_DIR', 'PAIRS', 'SPLITS', 'CACHE_DIR', 'CACHE_FORMAT', 'MAX_TOKE
            'load_encoded', 'Batch', 'collate', 'token_batches', 'iterate_batches', 'BPEDropout']
 
 # %% ../chapters/10_data.ipynb #6383e390
-"""Multi30k: the checked files of data/multi30k, the encoded cache, batches and BPE-dropout."""
+"""Multi30k: the checked files of data/multi30k, the encoded cache, batches and
+BPE-dropout."""
 
 import gzip
 import hashlib
@@ -17,9 +18,13 @@ from pathlib import Path
 
 
 def _repository_root() -> Path:
-    # The package is <root>/transformer. In it this file has a __file__; in its chapter (a
-    # notebook, which may run anywhere, e.g. Colab's /content) the installed package says.
-    here = globals().get("__file__") or importlib.util.find_spec("transformer").origin
+    # The package is <root>/transformer. In it this file has a __file__; in its
+    # chapter (a notebook, which may run anywhere, e.g. Colab's /content) the
+    # installed package says.
+    here = (
+        globals().get("__file__")
+        or importlib.util.find_spec("transformer").origin
+    )
     return Path(here).resolve().parent.parent
 
 
@@ -29,15 +34,18 @@ SPLITS = ("train", "val", "test_2016_flickr")
 
 
 class DataError(Exception):
-    """A data file is missing, corrupt or inconsistent, or a split or pair is unknown."""
+    """A data file is missing, corrupt or inconsistent, or a split or pair is
+    unknown."""
 
 
 def check_split(split: str, signature: str) -> None:
-    """A clear error for a split the book does not have; `signature`, the caller's, is shown
-    when `split` looks like a pair or a language (raw text loaders take the split first,
-    `load_encoded` the pair)."""
+    """A clear error for a split the book does not have; `signature`, the
+    caller's, is shown when `split` looks like a pair or a language (raw text
+    loaders take the split first, `load_encoded` the pair)."""
     if split not in SPLITS:
-        swapped = split in PAIRS or any(split in langs for langs in PAIRS.values())
+        swapped = split in PAIRS or any(
+            split in langs for langs in PAIRS.values()
+        )
         hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
         raise DataError(
             f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
@@ -45,7 +53,8 @@ def check_split(split: str, signature: str) -> None:
 
 
 def parse_pair(pair: str) -> tuple[str, str]:
-    """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not have."""
+    """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not
+    have."""
     if pair not in PAIRS:
         raise DataError(
             f"unknown language pair {pair!r}: choose one of {', '.join(PAIRS)}"
@@ -53,15 +62,20 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
-_MULTI30K = "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+_MULTI30K = (
+    "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+)
 
 
 def _data_dir_advice(data_dir: Path) -> str:
-    """What to do about a data folder without SHA256SUMS: it depends on whose it is."""
-    if Path(data_dir).absolute() == DATA_DIR:  # the package's own, data/multi30k
+    """What to do about a data folder without SHA256SUMS: it depends on whose
+    it is."""
+    if (
+        Path(data_dir).absolute() == DATA_DIR
+    ):  # the package's own, data/multi30k
         return (
-            "the package reads the data of the repository it was installed from: install "
-            "it with `pip install -e .` in a clone"
+            "the package reads the data of the repository it was installed"
+            " from: install it with `pip install -e .` in a clone"
         )
     # A folder the user named (--data-dir): reinstalling would not help.
     if Path(data_dir).is_dir():
@@ -73,7 +87,9 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     """File name -> SHA-256 from data_dir/SHA256SUMS."""
     sums = Path(data_dir) / "SHA256SUMS"
     if not sums.is_file():
-        raise DataError(f"missing checksum file {sums} ({_data_dir_advice(data_dir)})")
+        raise DataError(
+            f"missing checksum file {sums} ({_data_dir_advice(data_dir)})"
+        )
     try:
         text = sums.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -87,7 +103,11 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
         # `sha256sum` writes "digest  name", or "digest *name" in binary mode
         fields = line.split(maxsplit=1)
         digest = fields[0].lower()
-        if len(fields) != 2 or len(digest) != 64 or set(digest) - set(string.hexdigits):
+        if (
+            len(fields) != 2
+            or len(digest) != 64
+            or set(digest) - set(string.hexdigits)
+        ):
             raise DataError(f"{sums}:{number}: malformed line {line!r}")
         checksums[fields[1].strip().removeprefix("*")] = digest
     return checksums
@@ -102,39 +122,47 @@ def read_lines(path: Path, sha256: str) -> list[str]:
     digest = hashlib.sha256(raw).hexdigest()
     if digest != sha256:
         raise DataError(
-            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…, "
-            f"expected {sha256[:12]}… (restore it with `git checkout -- {path}`)"
+            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…,"
+            f" expected {sha256[:12]}… (restore it with `git checkout --"
+            f" {path}`)"
         )
     try:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
         raise DataError(f"cannot read data file {path}: {err}") from err
-    # "\n" only: str.splitlines would also cut at \r, \x0c, U+2028 and others inside a line.
+    # "\n" only: str.splitlines would also cut at \r, \x0c, U+2028 and others
+    # inside a line.
     lines = text.split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def load_split(split: str, language: str, data_dir: Path = DATA_DIR) -> list[str]:
+def load_split(
+    split: str, language: str, data_dir: Path = DATA_DIR
+) -> list[str]:
     """The sentences of one split in one language, one per line of the file."""
     check_split(split, "load_split(split, language)")
     name = f"{split}.{language}.gz"
     checksums = expected_checksums(data_dir)
     if name not in checksums:
-        raise DataError(f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}")
+        raise DataError(
+            f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}"
+        )
     return read_lines(Path(data_dir) / name, checksums[name])
 
 
 def load_pairs(
     split: str, pair: str, data_dir: Path = DATA_DIR
 ) -> list[tuple[str, str]]:
-    """(source, target) sentence pairs of a split, e.g. load_pairs("val", "de-en")."""
+    """(source, target) sentence pairs of a split, e.g. load_pairs("val",
+    "de-en")."""
     check_split(split, "load_pairs(split, pair)")
     src_lang, tgt_lang = parse_pair(pair)
     src = load_split(split, src_lang, data_dir)
     tgt = load_split(split, tgt_lang, data_dir)
     if len(src) != len(tgt):
         raise DataError(
-            f"{split}.{src_lang}.gz has {len(src)} lines but {split}.{tgt_lang}.gz has {len(tgt)}"
+            f"{split}.{src_lang}.gz has {len(src)} lines but"
+            f" {split}.{tgt_lang}.gz has {len(tgt)}"
         )
     return list(zip(src, tgt, strict=True))
 
@@ -167,7 +195,9 @@ _STARTS = ("src_starts", "tgt_starts")
 def _flatten(
     sequences: Sequence[Sequence[int]], dtype: type = np.int32
 ) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    lengths = np.fromiter(
+        map(len, sequences), dtype=np.int64, count=len(sequences)
+    )
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = itertools.chain.from_iterable(sequences)
@@ -178,9 +208,10 @@ def _flatten(
 class EncodedSplit:
     """The token ids of one split, without special tokens, as flat arrays.
 
-    Pair i is (src_ids[src_offsets[i]:src_offsets[i + 1]], tgt_ids[tgt_offsets[i]:...]); ids
-    are int32 and each offsets array holds N + 1 int64 entries, starting at 0. The optional
-    `src_starts` and `tgt_starts` (bool, one per id) mark the ids that begin a word of
+    Pair i is (src_ids[src_offsets[i]:src_offsets[i + 1]],
+    tgt_ids[tgt_offsets[i]:...]); ids are int32 and each offsets array holds N
+    + 1 int64 entries, starting at 0. The optional `src_starts` and
+    `tgt_starts` (bool, one per id) mark the ids that begin a word of
     `pretokenize`, which BPE-dropout needs to segment the words afresh.
     """
 
@@ -194,7 +225,8 @@ class EncodedSplit:
     def __post_init__(self) -> None:
         for side in ("src", "tgt"):
             ids, offsets, starts = (
-                getattr(self, f"{side}_{name}") for name in ("ids", "offsets", "starts")
+                getattr(self, f"{side}_{name}")
+                for name in ("ids", "offsets", "starts")
             )
             if not (
                 (ids.ndim, ids.dtype, offsets.ndim, offsets.dtype)
@@ -206,18 +238,22 @@ class EncodedSplit:
             ):
                 raise DataError(f"inconsistent {side} ids and offsets")
             if starts is not None:
-                first = offsets[:-1][np.diff(offsets) > 0]  # of each non-empty sentence
+                first = offsets[:-1][
+                    np.diff(offsets) > 0
+                ]  # of each non-empty sentence
                 if not (
                     starts.dtype == np.bool_
                     and starts.shape == ids.shape
                     and bool(starts[first].all())
                 ):
                     raise DataError(
-                        f"inconsistent {side} word starts: one bool per id, and every "
-                        "sentence begins a word"
+                        f"inconsistent {side} word starts: one bool per id,"
+                        " and every sentence begins a word"
                     )
         if len(self.src_offsets) != len(self.tgt_offsets):
-            raise DataError("source and target hold different numbers of sentences")
+            raise DataError(
+                "source and target hold different numbers of sentences"
+            )
         if (self.src_starts is None) != (self.tgt_starts is None):
             raise DataError("word starts are given for one side only")
 
@@ -225,8 +261,8 @@ class EncodedSplit:
     def from_lists(
         cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]
     ) -> "EncodedSplit":
-        """From the token ids of each source and each target sentence (no word starts, so
-        BPE-dropout cannot resample it: see `from_words`)."""
+        """From the token ids of each source and each target sentence (no word
+        starts, so BPE-dropout cannot resample it: see `from_words`)."""
         return cls(*_flatten(src), *_flatten(tgt))
 
     @classmethod
@@ -236,12 +272,19 @@ class EncodedSplit:
         src: Sequence[Sequence[str]],
         tgt: Sequence[Sequence[str]],
     ) -> "EncodedSplit":
-        """From sentences cut into marked words by `pretokenize`, keeping the word starts."""
+        """From sentences cut into marked words by `pretokenize`, keeping the
+        word starts."""
         arrays = {}
         for side, sentences in (("src", src), ("tgt", tgt)):
-            pieces = [[tokenizer.segment(w) for w in words] for words in sentences]
-            ids = [[i for word in sentence for i in word] for sentence in pieces]
-            starts = [[k == 0 for w in s for k in range(len(w))] for s in pieces]
+            pieces = [
+                [tokenizer.segment(w) for w in words] for words in sentences
+            ]
+            ids = [
+                [i for word in sentence for i in word] for sentence in pieces
+            ]
+            starts = [
+                [k == 0 for w in s for k in range(len(w))] for s in pieces
+            ]
             arrays[f"{side}_ids"], arrays[f"{side}_offsets"] = _flatten(ids)
             arrays[f"{side}_starts"] = _flatten(starts, np.bool_)[0]
         return cls(**arrays)
@@ -277,7 +320,9 @@ class EncodedSplit:
 
 
 def _data_files(pair: str) -> list[str]:
-    return [f"{split}.{lang}.gz" for split in SPLITS for lang in parse_pair(pair)]
+    return [
+        f"{split}.{lang}.gz" for split in SPLITS for lang in parse_pair(pair)
+    ]
 
 
 def cache_problems(
@@ -287,25 +332,40 @@ def cache_problems(
     vocab_size: int | None = None,
     data_dir: Path = DATA_DIR,
 ) -> list[str]:
-    """What makes the cache of a pair unusable, [] if it is complete and current; with
-    vocab_size, a cache built with another vocabulary size is stale too."""
-    return _read_cache(pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir)[0]
+    """What makes the cache of a pair unusable, [] if it is complete and
+    current; with vocab_size, a cache built with another vocabulary size is
+    stale too."""
+    return _read_cache(
+        pair, cache_dir, vocab_size=vocab_size, data_dir=data_dir
+    )[0]
 
 
 def _read_cache(
-    pair: str, cache_dir: Path, *, data_dir: Path, vocab_size: int | None = None
+    pair: str,
+    cache_dir: Path,
+    *,
+    data_dir: Path,
+    vocab_size: int | None = None,
 ) -> tuple[list[str], dict[str, bytes]]:
-    """(cache_problems, the content of each file whose checksum matched). The files are
-    read once: what is checked is what the caller uses, even if a rebuild replaces them."""
+    """(cache_problems, the content of each file whose checksum matched). The
+    files are read once: what is checked is what the caller uses, even if a
+    rebuild replaces them."""
     parse_pair(pair)
     folder = Path(cache_dir) / pair
     try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads(
+            (folder / "manifest.json").read_text(encoding="utf-8")
+        )
     except FileNotFoundError:
-        return ["no manifest.json: never built, or its build did not finish"], {}
+        return [
+            "no manifest.json: never built, or its build did not finish"
+        ], {}
     except (OSError, ValueError) as err:
         return [f"manifest.json is unreadable: {err}"], {}
-    if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != CACHE_FORMAT
+    ):
         return [f"manifest.json is not a {CACHE_FORMAT!r} manifest"], {}
     problems, built_for, built_size = (
         [],
@@ -315,7 +375,9 @@ def _read_cache(
     if built_for != pair:
         problems.append(f"manifest.json describes {built_for!r}, not {pair!r}")
     if vocab_size is not None and built_size != vocab_size:
-        problems.append(f"built with vocab_size={built_size}, asked for {vocab_size}")
+        problems.append(
+            f"built with vocab_size={built_size}, asked for {vocab_size}"
+        )
     try:
         checksums = expected_checksums(data_dir)
     except DataError as err:
@@ -329,7 +391,9 @@ def _read_cache(
         else:
             for name in _data_files(pair):
                 if recorded.get(name) != checksums.get(name):
-                    problems.append(f"{name} has changed since the cache was built")
+                    problems.append(
+                        f"{name} has changed since the cache was built"
+                    )
     try:
         files = {"tokenizer.json": manifest["tokenizer_sha256"]}
         splits = manifest["splits"]
@@ -357,10 +421,13 @@ def _read_cache(
     return problems, contents
 
 
-def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) -> None:
+def _build_cache(
+    pair: str, folder: Path, *, vocab_size: int, data_dir: Path
+) -> None:
     src_lang, tgt_lang = parse_pair(pair)
-    # Everything that can fail for want of data or of spaCy (training the tokenizer needs it)
-    # fails before the old cache is touched: a wrong --data-dir must not cost a good cache.
+    # Everything that can fail for want of data or of spaCy (training the
+    # tokenizer needs it) fails before the old cache is touched: a wrong
+    # --data-dir must not cost a good cache.
     texts = {split: load_pairs(split, pair, data_dir) for split in SPLITS}
     checksums = expected_checksums(data_dir)
     tokenizer = train_tokenizer(
@@ -399,7 +466,8 @@ def _build_cache(pair: str, folder: Path, *, vocab_size: int, data_dir: Path) ->
         },
     }
     atomic_write(
-        folder / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode()
+        folder / "manifest.json",
+        (json.dumps(manifest, indent=2) + "\n").encode(),
     )
 
 
@@ -411,9 +479,10 @@ def prepare(
     data_dir: Path = DATA_DIR,
     rebuild: bool = False,
 ) -> Tokenizer:
-    """The tokenizer of a pair, with every split encoded in cache_dir/pair: a complete,
-    current cache is loaded and needs no spaCy; a missing, stale or corrupt one (see
-    cache_problems) is rebuilt from the text, as is any cache with rebuild=True."""
+    """The tokenizer of a pair, with every split encoded in cache_dir/pair: a
+    complete, current cache is loaded and needs no spaCy; a missing, stale or
+    corrupt one (see cache_problems) is rebuilt from the text, as is any cache
+    with rebuild=True."""
     folder = Path(cache_dir) / pair
     options = dict(vocab_size=vocab_size, data_dir=data_dir)
     problems, contents = [], {}
@@ -423,28 +492,38 @@ def prepare(
         _build_cache(pair, folder, **options)
         problems, contents = _read_cache(pair, cache_dir, **options)
         if problems:  # only if something rewrote the files while we built them
-            raise DataError(f"the cache just built in {folder} is unusable: {problems}")
-    # Its checksum matched, but it may be a tokenizer that this version cannot read.
+            raise DataError(
+                f"the cache just built in {folder} is unusable: {problems}"
+            )
+    # Its checksum matched, but it may be a tokenizer that this version cannot
+    # read.
     try:
         return Tokenizer.from_json(
-            contents["tokenizer.json"].decode("utf-8"), source=folder / "tokenizer.json"
+            contents["tokenizer.json"].decode("utf-8"),
+            source=folder / "tokenizer.json",
         )
     except TokenizerError as err:
         raise DataError(str(err)) from err
 
 
 def load_encoded(
-    pair: str, split: str, cache_dir: Path = CACHE_DIR, *, data_dir: Path = DATA_DIR
+    pair: str,
+    split: str,
+    cache_dir: Path = CACHE_DIR,
+    *,
+    data_dir: Path = DATA_DIR,
 ) -> EncodedSplit:
-    """One split of a pair as token ids, from the cache that `prepare` wrote; needs no spaCy.
-    A missing, stale or corrupt cache raises DataError: it is never used."""
+    """One split of a pair as token ids, from the cache that `prepare` wrote;
+    needs no spaCy. A missing, stale or corrupt cache raises DataError: it is
+    never used."""
     check_split(split, "load_encoded(pair, split)")
     folder = Path(cache_dir) / pair
     problems, contents = _read_cache(pair, cache_dir, data_dir=data_dir)
     if problems:
         raise DataError(
-            f"cannot use the encoded cache {folder}: {'; '.join(problems)}. Rebuild it on a "
-            f"machine with spaCy: `python -m transformer prepare --pair {pair}`"
+            f"cannot use the encoded cache {folder}: {'; '.join(problems)}."
+            " Rebuild it on a machine with spaCy: `python -m transformer"
+            f" prepare --pair {pair}`"
         )
     return EncodedSplit.from_bytes(contents[f"{split}.safetensors"])
 
@@ -463,7 +542,8 @@ class Batch:
     Shapes:
         src: (B, S) x_1 … x_m <eos>, then pad_id: the encoder's input
         tgt_in: (B, T) <bos> y_1 … y_n, then pad_id: the decoder's input
-        tgt_out: (B, T) y_1 … y_n <eos>, then pad_id: what the decoder must predict
+        tgt_out: (B, T) y_1 … y_n <eos>, then pad_id: what the decoder must
+            predict
         index: (B,) the line of each pair in its split
     """
 
@@ -472,13 +552,19 @@ class Batch:
     tgt_out: Tensor
     index: Tensor
     n_src_tokens: int  # non-pad tokens in src
-    n_tgt_tokens: int  # non-pad tokens in tgt_out: the predictions the loss averages
+    n_tgt_tokens: (
+        int  # non-pad tokens in tgt_out: the predictions the loss averages
+    )
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+    def to(
+        self, device: torch.device | str, non_blocking: bool = False
+    ) -> "Batch":
         """The same batch on another device."""
         move = dict(device=device, non_blocking=non_blocking)
         tensors = ("src", "tgt_in", "tgt_out", "index")
-        return replace(self, **{n: getattr(self, n).to(**move) for n in tensors})
+        return replace(
+            self, **{n: getattr(self, n).to(**move) for n in tensors}
+        )
 
 
 def collate(
@@ -490,10 +576,12 @@ def collate(
     index: Sequence[int] | None = None,
     max_len: int | None = None,
 ) -> Batch:
-    """Pad (source ids, target ids) pairs, given without special tokens, into a Batch.
+    """Pad (source ids, target ids) pairs, given without special tokens, into a
+    Batch.
 
-    `index` gives each pair's line in its split (default 0 … B-1). A pair whose source with
-    <eos> or target with <bos> is longer than max_len raises ValueError: nothing is truncated.
+    `index` gives each pair's line in its split (default 0 … B-1). A pair whose
+    source with <eos> or target with <bos> is longer than max_len raises
+    ValueError: nothing is truncated.
     """
     if len(examples) == 0:
         raise ValueError("cannot collate an empty batch")
@@ -504,14 +592,17 @@ def collate(
             f"{len(examples)} pairs"
         )
     src_len = np.array([len(x) + 1 for x, _ in examples])  # + <eos>
-    tgt_len = np.array([len(y) + 1 for _, y in examples])  # + <bos> (in) or <eos> (out)
+    tgt_len = np.array(
+        [len(y) + 1 for _, y in examples]
+    )  # + <bos> (in) or <eos> (out)
     if max_len is not None:
         over = np.flatnonzero((src_len > max_len) | (tgt_len > max_len))
         if over.size:
             k = over[0]
             raise ValueError(
-                f"pair {int(index[k])} has {src_len[k]} source and {tgt_len[k]} target "
-                f"tokens, more than max_len={max_len}; nothing is truncated: drop or split it"
+                f"pair {int(index[k])} has {src_len[k]} source and"
+                f" {tgt_len[k]} target tokens, more than max_len={max_len};"
+                " nothing is truncated: drop or split it"
             )
     B, S, T = len(examples), int(src_len.max()), int(tgt_len.max())
     src = np.full((B, S), pad_id, dtype=np.int64)
@@ -531,7 +622,9 @@ def collate(
     )
 
 # %% ../chapters/10_data.ipynb #29cc4837
-MAX_TOKENS = 8_000  # padded tokens per batch, on each side (the paper: about 25,000)
+MAX_TOKENS = (
+    8_000  # padded tokens per batch, on each side (the paper: about 25,000)
+)
 
 
 def token_batches(
@@ -543,18 +636,21 @@ def token_batches(
     epoch: int = 0,
     shuffle: bool = True,
 ) -> list[np.ndarray]:
-    """Group pairs into batches of similar length, each holding at most `max_tokens` padded
-    tokens on each side; returns the pair indices of each batch.
+    """Group pairs into batches of similar length, each holding at most
+    `max_tokens` padded tokens on each side; returns the pair indices of each
+    batch.
 
-    The lengths are those the model sees (with <eos>, or <bos>). Pairs are sorted by their
-    longer side, then by their total length, with ties in a random order drawn from
-    (seed, epoch); batches are cut greedily along that order and then, with shuffle, shuffled.
+    The lengths are those the model sees (with <eos>, or <bos>). Pairs are
+    sorted by their longer side, then by their total length, with ties in a
+    random order drawn from (seed, epoch); batches are cut greedily along that
+    order and then, with shuffle, shuffled.
     """
     src = np.asarray(src_lengths, dtype=np.int64)
     tgt = np.asarray(tgt_lengths, dtype=np.int64)
     if src.ndim != 1 or src.shape != tgt.shape:
         raise ValueError(
-            f"one source and one target length per pair: {src.shape}, {tgt.shape}"
+            f"one source and one target length per pair: {src.shape},"
+            f" {tgt.shape}"
         )
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
@@ -567,7 +663,8 @@ def token_batches(
         )
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(src)) if shuffle else np.arange(len(src))
-    # lexsort is stable: pairs of equal lengths keep the random order drawn above.
+    # lexsort is stable: pairs of equal lengths keep the random order drawn
+    # above.
     order = order[np.lexsort((src[order] + tgt[order], longest[order]))]
     batches, start, width = [], 0, 0
     for k, length in enumerate(longest[order].tolist()):
@@ -593,29 +690,51 @@ def iterate_batches(
     shuffle: bool = True,
     max_len: int | None = None,
 ) -> Iterator[Batch]:
-    """The batches of one epoch over an encoded split (see token_batches and collate)."""
-    lengths = data.src_lengths + 1, data.tgt_lengths + 1  # with <eos>; <bos> or <eos>
+    """The batches of one epoch over an encoded split (see token_batches and
+    collate)."""
+    lengths = (
+        data.src_lengths + 1,
+        data.tgt_lengths + 1,
+    )  # with <eos>; <bos> or <eos>
     groups = token_batches(
-        *lengths, max_tokens=max_tokens, seed=seed, epoch=epoch, shuffle=shuffle
+        *lengths,
+        max_tokens=max_tokens,
+        seed=seed,
+        epoch=epoch,
+        shuffle=shuffle,
     )
-    ids = {name: getattr(tokenizer, name) for name in ("pad_id", "bos_id", "eos_id")}
+    ids = {
+        name: getattr(tokenizer, name)
+        for name in ("pad_id", "bos_id", "eos_id")
+    }
     for index in groups:
-        yield collate([data[i] for i in index], **ids, index=index, max_len=max_len)
+        yield collate(
+            [data[i] for i in index], **ids, index=index, max_len=max_len
+        )
 
 # %% ../chapters/10_data.ipynb #9025b4aa
 from random import Random
 
 
 class BPEDropout:
-    """BPE-dropout (Provilkov et al., 2020): segment words afresh, dropping each merge that
-    could apply with probability p at every step; p = 0 is the tokenizer's own BPE."""
+    """BPE-dropout (Provilkov et al., 2020): segment words afresh, dropping
+    each merge that could apply with probability p at every step; p = 0 is the
+    tokenizer's own BPE."""
 
     def __init__(self, tokenizer: Tokenizer, p: float) -> None:
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
-            raise ValueError(f"BPE-dropout probability must be in [0, 1), got {p!r}")
+        if (
+            isinstance(p, bool)
+            or not isinstance(p, int | float)
+            or not 0 <= p < 1
+        ):
+            raise ValueError(
+                f"BPE-dropout probability must be in [0, 1), got {p!r}"
+            )
         self.tokenizer, self.p = tokenizer, float(p)
         merges = json.loads(tokenizer.bpe.to_str())["model"]["merges"]
-        pairs = (tuple(m.split(" ") if isinstance(m, str) else m) for m in merges)
+        pairs = (
+            tuple(m.split(" ") if isinstance(m, str) else m) for m in merges
+        )
         self._rank = {pair: rank for rank, pair in enumerate(pairs)}
         self._vocab = tokenizer.bpe.get_vocab()
 
@@ -623,12 +742,17 @@ class BPEDropout:
         """The ids of one marked word's pieces, drawn with `rng`."""
         symbols, rank, p, draw = list(word), self._rank, self.p, rng.random
         while len(symbols) > 1:
-            # The best merge that survives: scanning the candidates, a merge is only drawn
-            # when it would beat the best survivor so far; the others cannot win anyway.
+            # The best merge that survives: scanning the candidates, a merge is
+            # only drawn when it would beat the best survivor so far; the
+            # others cannot win anyway.
             best, at = None, -1
             for i in range(len(symbols) - 1):
                 r = rank.get((symbols[i], symbols[i + 1]))
-                if r is not None and (best is None or r < best) and draw() >= p:
+                if (
+                    r is not None
+                    and (best is None or r < best)
+                    and draw() >= p
+                ):
                     best, at = r, i
             if best is None:
                 break
@@ -641,16 +765,17 @@ class BPEDropout:
         """Raise DataError if the split does not say where its words start."""
         if split.src_starts is None or split.tgt_starts is None:
             raise DataError(
-                "BPE-dropout needs the word starts of the training split: build it with "
-                "`EncodedSplit.from_words` or load it with `load_encoded` (`from_lists` "
-                "records no word starts)"
+                "BPE-dropout needs the word starts of the training split:"
+                " build it with `EncodedSplit.from_words` or load it with"
+                " `load_encoded` (`from_lists` records no word starts)"
             )
 
     def longest_spelling(
         self, split: EncodedSplit, sides: Sequence[str] = ("src", "tgt")
     ) -> int:
-        """The most tokens a sentence of `sides` can take when resampled, <bos> and <eos>
-        aside: one per character of its words, the spelling in which every merge drops."""
+        """The most tokens a sentence of `sides` can take when resampled, <bos>
+        and <eos> aside: one per character of its words, the spelling in which
+        every merge drops."""
         longest = 0
         for side in sides:
             ids, offsets = (
@@ -670,19 +795,26 @@ class BPEDropout:
         epoch: int,
         sides: Sequence[str] = ("src", "tgt"),
     ) -> EncodedSplit:
-        """The split with every word of `sides` ("src", "tgt" or both) segmented afresh, as a
-        function of (seed, epoch); the other side is kept as it is."""
+        """The split with every word of `sides` ("src", "tgt" or both)
+        segmented afresh, as a function of (seed, epoch); the other side is
+        kept as it is."""
         self.check(split)
         if not set(sides) <= {"src", "tgt"}:
-            raise ValueError(f"sides must be 'src' and/or 'tgt', got {sides!r}")
+            raise ValueError(
+                f"sides must be 'src' and/or 'tgt', got {sides!r}"
+            )
         rng = Random(f"bpe-dropout {seed} {epoch}")
         arrays = {name: getattr(split, name) for name in _ARRAYS + _STARTS}
         for side in [side for side in ("src", "tgt") if side in sides]:
             ids, offsets = arrays[f"{side}_ids"], arrays[f"{side}_offsets"]
             first = np.flatnonzero(arrays[f"{side}_starts"])
             pieces = self.tokenizer.pieces(ids)
-            bounds = zip(first.tolist(), [*first[1:].tolist(), len(ids)], strict=True)
-            words = [self.segment("".join(pieces[a:b]), rng) for a, b in bounds]
+            bounds = zip(
+                first.tolist(), [*first[1:].tolist(), len(ids)], strict=True
+            )
+            words = [
+                self.segment("".join(pieces[a:b]), rng) for a, b in bounds
+            ]
             new_ids, ends = _flatten(words)  # ends: where each word ends
             starts = np.zeros(len(new_ids), dtype=np.bool_)
             starts[ends[:-1]] = True

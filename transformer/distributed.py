@@ -4,8 +4,9 @@
 __all__ = ['Distributed', 'world_size', 'device_for', 'barrier', 'all_sum', 'seed_update']
 
 # %% ../chapters/13_training.ipynb #bb3bcf8d
-"""One process among several: torchrun's environment, each process's device, and the
-collectives that the processes of a run share (DistributedDataParallel adds the gradients)."""
+"""One process among several: torchrun's environment, each process's device,
+and the collectives that the processes of a run share (DistributedDataParallel
+adds the gradients)."""
 
 import os
 from collections.abc import Mapping
@@ -18,14 +19,17 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class Distributed:
-    """This process's place among the processes of a run (torchrun's environment)."""
+    """This process's place among the processes of a run (torchrun's
+    environment)."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Distributed":
+    def from_environ(
+        cls, environ: Mapping[str, str] | None = None
+    ) -> "Distributed":
         environ = os.environ if environ is None else environ
         try:
             world_size = int(environ.get("WORLD_SIZE", "1"))
@@ -48,12 +52,17 @@ class Distributed:
 
 def world_size() -> int:
     """The number of processes of the process group; 1 without one."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return (
+        dist.get_world_size()
+        if dist.is_available() and dist.is_initialized()
+        else 1
+    )
 
 
 def device_for(requested: str | None, env: Distributed) -> torch.device:
-    """The device a process trains on: `requested`, else CUDA when there is a GPU; a CUDA
-    device without an index is the process's own GPU (LOCAL_RANK)."""
+    """The device a process trains on: `requested`, else CUDA when there is a
+    GPU; a CUDA device without an index is the process's own GPU (LOCAL_RANK).
+    """
     if requested is not None:
         device = torch.device(requested)
     else:
@@ -79,8 +88,9 @@ def all_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 def seed_update(seed: int, step: int, rank: int) -> None:
-    """Seed the randomness of an update (dropout) from (seed, update, process): a resumed
-    run draws the same masks as an uninterrupted one without storing generator states."""
+    """Seed the randomness of an update (dropout) from (seed, update, process):
+    a resumed run draws the same masks as an uninterrupted one without storing
+    generator states."""
     torch.manual_seed(
         int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
     )

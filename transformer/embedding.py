@@ -4,7 +4,8 @@
 __all__ = ['TokenEmbedding', 'sinusoidal_encoding', 'PositionalEncoding', 'LearnedPositionalEncoding']
 
 # %% ../chapters/04_embeddings.ipynb #b90d6e2a
-"""Token embeddings and positional encodings, Sections 3.4 and 3.5 of Vaswani et al. (2017)."""
+"""Token embeddings and positional encodings, Sections 3.4 and 3.5 of Vaswani
+et al. (2017)."""
 
 import math
 
@@ -13,18 +14,20 @@ from torch import Tensor, nn
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids to vectors of width d_model, multiplied by √d_model (Section 3.4).
+    """Token ids to vectors of width d_model, multiplied by √d_model (Section
+    3.4).
 
-    The table starts with standard deviation d_model^-0.5, as in the reference code, so that
-    the scaled embeddings have unit variance in every dimension.
+    The table starts with standard deviation d_model^-0.5, as in the reference
+    code, so that the scaled embeddings have unit variance in every dimension.
     """
 
     def __init__(self, vocab_size: int, d_model: int) -> None:
         super().__init__()
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
-        # Small entries suit the table's second use as the tied pre-softmax weights (3.4);
-        # the √d_model factor in forward brings the embeddings back to unit scale.
+        # Small entries suit the table's second use as the tied pre-softmax
+        # weights (3.4); the √d_model factor in forward brings the embeddings
+        # back to unit scale.
         nn.init.normal_(self.embedding.weight, mean=0.0, std=d_model**-0.5)
 
     def forward(self, ids: Tensor) -> Tensor:
@@ -40,8 +43,8 @@ class TokenEmbedding(nn.Module):
 def sinusoidal_encoding(
     max_len: int, d_model: int, *, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """The table of Section 3.5: PE(pos, 2i) = sin(pos·ω_i), PE(pos, 2i+1) = cos(pos·ω_i),
-    with ω_i = 1/10000^(2i/d_model).
+    """The table of Section 3.5: PE(pos, 2i) = sin(pos·ω_i), PE(pos, 2i+1) =
+    cos(pos·ω_i), with ω_i = 1/10000^(2i/d_model).
 
     Shapes:
         returns (max_len, d_model)
@@ -50,7 +53,9 @@ def sinusoidal_encoding(
         raise ValueError(
             f"d_model must be even (sine/cosine pairs), got d_model={d_model}"
         )
-    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(
+        1
+    )  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
     frequency = torch.exp(-math.log(10000.0) * two_i / d_model)  # ω_i
     angle = position * frequency  # (max_len, d_model/2)
@@ -65,25 +70,31 @@ def _check_positions(start: int, length: int, max_len: int) -> None:
         raise ValueError(f"start must be >= 0, got start={start}")
     if start + length > max_len:
         raise ValueError(
-            f"positions {start}..{start + length - 1} (start={start}, length {length}) "
-            f"exceed max_len={max_len}; build the positional encoding with a larger max_len"
+            f"positions {start}..{start + length - 1} (start={start}, length"
+            f" {length}) exceed max_len={max_len}; build the positional"
+            " encoding with a larger max_len"
         )
 
 
 class PositionalEncoding(nn.Module):
-    """Adds the sinusoidal table to the embeddings and applies dropout to the sum (3.5, 5.4)."""
+    """Adds the sinusoidal table to the embeddings and applies dropout to the
+    sum (3.5, 5.4)."""
 
-    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.1) -> None:
+    def __init__(
+        self, d_model: int, max_len: int = 512, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
-        # Not persistent: the table is a fixed function of (max_len, d_model), not a weight.
+        # Not persistent: the table is a fixed function of (max_len, d_model),
+        # not a weight.
         self.register_buffer(
             "pe", sinusoidal_encoding(max_len, d_model), persistent=False
         )
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """x + PE[start : start + L], then dropout; start > 0 serves incremental decoding.
+        """x + PE[start : start + L], then dropout; start > 0 serves
+        incremental decoding.
 
         Shapes:
             x: (B, L, d_model)
@@ -97,13 +108,16 @@ class PositionalEncoding(nn.Module):
 
 # %% ../chapters/04_embeddings.ipynb #a20b1298
 class LearnedPositionalEncoding(nn.Module):
-    """A learned vector per position instead of the sinusoids (Table 3, row E)."""
+    """A learned vector per position, not the sinusoids (Table 3, row E)."""
 
-    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.1) -> None:
+    def __init__(
+        self, d_model: int, max_len: int = 512, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
-        # nn.Embedding's N(0, 1) start: the same scale as the scaled token embeddings.
+        # nn.Embedding's N(0, 1) start: the same scale as the scaled token
+        # embeddings.
         self.embedding = nn.Embedding(max_len, d_model)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:

@@ -4,8 +4,8 @@
 __all__ = ['EncoderLayer', 'Encoder']
 
 # %% ../chapters/06_encoder.ipynb #9940d5ad
-"""The encoder: a stack of identical layers, Section 3.1 and Figure 1 (left) of Vaswani et al.
-(2017)."""
+"""The encoder: a stack of identical layers, Section 3.1 and Figure 1 (left) of
+Vaswani et al. (2017)."""
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +15,8 @@ from .sublayers import PositionwiseFeedForward, SublayerConnection
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention and a feed-forward network, each in a residual connection with LayerNorm."""
+    """Self-attention and a feed-forward network, each in a residual connection
+    with LayerNorm."""
 
     def __init__(
         self,
@@ -28,8 +29,12 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=ffn_dropout)
+        self.self_attn = MultiHeadAttention(
+            d_model, n_heads, dropout=attention_dropout
+        )
+        self.feed_forward = PositionwiseFeedForward(
+            d_model, d_ff, dropout=ffn_dropout
+        )
         self.sublayers = nn.ModuleList(
             SublayerConnection(d_model, dropout=dropout, norm_first=norm_first)
             for _ in range(2)
@@ -43,7 +48,8 @@ class EncoderLayer(nn.Module):
         Shapes:
             x: (B, S, d_model)
             src_mask: boolean (B, 1, 1, S), True at real tokens (padding_mask)
-            returns (B, S, d_model) and, if need_weights, weights (B, H, S, S), else None
+            returns (B, S, d_model) and, if need_weights, weights (B, H, S, S),
+                else None
         """
         weights = None
 
@@ -86,8 +92,8 @@ class Encoder(nn.Module):
             )
             for _ in range(n_layers)
         )
-        # Post-norm layers end normalised; a pre-norm residual stream needs a last LayerNorm.
-        # ε = 1e-6 as in the sublayers' LayerNorms.
+        # Post-norm layers end normalised; a pre-norm residual stream needs a
+        # last LayerNorm. ε = 1e-6 as in the sublayers' LayerNorms.
         self.final_norm = (
             nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
         )
@@ -95,7 +101,8 @@ class Encoder(nn.Module):
     def forward(
         self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """Run the stack; with need_weights, also each layer's self-attention weights.
+        """Run the stack; with need_weights, also each layer's self-attention
+        weights.
 
         Shapes:
             x: (B, S, d_model), the embedded source

@@ -5,9 +5,9 @@ __all__ = ['TrainingData', 'load_training_data', 'epoch_batches', 'check_lengths
            'prepare_epochs', 'Spellings']
 
 # %% ../chapters/13_training.ipynb #1c981fda
-"""What a training run trains on, epoch by epoch: the splits from the encoded cache, the
-checks that every sentence and every epoch fit the run's batches, each epoch's batches and,
-under BPE-dropout, each epoch's spelling."""
+"""What a training run trains on, epoch by epoch: the splits from the encoded
+cache, the checks that every sentence and every epoch fit the run's batches,
+each epoch's batches and, under BPE-dropout, each epoch's spelling."""
 
 import functools
 import multiprocessing
@@ -39,7 +39,8 @@ class TrainingData:
 
 
 def load_training_data(config: TrainConfig) -> TrainingData:
-    """The pair's tokenizer and splits from the encoded cache, built first if needed (spaCy)."""
+    """The pair's tokenizer and splits from the encoded cache, built first if
+    needed (spaCy)."""
     env = Distributed.from_environ()
     try:
         # The first process builds the cache; the others wait and load it.
@@ -53,7 +54,10 @@ def load_training_data(config: TrainConfig) -> TrainingData:
         )
         splits = [
             load_encoded(
-                config.pair, split, config.cache_path, data_dir=config.data_path
+                config.pair,
+                split,
+                config.cache_path,
+                data_dir=config.data_path,
             )
             for split in ("train", "val")
         ]
@@ -68,8 +72,8 @@ def load_training_data(config: TrainConfig) -> TrainingData:
 def epoch_batches(
     train: EncodedSplit, epoch: int, config: TrainConfig
 ) -> list[np.ndarray]:
-    """An epoch's batches of pair indices: token-bucketed, in an order drawn from
-    (seed, epoch)."""
+    """An epoch's batches of pair indices: token-bucketed, in an order drawn
+    from (seed, epoch)."""
     return token_batches(
         train.src_lengths + 1,  # + <eos>
         train.tgt_lengths + 1,  # + <bos> (input) or <eos> (output)
@@ -80,25 +84,33 @@ def epoch_batches(
 
 
 def check_lengths(
-    config: TrainConfig, data: TrainingData, max_len: int, bpe: BPEDropout | None
+    config: TrainConfig,
+    data: TrainingData,
+    max_len: int,
+    bpe: BPEDropout | None,
 ) -> None:
-    """Refuse, before any update, a split whose longest sentence (with its <bos> or <eos>)
-    fits neither a batch nor the model's positional table. With BPE-dropout, a training
-    sentence counts in its longest spelling too, which a later epoch may draw."""
+    """Refuse, before any update, a split whose longest sentence (with its
+    <bos> or <eos>) fits neither a batch nor the model's positional table. With
+    BPE-dropout, a training sentence counts in its longest spelling too, which
+    a later epoch may draw."""
     longest = {
-        f"{name} sentence": int(max(split.src_lengths.max(), split.tgt_lengths.max()))
+        f"{name} sentence": int(
+            max(split.src_lengths.max(), split.tgt_lengths.max())
+        )
         for name, split in (("train", data.train), ("val", data.val))
     }
     if bpe is not None:
         sides = BPE_DROPOUT_SIDES[config.bpe_dropout_sides]
-        what = "train sentence as BPE-dropout may spell it, one token a character"
+        what = (
+            "train sentence as BPE-dropout may spell it, one token a character"
+        )
         longest[what] = bpe.longest_spelling(data.train, sides)
     for what, tokens in longest.items():
         tokens += 1  # <bos> or <eos>
         if tokens > config.max_tokens:
             raise DataError(
-                f"max_tokens={config.max_tokens} cannot hold the longest {what} "
-                f"({tokens} tokens): raise --max-tokens"
+                f"max_tokens={config.max_tokens} cannot hold the longest"
+                f" {what} ({tokens} tokens): raise --max-tokens"
             )
         if tokens > max_len:
             raise DataError(
@@ -119,8 +131,11 @@ def updates_per_epoch(batches: int, accumulation: int, processes: int) -> int:
     return batches // group
 
 
-def dropped_warning(batches: int, accumulation: int, processes: int) -> str | None:
-    """A warning when grouping batches into updates leaves out over 10% of them."""
+def dropped_warning(
+    batches: int, accumulation: int, processes: int
+) -> str | None:
+    """A warning when grouping batches into updates leaves out over 10% of
+    them."""
     group = accumulation * processes
     dropped = batches % group
     if dropped <= 0.1 * batches:
@@ -134,26 +149,36 @@ def dropped_warning(batches: int, accumulation: int, processes: int) -> str | No
 
 
 def prepare_epochs(
-    config: TrainConfig, data: TrainingData, max_len: int, processes: int, epoch: int
+    config: TrainConfig,
+    data: TrainingData,
+    max_len: int,
+    processes: int,
+    epoch: int,
 ) -> tuple["Spellings", int]:
-    """The checks made before the first update (every sentence fits a batch and the model;
-    epoch `epoch`, the one to come, gives an update), and the spellings of the epochs.
-    Returns them and the number of batches of epoch `epoch`."""
-    bpe = BPEDropout(data.tokenizer, config.bpe_dropout) if config.bpe_dropout else None
+    """The checks made before the first update (every sentence fits a batch and
+    the model; epoch `epoch`, the one to come, gives an update), and the
+    spellings of the epochs. Returns them and the number of batches of epoch
+    `epoch`."""
+    bpe = (
+        BPEDropout(data.tokenizer, config.bpe_dropout)
+        if config.bpe_dropout
+        else None
+    )
     if bpe is not None:
         bpe.check(data.train)
     check_lengths(config, data, max_len, bpe)
-    # The batches of the epoch to come, in BPE's own spelling (BPE-dropout changes
-    # their number only slightly): an epoch must give at least one update.
+    # The batches of the epoch to come, in BPE's own spelling (BPE-dropout
+    # changes their number only slightly): an epoch must give at least one
+    # update.
     first = len(epoch_batches(data.train, epoch, config))
     updates_per_epoch(first, config.accumulation, processes)
     return Spellings(data.train, bpe, config), first
 
 
 class Spellings:
-    """The training split as each epoch spells it: BPE's own spelling, or with BPE-dropout a
-    new one each epoch, a function of (seed, epoch). With `prefetch` a second process spells
-    the next epoch while this one trains."""
+    """The training split as each epoch spells it: BPE's own spelling, or with
+    BPE-dropout a new one each epoch, a function of (seed, epoch). With
+    `prefetch` a second process spells the next epoch while this one trains."""
 
     def __init__(
         self, train: EncodedSplit, bpe: BPEDropout | None, config: TrainConfig

@@ -5,9 +5,9 @@ __all__ = ['LC_TOK_BLEU', 'LENGTH_BOUNDS', 'Scores', 'spacy_words', 'score', 'Sp
            'write_lines', 'LengthGroup', 'bleu_by_length']
 
 # %% ../chapters/16_results.ipynb #ef74895a
-"""Scoring translations: sacreBLEU's BLEU and chrF with their signatures (Post, 2018), a
-lowercased tokenised BLEU for comparison with published Multi30k results, translating a
-Multi30k split, and BLEU by source length."""
+"""Scoring translations: sacreBLEU's BLEU and chrF with their signatures (Post,
+2018), a lowercased tokenised BLEU for comparison with published Multi30k
+results, translating a Multi30k split, and BLEU by source length."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +17,8 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from .tokenizer import MARK, pretokenize
 
-# The name of the lowercased tokenised BLEU wherever it is printed: not comparable with sacreBLEU.
+# The name of the lowercased tokenised BLEU wherever it is printed: not
+# comparable with sacreBLEU.
 LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
 
 
@@ -26,11 +27,14 @@ class Scores:
     """Corpus scores of n translations against one reference each, in percent.
 
     bleu: sacreBLEU's BLEU, cased, its 13a tokenizer on the detokenised output.
-    chrf: sacreBLEU's chrF (character n-grams up to 6, β = 2).
-    length_ratio, brevity_penalty: BLEU's output/reference length (13a words) and its BP.
-    bleu_lc_tok: BLEU of lowercased text cut into words by spaCy (tok:none after that), as
-        most published Multi30k results are computed: comparable with those that use spaCy's
-        words (torchtext's `bleu_score`), only roughly with Moses-tokenised ones, and not with
+    chrf: sacreBLEU's chrF (character n-grams up to 6, β = 2). length_ratio,
+    brevity_penalty: BLEU's output/reference length (13a words) and its BP.
+    bleu_lc_tok: BLEU of lowercased text cut into words by spaCy (tok:none
+    after that), as
+        most published Multi30k results are computed: comparable with those
+            that use spaCy's
+        words (torchtext's `bleu_score`), only roughly with Moses-tokenised
+            ones, and not with
         `bleu`.
     """
 
@@ -49,17 +53,24 @@ class Scores:
         return "\n".join(
             [
                 f"sacreBLEU {self.bleu:6.2f}  {self.bleu_signature}",
-                f"          (output/reference length {self.length_ratio:.3f}, "
-                f"brevity penalty {self.brevity_penalty:.3f})",
+                (
+                    "          (output/reference length"
+                    f" {self.length_ratio:.3f}, brevity penalty"
+                    f" {self.brevity_penalty:.3f})"
+                ),
                 f"chrF      {self.chrf:6.2f}  {self.chrf_signature}",
-                f"{LC_TOK_BLEU}, only to compare with published Multi30k results: "
-                f"{self.bleu_lc_tok:.2f}  {self.bleu_lc_tok_signature}",
+                (
+                    f"{LC_TOK_BLEU}, only to compare with published Multi30k"
+                    f" results: {self.bleu_lc_tok:.2f} "
+                    f" {self.bleu_lc_tok_signature}"
+                ),
             ]
         )
 
 
 def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
-    """Each text cut into words by spaCy's rules for `language`, the words joined by spaces."""
+    """Each text cut into words by spaCy's rules for `language`, the words
+    joined by spaces."""
     return [
         " ".join(word.removeprefix(MARK) for word in words)
         for words in pretokenize(texts, language)
@@ -67,10 +78,14 @@ def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
 
 
 def score(
-    hypotheses: Sequence[str], references: Sequence[str], *, language: str = "en"
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    language: str = "en",
 ) -> Scores:
-    """sacreBLEU's BLEU and chrF of detokenised translations against the raw references (one
-    per sentence), and the lowercased spaCy-tokenised BLEU; `language`: the references'."""
+    """sacreBLEU's BLEU and chrF of detokenised translations against the raw
+    references (one per sentence), and the lowercased spaCy-tokenised BLEU;
+    `language`: the references'."""
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise TypeError("score takes sequences of sentences, not one string")
     if len(hypotheses) != len(references):
@@ -83,7 +98,8 @@ def score(
     bleu, chrf = BLEU(), CHRF()
     bleu_score = bleu.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
-    # The text is cut into words already: no second tokenizer, and no warning about it.
+    # The text is cut into words already: no second tokenizer, and no warning
+    # about it.
     lc_tok = BLEU(lowercase=True, tokenize="none", force=True)
     lc_tok_score = lc_tok.corpus_score(
         spacy_words(hypotheses, language), [spacy_words(references, language)]
@@ -112,8 +128,8 @@ from .tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class SplitTranslations:
-    """The sources and references of (part of) a split, a model's translations of the sources,
-    and the wall-clock seconds that the translation took."""
+    """The sources and references of (part of) a split, a model's translations
+    of the sources, and the wall-clock seconds that the translation took."""
 
     pair: str
     split: str
@@ -140,8 +156,8 @@ def translate_split(
     batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
 ) -> SplitTranslations:
-    """Translate the first `limit` sentences (default: all) of a Multi30k split with
-    `transformer.decode.translate`, and time it."""
+    """Translate the first `limit` sentences (default: all) of a Multi30k split
+    with `transformer.decode.translate`, and time it."""
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")
     if limit is not None and limit < 1:
@@ -173,20 +189,28 @@ def translate_split(
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
-    """Write one line per item, UTF-8, atomically (a temporary file beside `path`, synced to
-    disk, then renamed): a failed write leaves the old file as it was."""
-    atomic_write(Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8"))
+    """Write one line per item, UTF-8, atomically (a temporary file beside
+    `path`, synced to disk, then renamed): a failed write leaves the old file
+    as it was."""
+    atomic_write(
+        Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8")
+    )
 
 # %% ../chapters/16_results.ipynb #add4800b
 import math
 
-LENGTH_BOUNDS = (1, 10, 15, 20)  # the first source length, in words, of each group
+LENGTH_BOUNDS = (
+    1,
+    10,
+    15,
+    20,
+)  # the first source length, in words, of each group
 
 
 @dataclass(frozen=True)
 class LengthGroup:
-    """The sentences whose source has `words` words: how many, their sacreBLEU and BLEU's
-    output/reference length ratio (both nan for an empty group)."""
+    """The sentences whose source has `words` words: how many, their sacreBLEU
+    and BLEU's output/reference length ratio (both nan for an empty group)."""
 
     words: str
     sentences: int
@@ -201,9 +225,10 @@ def bleu_by_length(
     *,
     bounds: Sequence[int] = LENGTH_BOUNDS,
 ) -> list[LengthGroup]:
-    """sacreBLEU of the sentences grouped by the length of their source in words (separated by
-    spaces): group i holds bounds[i] to bounds[i+1] - 1 words, the last bounds[-1] or more, and
-    a source shorter than bounds[0] counts in the first."""
+    """sacreBLEU of the sentences grouped by the length of their source in
+    words (separated by spaces): group i holds bounds[i] to bounds[i+1] - 1
+    words, the last bounds[-1] or more, and a source shorter than bounds[0]
+    counts in the first."""
     if not len(sources) == len(hypotheses) == len(references):
         raise ValueError(
             f"{len(sources)} sources, {len(hypotheses)} translations and "
@@ -215,7 +240,9 @@ def bleu_by_length(
     groups: list[list[int]] = [[] for _ in bounds]
     for i, source in enumerate(sources):
         n = len(source.split())
-        groups[max((k for k, b in enumerate(bounds) if n >= b), default=0)].append(i)
+        groups[
+            max((k for k, b in enumerate(bounds) if n >= b), default=0)
+        ].append(i)
     results = []
     for k, members in enumerate(groups):
         last = bounds[k + 1] - 1 if k + 1 < len(bounds) else None
@@ -230,7 +257,10 @@ def bleu_by_length(
             results.append(LengthGroup(words, 0, math.nan, math.nan))
             continue
         found = BLEU().corpus_score(
-            [hypotheses[i] for i in members], [[references[i] for i in members]]
+            [hypotheses[i] for i in members],
+            [[references[i] for i in members]],
         )
-        results.append(LengthGroup(words, len(members), found.score, found.ratio))
+        results.append(
+            LengthGroup(words, len(members), found.score, found.ratio)
+        )
     return results

@@ -5,8 +5,8 @@ __all__ = ['QUANTIZATIONS', 'INSTALL', 'EXPORT_RECORD', 'require_ctranslate2', '
            'export_ctranslate2', 'CTranslate2Model']
 
 # %% ../chapters/95_ctranslate2.ipynb #4962f2a5
-"""Export a trained model to CTranslate2, the inference engine of production translation
-systems, and translate with the exported model."""
+"""Export a trained model to CTranslate2, the inference engine of production
+translation systems, and translate with the exported model."""
 
 import json
 import math
@@ -31,12 +31,14 @@ from .model import Transformer
 from .tokenizer import Tokenizer
 
 QUANTIZATIONS = ("float32", "int8")
-INSTALL = "pip install 'ctranslate2>=4.5,<5'"  # the package's [ctranslate2] extra
+INSTALL = (  # the package's [ctranslate2] extra
+    "pip install 'ctranslate2>=4.5,<5'"
+)
 EXPORT_RECORD = "transformer.json"  # beside CTranslate2's own config.json
 
 
 def require_ctranslate2():
-    """The ctranslate2 module, or an ImportError that says how to install it."""
+    """The ctranslate2 module, or an ImportError saying how to install it."""
     try:
         import ctranslate2
     except ImportError as err:
@@ -47,7 +49,8 @@ def require_ctranslate2():
 
 
 def check_convertible(model: Transformer) -> None:
-    """Raise ValueError naming every part of the model that the export does not convert."""
+    """Raise ValueError naming every part of the model that the export does not
+    convert."""
     c = model.config
     problems = []
     if c.norm_first:
@@ -65,20 +68,21 @@ def check_convertible(model: Transformer) -> None:
         raise ValueError(
             "cannot export to CTranslate2 a model with "
             + ", ".join(problems)
-            + ": the "
-            "export converts the paper's post-norm model with sinusoids and one shared "
-            "embedding"
+            + ": the export converts the paper's post-norm model with"
+            " sinusoids and one shared embedding"
         )
 
 # %% ../chapters/95_ctranslate2.ipynb #df959a55
 def _array(t: Tensor) -> np.ndarray:
-    """A copy: the engine's quantisation works in place, and must not touch the model."""
+    """A copy: the engine's quantisation works in place, and must not touch the
+    model."""
     return t.detach().to("cpu", torch.float32).numpy().copy()
 
 
 def _linear(spec, *modules: nn.Linear) -> None:
-    """One CTranslate2 linear layer from one or more torch ones, stacked along the outputs
-    (the fused query/key/value projection). torch's (out, in) layout is CTranslate2's."""
+    """One CTranslate2 linear layer from one or more torch ones, stacked along
+    the outputs (the fused query/key/value projection). torch's (out, in)
+    layout is CTranslate2's."""
     spec.weight = np.concatenate([_array(m.weight) for m in modules])
     if modules[0].bias is not None:
         spec.bias = np.concatenate([_array(m.bias) for m in modules])
@@ -89,7 +93,8 @@ def _norm(spec, norm: nn.LayerNorm) -> None:
 
 
 def _layers(spec, model: Transformer) -> None:
-    """Each layer's weights: attention, feed-forward and the LayerNorm after each sublayer."""
+    """Each layer's weights: attention, feed-forward and the LayerNorm after
+    each sublayer."""
     for s, layer in zip(spec.encoder.layer, model.encoder.layers, strict=True):
         a = layer.self_attn
         _linear(s.self_attention.linear[0], a.w_q, a.w_k, a.w_v)
@@ -104,7 +109,9 @@ def _layers(spec, model: Transformer) -> None:
         _linear(s.self_attention.linear[1], a.w_o)
         _norm(s.self_attention.layer_norm, layer.sublayers[0].norm)
         _linear(s.attention.linear[0], x.w_q)
-        _linear(s.attention.linear[1], x.w_k, x.w_v)  # keys and values of the memory
+        _linear(
+            s.attention.linear[1], x.w_k, x.w_v
+        )  # keys and values of the memory
         _linear(s.attention.linear[2], x.w_o)
         _norm(s.attention.layer_norm, layer.sublayers[1].norm)
         _linear(s.ffn.linear_0, layer.feed_forward.w_1)
@@ -113,7 +120,8 @@ def _layers(spec, model: Transformer) -> None:
 
 
 def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
-    """A ctranslate2.specs.TransformerSpec holding the model's weights and vocabulary."""
+    """A ctranslate2.specs.TransformerSpec holding the model's weights and
+    vocabulary."""
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -130,22 +138,31 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         pre_norm=False,  # LayerNorm(x + Sublayer(x)), and no final LayerNorm
         activation=common_spec.Activation.RELU,
     )
-    # The engine's own table puts all the sines before all the cosines; the package
-    # interleaves them (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos): give it the package's.
-    table = _array(sinusoidal_encoding(c.max_len, c.d_model))  # (max_len, d_model)
-    embedding = _array(model.src_embed.embedding.weight)  # (V, d_model), shared
+    # The engine's own table puts all the sines before all the cosines; the
+    # package interleaves them (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos): give
+    # it the package's.
+    table = _array(
+        sinusoidal_encoding(c.max_len, c.d_model)
+    )  # (max_len, d_model)
+    embedding = _array(
+        model.src_embed.embedding.weight
+    )  # (V, d_model), shared
     for side in (spec.encoder, spec.decoder):
         side.scale_embeddings = True  # × √d_model, as TokenEmbedding does
         side.position_encodings.encodings = table
     spec.encoder.embeddings[0].weight = embedding
     spec.decoder.embeddings.weight = embedding
-    spec.decoder.projection.weight = embedding  # the tied output layer, without bias
+    spec.decoder.projection.weight = (
+        embedding  # the tied output layer, without bias
+    )
     _layers(spec, model)
     pieces = tokenizer.pieces(
         range(tokenizer.vocab_size)
     )  # in id order: id i is piece i
     spec.register_source_vocabulary(pieces)
-    spec.register_target_vocabulary(pieces)  # the same list: saved as one shared file
+    spec.register_target_vocabulary(
+        pieces
+    )  # the same list: saved as one shared file
     config = spec.config
     config.layer_norm_epsilon = 1e-6
     config.unk_token = pieces[tokenizer.unk_id]
@@ -165,11 +182,13 @@ def export_ctranslate2(
     *,
     quantization: str = "float32",
 ) -> Path:
-    """Write `model` as a CTranslate2 model folder `out` (float32 or int8 weights), with the
-    package's tokenizer beside it; the folder appears whole or not at all."""
+    """Write `model` as a CTranslate2 model folder `out` (float32 or int8
+    weights), with the package's tokenizer beside it; the folder appears whole
+    or not at all."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(
-            f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+            f"quantization must be one of {', '.join(QUANTIZATIONS)}, got"
+            f" {quantization!r}"
         )
     spec = ctranslate2_spec(model, tokenizer)
     spec.validate()
@@ -183,12 +202,15 @@ def export_ctranslate2(
             "max_len": model.config.max_len,
             "quantization": quantization,
         }
-        atomic_write(tmp / EXPORT_RECORD, json.dumps(record, indent=1).encode())
+        atomic_write(
+            tmp / EXPORT_RECORD, json.dumps(record, indent=1).encode()
+        )
     return out
 
 # %% ../chapters/95_ctranslate2.ipynb #a2fdea52
 class CTranslate2Model:
-    """An exported folder, loaded: the engine's translator and the package's tokenizer."""
+    """An exported folder, loaded: the engine's translator and the package's
+    tokenizer."""
 
     def __init__(
         self,
@@ -198,20 +220,23 @@ class CTranslate2Model:
         device: str = "cpu",
         compute_type: str = "default",
     ) -> None:
-        """threads: the CPU threads (0: the engine's choice); device "cpu" or "cuda";
-        compute_type: the engine's, e.g. "float16" on a GPU ("default": as exported)."""
+        """threads: the CPU threads (0: the engine's choice); device "cpu" or
+        "cuda"; compute_type: the engine's, e.g. "float16" on a GPU ("default":
+        as exported)."""
         ctranslate2 = require_ctranslate2()
         folder = Path(folder)
         record_path = folder / EXPORT_RECORD
         if not record_path.is_file():
             raise CheckpointError(
-                f"{folder} is not a model exported by `python -m transformer export`: "
-                f"no {EXPORT_RECORD}"
+                f"{folder} is not a model exported by `python -m transformer"
+                f" export`: no {EXPORT_RECORD}"
             )
         try:
             self.max_len = int(json.loads(record_path.read_text())["max_len"])
         except (ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{record_path}: no max_len ({err})") from err
+            raise CheckpointError(
+                f"{record_path}: no max_len ({err})"
+            ) from err
         self.folder = folder
         self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
         self.translator = ctranslate2.Translator(
@@ -225,19 +250,29 @@ class CTranslate2Model:
         self._ids = {piece: i for i, piece in enumerate(self._pieces)}
 
     def decode_batch(
-        self, sources: Sequence[list[int]], *, beam_size: int = 4, alpha: float = 0.6
+        self,
+        sources: Sequence[list[int]],
+        *,
+        beam_size: int = 4,
+        alpha: float = 0.6,
     ) -> list[list[int]]:
-        """The output ids of sources given as ids with their final <eos>, as the package's
-        decoders take them: one batch, the limit source + 50 tokens of its longest."""
+        """The output ids of sources given as ids with their final <eos>, as
+        the package's decoders take them: one batch, the limit source + 50
+        tokens of its longest."""
         tok = self.tokenizer
         results = self.translator.translate_batch(
-            [self.tokenizer.pieces(s[:-1]) for s in sources],  # the engine adds <eos>
+            [
+                self.tokenizer.pieces(s[:-1]) for s in sources
+            ],  # the engine adds <eos>
             beam_size=beam_size,
             # the engine divides by |Y|^α, where GNMT's lp is ((5 + |Y|)/6)^α
             length_penalty=alpha if beam_size > 1 else 1.0,
             max_decoding_length=self._limit(sources),
             min_decoding_length=0,  # <eos> may come first, as in the package
-            suppress_sequences=[[self._pieces[tok.pad_id]], [self._pieces[tok.bos_id]]],
+            suppress_sequences=[
+                [self._pieces[tok.pad_id]],
+                [self._pieces[tok.bos_id]],
+            ],
         )
         return [[self._ids[p] for p in r.hypotheses[0]] for r in results]
 
@@ -254,17 +289,22 @@ class CTranslate2Model:
         batch_size: int = BATCH_SIZE,
         warn: Callable[[str], None] | None = None,
     ) -> list[str]:
-        """Translations of `sentences`, in their order, as `decode.translate` makes them,
-        with the same warnings."""
+        """Translations of `sentences`, in their order, as `decode.translate`
+        makes them, with the same warnings."""
         check_alpha(alpha)
 
         def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
             limit = self._limit(sources)
             return [  # the engine's scores are not the package's: not kept
                 Hypothesis(
-                    ids, log_prob=math.nan, score=math.nan, ended=len(ids) < limit
+                    ids,
+                    log_prob=math.nan,
+                    score=math.nan,
+                    ended=len(ids) < limit,
                 )
-                for ids in self.decode_batch(sources, beam_size=beam_size, alpha=alpha)
+                for ids in self.decode_batch(
+                    sources, beam_size=beam_size, alpha=alpha
+                )
             ]
 
         return translate_batches(

@@ -17,13 +17,17 @@ from typing import Any
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half of it."""
+    """Write a file so that readers see the old content or the new, never half
+    of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
     try:
-        # mkstemp makes the file readable by its owner only; give it the mode that open()
-        # would have, so that a cache or a checkpoint can be shared like any other file.
+        # mkstemp makes the file readable by its owner only; give it the mode
+        # that open() would have, so that a cache or a checkpoint can be shared
+        # like any other file.
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
@@ -38,7 +42,8 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """Ask the disk to hold what `path` (a file or a folder) says before going on."""
+    """Ask the disk to hold what `path` (a file or a folder) says before going
+    on."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -48,22 +53,25 @@ def _fsync(path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_folder(path: Path) -> Iterator[Path]:
-    """Yield a temporary folder that replaces `path` when the block ends without error."""
+    """Yield a temporary folder that replaces `path` when the block ends
+    without error."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        # A rename can reach the disk before the data of the files renamed: after a
-        # power cut the folder would be there with empty files. The data first, then
-        # the names.
+        # A rename can reach the disk before the data of the files renamed:
+        # after a power cut the folder would be there with empty files. The
+        # data first, then the names.
         for folder, _, files in os.walk(tmp):
             for name in files:
                 _fsync(Path(folder) / name)
             _fsync(Path(folder))
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if path.exists():  # a rename cannot replace a folder that has files in it
+        if (
+            path.exists()
+        ):  # a rename cannot replace a folder that has files in it
             os.replace(path, old)
         os.replace(tmp, path)
         _fsync(path.parent)  # the renames themselves
@@ -74,7 +82,8 @@ def atomic_folder(path: Path) -> Iterator[Path]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON Lines file; a last line cut short by a crash is skipped."""
+    """The records of a JSON Lines file; a last line cut short by a crash is
+    skipped."""
     records = []
     if Path(path).is_file():
         for line in Path(path).read_text().splitlines():
@@ -86,7 +95,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one record to a JSON Lines file, on the disk when this returns."""
+    """Append one record to a JSON Lines file, on disk when this returns."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
@@ -94,16 +103,22 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the records up to update `step` (a resumed run writes the later ones again)."""
+    """Keep the records up to update `step` (a resumed run writes the later
+    ones again)."""
     if Path(path).exists():
         kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-        atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        atomic_write(
+            path, "".join(json.dumps(r) + "\n" for r in kept).encode()
+        )
 
 
 def remove_stale(folder: Path) -> None:
-    """Delete the temporary files and folders that a writer killed in `atomic_write` or
-    `atomic_folder` left in `folder`."""
-    for stale in [*Path(folder).glob(".*.tmp*"), *Path(folder).glob(".*.old-*")]:
+    """Delete the temporary files and folders that a writer killed in
+    `atomic_write` or `atomic_folder` left in `folder`."""
+    for stale in [
+        *Path(folder).glob(".*.tmp*"),
+        *Path(folder).glob(".*.old-*"),
+    ]:
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:

@@ -4,8 +4,8 @@
 __all__ = ['Generator', 'Transformer']
 
 # %% ../chapters/08_model.ipynb #e25a660a
-"""The Transformer: embeddings, encoder, decoder and output layer, Figure 1 and Sections 3.1-3.4
-of Vaswani et al. (2017)."""
+"""The Transformer: embeddings, encoder, decoder and output layer, Figure 1 and
+Sections 3.1-3.4 of Vaswani et al. (2017)."""
 
 import torch
 from torch import Tensor, nn
@@ -21,11 +21,13 @@ from .encoder import Encoder
 
 
 class Generator(nn.Module):
-    """The output layer: a linear map to the vocabulary and a log-softmax (Section 3.4)."""
+    """The output layer: a linear map to the vocabulary and a log-softmax
+    (Section 3.4)."""
 
     def __init__(self, d_model: int, vocab_size: int) -> None:
         super().__init__()
-        # No bias, as in the reference code; the weight may be the tied embedding matrix.
+        # No bias, as in the reference code; the weight may be the tied
+        # embedding matrix.
         self.proj = nn.Linear(d_model, vocab_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -56,8 +58,12 @@ class Transformer(nn.Module):
             if c.positional == "sinusoidal"
             else LearnedPositionalEncoding
         )
-        self.src_pos = positional(c.d_model, max_len=c.max_len, dropout=c.dropout)
-        self.tgt_pos = positional(c.d_model, max_len=c.max_len, dropout=c.dropout)
+        self.src_pos = positional(
+            c.d_model, max_len=c.max_len, dropout=c.dropout
+        )
+        self.tgt_pos = positional(
+            c.d_model, max_len=c.max_len, dropout=c.dropout
+        )
         stack = dict(
             n_layers=c.n_layers,
             d_model=c.d_model,
@@ -73,13 +79,15 @@ class Transformer(nn.Module):
         self.generator = Generator(c.d_model, c.target_vocab_size)
         self._init_weights()
         if c.tie_output:
-            # The same Parameter object, not a copy: one tensor, one gradient (3.4).
+            # The same Parameter object, not a copy: one tensor, one gradient
+            # (3.4).
             self.generator.proj.weight = self.tgt_embed.embedding.weight
 
     def _init_weights(self) -> None:
-        # Glorot-uniform matrices in both stacks, as the reference code, and zero biases:
-        # the attention biases, which the reference code does not have, start inert.
-        # The embedding tables keep TokenEmbedding's N(0, 1/d_model).
+        # Glorot-uniform matrices in both stacks, as the reference code, and
+        # zero biases: the attention biases, which the reference code does not
+        # have, start inert. The embedding tables keep TokenEmbedding's N(0,
+        # 1/d_model).
         for stack in (self.encoder, self.decoder):
             for module in stack.modules():
                 if isinstance(module, nn.Linear):
@@ -93,13 +101,16 @@ class Transformer(nn.Module):
         return self.src_pos(self.src_embed(src))  # (B, S, d_model)
 
     def _embed_target(self, tgt: Tensor, start: int = 0) -> Tensor:
-        return self.tgt_pos(self.tgt_embed(tgt), start=start)  # (B, T, d_model)
+        return self.tgt_pos(
+            self.tgt_embed(tgt), start=start
+        )  # (B, T, d_model)
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         """The encoder's memory of a batch of source sentences.
 
         Shapes:
-            src: (B, S) token ids; src_mask: boolean (B, 1, 1, S) (padding_mask)
+            src: (B, S) token ids; src_mask: boolean (B, 1, 1, S)
+                (padding_mask)
             returns (B, S, d_model)
         """
         memory, _ = self.encoder(self._embed_source(src), src_mask)
@@ -114,16 +125,19 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None,
         cache: DecoderCache | None = None,
     ) -> Tensor:
-        """The decoder's output vectors for a batch of (shifted) target sentences.
+        """The decoder's output vectors for a batch of (shifted) target
+        sentences.
 
         Shapes:
             tgt: (B, T) token ids; memory: (B, S, d_model)
-            src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T) (target_mask)
+            src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T)
+                (target_mask)
             returns (B, T, d_model)
 
-        With a cache (the decoding chapter), tgt holds only the new tokens, which take the
-        positions after the cache.length ones already decoded, and tgt_mask, if any, covers
-        all L cached positions, the new ones included: (B, 1, T, L).
+        With a cache (the decoding chapter), tgt holds only the new tokens,
+        which take the positions after the cache.length ones already decoded,
+        and tgt_mask, if any, covers all L cached positions, the new ones
+        included: (B, 1, T, L).
         """
         start = cache.length if cache is not None else 0
         out, _ = self.decoder(
@@ -165,7 +179,8 @@ class Transformer(nn.Module):
         """Every attention weight of one forward pass, one tensor per layer.
 
         Shapes:
-            "encoder": n_layers x (B, H, S, S); "decoder_self": n_layers x (B, H, T, T);
+            "encoder": n_layers x (B, H, S, S); "decoder_self": n_layers x (B,
+                H, T, T);
             "decoder_cross": n_layers x (B, H, T, S)
         """
         memory, encoder_weights = self.encoder(

@@ -4,7 +4,8 @@
 __all__ = ['ADAM_BETAS', 'ADAM_EPS', 'noam_lr', 'make_optimizer']
 
 # %% ../chapters/12_schedule.ipynb #6303f754
-"""Adam and the learning-rate schedule of Vaswani et al. (2017), section 5.3, equation (3)."""
+"""Adam and the learning-rate schedule of Vaswani et al. (2017), section 5.3,
+equation (3)."""
 
 from collections.abc import Iterable
 
@@ -16,11 +17,14 @@ ADAM_BETAS = (0.9, 0.98)
 ADAM_EPS = 1e-9
 
 
-def noam_lr(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> float:
-    """factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), equation (3).
+def noam_lr(
+    step: int, *, d_model: int, warmup: int, factor: float = 1.0
+) -> float:
+    """factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), equation
+    (3).
 
-    `step` is the number of the update, counted from 1; step 0 (before any update) gives 0,
-    the limit of the linear warm-up.
+    `step` is the number of the update, counted from 1; step 0 (before any
+    update) gives 0, the limit of the linear warm-up.
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -35,8 +39,11 @@ def noam_lr(step: int, *, d_model: int, warmup: int, factor: float = 1.0) -> flo
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 # %% ../chapters/12_schedule.ipynb #bb785b9b
-def _param_list(params: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """A parameter group's tensors as a list: one tensor, or an iterable of them."""
+def _param_list(
+    params: torch.Tensor | Iterable[torch.Tensor],
+) -> list[torch.Tensor]:
+    """A parameter group's tensors as a list: one tensor, or an iterable of
+    them."""
     return [params] if isinstance(params, torch.Tensor) else list(params)
 
 
@@ -48,39 +55,54 @@ def make_optimizer(
     factor: float = 1.0,
     fused: bool | None = None,
 ) -> tuple[torch.optim.Adam, LambdaLR]:
-    """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation (3).
+    """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation
+    (3).
 
-    The optimizer's base lr is 1.0 and the scheduler's factor is noam_lr(k + 1) after k calls of
-    `scheduler.step()`, so update n (from 1) uses noam_lr(n). Call `optimizer.step()`, then
-    `scheduler.step()`. `fused=None` uses the fused Adam when every parameter is on CUDA.
+    The optimizer's base lr is 1.0 and the scheduler's factor is noam_lr(k + 1)
+    after k calls of `scheduler.step()`, so update n (from 1) uses noam_lr(n).
+    Call `optimizer.step()`, then `scheduler.step()`. `fused=None` uses the
+    fused Adam when every parameter is on CUDA.
     """
     if isinstance(model_or_params, nn.Module):
         params: list = list(model_or_params.parameters())
     else:
-        # A group's "params" may be a generator (`model.encoder.parameters()`): make it a
-        # list, or reading it here would leave Adam an empty group. It may also be one tensor,
-        # as torch.optim allows, which list() would cut into its rows.
+        # A group's "params" may be a generator (`model.encoder.parameters()`):
+        # make it a list, or reading it here would leave Adam an empty group.
+        # It may also be one tensor, as torch.optim allows, which list() would
+        # cut into its rows.
         params = [
-            p | {"params": _param_list(p["params"])} if isinstance(p, dict) else p
+            (
+                p | {"params": _param_list(p["params"])}
+                if isinstance(p, dict)
+                else p
+            )
             for p in model_or_params
         ]
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
     if not groups or any(not group for group in groups):
-        raise ValueError("make_optimizer got no parameters (or an empty group)")
-    if any(isinstance(p, dict) and "lr" in p for p in params):
-        # LambdaLR multiplies a group's own lr by the schedule: noam_lr(n) would be scaled.
         raise ValueError(
-            "a parameter group sets its own lr: the schedule sets every group's learning "
-            "rate (use factor= to scale it)"
+            "make_optimizer got no parameters (or an empty group)"
+        )
+    if any(isinstance(p, dict) and "lr" in p for p in params):
+        # LambdaLR multiplies a group's own lr by the schedule: noam_lr(n)
+        # would be scaled.
+        raise ValueError(
+            "a parameter group sets its own lr: the schedule sets every"
+            " group's learning rate (use factor= to scale it)"
         )
     if fused is None:
-        fused = all(t.is_cuda and t.is_floating_point() for g in groups for t in g)
+        fused = all(
+            t.is_cuda and t.is_floating_point() for g in groups for t in g
+        )
     # Check the schedule's arguments before building anything.
     noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)
 
     def lr_at(completed_updates: int) -> float:
         return noam_lr(
-            completed_updates + 1, d_model=d_model, warmup=warmup, factor=factor
+            completed_updates + 1,
+            d_model=d_model,
+            warmup=warmup,
+            factor=factor,
         )
 
     optimizer = torch.optim.Adam(

@@ -4,8 +4,9 @@
 __all__ = ['PositionwiseFeedForward', 'SublayerConnection']
 
 # %% ../chapters/05_sublayers.ipynb #0143ffef
-"""The position-wise feed-forward network (Section 3.3) and the residual connection with
-layer normalisation around every sublayer (Sections 3.1, 5.4) of Vaswani et al. (2017)."""
+"""The position-wise feed-forward network (Section 3.3) and the residual
+connection with layer normalisation around every sublayer (Sections 3.1, 5.4)
+of Vaswani et al. (2017)."""
 
 from collections.abc import Callable
 
@@ -14,7 +15,8 @@ from torch import Tensor, nn
 
 
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two linear maps at every position (3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two linear maps at every
+    position (3.3)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -34,10 +36,12 @@ class PositionwiseFeedForward(nn.Module):
 
 # %% ../chapters/05_sublayers.ipynb #ec9fac66
 class SublayerConnection(nn.Module):
-    """Residual connection, dropout and layer normalisation around one sublayer.
+    """Residual connection, dropout and layer normalisation around one
+    sublayer.
 
-    Post-norm, the paper's order (norm_first=False): LayerNorm(x + Dropout(Sublayer(x))).
-    Pre-norm (norm_first=True): x + Dropout(Sublayer(LayerNorm(x))).
+    Post-norm, the paper's order (norm_first=False): LayerNorm(x +
+    Dropout(Sublayer(x))). Pre-norm (norm_first=True): x +
+    Dropout(Sublayer(LayerNorm(x))).
     """
 
     def __init__(
@@ -45,15 +49,20 @@ class SublayerConnection(nn.Module):
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        # ε = 1e-6 as in the reference code (tensor2tensor); PyTorch's default is 1e-5.
+        # ε = 1e-6 as in the reference code (tensor2tensor); PyTorch's default
+        # is 1e-5.
         self.norm = nn.LayerNorm(d_model, eps=1e-6)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """Apply `sublayer` with its residual connection, in the order set by norm_first.
+    def forward(
+        self, x: Tensor, sublayer: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        """Apply `sublayer` with its residual connection, in the order set by
+        norm_first.
 
         Shapes:
-            x: (B, L, d_model); sublayer maps (B, L, d_model) to (B, L, d_model)
+            x: (B, L, d_model); sublayer maps (B, L, d_model) to (B, L,
+                d_model)
             returns (B, L, d_model)
         """
         if self.norm_first:

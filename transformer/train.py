@@ -4,11 +4,12 @@
 __all__ = ['train_step', 'TrainResult', 'Trainer', 'train']
 
 # %% ../chapters/13_training.ipynb #ae19efcf
-"""The training loop of Vaswani et al. (2017), section 5: one update over token-bucketed
-batches, and the trainer that runs the epochs, validates, checkpoints and resumes exactly,
-in one process or several (torchrun).
+"""The training loop of Vaswani et al. (2017), section 5: one update over
+token-bucketed batches, and the trainer that runs the epochs, validates,
+checkpoints and resumes exactly, in one process or several (torchrun).
 
-Imports neither Altair, pandas nor spaCy: a GPU machine trains from the encoded cache.
+Imports neither Altair, pandas nor spaCy: a GPU machine trains from the encoded
+cache.
 """
 
 import contextlib
@@ -26,7 +27,8 @@ from .validation import batch_log_probs
 
 
 def _ddp(model: nn.Module) -> DistributedDataParallel | None:
-    """The DistributedDataParallel wrapper of a model, seen through torch.compile's."""
+    """The DistributedDataParallel wrapper of a model, seen through
+    torch.compile's."""
     inner = getattr(model, "_orig_mod", model)
     return inner if isinstance(inner, DistributedDataParallel) else None
 
@@ -43,31 +45,40 @@ def train_step(
 ) -> Tensor:
     """One update with the gradient of (summed loss) / `tokens`.
 
-    `batches` are this process's micro-batches; `tokens` counts the real target tokens of the
-    whole update, every micro-batch of every process. Returns this process's summed loss,
-    detached and on the model's device.
+    `batches` are this process's micro-batches; `tokens` counts the real target
+    tokens of the whole update, every micro-batch of every process. Returns
+    this process's summed loss, detached and on the model's device.
     """
     if criterion.reduction != "sum":
         raise ValueError(
-            f"criterion must sum the loss, got reduction={criterion.reduction!r}"
+            "criterion must sum the loss, got"
+            f" reduction={criterion.reduction!r}"
         )
     if not batches or tokens <= 0:
         raise ValueError(
             f"an update needs batches and tokens, got {len(batches)}, {tokens}"
         )
     ddp = _ddp(model)
-    # DistributedDataParallel averages the gradients of the processes; we want their sum.
+    # DistributedDataParallel averages the gradients of the processes; we want
+    # their sum.
     scale = (dist.get_world_size() if ddp is not None else 1) / tokens
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=device)
     for k, batch in enumerate(batches):
         batch = batch.to(device, non_blocking=True)
-        # Processes exchange gradients once, in the backward pass of the last micro-batch.
+        # Processes exchange gradients once, in the backward pass of the last
+        # micro-batch.
         last = k == len(batches) - 1
-        with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                log_probs = batch_log_probs(model, batch, pad_id=criterion.pad_id)
+        with (
+            contextlib.nullcontext() if ddp is None or last else ddp.no_sync()
+        ):
+            with torch.autocast(
+                device.type, dtype=torch.bfloat16, enabled=bf16
+            ):
+                log_probs = batch_log_probs(
+                    model, batch, pad_id=criterion.pad_id
+                )
             loss = criterion(log_probs, batch.tgt_out)
             (loss * scale).backward()
         total += loss.detach()
@@ -145,8 +156,11 @@ def _build(
     model_config: TransformerConfig,
     device: torch.device,
     pad_id: int,
-) -> tuple[Transformer, torch.optim.Optimizer, LRScheduler, LabelSmoothingLoss]:
-    """The model, initialised from the run's seed, Adam with the schedule, and the loss."""
+) -> tuple[
+    Transformer, torch.optim.Optimizer, LRScheduler, LabelSmoothingLoss
+]:
+    """The model, initialised from the run's seed, Adam with the schedule, and
+    the loss."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
     optimizer, scheduler = make_optimizer(
@@ -156,23 +170,31 @@ def _build(
         factor=config.lr_factor,
     )
     smoothing = config.label_smoothing
-    criterion = LabelSmoothingLoss(pad_id=pad_id, smoothing=smoothing, reduction="sum")
+    criterion = LabelSmoothingLoss(
+        pad_id=pad_id, smoothing=smoothing, reduction="sum"
+    )
     return model, optimizer, scheduler, criterion
 
 
 def _wrap(
-    model: nn.Module, config: TrainConfig, env: Distributed, device: torch.device
+    model: nn.Module,
+    config: TrainConfig,
+    env: Distributed,
+    device: torch.device,
 ) -> nn.Module:
-    """The model that updates run: under DistributedDataParallel with several processes,
-    compiled if asked."""
+    """The model that updates run: under DistributedDataParallel with several
+    processes, compiled if asked."""
     if env.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     return torch.compile(model) if config.compile else model
 
 
-def _bar(total: int, initial: int, epoch: int, epochs: int, main: bool) -> tqdm:
-    """The progress bar of an epoch's updates, shown by the first process in a terminal."""
+def _bar(
+    total: int, initial: int, epoch: int, epochs: int, main: bool
+) -> tqdm:
+    """The progress bar of an epoch's updates, shown by the first process in a
+    terminal."""
     return tqdm(
         total=total,
         initial=initial,
@@ -184,14 +206,15 @@ def _bar(total: int, initial: int, epoch: int, epochs: int, main: bool) -> tqdm:
 
 
 def _last_epochs(out: Path, average_last: int) -> list[Path]:
-    """The epoch checkpoints to average: the last `average_last`, none below 2."""
+    """The epoch checkpoints to average: the last `average_last`, from 2."""
     found = list_checkpoints(out)
     epochs = [path for _, path in found if path.name.startswith("epoch-")]
     return epochs[-average_last:] if average_last >= 2 else []
 
 
 def _prepare_folder(out: Path) -> None:
-    """Make the run's folders; delete what a killed run left (see atomic_folder)."""
+    """Make the run's folders; delete what a killed run left (see
+    atomic_folder)."""
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     remove_stale(out)
     remove_stale(out / "checkpoints")
@@ -200,8 +223,8 @@ def _prepare_folder(out: Path) -> None:
 def _store_settings(
     out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
 ) -> None:
-    """Drop the records after update `step`, which a resumed run writes again, and store
-    the settings (both atomically: --resume reads them back)."""
+    """Drop the records after update `step`, which a resumed run writes again,
+    and store the settings (both atomically: --resume reads them back)."""
     for name in ("metrics.jsonl", "steps.jsonl"):
         truncate_jsonl(out / name, step)
     settings = json.dumps(config.to_dict(), indent=2) + "\n"
@@ -212,7 +235,8 @@ def _store_settings(
 def _validation_set(
     data: TrainingData, config: TrainConfig, max_len: int, env: Distributed
 ) -> tuple[int, list[Batch]]:
-    """The words of the validation references, and this process's share of the batches."""
+    """The words of the validation references, and this process's share of the
+    batches."""
     val = iterate_batches(
         data.val,
         data.tokenizer,
@@ -220,7 +244,10 @@ def _validation_set(
         shuffle=False,
         max_len=max_len,
     )
-    return count_words(data.tokenizer, data.val), list(val)[env.rank :: env.world_size]
+    return (
+        count_words(data.tokenizer, data.val),
+        list(val)[env.rank :: env.world_size],
+    )
 
 
 def _collate_share(
@@ -230,7 +257,8 @@ def _collate_share(
     max_len: int,
     env: Distributed,
 ) -> list[Batch]:
-    """This process's batches of an update: every world_size-th, from its rank on."""
+    """This process's batches of an update: every world_size-th, from its rank
+    on."""
     return [
         collate(
             [train[i] for i in index],
@@ -248,45 +276,60 @@ def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
     """Where a run starts: from a checkpoint, or from scratch."""
     if checkpoint is not None:
         return f"resuming from {checkpoint}"
-    if resume:  # the same command repeated across stops starts the run the first time
+    if (
+        resume
+    ):  # the same command repeated across stops starts the run the first time
         return f"nothing to resume in {out}: starting a new run"
     return "starting"
 
 
 def _start_line(
-    where: str, config: TrainConfig, n: int, env: Distributed, device, bf16: bool
+    where: str,
+    config: TrainConfig,
+    n: int,
+    env: Distributed,
+    device,
+    bf16: bool,
 ) -> str:
-    """The log's first line: where the run starts, its model, processes and arithmetic."""
+    """The log's first line: where the run starts, its model, processes and
+    arithmetic."""
     return (
-        f"{where}: {config.pair}, model {config.model} {config.model_overrides or ''} "
-        f"({n:,} parameters), {env.world_size} process(es) on {device}, "
-        f"bf16 {bf16}, compile {config.compile}"
+        f"{where}: {config.pair}, model {config.model}"
+        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
+        f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
     )
 
 
 class _Clock:
-    """The time limit: the run stops at a check early enough to validate and save."""
+    """The time limit: the run stops at a check early enough to validate and
+    save."""
 
-    def __init__(self, limit: float | None, env: Distributed, device: torch.device):
+    def __init__(
+        self, limit: float | None, env: Distributed, device: torch.device
+    ):
         self.start, self.limit = time.perf_counter(), limit
         self.env, self.device = env, device
-        self.reserve = 0.05 * 60 * limit if limit else 0.0  # to validate and save
-        # With several processes the time check is a collective: every 10 updates then.
+        self.reserve = (
+            0.05 * 60 * limit if limit else 0.0
+        )  # to validate and save
+        # With several processes the time check is a collective: every 10
+        # updates then.
         self.check_every = 1 if env.world_size == 1 else 10
         self.gap = 0.0  # the longest time measured between two time checks
         self.checked: float | None = None  # when the time was last checked
 
     def time_is_up(self) -> bool:
-        """Measure the time since the last check, then say whether to stop now."""
+        """Measure the time since the last check; say whether to stop now."""
         now = time.perf_counter()
         if self.checked is not None:
             self.gap = max(self.gap, now - self.checked)
         self.checked = now
         if self.limit is None:
             return False
-        # The run goes on until the next check before it validates and saves: the
-        # longest time seen between two checks (one update, or ten with several
-        # processes) is reserved besides the time of validating and saving.
+        # The run goes on until the next check before it validates and saves:
+        # the longest time seen between two checks (one update, or ten with
+        # several processes) is reserved besides the time of validating and
+        # saving.
         reserve = self.reserve + self.gap
         late = time.perf_counter() - self.start > 60 * self.limit - reserve
         if self.env.world_size > 1:  # processes must stop at the same update
@@ -297,7 +340,8 @@ class _Clock:
 
 
 class _StepLog:
-    """The lines of steps.jsonl: the training loss and throughput since the last line."""
+    """The lines of steps.jsonl: the training loss and throughput since the
+    last line."""
 
     def __init__(self, path: Path | None, device: torch.device) -> None:
         self.path, self.device = path, device
@@ -310,9 +354,11 @@ class _StepLog:
         self.loss += loss
         self.tokens += tokens
 
-    def write(self, p: Progress, batches: int, lr: float, start: float) -> dict:
-        """The line at update `p.step` of an epoch of `batches` batches; `start` is when
-        this process of the run began."""
+    def write(
+        self, p: Progress, batches: int, lr: float, start: float
+    ) -> dict:
+        """The line at update `p.step` of an epoch of `batches` batches;
+        `start` is when this process of the run began."""
         now = time.perf_counter()
         mean = all_sum([self.loss.item()], self.device)[0] / self.tokens
         record = {
@@ -338,7 +384,8 @@ class TrainResult:
 
 
 class _Log:
-    """Lines to the run's train.log and, if `echo`, to the terminal (around the progress bar)."""
+    """Lines to the run's train.log and, if `echo`, to the terminal (around the
+    progress bar)."""
 
     def __init__(self, path: Path | None, echo: bool) -> None:
         self.file = open(path, "a") if path is not None else None
@@ -346,7 +393,9 @@ class _Log:
 
     def __call__(self, message: str, *, echo: bool = True) -> None:
         if self.file is not None:
-            self.file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+            self.file.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n"
+            )
             self.file.flush()
         if self.echo and echo:
             tqdm.write(message, file=sys.stdout)
@@ -365,8 +414,8 @@ def _epoch_record(
     wall_time: float,
     peak: float | None,
 ) -> dict[str, Any]:
-    """The line of metrics.jsonl for an epoch, or the part of one before a stop; `peak` is
-    the processes' peak FLOP rate (None on a CPU: no MFU)."""
+    """The line of metrics.jsonl for an epoch, or the part of one before a
+    stop; `peak` is the processes' peak FLOP rate (None on a CPU: no MFU)."""
     seconds = max(p.epoch_seconds, 1e-9)
     return {
         "kind": kind,
@@ -392,14 +441,16 @@ def _metrics_text(r: dict[str, Any]) -> str:
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:
     mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
     return (
-        f"epoch {r['epoch']:g}/{epochs} step {r['step']:,}: train loss {r['train_loss']:.3f}, "
+        f"epoch {r['epoch']:g}/{epochs} step {r['step']:,}: train loss"
+        f" {r['train_loss']:.3f}, "
         + _metrics_text(r)
         + f", {r['tokens_per_s']:,.0f} tok/s{mfu}, lr {r['lr']:.2e}"
     )
 
 # %% ../chapters/13_training.ipynb #4c7064e1
 class Trainer:
-    """One process's part of a training run; `train(config)` builds one and calls `run()`."""
+    """One process's part of a training run; `train(config)` builds one and
+    calls `run()`."""
 
     def __init__(
         self,
@@ -423,12 +474,15 @@ class Trainer:
                 checkpoint, model_config=self.model_config, tokenizer=tokenizer
             )
         max_len = self.model_config.max_len
-        epoch = Progress.read(checkpoint).epoch if checkpoint is not None else 0
+        epoch = (
+            Progress.read(checkpoint).epoch if checkpoint is not None else 0
+        )
         self.spellings, first = prepare_epochs(
             c, self.data, max_len, env.world_size, epoch
         )
-        # With a GPU, a second process spells the next epoch while this one trains (the CPU
-        # is otherwise idle); on a CPU, the training itself keeps every core busy.
+        # With a GPU, a second process spells the next epoch while this one
+        # trains (the CPU is otherwise idle); on a CPU, the training itself
+        # keeps every core busy.
         self.spellings.prefetch = self.device.type == "cuda"
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
@@ -443,8 +497,12 @@ class Trainer:
             _store_settings(self.out, c, tokenizer, self.progress.step)
         self.step_model = _wrap(self.model, c, env, self.device)
         self.bf16 = c.uses_bf16(self.device.type)
-        self.words, self.val_batches = _validation_set(self.data, c, max_len, env)
-        self.loss_acc = torch.zeros((), device=self.device, dtype=torch.float64)
+        self.words, self.val_batches = _validation_set(
+            self.data, c, max_len, env
+        )
+        self.loss_acc = torch.zeros(
+            (), device=self.device, dtype=torch.float64
+        )
         steps = self.out / "steps.jsonl" if env.is_main else None
         self.steps = _StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
@@ -454,10 +512,11 @@ class Trainer:
         if warning := dropped_warning(first, c.accumulation, env.world_size):
             self.log(warning)
 
-    # -- set-up -------------------------------------------------------------------------------
+    # -- set-up
 
     def _load(self, checkpoint: Path) -> None:
-        """Continue from a checkpoint: the weights, the optimiser, the schedule, progress."""
+        """Continue from a checkpoint: the weights, the optimiser, the
+        schedule, progress."""
         load_weights(self.model, checkpoint / "model.safetensors")
         state = load_state(checkpoint, "trainer")
         self.optimizer.load_state_dict(state["optimizer"])
@@ -470,7 +529,7 @@ class Trainer:
         self.log(_start_line(where, c, n, self.env, self.device, self.bf16))
         self.log(f"config: {json.dumps(c.to_dict())}", echo=False)
 
-    # -- the epochs ---------------------------------------------------------------------------
+    # -- the epochs
 
     def run(self) -> TrainResult:
         c, p = self.config, self.progress
@@ -498,7 +557,8 @@ class Trainer:
         return TrainResult(self.out, stopped, p.step, metrics)
 
     def _train_epoch(self) -> tuple[str | None, int]:
-        """Updates until the epoch ends (None) or the run must stop (the reason)."""
+        """Updates until the epoch ends (None) or the run must stop (the
+        reason)."""
         c, p, env, clock = self.config, self.progress, self.env, self.clock
         self.train = self.spellings(p.epoch)
         self.tgt_lengths = self.train.tgt_lengths + 1
@@ -511,7 +571,9 @@ class Trainer:
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
         self.model.train()
-        bar = _bar(total, min(p.batch // group, total), p.epoch, c.epochs, env.is_main)
+        bar = _bar(
+            total, min(p.batch // group, total), p.epoch, c.epochs, env.is_main
+        )
         start, updates, reason = _sync(self.device), 0, None
         self.steps.restart(start)
         clock.checked = None
@@ -527,7 +589,10 @@ class Trainer:
             bar.update(1)
             if p.step % c.log_every == 0:
                 r = self.steps.write(p, len(batches), self._lr(), clock.start)
-                loss, tok_s = f"{r['train_loss']:.3f}", f"{r['tokens_per_s']:,.0f}"
+                loss, tok_s = (
+                    f"{r['train_loss']:.3f}",
+                    f"{r['tokens_per_s']:,.0f}",
+                )
                 bar.set_postfix(loss=loss, tok_s=tok_s, lr=f"{r['lr']:.2e}")
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
@@ -535,9 +600,17 @@ class Trainer:
         return reason, updates
 
     def _update(self, update: list[np.ndarray]) -> None:
-        """One update over a group of batches, of which this process collates its share."""
-        c, p, env, tok = self.config, self.progress, self.env, self.data.tokenizer
-        mine = _collate_share(self.train, update, tok, self.model_config.max_len, env)
+        """One update over a group of batches, of which this process collates
+        its share."""
+        c, p, env, tok = (
+            self.config,
+            self.progress,
+            self.env,
+            self.data.tokenizer,
+        )
+        mine = _collate_share(
+            self.train, update, tok, self.model_config.max_len, env
+        )
         every = np.concatenate(update)
         tokens = int(self.tgt_lengths[every].sum())
         seed_update(c.seed, p.step, env.rank)
@@ -561,13 +634,18 @@ class Trainer:
         """The learning rate of the last update (equation 3)."""
         c, d_model = self.config, self.model_config.d_model
         return noam_lr(
-            self.progress.step, d_model=d_model, warmup=c.warmup, factor=c.lr_factor
+            self.progress.step,
+            d_model=d_model,
+            warmup=c.warmup,
+            factor=c.lr_factor,
         )
 
-    # -- the end of an epoch, and of the run --------------------------------------------------
+    # -- the end of an epoch, and of the run
+    # --------------------------------------------------
 
     def _end_period(self, *, kind: str) -> None:
-        """Validate, record the metrics, and write a checkpoint (the end of an epoch, or a stop)."""
+        """Validate, record the metrics, and write a checkpoint (the end of an
+        epoch, or a stop)."""
         c, p = self.config, self.progress
         started = time.perf_counter()
         p.epoch_loss_sum += all_sum([self.loss_acc.item()], self.device)[0]
@@ -575,20 +653,33 @@ class Trainer:
         validation = self._validate(self.model)
         if kind == "epoch":
             p.epoch += 1
-        epoch = float(p.epoch) if kind == "epoch" else round(p.epoch + self.fraction, 4)
+        epoch = (
+            float(p.epoch)
+            if kind == "epoch"
+            else round(p.epoch + self.fraction, 4)
+        )
         wall = p.wall_time + time.perf_counter() - self.clock.start
         peak = (
-            c.peak_flops * self.env.world_size if self.device.type == "cuda" else None
+            c.peak_flops * self.env.world_size
+            if self.device.type == "cuda"
+            else None
         )
-        record = _epoch_record(kind, epoch, p, validation, self._lr(), wall, peak)
+        record = _epoch_record(
+            kind, epoch, p, validation, self._lr(), wall, peak
+        )
         self.log(_epoch_line(record, c.epochs))
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
             p.epoch_seconds, p.epoch_flops = 0.0, 0.0
         if self.env.is_main:
-            # The record first: a resumed run drops records newer than its checkpoint.
+            # The record first: a resumed run drops records newer than its
+            # checkpoint.
             append_jsonl(self.out / "metrics.jsonl", record)
-            name = f"epoch-{p.epoch:03d}" if kind == "epoch" else f"step-{p.step:07d}"
+            name = (
+                f"epoch-{p.epoch:03d}"
+                if kind == "epoch"
+                else f"step-{p.step:07d}"
+            )
             self._save(self.out / "checkpoints" / name)
         barrier()
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
@@ -606,13 +697,17 @@ class Trainer:
     def _save(self, folder: Path) -> None:
         p, env = self.progress, self.env
         wall_time = p.wall_time + time.perf_counter() - self.clock.start
-        saved = dataclasses.replace(p, wall_time=wall_time, processes=env.world_size)
+        saved = dataclasses.replace(
+            p, wall_time=wall_time, processes=env.world_size
+        )
         state = {"optimizer": self.optimizer.state_dict()}
         state["scheduler"] = self.scheduler.state_dict()
         write_checkpoint(
             folder,
             self.model,
-            record=run_record(self.config, self.model_config, self.data.tokenizer),
+            record=run_record(
+                self.config, self.model_config, self.data.tokenizer
+            ),
             tokenizer=self.data.tokenizer,
             trainer_state=state,
             progress=saved,
@@ -620,13 +715,16 @@ class Trainer:
         prune_checkpoints(self.out, self.config.average_last)
 
     def _average(self) -> None:
-        """Average the last `average_last` epoch checkpoints into out/average and validate it."""
+        """Average the last `average_last` epoch checkpoints into out/average
+        and validate it."""
         c, p, tokenizer = self.config, self.progress, self.data.tokenizer
         chosen = _last_epochs(self.out, c.average_last)
         if len(chosen) < 2:
             return
         averaged = Transformer(self.model_config).to(self.device)
-        load_tensors_into(averaged, average_checkpoints(chosen), "averaged checkpoints")
+        load_tensors_into(
+            averaged, average_checkpoints(chosen), "averaged checkpoints"
+        )
         validation = self._validate(averaged)
         names = [path.name for path in chosen]
         record = {
@@ -640,7 +738,9 @@ class Trainer:
         self.log(f"average of {', '.join(names)}: " + _metrics_text(record))
         if self.env.is_main:
             append_jsonl(self.out / "metrics.jsonl", record)
-            run = run_record(c, self.model_config, tokenizer) | {"averaged": names}
+            run = run_record(c, self.model_config, tokenizer) | {
+                "averaged": names
+            }
             write_checkpoint(
                 self.out / "average", averaged, record=run, tokenizer=tokenizer
             )
@@ -656,8 +756,9 @@ def train(
 ) -> TrainResult:
     """Train as `config` says, in one process or, under torchrun, in several.
 
-    With `resume`, continue the run in the output folder from its latest checkpoint. `data`
-    replaces the Multi30k cache (tests); `echo=False` writes the log to train.log only.
+    With `resume`, continue the run in the output folder from its latest
+    checkpoint. `data` replaces the Multi30k cache (tests); `echo=False` writes
+    the log to train.log only.
     """
     env = Distributed.from_environ()
     owns_group = env.world_size > 1 and not dist.is_initialized()

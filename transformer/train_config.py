@@ -5,8 +5,8 @@ __all__ = ['MODEL_PRESETS', 'BPE_DROPOUT_SIDES', 'PEAK_BF16_FLOPS', 'RESUME_FIXE
            'quick_config', 'run_record', 'check_recipe', 'resume_point', 'multi30k_recipe']
 
 # %% ../chapters/13_training.ipynb #7b7f2be7
-"""The configuration of a training run: `TrainConfig`, each field checked by a table, the
-named recipes, and what a checkpoint records of the run."""
+"""The configuration of a training run: `TrainConfig`, each field checked by a
+table, the named recipes, and what a checkpoint records of the run."""
 
 import dataclasses
 import math
@@ -33,7 +33,9 @@ from .tokenizer import VOCAB_SIZE, Tokenizer
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
-PEAK_BF16_FLOPS = 790e12  # measured bf16 matrix-multiply rate of an H100 or H200
+PEAK_BF16_FLOPS = (
+    790e12  # measured bf16 matrix-multiply rate of an H100 or H200
+)
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
 
 
@@ -60,8 +62,8 @@ def _share(value: object) -> bool:
 _POSITIVE = (_positive, "must be a positive integer")
 _RATE = (_rate, "must be a finite positive number")
 _TEXT = (lambda v: v is None or isinstance(v, str), "must be a string or None")
-# Each field's check, in the order they are made; a value that fails is refused as
-# "<field> <message>, got <value>".
+# Each field's check, in the order they are made; a value that fails is refused
+# as "<field> <message>, got <value>".
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "vocab_size": _POSITIVE,
     "epochs": _POSITIVE,
@@ -73,7 +75,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "must be a positive integer or None",
     ),
     "log_every": _POSITIVE,
-    "seed": (lambda v: _integer(v) and v >= 0, "must be a non-negative integer"),
+    "seed": (
+        lambda v: _integer(v) and v >= 0,
+        "must be a non-negative integer",
+    ),
     "average_last": (
         lambda v: isinstance(v, int) and v >= 0,
         "must be an integer >= 0",
@@ -93,7 +98,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v is None or _rate(v),
         "must be finite positive minutes or None",
     ),
-    "bf16": (lambda v: v in (None, True, False), "must be True, False or None"),
+    "bf16": (
+        lambda v: v in (None, True, False),
+        "must be True, False or None",
+    ),
     "compile": (lambda v: isinstance(v, bool), "must be True or False"),
     "out_dir": _TEXT,
     "cache_dir": _TEXT,
@@ -104,7 +112,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a training run; the defaults follow the paper where it says."""
+    """Everything that defines a training run; the defaults follow the paper
+    where it says."""
 
     pair: str
     model: str = "small"  # a TransformerConfig preset
@@ -112,13 +121,19 @@ class TrainConfig:
     vocab_size: int = VOCAB_SIZE  # of the joint BPE vocabulary (data chapter)
     epochs: int = 10
     max_steps: int | None = None
-    max_tokens: int = MAX_TOKENS  # padded tokens per batch and side, per process
+    max_tokens: int = (
+        MAX_TOKENS  # padded tokens per batch and side, per process
+    )
     accumulation: int = 1  # batches per process and update
     warmup: int = 4000
     lr_factor: float = 1.0
     label_smoothing: float = 0.1
-    bpe_dropout: float = 0.0  # on the training words (data chapter); 0: off (the paper)
-    bpe_dropout_sides: str = "both"  # or "source": targets keep BPE's own spelling
+    bpe_dropout: float = (
+        0.0  # on the training words (data chapter); 0: off (the paper)
+    )
+    bpe_dropout_sides: str = (
+        "both"  # or "source": targets keep BPE's own spelling
+    )
     seed: int = 0
     bf16: bool | None = None  # None: on with CUDA
     compile: bool = False
@@ -134,11 +149,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.pair not in PAIRS:
             raise ValueError(
-                f"pair: unknown language pair {self.pair!r}, choose one of {', '.join(PAIRS)}"
+                f"pair: unknown language pair {self.pair!r}, choose one of"
+                f" {', '.join(PAIRS)}"
             )
         if self.model not in MODEL_PRESETS:
             raise ValueError(
-                f"model: unknown preset {self.model!r}, choose one of {', '.join(MODEL_PRESETS)}"
+                f"model: unknown preset {self.model!r}, choose one of"
+                f" {', '.join(MODEL_PRESETS)}"
             )
         if not isinstance(self.model_overrides, dict):
             raise ValueError(
@@ -150,8 +167,9 @@ class TrainConfig:
         bad = sorted(set(self.model_overrides) - known)
         if bad:
             raise ValueError(
-                f"model_overrides: unknown or fixed field(s) {', '.join(bad)} (the vocabulary "
-                f"size comes from the tokenizer); known: {', '.join(sorted(known))}"
+                f"model_overrides: unknown or fixed field(s) {', '.join(bad)}"
+                " (the vocabulary size comes from the tokenizer); known:"
+                f" {', '.join(sorted(known))}"
             )
         for name, (valid, message) in _CHECKS.items():
             if not valid(value := getattr(self, name)):
@@ -161,8 +179,8 @@ class TrainConfig:
                 torch.device(self.device)
             except RuntimeError:
                 raise ValueError(
-                    "device must be a torch device such as cpu, cuda or cuda:1, "
-                    f"got {self.device!r}"
+                    "device must be a torch device such as cpu, cuda or"
+                    f" cuda:1, got {self.device!r}"
                 ) from None
         try:  # the overrides' values, e.g. d_model % n_heads
             self.model_config(self.vocab_size)
@@ -175,17 +193,21 @@ class TrainConfig:
         return preset(vocab_size, **self.model_overrides)
 
     def uses_bf16(self, device_type: str) -> bool:
-        """Whether to train and validate under bfloat16 autocast on a `device_type` device:
-        `bf16` if set, otherwise on with CUDA only."""
+        """Whether to train and validate under bfloat16 autocast on a
+        `device_type` device: `bf16` if set, otherwise on with CUDA only."""
         return self.bf16 if self.bf16 is not None else device_type == "cuda"
 
     @property
     def output_dir(self) -> Path:
-        return Path(self.out_dir if self.out_dir is not None else f"runs/{self.pair}")
+        return Path(
+            self.out_dir if self.out_dir is not None else f"runs/{self.pair}"
+        )
 
     @property
     def cache_path(self) -> Path:
-        return Path(self.cache_dir) if self.cache_dir is not None else CACHE_DIR
+        return (
+            Path(self.cache_dir) if self.cache_dir is not None else CACHE_DIR
+        )
 
     @property
     def data_path(self) -> Path:
@@ -197,17 +219,20 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """Rebuild a config from `to_dict()`'s output; unknown keys are errors."""
+        """A config from `to_dict()`'s output; unknown keys are errors."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {', '.join(unknown)}")
+            raise ValueError(
+                f"unknown TrainConfig field(s) {', '.join(unknown)}"
+            )
         return cls(**d)
 
 
 def quick_mode() -> bool:
-    """Whether heavy cells run their small CPU version: without a CUDA GPU, or when the
-    environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for the full version)."""
+    """Whether heavy cells run their small CPU version: without a CUDA GPU, or
+    when the environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for
+    the full version)."""
     flag = os.environ.get("TRANSFORMER_QUICK", "")
     if flag not in ("", "0", "1"):
         raise ValueError(f"TRANSFORMER_QUICK must be 0 or 1, got {flag!r}")
@@ -217,7 +242,8 @@ def quick_mode() -> bool:
 
 
 def quick_config(pair: str, **overrides: Any) -> TrainConfig:
-    """A tiny model trained for a few dozen updates: about a minute on a 2-core CPU."""
+    """A tiny model trained for a few dozen updates: about a minute on a 2-core
+    CPU."""
     fields = dict(
         pair=pair,
         model="small",
@@ -235,16 +261,21 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
-    """What config.json holds: the model, the run, and the vocabulary's fingerprint."""
+    """What config.json holds: the model, the run, and the vocabulary's
+    fingerprint."""
     return {
         "format": CHECKPOINT_FORMAT,
         "model": model_config.to_dict(),
         "train": config.to_dict(),
-        "vocab": {"size": tokenizer.vocab_size, "sha256": tokenizer_digest(tokenizer)},
+        "vocab": {
+            "size": tokenizer.vocab_size,
+            "sha256": tokenizer_digest(tokenizer),
+        },
     }
 
 
-# The fields a resumed run must share with its checkpoint: they decide the updates themselves.
+# The fields a resumed run must share with its checkpoint: they decide the
+# updates themselves.
 RESUME_FIXED = (
     "pair",
     "model",
@@ -262,60 +293,67 @@ RESUME_FIXED = (
 
 
 def check_recipe(folder: Path, config: TrainConfig) -> None:
-    """Raise CheckpointError, naming the folder and the field, if the checkpoint in `folder`
-    was trained with another value of a field that decides the updates (RESUME_FIXED)."""
+    """Raise CheckpointError, naming the folder and the field, if the
+    checkpoint in `folder` was trained with another value of a field that
+    decides the updates (RESUME_FIXED)."""
     stored = read_record(folder).get("train", {})
     for name in RESUME_FIXED:
         theirs, ours = stored.get(name), getattr(config, name)
-        if name == "model_overrides":  # name the field of the model that differs
+        if (
+            name == "model_overrides"
+        ):  # name the field of the model that differs
             theirs, ours = theirs or {}, ours or {}
             for key in sorted(theirs.keys() | ours.keys()):
                 if theirs.get(key) != ours.get(key):
                     raise CheckpointError(
-                        f"{folder}: the checkpoint was trained with {name}.{key}="
-                        f"{theirs.get(key)!r}, this run asks for {name}.{key}={ours.get(key)!r}"
+                        f"{folder}: the checkpoint was trained with"
+                        f" {name}.{key}={theirs.get(key)!r}, this run asks for"
+                        f" {name}.{key}={ours.get(key)!r}"
                     )
         elif name in stored and theirs != ours:
             raise CheckpointError(
-                f"{folder}: the checkpoint was trained with {name}={theirs!r}, "
-                f"this run asks for {name}={ours!r}"
+                f"{folder}: the checkpoint was trained with {name}={theirs!r},"
+                f" this run asks for {name}={ours!r}"
             )
 
 
 def resume_point(
     out: Path, config: TrainConfig, env: Distributed, *, resume: bool
 ) -> Path | None:
-    """The checkpoint a run in `out` resumes from, if any, after the checks that need no
-    data: the folder holds no other run unless resuming, and the checkpoint was trained with
-    this recipe by as many processes."""
+    """The checkpoint a run in `out` resumes from, if any, after the checks
+    that need no data: the folder holds no other run unless resuming, and the
+    checkpoint was trained with this recipe by as many processes."""
     checkpoint = latest_checkpoint(out)
     occupied = out.is_dir() and any(out.iterdir())
-    # Every process looks at the folder before the first one writes into it, so that all
-    # of them see the same thing, and refuse (or go on) together.
+    # Every process looks at the folder before the first one writes into it, so
+    # that all of them see the same thing, and refuse (or go on) together.
     barrier()
     if occupied and not resume:
         raise CheckpointError(
-            f"output folder {out} is not empty: pass --resume to continue the run in it, "
-            "or choose another --out"
+            f"output folder {out} is not empty: pass --resume to continue the"
+            " run in it, or choose another --out"
         )
     if checkpoint is not None:
         check_recipe(checkpoint, config)
         processes = Progress.read(checkpoint).processes
         if processes != env.world_size:
             raise CheckpointError(
-                f"{checkpoint}: the run was trained by {processes} process(es), this "
-                f"one has {env.world_size}: they decide the updates, so resume "
-                f"with {processes}"
+                f"{checkpoint}: the run was trained by {processes}"
+                f" process(es), this one has {env.world_size}: they decide the"
+                f" updates, so resume with {processes}"
             )
     return checkpoint
 
 # %% ../chapters/13_training.ipynb #8fafcfbf
 def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
-    """The recipe of the book's Multi30k models (the table above) as a TrainConfig."""
+    """The recipe of the book's Multi30k models (the table above) as a
+    TrainConfig."""
     fields = dict(
         pair=pair,
         model="small",
-        model_overrides=dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3),
+        model_overrides=dict(
+            n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
+        ),
         epochs=35,
         max_tokens=3_000,
         warmup=800,

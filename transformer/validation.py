@@ -4,8 +4,9 @@
 __all__ = ['batch_log_probs', 'count_words', 'Validation', 'evaluate']
 
 # %% ../chapters/13_training.ipynb #cd77ca37
-"""Teacher-forced validation of Vaswani et al. (2017)'s model: the label-smoothed loss, the
-NLL and perplexities per token and per word, and the token accuracy."""
+"""Teacher-forced validation of Vaswani et al. (2017)'s model: the
+label-smoothed loss, the NLL and perplexities per token and per word, and the
+token accuracy."""
 
 import math
 from collections.abc import Iterable
@@ -23,8 +24,8 @@ from .tokenizer import Tokenizer
 
 
 def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
-    """The model's log-probabilities of each next target token of a batch, the decoder
-    fed the reference prefix (teacher forcing).
+    """The model's log-probabilities of each next target token of a batch, the
+    decoder fed the reference prefix (teacher forcing).
 
     Shapes:
         batch.src: (B, S); batch.tgt_in: (B, T)
@@ -39,13 +40,15 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 
 # %% ../chapters/13_training.ipynb #e8d7fcf9
 def count_words(tokenizer: Tokenizer, data: EncodedSplit) -> int:
-    """Words of the references: whitespace-separated pieces of each decoded target sentence."""
+    """Words of the references: whitespace-separated pieces of each decoded
+    target sentence."""
     return sum(len(tokenizer.decode(tgt).split()) for _, tgt in data)
 
 
 @dataclass(frozen=True)
 class Validation:
-    """Sums over a validation set: the label-smoothed loss, `TokenStats`, and the word count."""
+    """Sums over a validation set: the label-smoothed loss, `TokenStats`, and
+    the word count."""
 
     loss_sum: float
     stats: TokenStats
@@ -58,8 +61,10 @@ class Validation:
 
     @property
     def word_perplexity(self) -> float | None:
-        """exp(total NLL / words of the references); None without a word count."""
-        return math.exp(self.stats.nll_sum / self.words) if self.words else None
+        """exp(total NLL / reference words); None without a word count."""
+        return (
+            math.exp(self.stats.nll_sum / self.words) if self.words else None
+        )
 
     def metrics(self) -> dict[str, float | None]:
         return {
@@ -81,8 +86,11 @@ def evaluate(
     words: int | None = None,
     bf16: bool = False,
 ) -> Validation:
-    """Teacher-forced validation metrics, in eval mode; summed over processes when distributed."""
-    criterion = LabelSmoothingLoss(pad_id=pad_id, smoothing=smoothing, reduction="sum")
+    """Teacher-forced validation metrics, in eval mode; summed over processes
+    when distributed."""
+    criterion = LabelSmoothingLoss(
+        pad_id=pad_id, smoothing=smoothing, reduction="sum"
+    )
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -99,5 +107,7 @@ def evaluate(
         total = torch.tensor(sums, dtype=torch.float64, device=device)
         dist.all_reduce(total)
         loss_sum, nll_sum, correct, tokens = total.tolist()
-        stats = TokenStats(nll_sum=nll_sum, correct=int(correct), tokens=int(tokens))
+        stats = TokenStats(
+            nll_sum=nll_sum, correct=int(correct), tokens=int(tokens)
+        )
     return Validation(loss_sum=loss_sum, stats=stats, words=words)
