@@ -9,60 +9,12 @@ Set BOOK_SCREENSHOTS=<folder> to also save a full-page screenshot of every page.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--host-resolver-rules=MAP * ~NOTFOUND",
-]
-
-# How long a page may take to load, draw its charts or typeset its formulas. A page that
-# draws returns as soon as it has, so a generous limit costs only broken pages time, and
-# it keeps a slow or loaded 2-core CI machine from failing a page that would have drawn.
-WAIT_MS = 90_000
+from browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def book(tmp_path_factory) -> Path:
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail(
-                "Chromium is missing: .ci/run installs Debian's chromium package"
-            )
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    out = tmp_path_factory.mktemp("book")
-    jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    build = subprocess.run(
-        [
-            str(jupyter_book),
-            "build",
-            "--warningiserror",
-            "--path-output",
-            str(out),
-            str(ROOT),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert build.returncode == 0, (
-        f"jupyter-book build failed:\n{build.stdout[-3000:]}{build.stderr[-3000:]}"
-    )
-    return out / "_build" / "html"
 
 
 def pages(html: Path) -> list[Path]:

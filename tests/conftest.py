@@ -1,0 +1,41 @@
+"""Fixtures shared by the test files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from browser import CHROMIUM, ROOT
+
+
+@pytest.fixture(scope="session")
+def book(tmp_path_factory) -> Path:
+    """The book, built once per test session into a scratch folder: its
+    `_build/html`. Skips (fails on CI) without Chromium to read it."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail(
+                "Chromium is missing: .ci/run installs Debian's chromium package"
+            )
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    out = tmp_path_factory.mktemp("book")
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    build = subprocess.run(
+        [
+            str(jupyter_book),
+            "build",
+            "--warningiserror",
+            "--path-output",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, (
+        f"jupyter-book build failed:\n{build.stdout[-3000:]}{build.stderr[-3000:]}"
+    )
+    return out / "_build" / "html"
