@@ -147,8 +147,10 @@ for T in (crossover // 2, 2 * crossover):
 # source's `<eos>`, $T$ the decoder's `<bos>`, one position per label):
 #
 # $$
-# \mathrm{FLOPs} = 6\left((N_{enc} + N_{kv}) S + (N_{dec} - N_{kv} + d_{model} V) T\right)
-# + 12\, d_{model} \left(L_e S^2 + L_d T^2 + L_d S T\right)
+# \begin{aligned}
+# \mathrm{FLOPs} = {} & 6\left((N_{enc} + N_{kv}) S + (N_{dec} - N_{kv} + d_{model} V) T\right) \\
+# & + 12\, d_{model} \left(L_e S^2 + L_d T^2 + L_d S T\right)
+# \end{aligned}
 # $$
 #
 # where $N_{enc}$ and $N_{dec}$ are the parameters of the encoder and decoder stacks without the
