@@ -46,6 +46,7 @@ def test_every_script_with_options_is_covered():
         "model_card.py",
         "train_bench.py",
         "word_level_report.py",
+        "cli_latency.py",
     }
 
 
@@ -534,3 +535,44 @@ def test_train_bench_compares_stacks_of_the_same_size(tool):
     assert count(theirs) - count(ours) == 2 * 2 * 256
     src, tgt = torch.randint(3, 100, (2, 5)), torch.randint(3, 100, (2, 4))
     assert theirs(src, tgt, pad_id=0).shape == (2, 4, 100)
+
+
+def test_cli_latency_times_commands_and_writes_its_record(tmp_path: Path, tool):
+    out = tmp_path / "latency.json"
+    assert (
+        tool("cli_latency").main(["--runs", "1", "--only", "help", "--out", str(out)])
+        == 0
+    )
+    record = json.loads(out.read_text())
+    assert record["runs"] == 1 and set(record["median_s"]) == {"help"}
+    assert record["all_s"]["help"][0] > 0
+    assert record["goals"]["help under 0.5 s"] in (True, False)
+    assert record["goals"]["interactive second line under 0.3 s"] is None
+
+
+def test_cli_latency_reads_each_answer_from_a_terminal(tool):
+    """A program that answers each line as it comes: both lines are answered,
+    each timed from its own typing."""
+    echo = "import sys\nfor line in sys.stdin:\n    print(line.upper(), end='', flush=True)"
+    seconds = tool("cli_latency").interactive_once(
+        [sys.executable, "-c", echo], ["one", "two"]
+    )
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+
+
+def test_cli_latency_says_when_a_terminal_gets_no_answer(tool, monkeypatch):
+    module = tool("cli_latency")
+    monkeypatch.setattr(module, "TIMEOUT_S", 1.0)
+    waits = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    with pytest.raises(TimeoutError):
+        module.interactive_once(waits, ["one"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--runs", "0"], "--runs"), (["--only", "help,nothing"], "nothing")],
+)
+def test_cli_latency_refuses_bad_options(argv, named, tool, monkeypatch, capsys):
+    assert_one_line_error(
+        *run_main(tool("cli_latency"), argv, monkeypatch, capsys), named
+    )
