@@ -87,8 +87,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 
 # %%
 #| export config
-"""The model's hyperparameters: a frozen, validated dataclass (paper, Table 3).
-"""
+"""The model's hyperparameters: a frozen, validated dataclass (Table 3)."""
 
 import dataclasses
 from dataclasses import dataclass

@@ -1,13 +1,19 @@
-"""Attention Is All You Need, annotated: the package that the book's chapters build.
+"""Attention Is All You Need, annotated: the package that the book's chapters
+build.
 
-Every module except this one and `__main__` is generated from a chapter's `#| export` cells
-(`make export`); edit the chapter, not the module.
+Every module except this one and `__main__` is generated from a chapter's
+`#| export` cells (`make export`); edit the chapter, not the module.
 """
 
 from transformer.attention import scaled_dot_product_attention
 from transformer.checkpoint import export_model, load_model
 from transformer.config import TransformerConfig
-from transformer.decode import Hypothesis, beam_search, greedy_decode, translate
+from transformer.decode import (
+    Hypothesis,
+    beam_search,
+    greedy_decode,
+    translate,
+)
 from transformer.decoder import Decoder, DecoderLayer
 from transformer.embedding import (
     LearnedPositionalEncoding,
