@@ -7,6 +7,8 @@ and never another module's private (underscore) names."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,22 @@ def test_modules_classes_and_functions_stay_small(path: Path):
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
             most = 250 if isinstance(node, ast.ClassDef) else 100
             assert node.end_lineno - start + 1 <= most, node.name
+
+
+def test_every_public_name_is_found_where_the_package_says():
+    import transformer
+
+    for name in transformer.__all__:
+        assert getattr(transformer, name).__name__ == name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        transformer.no_such_name  # noqa: B018
+
+
+def test_importing_the_package_loads_no_module_of_it():
+    """The package's names are found when first used: importing it costs
+    nothing, so that the command line can answer `--help` at once."""
+    code = "import sys, transformer; print(sorted(sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "'torch'" not in loaded and "'transformer.model'" not in loaded

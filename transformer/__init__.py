@@ -5,67 +5,78 @@ Every module except this one and `__main__` is generated from a chapter's
 `#| export` cells (`make export`); edit the chapter, not the module.
 """
 
-from transformer.attention import scaled_dot_product_attention
-from transformer.checkpoint import export_model, load_model
-from transformer.config import TransformerConfig
-from transformer.decode import (
-    Hypothesis,
-    beam_search,
-    greedy_decode,
-    translate,
-)
-from transformer.decoder import Decoder, DecoderLayer
-from transformer.embedding import (
-    LearnedPositionalEncoding,
-    PositionalEncoding,
-    TokenEmbedding,
-    sinusoidal_encoding,
-)
-from transformer.encoder import Encoder, EncoderLayer
-from transformer.evaluate import Scores, bleu_by_length, score, translate_split
-from transformer.loss import LabelSmoothingLoss, TokenStats, token_stats
-from transformer.masking import causal_mask, padding_mask, target_mask
-from transformer.model import Generator, Transformer
-from transformer.multihead import MultiHeadAttention
-from transformer.schedule import make_optimizer, noam_lr
-from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
-from transformer.train import TrainConfig, train
+import importlib
+import sys
+import types
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = [
-    "TrainConfig",
-    "export_model",
-    "load_model",
-    "train",
-    "Hypothesis",
-    "beam_search",
-    "greedy_decode",
-    "translate",
-    "Decoder",
-    "DecoderLayer",
-    "Encoder",
-    "EncoderLayer",
-    "Scores",
-    "bleu_by_length",
-    "score",
-    "translate_split",
-    "Generator",
-    "Transformer",
-    "TransformerConfig",
-    "LabelSmoothingLoss",
-    "TokenStats",
-    "make_optimizer",
-    "noam_lr",
-    "token_stats",
-    "LearnedPositionalEncoding",
-    "MultiHeadAttention",
-    "PositionalEncoding",
-    "PositionwiseFeedForward",
-    "SublayerConnection",
-    "TokenEmbedding",
-    "causal_mask",
-    "padding_mask",
-    "scaled_dot_product_attention",
-    "sinusoidal_encoding",
-    "target_mask",
-]
+
+# Each public name and the module that defines it. A module is imported when
+# one of its names is first used, not with the package: `python -m transformer
+# --help` answers without loading torch.
+_WHERE = {
+    "scaled_dot_product_attention": "attention",
+    "export_model": "checkpoint",
+    "load_model": "checkpoint",
+    "TransformerConfig": "config",
+    "Hypothesis": "decode",
+    "beam_search": "decode",
+    "greedy_decode": "decode",
+    "translate": "decode",
+    "Decoder": "decoder",
+    "DecoderLayer": "decoder",
+    "LearnedPositionalEncoding": "embedding",
+    "PositionalEncoding": "embedding",
+    "TokenEmbedding": "embedding",
+    "sinusoidal_encoding": "embedding",
+    "Encoder": "encoder",
+    "EncoderLayer": "encoder",
+    "Scores": "evaluate",
+    "bleu_by_length": "evaluate",
+    "score": "evaluate",
+    "translate_split": "evaluate",
+    "LabelSmoothingLoss": "loss",
+    "TokenStats": "loss",
+    "token_stats": "loss",
+    "causal_mask": "masking",
+    "padding_mask": "masking",
+    "target_mask": "masking",
+    "Generator": "model",
+    "Transformer": "model",
+    "MultiHeadAttention": "multihead",
+    "make_optimizer": "schedule",
+    "noam_lr": "schedule",
+    "PositionwiseFeedForward": "sublayers",
+    "SublayerConnection": "sublayers",
+    "TrainConfig": "train",
+    "train": "train",
+}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'transformer' has no attribute {name!r}")
+    value = getattr(
+        importlib.import_module(f"transformer.{_WHERE[name]}"), name
+    )
+    globals()[name] = value  # found once, then an attribute like any other
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """The package, whose public names win over its submodules': importing
+    the module `transformer.train` leaves `transformer.train` the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _WHERE and isinstance(value, types.ModuleType):
+            return  # the import system binding a submodule to its name
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
