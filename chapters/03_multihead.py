@@ -106,8 +106,7 @@ x = torch.randn(B, T, d_model)
 projected = nn.Linear(d_model, d_model)(x)  # all H heads' queries side by side
 q = split_heads(projected, H)
 print(f"{tuple(x.shape)} -> {tuple(projected.shape)} -> {tuple(q.shape)}")
-i = 2  # head i's queries are columns i*d_k ... (i+1)*d_k - 1
-assert torch.equal(q[:, i], projected[..., i * d_k : (i + 1) * d_k])
+assert torch.equal(q[:, 2], projected[..., 2 * d_k : 3 * d_k])  # head 2
 assert torch.equal(merge_heads(q), projected)  # concatenation undoes the split
 
 # %% [markdown]
@@ -343,11 +342,9 @@ with torch.no_grad():
 favourite = weights[0].argmax(dim=-1)  # (H, T): each head's most-weighted key
 assert (favourite != favourite[0]).any()  # the heads disagree somewhere
 use_book_renderer()
+labels = dict(x_labels=words, y_labels=words)
 panels = [
-    heatmap(
-        weights[0, h], x_labels=words, y_labels=words, title=f"head {h + 1}"
-    )
-    for h in range(4)
+    heatmap(weights[0, h], title=f"head {h + 1}", **labels) for h in range(4)
 ]
 alt.vconcat(alt.hconcat(*panels[:2]), alt.hconcat(*panels[2:])).resolve_scale(
     color="shared"

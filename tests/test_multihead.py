@@ -337,6 +337,16 @@ def test_stacked_projections_are_the_separate_ones():
     assert torch.allclose(v, multihead.split_heads(mha.w_v(memory), H), atol=1e-6)
 
 
+def test_split_heads_takes_each_heads_columns_and_merge_heads_undoes_it():
+    x = torch.randn(B, T, D_MODEL)
+    heads = multihead.split_heads(x, H)
+    d_k = D_MODEL // H
+    assert heads.shape == (B, H, T, d_k)
+    for i in range(H):
+        assert torch.equal(heads[:, i], x[..., i * d_k : (i + 1) * d_k])
+    assert torch.equal(multihead.merge_heads(heads), x)
+
+
 def test_reorder_follows_the_index():
     cache = KVCache(key=torch.randn(3, H, 2, 4), value=torch.randn(3, H, 2, 4))
     key, value = cache.key, cache.value
