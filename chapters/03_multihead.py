@@ -104,7 +104,7 @@ B, T, d_model, H = 2, 6, 16, 4
 d_k = d_model // H
 x = torch.randn(B, T, d_model)
 projected = nn.Linear(d_model, d_model)(x)  # all H heads' queries side by side
-q = split_heads(projected, H)
+q = split_heads(projected, H)  # (B, H, T, d_k)
 print(f"{tuple(x.shape)} -> {tuple(projected.shape)} -> {tuple(q.shape)}")
 assert torch.equal(q[:, 2], projected[..., 2 * d_k : 3 * d_k])  # head 2
 assert torch.equal(merge_heads(q), projected)  # concatenation undoes the split
