@@ -66,27 +66,24 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # position $t$ holds $y_t$ and is trained to predict $y_{t+1}$. Both are padded to $T$ tokens.
 
 # %%
-specials = ["<pad>", "<bos>", "<eos>"]
 sentences = [["a", "dog", "runs"], ["two", "dogs", "play", "in", "snow"]]
-vocab = {
-    t: i
-    for i, t in enumerate(specials + sorted({w for s in sentences for w in s}))
-}
-pad_id, bos_id, eos_id = vocab["<pad>"], vocab["<bos>"], vocab["<eos>"]
+words = sorted({w for s in sentences for w in s})
+vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", *words])}
+pad_id = vocab["<pad>"]
 T = max(len(s) for s in sentences) + 1
-decoder_input = [
-    ["<bos>", *s] + ["<pad>"] * (T - 1 - len(s)) for s in sentences
-]
-labels = [[*s, "<eos>"] + ["<pad>"] * (T - 1 - len(s)) for s in sentences]
-tgt = torch.tensor(
-    [[vocab[t] for t in row] for row in decoder_input]
-)  # (B, T)
+
+
+def padded(tokens: list[str]) -> list[str]:
+    return tokens + ["<pad>"] * (T - len(tokens))
+
+
+decoder_input = [padded(["<bos>", *s]) for s in sentences]
+labels = [padded([*s, "<eos>"]) for s in sentences]
+ids = [[vocab[t] for t in row] for row in decoder_input]
+tgt = torch.tensor(ids)  # (B, T)
 pd.DataFrame(
-    {
-        f"sentence {b}, {kind}": rows[b]
-        for b in range(len(sentences))
-        for kind, rows in (("input", decoder_input), ("label", labels))
-    }
+    {"input 0": decoder_input[0], "label 0": labels[0]}
+    | {"input 1": decoder_input[1], "label 1": labels[1]}
 ).rename_axis("position")
 
 # %% [markdown]
@@ -145,11 +142,8 @@ pad = padding_mask(tgt, pad_id)
 causal = causal_mask(T)
 both = target_mask(tgt, pad_id)
 assert pad.shape == (B, 1, 1, T) and causal.shape == (1, 1, T, T)
-assert both.shape == (B, 1, T, T)
-assert pad.dtype == causal.dtype == both.dtype == torch.bool
 assert pad[0, 0, 0].tolist() == [True, True, True, True, False, False]
-assert pad[1].all()
-assert torch.equal(both, pad & causal)
+assert torch.equal(both, pad & causal)  # (B, 1, T, T)
 
 # %% [markdown]
 # The heatmaps show the masks of the first, padded, sentence, queries as rows and keys as
@@ -157,27 +151,18 @@ assert torch.equal(both, pad & causal)
 # and left of the first `<pad>`. The two `<pad>` *rows* are not empty: padding hides keys, not
 # queries.
 
-# %%
+# %% tags=["hide-input"]
 import altair as alt
 
 from transformer.plots import heatmap, use_book_renderer
 
 use_book_renderer()
 tokens = decoder_input[0]
-panels = {
-    "padding mask": (
-        pad[0, 0].expand(T, T)
-    ),  # the (1, T) row, seen by every query
-    "causal mask": causal[0, 0],
-    "target mask = padding & causal": both[0, 0],
-}
+style = dict(x_labels=tokens, y_labels=tokens, value="may attend", cell=20)
 alt.hconcat(
-    *(
-        heatmap(
-            m, x_labels=tokens, y_labels=tokens, value="may attend", title=name
-        )
-        for name, m in panels.items()
-    )
+    heatmap(pad[0, 0].expand(T, T), title="padding", **style),  # every query
+    heatmap(causal[0, 0], title="causal", **style),
+    heatmap(both[0, 0], title="target = padding & causal", **style),
 ).resolve_scale(color="shared")
 
 # %% [markdown]
@@ -192,36 +177,19 @@ alt.hconcat(
 # %%
 H, S = 8, 7
 src = torch.full((B, S), vocab["dog"])  # any source batch of S tokens
-uses = [
-    (
-        "encoder self-attention",
-        "padding_mask(src)",
-        padding_mask(src, pad_id),
-        S,
-        S,
-    ),
-    ("decoder self-attention", "target_mask(tgt)", both, T, T),
-    (
-        "decoder cross-attention",
-        "padding_mask(src)",
-        padding_mask(src, pad_id),
-        T,
-        S,
-    ),
-]
+src_mask = padding_mask(src, pad_id)
+uses = {  # attention: (mask, its call, T_q, T_k)
+    "encoder self-attention": (src_mask, "padding_mask(src)", S, S),
+    "decoder self-attention": (both, "target_mask(tgt)", T, T),
+    "decoder cross-attention": (src_mask, "padding_mask(src)", T, S),
+}
 rows = []
-for where, call, m, T_q, T_k in uses:
+for where, (m, call, T_q, T_k) in uses.items():
     scores = (B, H, T_q, T_k)
     assert torch.broadcast_shapes(m.shape, scores) == scores
-    rows.append(
-        {
-            "attention": where,
-            "mask": call,
-            "stored shape": tuple(m.shape),
-            "scores (B, H, T_q, T_k)": scores,
-        }
-    )
-pd.DataFrame(rows).set_index("attention")
+    rows.append((where, call, tuple(m.shape), scores))
+columns = ["attention", "mask", "stored shape", "scores (B, H, T_q, T_k)"]
+pd.DataFrame(rows, columns=columns).set_index("attention")
 
 # %% [markdown]
 # ## Why the decoder must not see the future
@@ -238,34 +206,31 @@ from transformer.attention import scaled_dot_product_attention
 
 d_k = 8
 embedding = torch.randn(len(vocab), d_k)
-before = tgt[1].clone()  # <bos> two dogs play in snow
-after = before.clone()
-after[-1] = vocab["dog"]  # ... in dog
-X, X_changed = embedding[before], embedding[after]  # (T, d_k)
+X = embedding[tgt[1]]  # <bos> two dogs play in snow: (T, d_k)
+X_changed = X.clone()
+X_changed[-1] = embedding[vocab["dog"]]  # ... in dog
 
-for mask in (causal[0, 0], None):
-    out, _ = scaled_dot_product_attention(X, X, X, mask=mask)
-    out_changed, _ = scaled_dot_product_attention(
-        X_changed, X_changed, X_changed, mask=mask
-    )
+
+def self_attention(x, mask):
+    return scaled_dot_product_attention(x, x, x, mask=mask)
+
+
+for name, mask in (("causal mask", causal[0, 0]), ("no mask", None)):
+    out = self_attention(X, mask)[0]
+    out_changed = self_attention(X_changed, mask)[0]
     same = (out[:-1] == out_changed[:-1]).all(dim=-1)
-    print(
-        f"{'causal mask' if mask is not None else 'no mask':12}", same.tolist()
-    )
-    if mask is not None:
-        assert same.all()  # earlier positions are bit-for-bit unchanged
-    else:
-        assert not same.any()  # every earlier position saw the change
+    print(f"{name:12}", same.tolist())
+    # with the mask, earlier outputs are bit-for-bit the same; without, none
+    assert same.all() if mask is not None else not same.any()
 
 # %% [markdown]
 # Equivalently, each position $t$ gets what attention over the prefix $0, \dots, t$ alone gives:
 # training all positions in parallel computes what generating token by token computes.
 
 # %%
-out, _ = scaled_dot_product_attention(X, X, X, mask=causal[0, 0])
+out, _ = self_attention(X, causal[0, 0])
 for t in range(T):
-    prefix = X[: t + 1]
-    step, _ = scaled_dot_product_attention(prefix, prefix, prefix)
+    step, _ = self_attention(X[: t + 1], None)  # the prefix 0..t alone
     assert torch.allclose(out[t], step[-1], atol=1e-6)
 
 # %% [markdown]
@@ -275,26 +240,13 @@ for t in range(T):
 # get unpadded, whatever the `<pad>` vectors hold.
 
 # %%
-alone = tgt[0, : len(sentences[0]) + 1]  # <bos> a dog runs
-n = len(alone)
-x_alone = embedding[alone]  # (n, d_k)
-out_alone, _ = scaled_dot_product_attention(
-    x_alone, x_alone, x_alone, mask=causal_mask(n)[0, 0]
-)
-
+n = len(sentences[0]) + 1  # <bos> a dog runs
+out_alone, _ = self_attention(embedding[tgt[0, :n]], causal_mask(n)[0, 0])
 x_batch = embedding[tgt]  # (B, T, d_k), <pad> positions hold the <pad> vector
-out_batch, w_batch = scaled_dot_product_attention(
-    x_batch, x_batch, x_batch, mask=both[:, 0]
-)
+out_batch, w_batch = self_attention(x_batch, both[:, 0])
 assert torch.allclose(out_batch[0, :n], out_alone, atol=1e-6)
-
-x_scrambled = x_batch.clone()
-x_scrambled[0, n:] = 100 * torch.randn(
-    T - n, d_k
-)  # whatever the padding holds
-out_scrambled, _ = scaled_dot_product_attention(
-    x_scrambled, x_scrambled, x_scrambled, mask=both[:, 0]
-)
+x_batch[0, n:] = 100 * torch.randn(T - n, d_k)  # whatever the padding holds
+out_scrambled, _ = self_attention(x_batch, both[:, 0])
 assert torch.allclose(out_scrambled[0, :n], out_alone, atol=1e-6)
 
 # %% [markdown]
@@ -304,19 +256,10 @@ assert torch.allclose(out_scrambled[0, :n], out_alone, atol=1e-6)
 # positions whose label is `<pad>`.
 
 # %%
-heatmap(
-    w_batch[0],
-    x_labels=tokens,
-    y_labels=tokens,
-    title="Weights under the target mask: <pad> queries still attend",
-)
-
-# %%
-pad_keys = ~pad[0, 0, 0]
-assert (w_batch[0][:, pad_keys] == 0).all()  # no query attends to a <pad> key
-assert torch.allclose(
-    w_batch[0, n:].sum(-1), torch.ones(T - n)
-)  # <pad> queries attend
+assert not w_batch[0][:, ~pad[0, 0, 0]].any()  # no weight on a <pad> key
+assert torch.allclose(w_batch[0, n:].sum(-1), torch.ones(T - n))  # <pad> rows
+title = "Weights under the target mask: <pad> queries still attend"
+heatmap(w_batch[0], x_labels=tokens, y_labels=tokens, title=title)
 
 # %% [markdown]
 # ## Summary

@@ -98,6 +98,34 @@ def test_dot_product_depends_on_distance_only():
         assert torch.allclose(dots, dots[0].expand_as(dots), atol=1e-9)
 
 
+def test_the_first_column_changes_sign_every_three_or_four_positions():
+    table = sinusoidal_encoding(64, 64)
+    signs = table[1:, 0].sign()  # sin(pos), from pos = 1: no zero
+    changes = (signs[1:] != signs[:-1]).nonzero().flatten()
+    assert set(changes.diff().tolist()) == {3, 4}  # half a period: π ≈ 3.14
+    assert torch.pdist(table).min() > 0.1  # no two rows are the same
+
+
+def test_offset_maps_are_rotations():
+    for k in (1, 5, 50, 200):
+        m_k = offset_map(k, 64)
+        assert torch.allclose(m_k @ m_k.T, torch.eye(64, dtype=torch.float64))
+
+
+def test_dot_product_is_the_sum_of_cosines_of_the_distance():
+    """PE(pos)·PE(pos+k) = Σ_i cos(k ω_i): symmetric in k, largest (d_model/2) at k = 0."""
+    d_model, distances = 512, range(-64, 65)
+    table = sinusoidal_encoding(512, d_model, dtype=torch.float64)
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    formula = torch.stack([torch.cos(k * omega).sum() for k in distances])
+    for pos in (64, 128, 256):
+        measured = torch.stack([table[pos] @ table[pos + k] for k in distances])
+        assert torch.allclose(measured, formula, atol=1e-9)
+    assert torch.allclose(formula, formula.flip(0))
+    assert formula.argmax() == 64 and math.isclose(formula.max().item(), d_model / 2)
+    assert formula.min() > 0  # the slow pairs keep it above zero
+
+
 def test_token_embedding_has_unit_variance_at_initialisation():
     torch.manual_seed(0)
     embed = TokenEmbedding(vocab_size=4000, d_model=64)

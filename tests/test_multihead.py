@@ -309,11 +309,11 @@ def test_a_static_cache_projects_the_memory_once():
     cache = KVCache(static=True)
     with (
         torch.no_grad(),
-        mock.patch.object(mha, "_project", wraps=mha._project) as project,
+        mock.patch.object(multihead, "project", wraps=multihead.project) as project,
     ):
 
         def key_projections() -> int:
-            return sum(mha.w_k in call.args[1:] for call in project.call_args_list)
+            return sum(mha.w_k in call.args[2:] for call in project.call_args_list)
 
         whole, _ = mha(x, memory, memory, mask=mask)
         assert key_projections() == 1
@@ -330,11 +330,21 @@ def test_stacked_projections_are_the_separate_ones():
     data = batch()
     mha = MultiHeadAttention(D_MODEL, H).eval()
     x, memory = data["x"], data["memory"]
-    q, k, v = mha._project(x, mha.w_q, mha.w_k, mha.w_v)
+    q, k, v = multihead.project(x, H, mha.w_q, mha.w_k, mha.w_v)
     for fused, layer in ((q, mha.w_q), (k, mha.w_k), (v, mha.w_v)):
-        assert torch.allclose(fused, mha._split_heads(layer(x)), atol=1e-6)
-    k, v = mha._project(memory, mha.w_k, mha.w_v)
-    assert torch.allclose(v, mha._split_heads(mha.w_v(memory)), atol=1e-6)
+        assert torch.allclose(fused, multihead.split_heads(layer(x), H), atol=1e-6)
+    k, v = multihead.project(memory, H, mha.w_k, mha.w_v)
+    assert torch.allclose(v, multihead.split_heads(mha.w_v(memory), H), atol=1e-6)
+
+
+def test_split_heads_takes_each_heads_columns_and_merge_heads_undoes_it():
+    x = torch.randn(B, T, D_MODEL)
+    heads = multihead.split_heads(x, H)
+    d_k = D_MODEL // H
+    assert heads.shape == (B, H, T, d_k)
+    for i in range(H):
+        assert torch.equal(heads[:, i], x[..., i * d_k : (i + 1) * d_k])
+    assert torch.equal(multihead.merge_heads(heads), x)
 
 
 def test_reorder_follows_the_index():

@@ -24,21 +24,15 @@ def scaled_dot_product_attention(
 
     Shapes:
         query: (..., T_q, d_k); key: (..., T_k, d_k); value: (..., T_k, d_v)
-        mask: boolean, broadcastable to (..., T_q, T_k); True means "may
-            attend"
+        mask: boolean (True: may attend), broadcastable to (..., T_q, T_k)
         returns output (..., T_q, d_v) and weights (..., T_q, T_k)
-
-    A query whose keys are all masked gets zero weights and a zero output, not
-    NaN.
     """
     d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
-    if mask is not None:
-        # A row of -inf gives 0/0 = NaN in the softmax: such a query attends to
-        # nothing.
+    if mask is not None:  # a row of -inf is 0/0 = NaN: such a query sees none
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     if dropout is not None:
         weights = dropout(weights)

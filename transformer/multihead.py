@@ -2,9 +2,16 @@
 """Multi-head attention, Section 3.2.2 of Vaswani et al. (2017)."""
 
 # %% auto #0
-__all__ = ["KVCache", "MultiHeadAttention"]
+__all__ = [
+    "split_heads",
+    "merge_heads",
+    "project",
+    "attend",
+    "KVCache",
+    "MultiHeadAttention",
+]
 
-# %% ../chapters/03_multihead.ipynb #13bfa596
+# %% ../chapters/03_multihead.ipynb #64dfa3a3
 
 from dataclasses import dataclass
 
@@ -15,170 +22,107 @@ from torch import Tensor, nn
 from transformer.attention import scaled_dot_product_attention
 
 
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """(B, L, d_model) -> (B, H, L, d_k): head i is columns i·d_k onwards."""
+    return x.unflatten(-1, (n_heads, -1)).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, L, d_k) -> (B, L, H·d_k): Concat(head_1, ..., head_H)."""
+    return x.transpose(1, 2).flatten(2)
+
+
+# %% ../chapters/03_multihead.ipynb #13bfa596
+def project(x: Tensor, n_heads: int, *layers: nn.Linear) -> list[Tensor]:
+    """x (B, L, d_model) through each layer, split into heads (B, H, L, d_k),
+    by one matrix product with the layers' weights stacked."""
+    if len(layers) == 1 or not all(torch.is_tensor(p.weight) for p in layers):
+        # One layer, or quantised ones (no weight tensor): one by one.
+        return [split_heads(layer(x), n_heads) for layer in layers]
+    weight = torch.cat([p.weight for p in layers])  # (n·d_model, d_model)
+    biases = [p.bias for p in layers]
+    bias = None if biases[0] is None else torch.cat(biases)  # (n·d_model,)
+    out = F.linear(x, weight, bias)  # (B, L, n·d_model)
+    return [split_heads(y, n_heads) for y in out.chunk(len(layers), dim=-1)]
+
+
+# %% ../chapters/03_multihead.ipynb #35608c03
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout: nn.Dropout,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Every head at once, (B, H, T_q, d_k) -> (B, H, T_q, d_k), and the
+    weights (B, H, T_q, T_k) if need_weights."""
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must be boolean (True = may attend), got {mask.dtype}"
+        )
+    if need_weights:
+        return scaled_dot_product_attention(q, k, v, mask, dropout)
+    p = dropout.p if dropout.training else 0.0
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p), None
+    # Some kernels make a row of -inf scores NaN, and one NaN reaches every
+    # parameter in the backward pass: such a row sees every key, then zeros.
+    blind = ~mask.any(dim=-1, keepdim=True)  # (B, 1 or H, T_q, 1)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | blind, dropout_p=p
+    )
+    return out.masked_fill(blind, 0.0), None
+
+
+# %% ../chapters/03_multihead.ipynb #42b326b1
 @dataclass
 class KVCache:
-    """One attention layer's keys and values, split into heads, kept between
-    decoding steps.
-
-    A self-attention cache (static=False) appends the new positions' keys and
-    values at each call; a static one (encoder-decoder attention) projects the
-    memory at its first call and reuses the result. MultiHeadAttention.forward
-    updates it in place.
-
-    Shapes:
-        key, value: (B, H, L, d_k), None before the first call
-    """
+    """A layer's keys and values (B, H, L, d_k), kept between decoding steps:
+    appended to at each step or, if static, the memory's, projected once."""
 
     key: Tensor | None = None
     value: Tensor | None = None
     static: bool = False
 
     @property
-    def length(self) -> int:
-        """L, the number of positions held."""
+    def length(self) -> int:  # L, the number of positions held
         return 0 if self.key is None else self.key.size(2)
 
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Hold the new positions' k and v after the others; return all L."""
+        if not self.static and self.key is not None:
+            k = torch.cat([self.key, k], dim=2)  # (B, H, L + T, d_k)
+            v = torch.cat([self.value, v], dim=2)
+        self.key, self.value = k, v
+        return k, v
+
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (B',), in that order: beam search following
-        its beams."""
-        if self.key is not None:
-            self.key = self.key.index_select(0, index)  # (B', H, L, d_k)
-            self.value = self.value.index_select(0, index)  # (B', H, L, d_k)
+        """Keep batch rows `index`, in order: beam search following beams."""
+        if self.key is not None:  # (B', H, L, d_k)
+            self.key, self.value = self.key[index], self.value[index]
 
 
+# %% ../chapters/03_multihead.ipynb #8bdc30c8
 class MultiHeadAttention(nn.Module):
-    """Concat(head_1, ..., head_H) W^O, with head_i = Attention(Q W_i^Q, K
-    W_i^K, V W_i^V)."""
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O (Section 3.2.2)."""
 
     def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        dropout: float = 0.0,
-        bias: bool = True,
+        self, d_model: int, n_heads: int, dropout: float = 0, bias: bool = True
     ) -> None:
         super().__init__()
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(
-                f"d_model ({d_model}) must be a multiple of n_heads"
-                f" ({n_heads})"
+                f"d_model ({d_model}) must be a multiple of"
+                f" n_heads ({n_heads})"
             )
-        self.d_model = d_model
-        self.n_heads = n_heads
+        self.d_model, self.n_heads = d_model, n_heads
         self.d_k = d_model // n_heads
-        # The H per-head projections W_i^Q (d_model x d_k) side by side: one
-        # d_model x d_model.
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
-        # Dropout on the attention weights; 0 in the paper, which never drops
-        # them.
-        self.attn_dropout = nn.Dropout(dropout)
-
-    def _split_heads(self, x: Tensor) -> Tensor:
-        B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, self.d_k).transpose(
-            1, 2
-        )  # (B, H, L, d_k)
-
-    def _merge_heads(self, x: Tensor) -> Tensor:
-        B, _, L, _ = x.shape
-        return x.transpose(1, 2).reshape(B, L, self.d_model)  # (B, L, d_model)
-
-    def _attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        need_weights: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attention of every head at once: (B, H, T_q, d_k) -> (B, H, T_q,
-        d_k)."""
-        if need_weights:
-            return scaled_dot_product_attention(
-                q, k, v, mask=mask, dropout=self.attn_dropout
-            )
-        if mask is None:
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                dropout_p=self.attn_dropout.p if self.training else 0.0,
-            )
-            return out, None
-        # A query that may see no key is a row of -inf scores: what a kernel
-        # makes of it differs between kernels and versions (NaN in some), and a
-        # NaN in one row reaches every parameter in the backward pass. Let such
-        # rows see every key, then zero them.
-        blind = ~mask.any(dim=-1, keepdim=True)  # (B, 1 or H, T_q, 1)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask | blind,
-            dropout_p=self.attn_dropout.p if self.training else 0.0,
-        )
-        return out.masked_fill(blind, 0.0), None
-
-    def _project(self, x: Tensor, *layers: nn.Linear) -> list[Tensor]:
-        """x through one or more of the projections, each result split into
-        heads.
-
-        Projections of the same x are one matrix product by their weights
-        stacked, as PyTorch's nn.MultiheadAttention computes them: the same
-        products, fewer and larger.
-        """
-        if len(layers) == 1 or not all(
-            isinstance(p.weight, Tensor) for p in layers
-        ):
-            # one layer, or layers whose weights are not tensors (quantised):
-            # one by one
-            return [self._split_heads(layer(x)) for layer in layers]
-        weight = torch.cat(
-            [layer.weight for layer in layers]
-        )  # (n·d_model, d_model)
-        biases = [layer.bias for layer in layers]
-        bias = None if biases[0] is None else torch.cat(biases)  # (n·d_model,)
-        out = F.linear(x, weight, bias)  # (B, L, n·d_model)
-        return [
-            self._split_heads(part) for part in out.chunk(len(layers), dim=-1)
-        ]
-
-    def _keys_values(
-        self, key: Tensor, value: Tensor, cache: KVCache | None
-    ) -> tuple[Tensor, Tensor]:
-        """Project and split the keys and values, through the cache if there is
-        one."""
-        if cache is not None and cache.static and cache.key is not None:
-            return (
-                cache.key,
-                cache.value,
-            )  # the memory's, projected at the first step
-        if key is value:  # the encoder's memory, in encoder-decoder attention
-            k, v = self._project(
-                key, self.w_k, self.w_v
-            )  # (B, H, T_k, d_k) each
-        else:
-            (k,), (v,) = (
-                self._project(key, self.w_k),
-                self._project(value, self.w_v),
-            )
-        return self._cached(k, v, cache)
-
-    @staticmethod
-    def _cached(
-        k: Tensor, v: Tensor, cache: KVCache | None
-    ) -> tuple[Tensor, Tensor]:
-        """The keys and values to attend over: with a self-attention cache, the
-        new positions after the ones already decoded (dim 2: positions)."""
-        if cache is not None:
-            if not cache.static and cache.key is not None:
-                k = torch.cat([cache.key, k], dim=2)  # (B, H, L + T_k, d_k)
-                v = torch.cat([cache.value, v], dim=2)  # (B, H, L + T_k, d_k)
-            cache.key, cache.value = k, v
-        return k, v
+        self.attn_dropout = nn.Dropout(dropout)  # on the weights
 
     def forward(
         self,
@@ -190,34 +134,26 @@ class MultiHeadAttention(nn.Module):
         *,
         cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Multi-head attention of the queries over the keys and values.
+        """Attention of the queries over the keys and values, all heads.
 
         Shapes:
-            query: (B, T_q, d_model); key, value: (B, T_k, d_model)
-            mask: boolean, broadcastable to (B, H, T_q, T_k); True means "may
-                attend"
-            returns output (B, T_q, d_model) and, if need_weights, the weights
-            (B, H, T_q, T_k), else None
-
-        A query whose keys are all masked gets a zero attention output (before
-        W^O). With a cache, key and value are the new positions only (or, for a
-        static cache, the memory, read at the first call only); the keys are
-        then all L positions cached, and the mask, if any, is broadcastable to
-        (B, H, T_q, L).
+            query: (B, T_q, d_model); key, value: (B, T_k, d_model), or with
+                a cache the new positions only (T_k: all L positions held)
+            mask: boolean (True: may attend), broadcastable to (B, H, T_q, T_k)
+            returns (B, T_q, d_model) and the weights (B, H, T_q, T_k) or None
         """
-        if mask is not None and mask.dtype != torch.bool:
-            raise TypeError(
-                f"mask must be boolean (True = may attend), got {mask.dtype}"
-            )
-        if (
-            query is key and key is value
-        ):  # self-attention: Q, K and V in one product
-            q, k, v = self._project(query, self.w_q, self.w_k, self.w_v)
-            k, v = self._cached(k, v, cache)  # (B, H, T_k or L, d_k)
+        n = self.n_heads
+        if query is key and key is value:  # self-attention: one product
+            q, k, v = project(query, n, self.w_q, self.w_k, self.w_v)
         else:
-            (q,) = self._project(query, self.w_q)  # (B, H, T_q, d_k)
-            k, v = self._keys_values(
-                key, value, cache
-            )  # (B, H, T_k or L, d_k)
-        out, weights = self._attend(q, k, v, mask, need_weights)
-        return self.w_o(self._merge_heads(out)), weights  # (B, T_q, d_model)
+            (q,) = project(query, n, self.w_q)  # (B, H, T_q, d_k)
+            if cache is not None and cache.static and cache.key is not None:
+                k, v = cache.key, cache.value  # projected at the first step
+            elif key is value:  # the memory: K and V in one product
+                k, v = project(key, n, self.w_k, self.w_v)
+            else:
+                k, v = *project(key, n, self.w_k), *project(value, n, self.w_v)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H, L, d_k)
+        out, weights = attend(q, k, v, mask, self.attn_dropout, need_weights)
+        return self.w_o(merge_heads(out)), weights  # (B, T_q, d_model)
