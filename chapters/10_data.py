@@ -173,9 +173,9 @@ print(pretokenize([messy], "de")[0], pretokenize(["l'homme"], "fr")[0])
 # **Four special tokens.** `<pad>` fills a batch's rows up to its longest sentence, `<unk>`
 # stands for a character never seen in training, `<bos>` starts the decoder's input and `<eos>`
 # ends a sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`,
-# `bos_id`, `eos_id`), never from a constant. They come, with `pieces(ids)`, the entry of each
-# id, and the tokenizer's file (`save`, `load`), from `Vocabulary`, in the appendix
-# [The data pipeline](96_data_pipeline.ipynb). The tokenizer adds the two directions. Anything
+# `bos_id`, `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id)
+# and the tokenizer's file (`save`, `load`) come from `Vocabulary`, built in the appendix
+# [The data pipeline](96_data_pipeline.ipynb); the tokenizer adds the two directions. Anything
 # outside the vocabulary encodes as `<unk>` and decodes as the text `<unk>`, so encoding never
 # fails; `encode` returns the pieces of the text and nothing else, and never truncates. BPE
 # works inside a word, so `segment` computes each distinct word once.
