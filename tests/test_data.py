@@ -1,4 +1,5 @@
-"""The encoded cache, batching and BPE-dropout in transformer.data.
+"""The encoded cache, batching and BPE-dropout: transformer.cache, encoded, batches,
+bpe_dropout and data.
 
 The loader's own tests (checksums, missing files) are in test_data_files.py, the tokenizer's
 in test_tokenizer.py.
@@ -23,33 +24,24 @@ import numpy as np
 import pytest
 import torch
 
-import transformer.data as data
-from transformer.data import (
+import transformer.cache as cache_module
+import transformer.multi30k as multi30k_module
+from transformer.batches import Batch, collate, token_batches
+from transformer.bpe_dropout import BPEDropout
+from transformer.cache import cache_problems, load_encoded, prepare, train_tokenizer
+from transformer.data import iterate_batches
+from transformer.encoded import EncodedSplit
+from transformer.files import atomic_write
+from transformer.multi30k import (
     DATA_DIR,
     PAIRS,
     SPLITS,
-    Batch,
-    BPEDropout,
     DataError,
-    EncodedSplit,
-    cache_problems,
-    collate,
-    iterate_batches,
-    load_encoded,
     load_pairs,
     load_split,
-    prepare,
-    token_batches,
 )
-from transformer.files import atomic_write
-from transformer.tokenizer import (
-    TOKENIZER_FORMAT,
-    VOCAB_SIZE,
-    Tokenizer,
-    pretokenize,
-    train_bpe,
-    train_tokenizer,
-)
+from transformer.tokenizer import VOCAB_SIZE, Tokenizer, pretokenize, train_bpe
+from transformer.vocabulary import TOKENIZER_FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_spacy = pytest.mark.skipif(
@@ -91,13 +83,13 @@ def test_prepare_learns_the_vocabulary_from_the_training_split_only(
     cache, tmp_path, monkeypatch
 ):
     given = []
-    real = data.train_tokenizer
+    real = cache_module.train_tokenizer
 
     def spy(pairs, *args, **kwargs):
         given.append(list(pairs))
         return real(pairs, *args, **kwargs)
 
-    monkeypatch.setattr(data, "train_tokenizer", spy)
+    monkeypatch.setattr(cache_module, "train_tokenizer", spy)
     prepare("de-en", tmp_path, vocab_size=300)
     assert given == [load_pairs("train", "de-en")]
 
@@ -495,7 +487,7 @@ def test_a_current_cache_is_loaded_not_rebuilt(cache, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("prepare rebuilt a current cache")
 
-    monkeypatch.setattr(data, "train_tokenizer", no_training)
+    monkeypatch.setattr(cache_module, "train_tokenizer", no_training)
     assert prepare("de-en", cache).vocab_size == VOCAB_SIZE
 
 
@@ -715,7 +707,7 @@ def test_a_missing_checksum_file_gives_advice_that_fits_whose_folder_it_is(
         "the repository's data/multi30k, which holds the data files and SHA256SUMS"
     )
     with pytest.raises(DataError) as missing:
-        data.expected_checksums(nowhere)
+        multi30k_module.expected_checksums(nowhere)
     assert str(missing.value) == (
         f"missing checksum file {nowhere / 'SHA256SUMS'} (there is no folder "
         f"{nowhere}: name a copy of {multi30k})"
@@ -732,10 +724,33 @@ def test_a_missing_checksum_file_gives_advice_that_fits_whose_folder_it_is(
     assert status == 2 and f"there is no folder {nowhere}" in err
     assert "pip install" not in err
     # The package's own folder, by default or named: install the package from a clone.
-    monkeypatch.setattr(data, "DATA_DIR", tmp_path / "multi30k")
+    monkeypatch.setattr(multi30k_module, "DATA_DIR", tmp_path / "multi30k")
     reinstall = "install it with `pip install -e .` in a clone)"
     monkeypatch.chdir(tmp_path)
-    for named in (data.DATA_DIR, Path("multi30k")):
+    for named in (multi30k_module.DATA_DIR, Path("multi30k")):
         with pytest.raises(DataError, match="missing checksum file") as default:
-            data.expected_checksums(named)
+            multi30k_module.expected_checksums(named)
         assert str(default.value).endswith(reinstall)
+
+
+def test_transformer_data_offers_the_pipelines_names_from_their_modules():
+    """Training and the command line import these names from transformer.data: they are the
+    very objects of the modules that define them."""
+    import transformer.batches as batches
+    import transformer.bpe_dropout as bpe_dropout
+    import transformer.data as data
+    import transformer.encoded as encoded
+
+    homes = {
+        batches: ["MAX_TOKENS", "Batch", "collate", "token_batches"],
+        bpe_dropout: ["BPEDropout"],
+        cache_module: ["CACHE_DIR", "cache_problems", "load_encoded", "prepare"],
+        encoded: ["EncodedSplit"],
+        multi30k_module: [
+            "DATA_DIR", "PAIRS", "SPLITS", "DataError", "load_pairs", "load_split",
+            "parse_pair",
+        ],
+    }  # fmt: skip
+    for module, names in homes.items():
+        for name in names:
+            assert getattr(data, name) is getattr(module, name), name

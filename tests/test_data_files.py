@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer.data import DATA_DIR, DataError, load_pairs, load_split, parse_pair
+from transformer.multi30k import DATA_DIR, DataError, load_pairs, load_split, parse_pair
 
 
 @pytest.fixture

@@ -19,7 +19,10 @@ LAYERS = [
         "attention", "masking", "multihead", "embedding", "sublayers", "encoder",
         "decoder", "config", "model", "loss", "schedule", "plots", "counts",
     },
-    {"files", "tokenizer", "data", "checkpoint", "distributed"},
+    {
+        "files", "multi30k", "vocabulary", "tokenizer", "batch_checks", "batches",
+        "encoded", "cache", "bpe_dropout", "data", "checkpoint", "distributed",
+    },
     {"train_config", "validation", "epochs", "train"},
     {"decode", "evaluate", "export"},
     {"cli", "deploy", "__main__", "__init__"},

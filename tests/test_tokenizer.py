@@ -1,4 +1,5 @@
-"""Normalisation, spaCy's words and the joint BPE tokenizer in transformer.tokenizer."""
+"""Normalisation, spaCy's words and the joint BPE tokenizer: transformer.tokenizer and
+transformer.vocabulary."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import tokenizers
 import torch
 
-from transformer.data import PAIRS, SPLITS, load_pairs, load_split
+from transformer.cache import train_tokenizer
+from transformer.multi30k import PAIRS, SPLITS, load_pairs, load_split
 from transformer.tokenizer import (
     MARK,
     SPECIALS,
@@ -21,7 +23,6 @@ from transformer.tokenizer import (
     normalize,
     pretokenize,
     train_bpe,
-    train_tokenizer,
 )
 
 needs_spacy = pytest.mark.skipif(
@@ -198,7 +199,8 @@ def test_save_and_load_give_the_same_tokenizer(trained, tmp_path):
     tokenizer.save(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]  # no temp
     loaded = Tokenizer.load(path)
-    assert loaded.to_json() == tokenizer.to_json()
+    assert type(loaded) is Tokenizer and loaded.to_json() == tokenizer.to_json()
+    assert json.loads(loaded.to_json())["word_mark"] == MARK
     sentences = load_split("val", "en")[:50]
     assert loaded.encode_batch(sentences, "en") == tokenizer.encode_batch(
         sentences, "en"
