@@ -18,7 +18,7 @@ LAYERS = [
         "decoder", "config", "model", "loss", "schedule", "plots", "counts",
     },
     {"files", "tokenizer", "data", "checkpoint", "distributed"},
-    {"train_config", "validation", "epochs", "train"},
+    {"train_config", "loop", "validation", "epochs", "logs", "train"},
     {"decode", "evaluate", "export"},
     {"cli", "deploy", "__main__", "__init__"},
 ]  # fmt: skip

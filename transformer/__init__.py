@@ -17,13 +17,14 @@ from transformer.embedding import (
 )
 from transformer.encoder import Encoder, EncoderLayer
 from transformer.evaluate import Scores, bleu_by_length, score, translate_split
-from transformer.loss import LabelSmoothingLoss, TokenStats, token_stats
+from transformer.loss import LabelSmoothingLoss
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.model import Generator, Transformer
 from transformer.multihead import MultiHeadAttention
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 from transformer.train import TrainConfig, train
+from transformer.validation import TokenStats, token_stats
 
 __version__ = "0.1.0"
 __all__ = [
