@@ -123,7 +123,8 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 # `train_step` makes one such update. On a GPU the forward pass can run under bfloat16 autocast
 # (matrix products in bfloat16, the loss in float32). The step returns the summed loss, left on
 # the device: reading a GPU value waits for the GPU. Two calls serve a run of several processes
-# and do nothing in one: `ddp_processes` and `sync_gradients` (the appendix explains them).
+# and do nothing in one: `ddp_processes` and `sync_gradients` (the appendix
+# [Training runs](91_engineering.ipynb) explains them).
 
 # %%
 #| export
