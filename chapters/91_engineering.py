@@ -1754,7 +1754,7 @@ def evaluate(
 # `lr` and `mfu`, the share of the GPU's peak arithmetic rate that the model's FLOPs used (the
 # appendix [Derivations and counts](93_counts.ipynb) derives the count).
 #
-# First the helpers of the set-up: the model, its wrappers, the folder and the batches.
+# The module's imports come first: it builds on every module above.
 
 # %%
 #| export
@@ -1834,6 +1834,13 @@ from transformer.train_config import TrainConfig, resume_point, run_record
 from transformer.validation import Validation, count_words, evaluate
 
 
+# %% [markdown]
+# Then the helpers of the set-up: the model, its wrappers, the run's folder and each process's
+# batches.
+
+
+# %%
+#| export
 def _sync(device: torch.device) -> float:
     """The time, after the GPU has finished its queued work."""
     if device.type == "cuda":

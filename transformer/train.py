@@ -79,7 +79,7 @@ from .tokenizer import Tokenizer
 from .train_config import TrainConfig, resume_point, run_record
 from .validation import Validation, count_words, evaluate
 
-
+# %% ../chapters/91_engineering.ipynb #d1615313
 def _sync(device: torch.device) -> float:
     """The time, after the GPU has finished its queued work."""
     if device.type == "cuda":
