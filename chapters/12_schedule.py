@@ -102,11 +102,7 @@ def noam_lr(
     step: int, *, d_model: int, warmup: int, factor: float = 1.0
 ) -> float:
     """factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), equation
-    (3).
-
-    `step` is the number of the update, counted from 1; step 0 (before any
-    update) gives 0, the limit of the linear warm-up.
-    """
+    (3); `step` counts updates from 1, and step 0 gives 0."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if d_model <= 0 or warmup <= 0:
@@ -127,29 +123,13 @@ def noam_lr(
 # %%
 from transformer.schedule import noam_lr
 
-rows = []
 for name, d_model, steps in [("base", 512, 100_000), ("big", 1024, 300_000)]:
-    peak = noam_lr(4000, d_model=d_model, warmup=4000)
-    assert math.isclose(peak, d_model**-0.5 * 4000**-0.5, rel_tol=1e-12)
-    rows.append(
-        {
-            "model": name,
-            "d_model": d_model,
-            "first update": f"{noam_lr(1, d_model=d_model, warmup=4000):.2e}",
-            "peak (step 4,000)": f"{peak:.2e}",
-            "last update": (
-                f"{noam_lr(steps, d_model=d_model, warmup=4000):.2e}"
-            ),
-        }
+    lr = [noam_lr(s, d_model=d_model, warmup=4000) for s in (1, 4000, steps)]
+    print(
+        f"{name}: updates 1, 4,000, {steps:,}: "
+        + ", ".join(f"{r:.2e}" for r in lr)
     )
-assert math.isclose(
-    noam_lr(4000, d_model=512, warmup=4000), 7.0e-4, rel_tol=0.01
-)
-assert noam_lr(0, d_model=512, warmup=4000) == 0.0
-assert noam_lr(9, d_model=512, warmup=4000, factor=2.0) == 2 * noam_lr(
-    9, d_model=512, warmup=4000
-)
-pd.DataFrame(rows).set_index("model")
+    assert math.isclose(lr[1], d_model**-0.5 * 4000**-0.5, rel_tol=1e-12)
 
 # %% [markdown]
 # ## The shape of the schedule
@@ -160,124 +140,49 @@ pd.DataFrame(rows).set_index("model")
 # lower curve everywhere. After the peaks, the curves of one width merge: the decay does not
 # depend on the warm-up.
 
-# %%
-STEPS = 20_000
-configs = [(256, 4000), (512, 4000), (1024, 4000), (512, 2000), (512, 8000)]
-curves = {
-    (d_model, warmup): [
-        noam_lr(s, d_model=d_model, warmup=warmup) for s in range(STEPS + 1)
-    ]
-    for d_model, warmup in configs
-}
-
-for (d_model, warmup), lr in curves.items():
-    top = max(range(1, STEPS + 1), key=lambda s: lr[s])
-    assert top == warmup
-    assert math.isclose(lr[top], d_model**-0.5 * warmup**-0.5, rel_tol=1e-12)
-    # Strictly up to the peak, strictly down after it.
-    assert all(a < b for a, b in zip(lr[1:top], lr[2 : top + 1], strict=True))
-    assert all(a > b for a, b in zip(lr[top:-1], lr[top + 1 :], strict=True))
-
-# A wider model is lower at every step; after the longest warm-up, 8,000, the
-# three warm-ups at d_model = 512 give the same rate.
-assert all(
-    a > b > c
-    for a, b, c in zip(
-        curves[256, 4000][1:],
-        curves[512, 4000][1:],
-        curves[1024, 4000][1:],
-        strict=True,
-    )
-)
-for step in range(8000, STEPS + 1):
-    assert (
-        curves[512, 2000][step]
-        == curves[512, 4000][step]
-        == curves[512, 8000][step]
-    )
-
-# %%
+# %% tags=["hide-input"]
 from transformer.plots import use_book_renderer
 
 use_book_renderer()
-
-# One point in 100 keeps the chart small; every warm-up is a multiple of 100,
-# so the peaks are among the points and stay sharp.
-shown = list(range(0, STEPS + 1, 100))
-assert all(w in shown for _, w in configs)
-panels = {  # the panel's title, and its curves with their legend labels
-    "warmup = 4,000, three widths": {
-        (256, 4000): "d_model = 256",
-        (512, 4000): "d_model = 512",
-        (1024, 4000): "d_model = 1024",
-    },
-    "d_model = 512, three warm-ups": {
-        (512, 2000): "warmup = 2,000",
-        (512, 4000): "warmup = 4,000",
-        (512, 8000): "warmup = 8,000",
-    },
+panels = {  # each panel's title, and its curves: (d_model, warmup)
+    "warmup = 4,000, three widths": [(256, 4000), (512, 4000), (1024, 4000)],
+    "d_model = 512, three warm-ups": [(512, 2000), (512, 4000), (512, 8000)],
 }
-schedule = pd.DataFrame(
-    [
-        {
-            "panel": panel,
-            "curve": label,
-            "step": s,
-            "learning rate": round(curves[c][s] * 1e4, 4),  # in units of 1e-4
-        }
-        for panel, labels in panels.items()
-        for c, label in labels.items()
-        for s in shown
-    ]
-)
-peaks = pd.DataFrame(
-    [
-        {
-            "panel": panel,
-            "curve": label,
-            "step": c[1],
-            "learning rate": round(curves[c][c[1]] * 1e4, 4),
-            "peak": f"{curves[c][c[1]] * 1e4:.1f}",  # in the axis's units
-        }
-        for panel, labels in panels.items()
-        for c, label in labels.items()
-    ]
-)
+rows = [
+    {
+        "panel": panel,
+        "curve": f"d_model = {d}" if panel[0] == "w" else f"warmup = {w:,}",
+        "step": s,
+        "lr": round(noam_lr(s, d_model=d, warmup=w) * 1e4, 4),  # in 1e-4
+        "peak": f"{noam_lr(w, d_model=d, warmup=w) * 1e4:.1f}"
+        if s == w
+        else None,
+    }
+    for panel, curves in panels.items()
+    for d, w in curves
+    for s in range(0, 20_001, 100)  # every warm-up is among the steps
+]
+schedule = pd.DataFrame(rows)
 
 
 def schedule_panel(panel: str) -> alt.LayerChart:
-    x = alt.X(
-        "step:Q",
-        title="step",
-        axis=alt.Axis(values=list(range(0, STEPS + 1, 4000))),
+    x = alt.X("step:Q", axis=alt.Axis(values=list(range(0, 20_001, 4000))))
+    y = alt.Y("lr:Q", title="learning rate (× 1e-4)")
+    legend = alt.Legend(orient="top-right")
+    color = alt.Color("curve:N", title=None, sort=None, legend=legend)
+    data = alt.Chart(schedule[schedule.panel == panel], title=panel)
+    lines = data.mark_line().encode(x=x, y=y, color=color)
+    peaks = data.transform_filter("datum.peak != null")
+    dots = peaks.mark_point(filled=True, size=50).encode(x=x, y=y, color=color)
+    text = peaks.mark_text(align="left", dx=6, dy=-8).encode(
+        x=x, y=y, text="peak:N"
     )
-    y = alt.Y("learning rate:Q", title="learning rate (× 1e-4)")
-    color = alt.Color(
-        "curve:N",
-        title=None,
-        sort=list(panels[panel].values()),
-        legend=alt.Legend(orient="top-right"),
-    )
-    lines = (
-        alt.Chart(schedule[schedule.panel == panel], title=panel)
-        .mark_line()
-        .encode(
-            x=x, y=y, color=color, tooltip=["curve", "step", "learning rate"]
-        )
-    )
-    dots = (
-        alt.Chart(peaks[peaks.panel == panel])
-        .mark_point(filled=True, size=50)
-        .encode(x=x, y=y, color=color, tooltip=["curve", "step", "peak"])
-    )
-    text = dots.mark_text(align="left", dx=6, dy=-8).encode(text="peak:N")
-    return (lines + dots + text).properties(width=320, height=230)
+    return (lines + dots + text).properties(width=270, height=230)
 
 
 alt.hconcat(*(schedule_panel(panel) for panel in panels)).resolve_scale(
     color="independent"
 ).properties(title="Equation (3) over the first 20,000 steps, peaks marked")
-
 
 # %% [markdown]
 # ## Why a warm-up
@@ -320,12 +225,20 @@ assert torch.allclose(weights.detach(), -1e-3 * weights.grad.sign(), rtol=1e-4)
 
 # %%
 #| export
-def _param_list(
-    params: torch.Tensor | Iterable[torch.Tensor],
-) -> list[torch.Tensor]:
-    """A parameter group's tensors as a list: one tensor, or an iterable of
-    them."""
-    return [params] if isinstance(params, torch.Tensor) else list(params)
+def _param_groups(params: nn.Module | Iterable) -> list:
+    """The parameters as torch.optim takes them: a model's as a list, and each
+    group's "params" as a list (a generator would be used up by the checks, and
+    one tensor is one parameter, not its rows)."""
+    if isinstance(params, nn.Module):
+        return list(params.parameters())
+
+    def listed(p: torch.Tensor | Iterable) -> list:
+        return [p] if isinstance(p, torch.Tensor) else list(p)
+
+    return [
+        p | {"params": listed(p["params"])} if isinstance(p, dict) else p
+        for p in params
+    ]
 
 
 def make_optimizer(
@@ -337,36 +250,16 @@ def make_optimizer(
     fused: bool | None = None,
 ) -> tuple[torch.optim.Adam, LambdaLR]:
     """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation
-    (3).
-
-    The optimizer's base lr is 1.0 and the scheduler's factor is noam_lr(k + 1)
-    after k calls of `scheduler.step()`, so update n (from 1) uses noam_lr(n).
-    Call `optimizer.step()`, then `scheduler.step()`. `fused=None` uses the
-    fused Adam when every parameter is on CUDA.
-    """
-    if isinstance(model_or_params, nn.Module):
-        params: list = list(model_or_params.parameters())
-    else:
-        # A group's "params" may be a generator (`model.encoder.parameters()`):
-        # make it a list, or reading it here would leave Adam an empty group.
-        # It may also be one tensor, as torch.optim allows, which list() would
-        # cut into its rows.
-        params = [
-            (
-                p | {"params": _param_list(p["params"])}
-                if isinstance(p, dict)
-                else p
-            )
-            for p in model_or_params
-        ]
+    (3): update n (from 1) uses noam_lr(n). Call `optimizer.step()`, then
+    `scheduler.step()`. `fused=None`: fused when every parameter is on CUDA."""
+    params = _param_groups(model_or_params)
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
-    if not groups or any(not group for group in groups):
+    if not groups or not all(groups):
         raise ValueError(
             "make_optimizer got no parameters (or an empty group)"
         )
     if any(isinstance(p, dict) and "lr" in p for p in params):
-        # LambdaLR multiplies a group's own lr by the schedule: noam_lr(n)
-        # would be scaled.
+        # LambdaLR would multiply a group's own lr by the schedule.
         raise ValueError(
             "a parameter group sets its own lr: the schedule sets every"
             " group's learning rate (use factor= to scale it)"
@@ -375,16 +268,11 @@ def make_optimizer(
         fused = all(
             t.is_cuda and t.is_floating_point() for g in groups for t in g
         )
-    # Check the schedule's arguments before building anything.
-    noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)
+    noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)  # check them
 
-    def lr_at(completed_updates: int) -> float:
-        return noam_lr(
-            completed_updates + 1,
-            d_model=d_model,
-            warmup=warmup,
-            factor=factor,
-        )
+    def lr_at(completed_updates: int) -> float:  # the rate of the next one
+        step = completed_updates + 1
+        return noam_lr(step, d_model=d_model, warmup=warmup, factor=factor)
 
     optimizer = torch.optim.Adam(
         params, lr=1.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=fused
@@ -397,49 +285,25 @@ def make_optimizer(
 # PyTorch's scheduler hands the optimiser is exactly equation (3) at every step:
 
 # %%
-from transformer.schedule import ADAM_BETAS, ADAM_EPS, make_optimizer
+from transformer.schedule import make_optimizer
 
 model = nn.Linear(8, 8)
-WARMUP, UPDATES = 200, 500
-optimizer, scheduler = make_optimizer(model, d_model=512, warmup=WARMUP)
-group = optimizer.param_groups[0]
-assert (
-    group["betas"] == (0.9, 0.98)
-    and group["eps"] == 1e-9
-    and group["weight_decay"] == 0
-)
-assert not group["fused"]  # the parameters are on the CPU
-
+optimizer, scheduler = make_optimizer(model, d_model=512, warmup=200)
 x = torch.randn(16, 8)
-seen = {}
-for k in range(UPDATES):
-    lr = optimizer.param_groups[0]["lr"]  # the rate of update k + 1
-    assert lr == noam_lr(k + 1, d_model=512, warmup=WARMUP), k
-    if k in (0, 1, 2, WARMUP - 2, WARMUP - 1, WARMUP, UPDATES - 1):
-        seen[k] = lr
+for k in range(500):  # k scheduler.step() calls so far: update k + 1 comes
+    lr = optimizer.param_groups[0]["lr"]
+    assert lr == noam_lr(k + 1, d_model=512, warmup=200), k
+    if k in (0, 1, 198, 199, 200, 499):
+        print(f"update {k + 1:>3}: lr {lr:.4e}")
     optimizer.zero_grad()
     model(x).pow(2).mean().backward()
     optimizer.step()
     scheduler.step()
 
-pd.DataFrame(
-    [
-        {
-            "scheduler.step() calls": k,
-            "update": k + 1,
-            "optimizer lr": f"{lr:.4e}",
-            "noam_lr(update)": (
-                f"{noam_lr(k + 1, d_model=512, warmup=WARMUP):.4e}"
-            ),
-        }
-        for k, lr in seen.items()
-    ]
-).set_index("scheduler.step() calls")
-
 # %% [markdown]
-# The table shows the first updates climbing from the smallest rate, the peak at update 200, and
-# the decay after it. A checkpoint that stores both state dicts resumes on the same curve, given
-# the same `d_model`, `warmup` and `factor`.
+# The first updates climb from the smallest rate, the peak comes at update 200, and the decay
+# follows. A checkpoint that stores both state dicts resumes on the same curve, given the same
+# `d_model`, `warmup` and `factor`.
 #
 # ## Summary
 #

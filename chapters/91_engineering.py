@@ -14,15 +14,17 @@
 # ---
 
 # %% [markdown]
-# # Engineering the package
+# # Training runs
 #
-# The training chapter's loop makes updates and measures them. A run that lasts hours on a
-# machine that may be taken away needs more: files that are never half written, checkpoints
-# that resume exactly where the run stopped, a configuration that says what was trained,
-# several GPUs that make the update of one, and a small folder in which to ship the trained
-# model. This appendix explains how the package does each of these, and exports two modules:
-# `transformer.files` (atomic writes) and `transformer.checkpoint` (the checkpoint and model
-# formats, averaging, export and `load_model`).
+# The training chapter's loop makes updates in one process that runs until it is done. A run of
+# 35 epochs on a GPU that may be taken away needs more: a configuration that says what is
+# trained and refuses bad values, files that are never half written, checkpoints that resume
+# exactly where the run stopped, a clock that stops the run in time to save it, several GPUs
+# that make the update of one, and a small folder in which to ship the trained model. This
+# appendix builds them on the chapter's code: its `Trainer` calls the chapter's `train_step`.
+# It exports `transformer.train` (the `Trainer` and `train`), `transformer.train_config`,
+# `transformer.epochs`, `transformer.validation`, `transformer.logs`,
+# `transformer.distributed`, `transformer.checkpoint` and `transformer.files`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -43,10 +45,11 @@ if importlib.util.find_spec("transformer") is None:
     sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
-#| default_exp checkpoint
+#| default_exp train
 
 # %%
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -56,19 +59,347 @@ torch.manual_seed(0)
 torch.set_printoptions(precision=4)
 
 # %% [markdown]
-# ## Data integrity and the cache
+# ## The configuration
 #
-# The Multi30k files in `data/multi30k` are checked against the SHA-256 sums of their
-# `SHA256SUMS` file each time they are read: a file that was truncated or changed is an error
-# that names it, never a silently different data set. `prepare` encodes every split once into
-# `cache/<pair>/`, with a `manifest.json` that records the cache format, the pair, the
-# vocabulary size, the checksums of the data files it was built from and the SHA-256 of each
-# file it wrote. A cache whose manifest does not match (other data, another vocabulary size, a
-# damaged file) is never used: `prepare` rebuilds it, which needs spaCy, and loading a current
-# cache needs no spaCy at all, so a GPU machine trains from the cache alone. The data chapter
-# builds all of this.
+# A run is described by one frozen dataclass, `TrainConfig`. The model is a preset of
+# `TransformerConfig` (`small`, `base` or `big`) with optional overrides of any of its fields
+# except the vocabulary size, which comes from the tokenizer. The defaults follow the paper where
+# it has a value (warm-up 4,000, label smoothing 0.1, the average of the last 5 checkpoints);
+# `bpe_dropout` samples a new segmentation of the training words each epoch (the data chapter).
+# Every field is checked when the config is made, from one table of (field, check, message), so
+# that a bad value is refused with its field's name before anything runs. The run stores the
+# config twice: as `train_config.json` in its output folder, which `--resume` reads back so that
+# the same command can be repeated after a stop, and inside each checkpoint's `config.json`,
+# with the model's `TransformerConfig` and the vocabulary's SHA-256.
+
+# %%
+#| export train_config
+"""The configuration of a training run: `TrainConfig`, each field checked by a
+table, the named recipes, and what a checkpoint records of the run."""
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    Progress,
+    latest_checkpoint,
+    read_record,
+    tokenizer_digest,
+)
+from transformer.config import TransformerConfig
+from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
+from transformer.distributed import Distributed, barrier
+from transformer.tokenizer import VOCAB_SIZE, Tokenizer
+
+MODEL_PRESETS = ("small", "base", "big")
+BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
+PEAK_BF16_FLOPS = (
+    790e12  # measured bf16 matrix-multiply rate of an H100 or H200
+)
+_VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(value: object) -> bool:
+    return _integer(value) and value > 0
+
+
+def _rate(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value < math.inf
+    )
+
+
+def _share(value: object) -> bool:
+    return isinstance(value, int | float) and 0 <= value < 1
+
+
+_POSITIVE = (_positive, "must be a positive integer")
+_RATE = (_rate, "must be a finite positive number")
+_TEXT = (lambda v: v is None or isinstance(v, str), "must be a string or None")
+# Each field's check, in the order they are made; a value that fails is refused
+# as "<field> <message>, got <value>".
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "vocab_size": _POSITIVE,
+    "epochs": _POSITIVE,
+    "max_tokens": _POSITIVE,
+    "accumulation": _POSITIVE,
+    "warmup": _POSITIVE,
+    "max_steps": (
+        lambda v: v is None or _positive(v),
+        "must be a positive integer or None",
+    ),
+    "log_every": _POSITIVE,
+    "seed": (
+        lambda v: _integer(v) and v >= 0,
+        "must be a non-negative integer",
+    ),
+    "average_last": (
+        lambda v: isinstance(v, int) and v >= 0,
+        "must be an integer >= 0",
+    ),
+    "lr_factor": _RATE,
+    "peak_flops": _RATE,
+    "label_smoothing": (_share, "must be in [0, 1)"),
+    "bpe_dropout": (
+        lambda v: _share(v) and not isinstance(v, bool),
+        "must be in [0, 1)",
+    ),
+    "bpe_dropout_sides": (
+        lambda v: isinstance(v, str) and v in BPE_DROPOUT_SIDES,
+        f"must be one of {', '.join(BPE_DROPOUT_SIDES)}",
+    ),
+    "time_limit": (
+        lambda v: v is None or _rate(v),
+        "must be finite positive minutes or None",
+    ),
+    "bf16": (
+        lambda v: v in (None, True, False),
+        "must be True, False or None",
+    ),
+    "compile": (lambda v: isinstance(v, bool), "must be True or False"),
+    "out_dir": _TEXT,
+    "cache_dir": _TEXT,
+    "data_dir": _TEXT,
+    "device": _TEXT,
+}
+
+
+# %% [markdown]
+# The dataclass itself:
+
+
+# %%
+#| export train_config
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run; the defaults follow the paper
+    where it says."""
+
+    pair: str
+    model: str = "small"  # a TransformerConfig preset
+    model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    vocab_size: int = VOCAB_SIZE  # of the joint BPE vocabulary (data chapter)
+    epochs: int = 10
+    max_steps: int | None = None
+    max_tokens: int = (
+        MAX_TOKENS  # padded tokens per batch and side, per process
+    )
+    accumulation: int = 1  # batches per process and update
+    warmup: int = 4000
+    lr_factor: float = 1.0
+    label_smoothing: float = 0.1
+    bpe_dropout: float = (
+        0.0  # on the training words (data chapter); 0: off (the paper)
+    )
+    bpe_dropout_sides: str = (
+        "both"  # or "source": targets keep BPE's own spelling
+    )
+    seed: int = 0
+    bf16: bool | None = None  # None: on with CUDA
+    compile: bool = False
+    average_last: int = 5  # checkpoints averaged at the end; 0 or 1: none
+    time_limit: float | None = None  # minutes
+    out_dir: str | None = None  # None: runs/<pair>
+    cache_dir: str | None = None  # None: the data chapter's cache
+    data_dir: str | None = None  # None: data/multi30k
+    device: str | None = None  # None: cuda when available, else cpu
+    log_every: int = 50  # updates between progress lines in steps.jsonl
+    peak_flops: float = PEAK_BF16_FLOPS  # per device, for MFU
+
+    def __post_init__(self) -> None:
+        if self.pair not in PAIRS:
+            raise ValueError(
+                f"pair: unknown language pair {self.pair!r}, choose one of"
+                f" {', '.join(PAIRS)}"
+            )
+        if self.model not in MODEL_PRESETS:
+            raise ValueError(
+                f"model: unknown preset {self.model!r}, choose one of"
+                f" {', '.join(MODEL_PRESETS)}"
+            )
+        if not isinstance(self.model_overrides, dict):
+            raise ValueError(
+                f"model_overrides must be a dict, got {self.model_overrides!r}"
+            )
+        object.__setattr__(self, "model_overrides", dict(self.model_overrides))
+        fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+        known = fields - set(_VOCAB_FIELDS)
+        bad = sorted(set(self.model_overrides) - known)
+        if bad:
+            raise ValueError(
+                f"model_overrides: unknown or fixed field(s) {', '.join(bad)}"
+                " (the vocabulary size comes from the tokenizer); known:"
+                f" {', '.join(sorted(known))}"
+            )
+        for name, (valid, message) in _CHECKS.items():
+            if not valid(value := getattr(self, name)):
+                raise ValueError(f"{name} {message}, got {value!r}")
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise ValueError(
+                    "device must be a torch device such as cpu, cuda or"
+                    f" cuda:1, got {self.device!r}"
+                ) from None
+        try:  # the overrides' values, e.g. d_model % n_heads
+            self.model_config(self.vocab_size)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"model_overrides: {err}") from err
+
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        """The model's config for a tokenizer of `vocab_size` entries."""
+        preset = getattr(TransformerConfig, self.model)
+        return preset(vocab_size, **self.model_overrides)
+
+    def uses_bf16(self, device_type: str) -> bool:
+        """Whether to train and validate under bfloat16 autocast on a
+        `device_type` device: `bf16` if set, otherwise on with CUDA only."""
+        return self.bf16 if self.bf16 is not None else device_type == "cuda"
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(
+            self.out_dir if self.out_dir is not None else f"runs/{self.pair}"
+        )
+
+    @property
+    def cache_path(self) -> Path:
+        return (
+            Path(self.cache_dir) if self.cache_dir is not None else CACHE_DIR
+        )
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir) if self.data_dir is not None else DATA_DIR
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-able dictionary."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """A config from `to_dict()`'s output; unknown keys are errors."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown TrainConfig field(s) {', '.join(unknown)}"
+            )
+        return cls(**d)
+
+
+# %% [markdown]
+# ## Presets and recipes
 #
-# ## Atomic writes
+# A recipe is a function that returns a `TrainConfig`, and `--config NAME` on the command line
+# selects one from `RECIPES`: `multi30k`, the recipe of the book's two models (the training
+# chapter's table), and `quick`, a tiny model trained for a few dozen updates, which shows the
+# whole machinery at work on a CPU. `quick_mode` says whether a heavy computation should run its
+# quick version: without a GPU, unless the environment says otherwise.
+
+
+# %%
+#| export train_config
+def quick_mode() -> bool:
+    """Whether heavy cells run their small CPU version: without a CUDA GPU, or
+    when the environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for
+    the full version)."""
+    flag = os.environ.get("TRANSFORMER_QUICK", "")
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"TRANSFORMER_QUICK must be 0 or 1, got {flag!r}")
+    if flag:
+        return flag == "1"
+    return not torch.cuda.is_available()
+
+
+def quick_config(pair: str, **overrides: Any) -> TrainConfig:
+    """A tiny model trained for a few dozen updates: about a minute on a 2-core
+    CPU."""
+    fields = dict(
+        pair=pair,
+        model="small",
+        model_overrides=dict(n_layers=2, d_model=64, n_heads=4, d_ff=256),
+        epochs=1,
+        max_steps=60,
+        max_tokens=1500,
+        warmup=40,
+        average_last=0,
+        log_every=5,
+    )
+    return TrainConfig(**(fields | overrides))
+
+
+def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
+    """The recipe of the book's Multi30k models (the training chapter's table)
+    as a TrainConfig."""
+    fields = dict(
+        pair=pair,
+        model="small",
+        model_overrides=dict(
+            n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
+        ),
+        epochs=35,
+        max_tokens=3_000,
+        warmup=800,
+        lr_factor=0.7,
+        average_last=5,
+        bf16=False,
+    )
+    return TrainConfig(**(fields | overrides))
+
+
+RECIPES = {"multi30k": multi30k_recipe, "quick": quick_config}
+
+# %% [markdown]
+# A config survives the trip through JSON, a bad value is caught with its field's name, and the
+# recipe's model has 6.0M parameters:
+
+# %%
+from transformer.model import Transformer
+from transformer.train_config import TrainConfig, multi30k_recipe
+
+config = TrainConfig(
+    pair="de-en", model="small", model_overrides={"dropout": 0.3}, warmup=2000
+)
+assert (
+    TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+)
+print(config.model_config(8000))
+for bad in [
+    dict(pair="en-de"),
+    dict(pair="de-en", warmup=0),
+    dict(pair="de-en", label_smoothing=1.0),
+    dict(pair="de-en", model_overrides={"d_model": 100}),
+]:
+    try:
+        TrainConfig(**bad)
+    except ValueError as err:
+        print("ValueError:", err)
+    else:
+        raise AssertionError(f"{bad} was accepted")
+recipe = multi30k_recipe("de-en").model_config(8000)
+n_params = sum(p.numel() for p in Transformer(recipe).parameters())
+print(f"the recipe's model: {n_params:,} parameters")
+assert n_params == 6_001_664
+
+# %% [markdown]
+# ## Atomic files
 #
 # A process can be killed at any moment: by a time limit, a full disk, a power cut. A file that
 # is being rewritten when that happens must not be left half old and half new, or a resumed run
@@ -257,7 +588,7 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 # place.
 
 # %%
-#| export
+#| export checkpoint
 """Checkpoints and shipped models: the formats, saving and loading without
 pickle, averaging, the records of a run's checkpoints, export, and
 `load_model`."""
@@ -494,7 +825,7 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 
 
 # %%
-#| export
+#| export checkpoint
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     """The element-wise mean of the weights of several checkpoints (folders or
     files).
@@ -567,7 +898,7 @@ mean
 
 
 # %%
-#| export
+#| export checkpoint
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
     """The SHA-256 of a tokenizer's JSON: the vocabulary's fingerprint in
     config.json."""
@@ -717,22 +1048,1495 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 
 
 # %% [markdown]
-# ## Configurations
+# ## Resuming a run
 #
-# A run is described by a frozen `TrainConfig` (the training chapter), which checks every field
-# when it is made, from one table of (field, check, message), so that a bad value is refused
-# with its field's name before anything runs. The run stores it twice: as `train_config.json`
-# in its output folder, which `--resume` reads back so that the same command can be repeated
-# after a stop, and inside each checkpoint's `config.json`, with the model's `TransformerConfig`
-# and the vocabulary's SHA-256.
+# Some fields of the configuration decide the updates themselves: the pair, the model and its
+# overrides, the vocabulary, the batch size, accumulation, warm-up, learning-rate factor, label
+# smoothing, BPE-dropout and the seed (`RESUME_FIXED`). A resumed run must keep them, and
+# `check_recipe` refuses one that does not, naming the field. The others may change on resume:
+# more `epochs` continue a finished run, and a new `time_limit` or `max_steps` fits the next
+# stretch of machine time. `resume_point` makes these checks, and those that need no data,
+# before anything is loaded.
+
+
+# %%
+#| export train_config
+def run_record(
+    config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
+) -> dict[str, Any]:
+    """What config.json holds: the model, the run, and the vocabulary's
+    fingerprint."""
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model": model_config.to_dict(),
+        "train": config.to_dict(),
+        "vocab": {
+            "size": tokenizer.vocab_size,
+            "sha256": tokenizer_digest(tokenizer),
+        },
+    }
+
+
+# The fields a resumed run must share with its checkpoint: they decide the
+# updates themselves.
+RESUME_FIXED = (
+    "pair",
+    "model",
+    "model_overrides",
+    "vocab_size",
+    "max_tokens",
+    "accumulation",
+    "warmup",
+    "lr_factor",
+    "label_smoothing",
+    "bpe_dropout",
+    "bpe_dropout_sides",
+    "seed",
+)
+
+
+def check_recipe(folder: Path, config: TrainConfig) -> None:
+    """Raise CheckpointError, naming the folder and the field, if the
+    checkpoint in `folder` was trained with another value of a field that
+    decides the updates (RESUME_FIXED)."""
+    stored = read_record(folder).get("train", {})
+    for name in RESUME_FIXED:
+        theirs, ours = stored.get(name), getattr(config, name)
+        if (
+            name == "model_overrides"
+        ):  # name the field of the model that differs
+            theirs, ours = theirs or {}, ours or {}
+            for key in sorted(theirs.keys() | ours.keys()):
+                if theirs.get(key) != ours.get(key):
+                    raise CheckpointError(
+                        f"{folder}: the checkpoint was trained with"
+                        f" {name}.{key}={theirs.get(key)!r}, this run asks for"
+                        f" {name}.{key}={ours.get(key)!r}"
+                    )
+        elif name in stored and theirs != ours:
+            raise CheckpointError(
+                f"{folder}: the checkpoint was trained with {name}={theirs!r},"
+                f" this run asks for {name}={ours!r}"
+            )
+
+
+def resume_point(
+    out: Path, config: TrainConfig, env: Distributed, *, resume: bool
+) -> Path | None:
+    """The checkpoint a run in `out` resumes from, if any, after the checks
+    that need no data: the folder holds no other run unless resuming, and the
+    checkpoint was trained with this recipe by as many processes."""
+    checkpoint = latest_checkpoint(out)
+    occupied = out.is_dir() and any(out.iterdir())
+    # Every process looks at the folder before the first one writes into it, so
+    # that all of them see the same thing, and refuse (or go on) together.
+    barrier()
+    if occupied and not resume:
+        raise CheckpointError(
+            f"output folder {out} is not empty: pass --resume to continue the"
+            " run in it, or choose another --out"
+        )
+    if checkpoint is not None:
+        check_recipe(checkpoint, config)
+        processes = Progress.read(checkpoint).processes
+        if processes != env.world_size:
+            raise CheckpointError(
+                f"{checkpoint}: the run was trained by {processes}"
+                f" process(es), this one has {env.world_size}: they decide the"
+                f" updates, so resume with {processes}"
+            )
+    return checkpoint
+
+
+# %% [markdown]
+# ## Several processes
 #
-# Some fields decide the updates themselves: the pair, the model and its overrides, the
-# vocabulary, the batch size, accumulation, warm-up, learning-rate factor, label smoothing,
-# BPE-dropout and the seed (`RESUME_FIXED`). A resumed run must keep them, and `check_recipe`
-# refuses one that does not, naming the field. The others may change on resume: more
-# `epochs` continue a finished run, and a new `time_limit` or `max_steps` fits the next stretch
-# of machine time.
+# With several GPUs, PyTorch's `DistributedDataParallel` (DDP) keeps one copy of the model per
+# GPU, one process per GPU, as the paper trained on eight. Each process runs forward and
+# backward on its own batches; during the backward pass DDP adds up the gradients of all
+# processes (an *all-reduce*) and divides by their number, so that every copy takes the same
+# optimiser step and the copies stay identical.
 #
+# The loop runs the same code with one process or several. Each process reads its rank $r$ and
+# the number of processes $P$ from the environment that `torchrun` sets (`RANK`, `WORLD_SIZE`,
+# `LOCAL_RANK`); without them, $P = 1$. All processes compute the same list of batches for an
+# epoch, since it depends only on the seed and the epoch, and an update takes the next
+# $P \times$ `accumulation` of them: process $r$ takes batches $r, r + P, r + 2P, \dots$ of that
+# group. Since every process knows the whole list, each knows the token count $N$ of the whole
+# update without communicating, and scales its loss by $P / N$: DDP's division by $P$ then
+# leaves exactly the gradient of the summed loss over $N$, the update a single process would
+# make on all the batches (without dropout: each process draws its own dropout masks). The few
+# batches at the end of an epoch that do not fill a whole group are left out of that epoch; a
+# run whose epoch cannot fill a single group is refused before it starts, and one that leaves
+# out more than a tenth of each epoch says so in its log. Validation is split the same way, and
+# the sums are added up before the means are taken.
+#
+# ```
+# torchrun --nproc_per_node 8 -m transformer train --pair de-en \
+#     --config base --out runs/base
+# ```
+#
+# The training chapter's `train_step` does this with two helpers: `ddp_processes` gives it $P$
+# when DDP wraps the model (1 otherwise), and `sync_gradients` wraps the backward pass of every
+# micro-batch but the last in DDP's `no_sync`, so that the processes exchange their gradients
+# once per update.
+
+# %%
+#| export distributed
+"""One process among several: torchrun's environment, each process's device,
+and the collectives that the processes of a run share (DistributedDataParallel
+adds the gradients)."""
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place among the processes of a run (torchrun's
+    environment)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str] | None = None
+    ) -> "Distributed":
+        environ = os.environ if environ is None else environ
+        try:
+            world_size = int(environ.get("WORLD_SIZE", "1"))
+            rank = int(environ.get("RANK", "0"))
+            local_rank = int(environ.get("LOCAL_RANK", str(rank)))
+        except ValueError as err:
+            raise ValueError(
+                f"bad RANK/WORLD_SIZE/LOCAL_RANK in the environment: {err}"
+            ) from err
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"RANK={rank} and WORLD_SIZE={world_size} do not fit together"
+            )
+        return cls(rank=rank, world_size=world_size, local_rank=local_rank)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def world_size() -> int:
+    """The number of processes of the process group; 1 without one."""
+    return (
+        dist.get_world_size()
+        if dist.is_available() and dist.is_initialized()
+        else 1
+    )
+
+
+def device_for(requested: str | None, env: Distributed) -> torch.device:
+    """The device a process trains on: `requested`, else CUDA when there is a
+    GPU; a CUDA device without an index is the process's own GPU (LOCAL_RANK).
+    """
+    if requested is not None:
+        device = torch.device(requested)
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", env.local_rank)
+    return device
+
+
+def barrier() -> None:
+    """Wait for every process of the group (nothing to wait for alone)."""
+    if world_size() > 1:
+        dist.barrier()
+
+
+def all_sum(values: list[float], device: torch.device) -> list[float]:
+    """The sums of `values` over the processes, in float64."""
+    if world_size() == 1:
+        return values
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.tolist()
+
+
+def seed_update(seed: int, step: int, rank: int) -> None:
+    """Seed the randomness of an update (dropout) from (seed, update, process):
+    a resumed run draws the same masks as an uninterrupted one without storing
+    generator states."""
+    torch.manual_seed(
+        int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+    )
+
+
+def ddp_of(model: nn.Module) -> DistributedDataParallel | None:
+    """The DistributedDataParallel wrapper of a model, seen through
+    torch.compile's."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner if isinstance(inner, DistributedDataParallel) else None
+
+
+def ddp_processes(model: nn.Module) -> int:
+    """How many processes' gradients DistributedDataParallel averages for
+    `model`, 1 without it: a loss scaled by it turns their mean into a sum."""
+    return dist.get_world_size() if ddp_of(model) is not None else 1
+
+
+def sync_gradients(
+    model: nn.Module, sync: bool
+) -> contextlib.AbstractContextManager:
+    """The context of a micro-batch's backward pass: under
+    DistributedDataParallel the processes exchange gradients only if `sync`
+    (the update's last micro-batch); otherwise they accumulate locally."""
+    ddp = ddp_of(model)
+    if ddp is None or sync:
+        return contextlib.nullcontext()
+    return ddp.no_sync()
+
+
+# %% [markdown]
+# ## What each epoch trains on
+#
+# The loop reads the tokenizer and the encoded splits from the data chapter's cache (the first
+# process builds it if needed, the others wait), and an epoch's batches come from
+# `token_batches` in an order drawn from (seed, epoch). Before the first update, the run checks
+# what would otherwise fail hours later: every sentence, with its `<bos>` or `<eos>`, fits a
+# batch and the model's table of positions, and an epoch holds at least one update.
+
+# %%
+#| export epochs
+"""What a training run trains on, epoch by epoch: the splits from the encoded
+cache, the checks that every sentence and every epoch fit the run's batches,
+each epoch's batches and, under BPE-dropout, each epoch's spelling."""
+
+import functools
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from transformer.data import (
+    BPEDropout,
+    DataError,
+    EncodedSplit,
+    load_encoded,
+    prepare,
+    token_batches,
+)
+from transformer.distributed import Distributed, barrier
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import BPE_DROPOUT_SIDES, TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """The tokenizer and the encoded splits a run trains and validates on."""
+
+    tokenizer: Tokenizer
+    train: EncodedSplit
+    val: EncodedSplit
+
+
+def load_training_data(config: TrainConfig) -> TrainingData:
+    """The pair's tokenizer and splits from the encoded cache, built first if
+    needed (spaCy)."""
+    env = Distributed.from_environ()
+    try:
+        # The first process builds the cache; the others wait and load it.
+        if not env.is_main:
+            barrier()
+        tokenizer = prepare(
+            config.pair,
+            config.cache_path,
+            vocab_size=config.vocab_size,
+            data_dir=config.data_path,
+        )
+        splits = [
+            load_encoded(
+                config.pair,
+                split,
+                config.cache_path,
+                data_dir=config.data_path,
+            )
+            for split in ("train", "val")
+        ]
+    except ImportError as err:  # no spaCy to build a missing cache
+        raise DataError(str(err)) from err
+    finally:
+        if env.is_main:
+            barrier()
+    return TrainingData(tokenizer, *splits)
+
+
+def epoch_batches(
+    train: EncodedSplit, epoch: int, config: TrainConfig
+) -> list[np.ndarray]:
+    """An epoch's batches of pair indices: token-bucketed, in an order drawn
+    from (seed, epoch)."""
+    return token_batches(
+        train.src_lengths + 1,  # + <eos>
+        train.tgt_lengths + 1,  # + <bos> (input) or <eos> (output)
+        max_tokens=config.max_tokens,
+        seed=config.seed,
+        epoch=epoch,
+    )
+
+
+# %%
+#| export epochs
+def check_lengths(
+    config: TrainConfig,
+    data: TrainingData,
+    max_len: int,
+    bpe: BPEDropout | None,
+) -> None:
+    """Refuse, before any update, a split whose longest sentence (with its
+    <bos> or <eos>) fits neither a batch nor the model's positional table. With
+    BPE-dropout, a training sentence counts in its longest spelling too, which
+    a later epoch may draw."""
+    longest = {
+        f"{name} sentence": int(
+            max(split.src_lengths.max(), split.tgt_lengths.max())
+        )
+        for name, split in (("train", data.train), ("val", data.val))
+    }
+    if bpe is not None:
+        sides = BPE_DROPOUT_SIDES[config.bpe_dropout_sides]
+        what = (
+            "train sentence as BPE-dropout may spell it, one token a character"
+        )
+        longest[what] = bpe.longest_spelling(data.train, sides)
+    for what, tokens in longest.items():
+        tokens += 1  # <bos> or <eos>
+        if tokens > config.max_tokens:
+            raise DataError(
+                f"max_tokens={config.max_tokens} cannot hold the longest"
+                f" {what} ({tokens} tokens): raise --max-tokens"
+            )
+        if tokens > max_len:
+            raise DataError(
+                f"the model's max_len={max_len} cannot place the "
+                f"longest {what} ({tokens} tokens): raise --set max_len"
+            )
+
+
+def updates_per_epoch(batches: int, accumulation: int, processes: int) -> int:
+    """The updates an epoch of `batches` batches gives; none is an error."""
+    group = accumulation * processes
+    if batches < group:
+        raise DataError(
+            f"an epoch has {batches} batches, too few for one update of "
+            f"accumulation {accumulation} × {processes} process(es) "
+            f"= {group} batches: lower --accumulation or --max-tokens"
+        )
+    return batches // group
+
+
+def dropped_warning(
+    batches: int, accumulation: int, processes: int
+) -> str | None:
+    """A warning when grouping batches into updates leaves out over 10% of
+    them."""
+    group = accumulation * processes
+    dropped = batches % group
+    if dropped <= 0.1 * batches:
+        return None
+    return (
+        f"warning: an epoch leaves out {dropped} of its {batches} batches "
+        f"({dropped / batches:.0%}): an update takes accumulation "
+        f"{accumulation} × {processes} process(es) = {group} "
+        "batches; lower --accumulation or --max-tokens"
+    )
+
+
+# %% [markdown]
+# Under BPE-dropout each epoch spells the training words anew, a function of (seed, epoch).
+# `Spellings` hands the loop each epoch's spelling and, on a GPU, has a second process spell the
+# next epoch while this one trains; a sentence counts in its longest possible spelling in the
+# checks above.
+
+# %%
+#| export epochs
+def prepare_epochs(
+    config: TrainConfig,
+    data: TrainingData,
+    max_len: int,
+    processes: int,
+    epoch: int,
+) -> tuple["Spellings", int]:
+    """The checks made before the first update (every sentence fits a batch and
+    the model; epoch `epoch`, the one to come, gives an update), and the
+    spellings of the epochs. Returns them and the number of batches of epoch
+    `epoch`."""
+    bpe = (
+        BPEDropout(data.tokenizer, config.bpe_dropout)
+        if config.bpe_dropout
+        else None
+    )
+    if bpe is not None:
+        bpe.check(data.train)
+    check_lengths(config, data, max_len, bpe)
+    # The batches of the epoch to come, in BPE's own spelling (BPE-dropout
+    # changes their number only slightly): an epoch must give at least one
+    # update.
+    first = len(epoch_batches(data.train, epoch, config))
+    updates_per_epoch(first, config.accumulation, processes)
+    return Spellings(data.train, bpe, config), first
+
+
+class Spellings:
+    """The training split as each epoch spells it: BPE's own spelling, or with
+    BPE-dropout a new one each epoch, a function of (seed, epoch). With
+    `prefetch` a second process spells the next epoch while this one trains."""
+
+    def __init__(
+        self, train: EncodedSplit, bpe: BPEDropout | None, config: TrainConfig
+    ) -> None:
+        self.train, self.epochs, self.prefetch = train, config.epochs, False
+        self.resample = None
+        if bpe is not None:
+            sides = BPE_DROPOUT_SIDES[config.bpe_dropout_sides]
+            self.resample = functools.partial(
+                bpe.resample, seed=config.seed, sides=sides
+            )
+        self.pool: ProcessPoolExecutor | None = None
+        self.ahead: dict[int, Future] = {}
+
+    def __call__(self, epoch: int) -> EncodedSplit:
+        if self.resample is None:
+            return self.train
+        ahead = self.ahead.pop(epoch, None)
+        if ahead is not None:
+            train = ahead.result()
+        else:
+            train = self.resample(self.train, epoch=epoch)
+        if self.prefetch and epoch + 1 < self.epochs:
+            if self.pool is None:
+                spawn = multiprocessing.get_context("spawn")
+                self.pool = ProcessPoolExecutor(1, mp_context=spawn)
+            self.ahead[epoch + 1] = self.pool.submit(
+                self.resample, self.train, epoch=epoch + 1
+            )
+        return train
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+# %% [markdown]
+# ## Validation
+#
+# Validation measures what the training chapter lists: the label-smoothed loss, the NLL and the
+# perplexities per token and per word, and the token accuracy. `token_stats` returns sums and
+# counts, which add up across batches and, with several processes, across processes (each
+# validates its share of the batches); the means are taken last. The perplexity is per subword
+# token, `<eos>` included, as the paper's is "per wordpiece".
+
+# %%
+#| export validation
+"""Teacher-forced validation of Vaswani et al. (2017)'s model: the
+label-smoothed loss, the NLL and perplexities per token and per word, and the
+token accuracy, as sums that add up across batches and processes."""
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from transformer.data import Batch, EncodedSplit
+from transformer.distributed import world_size
+from transformer.loop import batch_log_probs
+from transformer.loss import LabelSmoothingLoss, check_log_probs
+from transformer.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Sums over real (non-padding) target tokens; add them up across batches,
+    then read means."""
+
+    nll_sum: float = 0.0
+    correct: int = 0
+    tokens: int = 0
+
+    def __add__(self, other: "TokenStats") -> "TokenStats":
+        return TokenStats(
+            self.nll_sum + other.nll_sum,
+            self.correct + other.correct,
+            self.tokens + other.tokens,
+        )
+
+    def _count(self) -> int:
+        if self.tokens == 0:
+            raise ValueError(
+                "no target tokens were counted: the means are undefined"
+            )
+        return self.tokens
+
+    @property
+    def nll(self) -> float:
+        """Mean negative log-likelihood per token, in nats, unsmoothed."""
+        return self.nll_sum / self._count()
+
+    @property
+    def perplexity(self) -> float:
+        """e^nll: per subword token, <eos> included (the paper's per-wordpiece
+        perplexity)."""
+        return math.exp(self.nll)
+
+    @property
+    def accuracy(self) -> float:
+        """Share of real target tokens whose most probable prediction is the
+        right one."""
+        return self.correct / self._count()
+
+
+@torch.no_grad()
+def token_stats(
+    log_probs: Tensor, target: Tensor, *, pad_id: int
+) -> TokenStats:
+    """Unsmoothed NLL, correct predictions and token count of one batch,
+    padding ignored.
+
+    Shapes:
+        log_probs: (B, T, V) or (N, V); target: (B, T) or (N,)
+    """
+    check_log_probs(log_probs, target)
+    real = target != pad_id  # (B, T)
+    index = target.masked_fill(~real, 0).unsqueeze(-1)  # (B, T, 1)
+    nll = -log_probs.gather(-1, index).squeeze(-1).double()  # (B, T)
+    correct = (log_probs.argmax(dim=-1) == target) & real
+    return TokenStats(
+        nll_sum=nll[real].sum().item(),
+        correct=int(correct.sum()),
+        tokens=int(real.sum()),
+    )
+
+
+# %% [markdown]
+# Two parts of a batch add up to the whole, and on random logits the accuracy is about one in
+# $V$ and the perplexity of the order of $V$: the numbers a model starts from.
+
+# %%
+from transformer.validation import token_stats
+
+V = 8  # a toy vocabulary; id 0 is <pad>
+g = torch.Generator().manual_seed(0)
+log_probs = torch.randn(10_000, V, dtype=torch.float64, generator=g)
+log_probs = log_probs.log_softmax(-1)
+target = torch.randint(1, V, (10_000,), generator=g)
+whole = token_stats(log_probs, target, pad_id=0)
+halves = [slice(0, 3000), slice(3000, None)]
+parts = [token_stats(log_probs[h], target[h], pad_id=0) for h in halves]
+assert (parts[0] + parts[1]).correct == whole.correct
+assert math.isclose((parts[0] + parts[1]).nll, whole.nll)
+print(f"accuracy {whole.accuracy:.3f} (1/V = {1 / V:.3f})")
+print(f"perplexity {whole.perplexity:.1f} (V = {V})")
+assert abs(whole.accuracy - 1 / V) < 0.01 and V / 2 < whole.perplexity < 2 * V
+
+# %% [markdown]
+# The word count, and the sums of a whole validation set:
+
+
+# %%
+#| export validation
+def count_words(tokenizer: Tokenizer, data: EncodedSplit) -> int:
+    """Words of the references: whitespace-separated pieces of each decoded
+    target sentence."""
+    return sum(len(tokenizer.decode(tgt).split()) for _, tgt in data)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Sums over a validation set: the label-smoothed loss, `TokenStats`, and
+    the word count."""
+
+    loss_sum: float
+    stats: TokenStats
+    words: int | None = None
+
+    @property
+    def loss(self) -> float:
+        """Label-smoothed loss per target token."""
+        return self.loss_sum / self.stats.tokens
+
+    @property
+    def word_perplexity(self) -> float | None:
+        """exp(total NLL / reference words); None without a word count."""
+        return (
+            math.exp(self.stats.nll_sum / self.words) if self.words else None
+        )
+
+    def metrics(self) -> dict[str, float | None]:
+        return {
+            "val_loss": self.loss,
+            "val_nll": self.stats.nll,
+            "val_ppl_token": self.stats.perplexity,
+            "val_ppl_word": self.word_perplexity,
+            "val_accuracy": self.stats.accuracy,
+        }
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    *,
+    pad_id: int,
+    smoothing: float = 0.1,
+    words: int | None = None,
+    bf16: bool = False,
+) -> Validation:
+    """Teacher-forced validation metrics, in eval mode; summed over processes
+    when distributed."""
+    criterion = LabelSmoothingLoss(
+        pad_id=pad_id, smoothing=smoothing, reduction="sum"
+    )
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    loss_sum, stats = 0.0, TokenStats()
+    for batch in batches:
+        batch = batch.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            log_probs = batch_log_probs(model, batch, pad_id=pad_id)
+        loss_sum += criterion(log_probs, batch.tgt_out).item()
+        stats += token_stats(log_probs, batch.tgt_out, pad_id=pad_id)
+    model.train(was_training)
+    if world_size() > 1:
+        sums = [loss_sum, stats.nll_sum, stats.correct, stats.tokens]
+        total = torch.tensor(sums, dtype=torch.float64, device=device)
+        dist.all_reduce(total)
+        loss_sum, nll_sum, correct, tokens = total.tolist()
+        stats = TokenStats(
+            nll_sum=nll_sum, correct=int(correct), tokens=int(tokens)
+        )
+    return Validation(loss_sum=loss_sum, stats=stats, words=words)
+
+
+# %% [markdown]
+# ## The Trainer
+#
+# `train(config)` does a whole run, and `Trainer` holds its state: the model, the optimiser,
+# the batches and `Progress`, where the run stands. Its methods each do one job:
+#
+# - `__init__` checks the output folder (a folder holding another run is an error unless
+#   resuming), loads the tokenizer and the encoded splits from the data chapter's cache, checks
+#   that every sentence fits a batch and the model's positions, builds the model with the run's
+#   seed, Adam and the schedule, and, when resuming, loads the latest checkpoint;
+# - `run` trains epoch after epoch until the last, or until `max_steps` or the time limit, and
+#   then averages the last `average_last` epoch checkpoints;
+# - `_train_epoch` orders the training pairs into token-bucketed batches from `(seed, epoch)`
+#   and makes one `_update` per group of batches, writing a line to `steps.jsonl` every
+#   `log_every` updates; `_update` calls the training chapter's `train_step`;
+# - `_end_period` validates, appends the epoch's line to `metrics.jsonl` and writes a
+#   checkpoint;
+# - `_average` validates the average of the last checkpoints and writes it to `average/`.
+#
+# Every line of `metrics.jsonl` holds `kind` (`epoch`, `partial` for a stop inside an epoch, or
+# `average`), `epoch`, `step` (updates made), the validation metrics above (`val_loss`,
+# `val_nll`, `val_ppl_token`, `val_ppl_word`, `val_accuracy`) and `wall_time`; an epoch line
+# adds `train_loss`, `train_tokens`, `tokens_per_s` (real target tokens per second of training),
+# `lr` and `mfu`, the share of the GPU's peak arithmetic rate that the model's FLOPs used (the
+# appendix [Derivations and counts](93_counts.ipynb) derives the count).
+#
+# The module's imports come first: it builds on every module above.
+
+# %%
+#| export
+"""A training run of Vaswani et al. (2017)'s model: the `Trainer` makes the
+training chapter's updates epoch after epoch, validates, checkpoints and
+resumes exactly, in one process or several (torchrun).
+
+Imports neither Altair, pandas nor spaCy: a GPU machine trains from the encoded
+cache.
+"""
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LRScheduler
+
+from transformer.checkpoint import (
+    Progress,
+    average_checkpoints,
+    check_compatible,
+    list_checkpoints,
+    load_state,
+    load_tensors_into,
+    load_weights,
+    prune_checkpoints,
+    write_checkpoint,
+)
+from transformer.config import TransformerConfig
+from transformer.counts import training_flops
+from transformer.data import Batch, EncodedSplit, collate, iterate_batches
+from transformer.distributed import (
+    Distributed,
+    all_sum,
+    barrier,
+    device_for,
+    seed_update,
+)
+from transformer.epochs import (
+    TrainingData,
+    dropped_warning,
+    epoch_batches,
+    load_training_data,
+    prepare_epochs,
+    updates_per_epoch,
+)
+from transformer.files import (
+    append_jsonl,
+    atomic_write,
+    read_jsonl,
+    remove_stale,
+    truncate_jsonl,
+)
+from transformer.logs import (
+    Log,
+    StepLog,
+    epoch_line,
+    epoch_record,
+    metrics_text,
+    progress_bar,
+    show_step,
+)
+from transformer.loop import train_step
+from transformer.loss import LabelSmoothingLoss
+from transformer.model import Transformer
+from transformer.schedule import make_optimizer, noam_lr
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import TrainConfig, resume_point, run_record
+from transformer.validation import Validation, count_words, evaluate
+
+
+# %% [markdown]
+# Then the helpers of the set-up: the model, its wrappers, the run's folder and each process's
+# batches.
+
+
+# %%
+#| export
+def _sync(device: torch.device) -> float:
+    """The time, after the GPU has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _build(
+    config: TrainConfig,
+    model_config: TransformerConfig,
+    device: torch.device,
+    pad_id: int,
+) -> tuple[
+    Transformer, torch.optim.Optimizer, LRScheduler, LabelSmoothingLoss
+]:
+    """The model, initialised from the run's seed, Adam with the schedule, and
+    the loss."""
+    torch.manual_seed(config.seed)
+    model = Transformer(model_config).to(device)
+    optimizer, scheduler = make_optimizer(
+        model,
+        d_model=model_config.d_model,
+        warmup=config.warmup,
+        factor=config.lr_factor,
+    )
+    smoothing = config.label_smoothing
+    criterion = LabelSmoothingLoss(
+        pad_id=pad_id, smoothing=smoothing, reduction="sum"
+    )
+    return model, optimizer, scheduler, criterion
+
+
+def _resume(
+    checkpoint: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+) -> Progress:
+    """Continue from a checkpoint: load the weights, the optimiser and the
+    schedule; return where the run stands."""
+    load_weights(model, checkpoint / "model.safetensors")
+    state = load_state(checkpoint, "trainer")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Progress.read(checkpoint)
+
+
+def _wrap(
+    model: nn.Module,
+    config: TrainConfig,
+    env: Distributed,
+    device: torch.device,
+) -> nn.Module:
+    """The model that updates run: under DistributedDataParallel with several
+    processes, compiled if asked."""
+    if env.world_size > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids)
+    return torch.compile(model) if config.compile else model
+
+
+def _prepare_folder(out: Path) -> None:
+    """Make the run's folders; delete what a killed run left (see
+    atomic_folder)."""
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    remove_stale(out)
+    remove_stale(out / "checkpoints")
+
+
+def _store_settings(
+    out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
+) -> None:
+    """Drop the records after update `step`, which a resumed run writes again,
+    and store the settings (both atomically: --resume reads them back)."""
+    for name in ("metrics.jsonl", "steps.jsonl"):
+        truncate_jsonl(out / name, step)
+    settings = json.dumps(config.to_dict(), indent=2) + "\n"
+    atomic_write(out / "train_config.json", settings.encode())
+    tokenizer.save(out / "tokenizer.json")
+
+
+def _validation_set(
+    data: TrainingData, config: TrainConfig, max_len: int, env: Distributed
+) -> tuple[int, list[Batch]]:
+    """The words of the validation references, and this process's share of the
+    batches."""
+    val = iterate_batches(
+        data.val,
+        data.tokenizer,
+        max_tokens=config.max_tokens,
+        shuffle=False,
+        max_len=max_len,
+    )
+    return (
+        count_words(data.tokenizer, data.val),
+        list(val)[env.rank :: env.world_size],
+    )
+
+
+def _collate_share(
+    train: EncodedSplit,
+    update: list[np.ndarray],
+    tokenizer: Tokenizer,
+    max_len: int,
+    env: Distributed,
+) -> list[Batch]:
+    """This process's batches of an update: every world_size-th, from its rank
+    on."""
+    return [
+        collate(
+            [train[i] for i in index],
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            index=index,
+            max_len=max_len,
+        )
+        for index in update[env.rank :: env.world_size]
+    ]
+
+
+# %% [markdown]
+# ### The time limit
+#
+# `time_limit` (minutes) stops a run early enough to validate and save a checkpoint, so that a
+# long run on machines lent for a few minutes at a time can be a chain of resumed ones. The run
+# asks the clock before each update whether to stop. It must stop early enough for what comes
+# after the last update: validating and saving, whose time the clock measures at each epoch's
+# end, and the stretch until the next check, whose longest length it keeps measuring. With
+# several processes every one must stop at the same update, so the first process decides and
+# broadcasts its answer; a broadcast waits for every process, so it is asked every 10 updates.
+
+# %%
+#| export
+class _Clock:
+    """The time limit: the run stops at a check early enough to validate and
+    save."""
+
+    def __init__(
+        self, limit: float | None, env: Distributed, device: torch.device
+    ):
+        self.start, self.limit = time.perf_counter(), limit
+        self.env, self.device = env, device
+        self.reserve = (
+            0.05 * 60 * limit if limit else 0.0
+        )  # to validate and save
+        # With several processes the time check is a collective: every 10
+        # updates then.
+        self.check_every = 1 if env.world_size == 1 else 10
+        self.gap = 0.0  # the longest time measured between two time checks
+        self.checked: float | None = None  # when the time was last checked
+
+    def time_is_up(self) -> bool:
+        """Measure the time since the last check; say whether to stop now."""
+        now = time.perf_counter()
+        if self.checked is not None:
+            self.gap = max(self.gap, now - self.checked)
+        self.checked = now
+        if self.limit is None:
+            return False
+        # The run goes on until the next check before it validates and saves:
+        # the longest time seen between two checks (one update, or ten with
+        # several processes) is reserved besides the time of validating and
+        # saving.
+        reserve = self.reserve + self.gap
+        late = time.perf_counter() - self.start > 60 * self.limit - reserve
+        if self.env.world_size > 1:  # processes must stop at the same update
+            flag = torch.tensor([float(late)], device=self.device)
+            dist.broadcast(flag, src=0)
+            late = bool(flag.item())
+        return late
+
+
+# %% [markdown]
+# ### What a run writes
+#
+# The progress bar, `train.log`, and the lines of `steps.jsonl` and `metrics.jsonl`, in a module
+# of their own:
+
+# %%
+#| export logs
+"""What a training run writes as it goes: the progress bar, train.log, and
+the lines of steps.jsonl and metrics.jsonl."""
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from transformer.checkpoint import Progress
+from transformer.distributed import all_sum
+from transformer.files import append_jsonl
+from transformer.validation import Validation
+
+
+def progress_bar(
+    total: int, initial: int, epoch: int, epochs: int, main: bool
+) -> tqdm:
+    """The progress bar of an epoch's updates, shown by the first process in a
+    terminal."""
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=f"epoch {epoch + 1}/{epochs}",
+        unit="update",
+        disable=None if main else True,  # None: off when not a terminal
+        dynamic_ncols=True,
+    )
+
+
+def show_step(bar: tqdm, r: dict[str, Any]) -> None:
+    """A steps.jsonl line beside the progress bar."""
+    loss, tok_s = f"{r['train_loss']:.3f}", f"{r['tokens_per_s']:,.0f}"
+    bar.set_postfix(loss=loss, tok_s=tok_s, lr=f"{r['lr']:.2e}")
+
+
+class Log:
+    """Lines to the run's train.log and, if `echo`, to the terminal (around the
+    progress bar)."""
+
+    def __init__(self, path: Path | None, echo: bool) -> None:
+        self.file = open(path, "a") if path is not None else None
+        self.echo = echo
+
+    def __call__(self, message: str, *, echo: bool = True) -> None:
+        if self.file is not None:
+            self.file.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n"
+            )
+            self.file.flush()
+        if self.echo and echo:
+            tqdm.write(message, file=sys.stdout)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class StepLog:
+    """The lines of steps.jsonl: the training loss and throughput since the
+    last line."""
+
+    def __init__(self, path: Path | None, device: torch.device) -> None:
+        self.path, self.device = path, device
+
+    def restart(self, now: float) -> None:
+        self.start, self.tokens = now, 0
+        self.loss = torch.zeros((), device=self.device, dtype=torch.float64)
+
+    def add(self, loss: Tensor, tokens: int) -> None:
+        self.loss += loss
+        self.tokens += tokens
+
+    def write(
+        self, p: Progress, batches: int, lr: float, start: float
+    ) -> dict:
+        """The line at update `p.step` of an epoch of `batches` batches;
+        `start` is when this process of the run began."""
+        now = time.perf_counter()
+        mean = all_sum([self.loss.item()], self.device)[0] / self.tokens
+        record = {
+            "step": p.step,
+            "epoch": round(p.epoch + p.batch / batches, 4),
+            "train_loss": mean,
+            "lr": lr,
+            "tokens_per_s": self.tokens / (now - self.start),
+            "wall_time": p.wall_time + now - start,
+        }
+        if self.path is not None:
+            append_jsonl(self.path, record)
+        self.restart(now)
+        return record
+
+
+def epoch_record(
+    kind: str,
+    epoch: float,
+    p: Progress,
+    validation: Validation,
+    lr: float,
+    wall_time: float,
+    peak: float | None,
+) -> dict[str, Any]:
+    """The line of metrics.jsonl for an epoch, or the part of one before a
+    stop; `peak` is the processes' peak FLOP rate (None on a CPU: no MFU)."""
+    seconds = max(p.epoch_seconds, 1e-9)
+    return {
+        "kind": kind,
+        "epoch": epoch,
+        "step": p.step,
+        "train_loss": p.epoch_loss_sum / max(p.epoch_tokens, 1),
+        **validation.metrics(),
+        "train_tokens": p.epoch_tokens,
+        "tokens_per_s": p.epoch_tokens / seconds,
+        "lr": lr,
+        "wall_time": wall_time,
+        "mfu": p.epoch_flops / seconds / peak if peak is not None else None,
+    }
+
+
+def metrics_text(r: dict[str, Any]) -> str:
+    return (
+        f"val loss {r['val_loss']:.3f}, ppl/word {r['val_ppl_word']:.2f}, "
+        f"ppl/token {r['val_ppl_token']:.2f}, accuracy {r['val_accuracy']:.1%}"
+    )
+
+
+def epoch_line(r: dict[str, Any], epochs: int) -> str:
+    mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
+    return (
+        f"epoch {r['epoch']:g}/{epochs} step {r['step']:,}: train loss"
+        f" {r['train_loss']:.3f}, "
+        + metrics_text(r)
+        + f", {r['tokens_per_s']:,.0f} tok/s{mfu}, lr {r['lr']:.2e}"
+    )
+
+
+# %% [markdown]
+# The trainer's own helpers: where a run starts, what it returns, and its checkpoints and their
+# average:
+
+# %%
+#| export
+def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
+    """Where a run starts: from a checkpoint, or from scratch."""
+    if checkpoint is not None:
+        return f"resuming from {checkpoint}"
+    # The same command, repeated across stops, starts the run the first time.
+    if resume:
+        return f"nothing to resume in {out}: starting a new run"
+    return "starting"
+
+
+def _start_line(
+    where: str,
+    config: TrainConfig,
+    model: nn.Module,
+    env: Distributed,
+    device: torch.device,
+    bf16: bool,
+) -> str:
+    """The log's first line: where the run starts, its model, processes and
+    arithmetic."""
+    n = sum(p.numel() for p in model.parameters())
+    return (
+        f"{where}: {config.pair}, model {config.model}"
+        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
+        f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
+    )
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out_dir: Path
+    stopped: str  # "completed", "max_steps" or "time_limit"
+    step: int
+    metrics: list[dict[str, Any]]
+
+
+def _save(
+    folder: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    progress: Progress,
+    record: dict[str, Any],
+    tokenizer: Tokenizer,
+) -> None:
+    """Write a checkpoint that the run resumes from exactly: the weights, the
+    optimiser's and the schedule's states, and where the run stands."""
+    state = {"optimizer": optimizer.state_dict()}
+    state["scheduler"] = scheduler.state_dict()
+    write_checkpoint(
+        folder,
+        model,
+        record=record,
+        tokenizer=tokenizer,
+        trainer_state=state,
+        progress=progress,
+    )
+
+
+def _last_epochs(out: Path, average_last: int) -> list[Path]:
+    """The epoch checkpoints to average: the last `average_last`, from 2."""
+    found = list_checkpoints(out)
+    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    return epochs[-average_last:] if average_last >= 2 else []
+
+
+def _averaged(
+    chosen: list[Path], model_config: TransformerConfig, device: torch.device
+) -> Transformer:
+    """A model of the mean weights of the checkpoints `chosen`."""
+    averaged = Transformer(model_config).to(device)
+    load_tensors_into(
+        averaged, average_checkpoints(chosen), "averaged checkpoints"
+    )
+    return averaged
+
+
+# %% [markdown]
+# The trainer itself, its set-up first, then the epochs:
+
+
+# %%
+#| export
+class Trainer:
+    """One process's part of a training run; `train(config)` builds one and
+    calls `run()`."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        resume: bool = False,
+        data: TrainingData | None = None,
+        echo: bool = True,
+    ) -> None:
+        self.config = c = config
+        self.env = env = Distributed.from_environ()
+        self.device = device_for(c.device, env)
+        self.clock = _Clock(c.time_limit, env, self.device)
+        self.out = c.output_dir
+        checkpoint = resume_point(self.out, c, env, resume=resume)
+        self.data = data if data is not None else load_training_data(c)
+        tokenizer = self.data.tokenizer
+        self.model_config = c.model_config(tokenizer.vocab_size)
+        if checkpoint is not None:
+            check_compatible(
+                checkpoint, model_config=self.model_config, tokenizer=tokenizer
+            )
+        max_len = self.model_config.max_len
+        epoch = Progress.read(checkpoint).epoch if checkpoint else 0
+        self.spellings, first = prepare_epochs(
+            c, self.data, max_len, env.world_size, epoch
+        )
+        # With a GPU a second process spells the next epoch while this one
+        # trains; on a CPU the training itself keeps every core busy.
+        self.spellings.prefetch = self.device.type == "cuda"
+        self.model, self.optimizer, self.scheduler, self.criterion = _build(
+            c, self.model_config, self.device, tokenizer.pad_id
+        )
+        self.progress = Progress()
+        if env.is_main:
+            _prepare_folder(self.out)
+        barrier()
+        if checkpoint is not None:
+            self.progress = _resume(
+                checkpoint, self.model, self.optimizer, self.scheduler
+            )
+        if env.is_main:
+            _store_settings(self.out, c, tokenizer, self.progress.step)
+        self.record = run_record(c, self.model_config, tokenizer)
+        self.step_model = _wrap(self.model, c, env, self.device)
+        self.bf16 = c.uses_bf16(self.device.type)
+        self.words, self.val_batches = _validation_set(
+            self.data, c, max_len, env
+        )
+        self.loss_acc = torch.zeros(
+            (), device=self.device, dtype=torch.float64
+        )
+        steps = self.out / "steps.jsonl" if env.is_main else None
+        self.steps = StepLog(steps, self.device)
+        # Opened last, so that a set-up error leaves no file open.
+        main = self.out / "train.log" if env.is_main else None
+        self.log = Log(main, echo and env.is_main)
+        where = _where(checkpoint, resume, self.out)
+        line = _start_line(where, c, self.model, env, self.device, self.bf16)
+        self.log(line)
+        self.log(f"config: {json.dumps(c.to_dict())}", echo=False)
+        if warning := dropped_warning(first, c.accumulation, env.world_size):
+            self.log(warning)
+
+    # -- the epochs
+
+    def run(self) -> TrainResult:
+        c, p = self.config, self.progress
+        stopped, trained = "completed", False
+        try:
+            while p.epoch < c.epochs:
+                if c.max_steps is not None and p.step >= c.max_steps:
+                    stopped = "max_steps"
+                    break
+                reason, updates = self._train_epoch()
+                trained = trained or updates > 0
+                if reason is not None:
+                    if updates > 0:
+                        self._end_period(kind="partial")
+                    stopped = reason
+                    break
+                self._end_period(kind="epoch")
+            averaged = (self.out / "average").exists()
+            if stopped != "time_limit" and (trained or not averaged):
+                self._average()
+        finally:
+            self.log.close()
+            self.spellings.close()
+        metrics = read_jsonl(self.out / "metrics.jsonl")
+        return TrainResult(self.out, stopped, p.step, metrics)
+
+    def _train_epoch(self) -> tuple[str | None, int]:
+        """Updates until the epoch ends (None) or the run must stop (the
+        reason)."""
+        c, p, env, clock = self.config, self.progress, self.env, self.clock
+        self.train = self.spellings(p.epoch)
+        self.tgt_lengths = self.train.tgt_lengths + 1
+        self.pair_flops = training_flops(
+            self.model,
+            src_lengths=self.train.src_lengths + 1,
+            tgt_lengths=self.tgt_lengths,
+        )
+        batches = epoch_batches(self.train, p.epoch, c)
+        group = c.accumulation * env.world_size
+        total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
+        self.model.train()
+        done = min(p.batch // group, total)
+        bar = progress_bar(total, done, p.epoch, c.epochs, env.is_main)
+        start, updates, reason = _sync(self.device), 0, None
+        self.steps.restart(start)
+        clock.checked = None
+        while p.batch + group <= len(batches):
+            if c.max_steps is not None and p.step >= c.max_steps:
+                reason = "max_steps"
+                break
+            if updates % clock.check_every == 0 and clock.time_is_up():
+                reason = "time_limit"
+                break
+            self._update(batches[p.batch : p.batch + group])
+            updates += 1
+            bar.update(1)
+            if p.step % c.log_every == 0:
+                r = self.steps.write(p, len(batches), self._lr(), clock.start)
+                show_step(bar, r)
+        bar.close()
+        p.epoch_seconds += _sync(self.device) - start
+        self.fraction = p.batch / len(batches)
+        return reason, updates
+
+    def _update(self, update: list[np.ndarray]) -> None:
+        """One update over a group of batches, of which this process collates
+        its share."""
+        c, p, env = self.config, self.progress, self.env
+        tok, max_len = self.data.tokenizer, self.model_config.max_len
+        mine = _collate_share(self.train, update, tok, max_len, env)
+        every = np.concatenate(update)
+        tokens = int(self.tgt_lengths[every].sum())
+        seed_update(c.seed, p.step, env.rank)
+        loss = train_step(
+            self.step_model,
+            mine,
+            criterion=self.criterion,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            tokens=tokens,
+            bf16=self.bf16,
+        )
+        p.step += 1
+        p.batch += len(update)
+        p.epoch_tokens += tokens
+        p.epoch_flops += float(self.pair_flops[every].sum())
+        self.loss_acc += loss
+        self.steps.add(loss, tokens)
+
+    def _lr(self) -> float:
+        """The learning rate of the last update (equation 3)."""
+        c, d = self.config, self.model_config.d_model
+        step = self.progress.step
+        return noam_lr(step, d_model=d, warmup=c.warmup, factor=c.lr_factor)
+
+    # -- the end of an epoch, and of the run
+
+    def _end_period(self, *, kind: str) -> None:
+        """Validate, record the metrics, and write a checkpoint (the end of an
+        epoch, or a stop)."""
+        c, p = self.config, self.progress
+        started = time.perf_counter()
+        p.epoch_loss_sum += all_sum([self.loss_acc.item()], self.device)[0]
+        self.loss_acc.zero_()
+        validation = self._validate(self.model)
+        if kind == "epoch":
+            p.epoch += 1
+            epoch, name = float(p.epoch), f"epoch-{p.epoch:03d}"
+        else:
+            epoch = round(p.epoch + self.fraction, 4)
+            name = f"step-{p.step:07d}"
+        wall = self._wall_time()
+        peak = c.peak_flops * self.env.world_size
+        peak = peak if self.device.type == "cuda" else None
+        record = epoch_record(
+            kind, epoch, p, validation, self._lr(), wall, peak
+        )
+        self.log(epoch_line(record, c.epochs))
+        if kind == "epoch":  # the next epoch starts from zero
+            p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
+            p.epoch_seconds, p.epoch_flops = 0.0, 0.0
+        if self.env.is_main:
+            # The record first: a resumed run drops records newer than its
+            # checkpoint.
+            append_jsonl(self.out / "metrics.jsonl", record)
+            saved = dataclasses.replace(
+                p, wall_time=self._wall_time(), processes=self.env.world_size
+            )
+            _save(
+                self.out / "checkpoints" / name,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                saved,
+                self.record,
+                self.data.tokenizer,
+            )
+            prune_checkpoints(self.out, c.average_last)
+        barrier()
+        self.clock.reserve = 1.5 * (time.perf_counter() - started)
+
+    def _wall_time(self) -> float:
+        """Seconds of the run so far, this process's and earlier ones'."""
+        return self.progress.wall_time + time.perf_counter() - self.clock.start
+
+    def _validate(self, model: nn.Module) -> Validation:
+        return evaluate(
+            model,
+            self.val_batches,
+            pad_id=self.data.tokenizer.pad_id,
+            smoothing=self.config.label_smoothing,
+            words=self.words,
+            bf16=self.bf16,
+        )
+
+    def _average(self) -> None:
+        """Average the last `average_last` epoch checkpoints into out/average
+        and validate it."""
+        p, tokenizer = self.progress, self.data.tokenizer
+        chosen = _last_epochs(self.out, self.config.average_last)
+        if len(chosen) < 2:
+            return
+        averaged = _averaged(chosen, self.model_config, self.device)
+        validation = self._validate(averaged)
+        names = [path.name for path in chosen]
+        record = {
+            "kind": "average",
+            "epoch": float(p.epoch),
+            "step": p.step,
+            "averaged": names,
+            **validation.metrics(),
+            "wall_time": self._wall_time(),
+        }
+        self.log(f"average of {', '.join(names)}: " + metrics_text(record))
+        if self.env.is_main:
+            append_jsonl(self.out / "metrics.jsonl", record)
+            run = self.record | {"averaged": names}
+            write_checkpoint(
+                self.out / "average", averaged, record=run, tokenizer=tokenizer
+            )
+        barrier()
+
+
+# %% [markdown]
+# `train` runs a `Trainer`, and when torchrun started the process, opens the process group
+# around it:
+
+
+# %%
+#| export
+def train(
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    data: TrainingData | None = None,
+    echo: bool = True,
+) -> TrainResult:
+    """Train as `config` says, in one process or, under torchrun, in several.
+
+    With `resume`, continue the run in the output folder from its latest
+    checkpoint. `data` replaces the Multi30k cache (tests); `echo=False` writes
+    the log to train.log only.
+    """
+    env = Distributed.from_environ()
+    owns_group = env.world_size > 1 and not dist.is_initialized()
+    if owns_group:
+        device = device_for(config.device, env)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        return Trainer(config, resume=resume, data=data, echo=echo).run()
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+# %% [markdown]
 # ## Exact resume
 #
 # A run stopped and resumed should end where an uninterrupted run ends, bit for bit, or a
@@ -756,7 +2560,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 # backward pass that adds with atomic operations, for one) may add in a varying order from run
 # to run.
 #
-# The check on a tiny model and a tiny synthetic data set, a few seconds on a CPU: one run of
+# The check, on a tiny model and a tiny synthetic data set, a few seconds on a CPU: one run of
 # two epochs, and one stopped after two updates, then resumed.
 
 # %%
@@ -839,39 +2643,6 @@ else:
     raise AssertionError("a changed seed was accepted")
 
 # %% [markdown]
-# ## Several GPUs
-#
-# With several GPUs, PyTorch's `DistributedDataParallel` (DDP) keeps one copy of the model per
-# GPU, one process per GPU, as the paper trained on eight. Each process runs forward and
-# backward on its own batches; during the backward pass DDP adds up the gradients of all
-# processes (an *all-reduce*) and divides by their number, so that every copy takes the same
-# optimiser step and the copies stay identical.
-#
-# The loop runs the same code with one process or several. Each process reads its rank $r$ and
-# the number of processes $P$ from the environment that `torchrun` sets (`RANK`, `WORLD_SIZE`,
-# `LOCAL_RANK`); without them, $P = 1$. All processes compute the same list of batches for an
-# epoch, since it depends only on the seed and the epoch, and an update takes the next
-# $P \times$ `accumulation` of them: process $r$ takes batches $r, r + P, r + 2P, \dots$ of that
-# group. Since every process knows the whole list, each knows the token count $N$ of the whole
-# update without communicating, and scales its loss by $P / N$: DDP's division by $P$ then
-# leaves exactly the gradient of the summed loss over $N$, the update a single process would
-# make on all the batches (without dropout: each process draws its own dropout masks). The few
-# batches at the end of an epoch that do not fill a whole group are left out of that epoch; a
-# run whose epoch cannot fill a single group is refused before it starts, and one that leaves
-# out more than a tenth of each epoch says so in its log. Validation is split the same way, and
-# the sums are added up before the means are taken.
-#
-# ```
-# torchrun --nproc_per_node 8 -m transformer train --pair de-en \
-#     --config base --out runs/base
-# ```
-#
-# The tests check the equivalence on a CPU, with PyTorch's `gloo` backend and two processes:
-# two processes on the two halves of a batch make the update of one process on the whole batch,
-# and a whole run with two processes ends with the weights, to $10^{-6}$, of one process that
-# accumulates two batches per update (`tests/test_train.py`,
-# `test_two_processes_make_the_update_of_one`).
-#
 # ## Exporting and loading a model
 #
 # A trained run is exported into a small folder that the repository ships and that
@@ -893,7 +2664,7 @@ else:
 # that is, or holds, the run it exports.
 
 # %%
-#| export
+#| export checkpoint
 MAX_FILE_BYTES = 16 * 2**20
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -30,11 +30,12 @@ from transformer.config import TransformerConfig
 from transformer.data import collate
 from transformer.epochs import TrainingData
 from transformer.files import atomic_folder, atomic_write
+from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer
-from transformer.train import train, train_step
+from transformer.train import train
 
 # The module: `transformer.train` as an attribute of the package is the function train.
 train_module = importlib.import_module("transformer.train")

@@ -8,12 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import (
-    LabelSmoothingLoss,
-    TokenStats,
-    smoothed_target_entropy,
-    token_stats,
-)
+from transformer.loss import LabelSmoothingLoss, smoothed_target_entropy
+from transformer.validation import TokenStats, token_stats
 
 PAD = 0
 B, T, V = 4, 9, 13

@@ -23,7 +23,7 @@ LAYERS = [
         "files", "multi30k", "vocabulary", "tokenizer", "batch_checks", "batches",
         "encoded", "cache", "bpe_dropout", "data", "checkpoint", "distributed",
     },
-    {"train_config", "validation", "epochs", "train"},
+    {"train_config", "loop", "validation", "epochs", "logs", "train"},
     {"decode", "evaluate", "export"},
     {"cli", "deploy", "__main__", "__init__"},
 ]  # fmt: skip

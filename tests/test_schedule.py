@@ -43,6 +43,18 @@ def test_peak_at_warmup_and_monotone_on_both_sides(d_model: int, warmup: int):
     assert all(a > b for a, b in zip(falling, falling[1:], strict=False))
 
 
+def test_wider_models_are_lower_and_the_decay_ignores_the_warmup():
+    """The schedule chapter's figure: at every step a wider model's rate is lower, and after
+    the longest warm-up the curves of one width are one."""
+    steps = range(1, 20_001)
+    for step in steps:
+        rates = [noam_lr(step, d_model=d, warmup=4000) for d in (256, 512, 1024)]
+        assert rates[0] > rates[1] > rates[2]
+    for step in range(8000, 20_001):
+        rates = {noam_lr(step, d_model=512, warmup=w) for w in (2000, 4000, 8000)}
+        assert len(rates) == 1
+
+
 def test_step_zero_is_zero_and_bad_arguments_raise():
     assert noam_lr(0, d_model=512, warmup=4000) == 0.0
     with pytest.raises(ValueError, match="step"):

@@ -41,13 +41,14 @@ from transformer.data import (
 )
 from transformer.epochs import TrainingData
 from transformer.files import read_jsonl
+from transformer.loop import batch_log_probs, train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
-from transformer.train import Trainer, TrainResult, train, train_step
+from transformer.train import Trainer, TrainResult, train
 from transformer.train_config import TrainConfig, multi30k_recipe, quick_mode
-from transformer.validation import batch_log_probs, count_words, evaluate
+from transformer.validation import count_words, evaluate
 
 # The module: `transformer.train` as an attribute of the package is the function train.
 train_module = importlib.import_module("transformer.train")

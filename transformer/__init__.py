@@ -37,8 +37,8 @@ _WHERE = {
     "score": "evaluate",
     "translate_split": "evaluate",
     "LabelSmoothingLoss": "loss",
-    "TokenStats": "loss",
-    "token_stats": "loss",
+    "TokenStats": "validation",
+    "token_stats": "validation",
     "causal_mask": "masking",
     "padding_mask": "masking",
     "target_mask": "masking",
@@ -49,7 +49,7 @@ _WHERE = {
     "noam_lr": "schedule",
     "PositionwiseFeedForward": "sublayers",
     "SublayerConnection": "sublayers",
-    "TrainConfig": "train",
+    "TrainConfig": "train_config",
     "train": "train",
 }
 __all__ = list(_WHERE)

@@ -1,4 +1,4 @@
-# Generated from chapters/13_training.ipynb: edit it, not this file.
+# Generated from chapters/91_engineering.ipynb: edit it, not this file.
 """One process among several: torchrun's environment, each process's device,
 and the collectives that the processes of a run share (DistributedDataParallel
 adds the gradients)."""
@@ -11,10 +11,14 @@ __all__ = [
     "barrier",
     "all_sum",
     "seed_update",
+    "ddp_of",
+    "ddp_processes",
+    "sync_gradients",
 ]
 
-# %% ../chapters/13_training.ipynb #bb3bcf8d
+# %% ../chapters/91_engineering.ipynb #506ad0d7
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -101,3 +107,28 @@ def seed_update(seed: int, step: int, rank: int) -> None:
     torch.manual_seed(
         int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
     )
+
+
+def ddp_of(model: nn.Module) -> DistributedDataParallel | None:
+    """The DistributedDataParallel wrapper of a model, seen through
+    torch.compile's."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner if isinstance(inner, DistributedDataParallel) else None
+
+
+def ddp_processes(model: nn.Module) -> int:
+    """How many processes' gradients DistributedDataParallel averages for
+    `model`, 1 without it: a loss scaled by it turns their mean into a sum."""
+    return dist.get_world_size() if ddp_of(model) is not None else 1
+
+
+def sync_gradients(
+    model: nn.Module, sync: bool
+) -> contextlib.AbstractContextManager:
+    """The context of a micro-batch's backward pass: under
+    DistributedDataParallel the processes exchange gradients only if `sync`
+    (the update's last micro-batch); otherwise they accumulate locally."""
+    ddp = ddp_of(model)
+    if ddp is None or sync:
+        return contextlib.nullcontext()
+    return ddp.no_sync()

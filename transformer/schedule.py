@@ -21,11 +21,7 @@ def noam_lr(
     step: int, *, d_model: int, warmup: int, factor: float = 1.0
 ) -> float:
     """factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), equation
-    (3).
-
-    `step` is the number of the update, counted from 1; step 0 (before any
-    update) gives 0, the limit of the linear warm-up.
-    """
+    (3); `step` counts updates from 1, and step 0 gives 0."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if d_model <= 0 or warmup <= 0:
@@ -40,12 +36,20 @@ def noam_lr(
 
 
 # %% ../chapters/12_schedule.ipynb #bb785b9b
-def _param_list(
-    params: torch.Tensor | Iterable[torch.Tensor],
-) -> list[torch.Tensor]:
-    """A parameter group's tensors as a list: one tensor, or an iterable of
-    them."""
-    return [params] if isinstance(params, torch.Tensor) else list(params)
+def _param_groups(params: nn.Module | Iterable) -> list:
+    """The parameters as torch.optim takes them: a model's as a list, and each
+    group's "params" as a list (a generator would be used up by the checks, and
+    one tensor is one parameter, not its rows)."""
+    if isinstance(params, nn.Module):
+        return list(params.parameters())
+
+    def listed(p: torch.Tensor | Iterable) -> list:
+        return [p] if isinstance(p, torch.Tensor) else list(p)
+
+    return [
+        p | {"params": listed(p["params"])} if isinstance(p, dict) else p
+        for p in params
+    ]
 
 
 def make_optimizer(
@@ -57,36 +61,16 @@ def make_optimizer(
     fused: bool | None = None,
 ) -> tuple[torch.optim.Adam, LambdaLR]:
     """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation
-    (3).
-
-    The optimizer's base lr is 1.0 and the scheduler's factor is noam_lr(k + 1)
-    after k calls of `scheduler.step()`, so update n (from 1) uses noam_lr(n).
-    Call `optimizer.step()`, then `scheduler.step()`. `fused=None` uses the
-    fused Adam when every parameter is on CUDA.
-    """
-    if isinstance(model_or_params, nn.Module):
-        params: list = list(model_or_params.parameters())
-    else:
-        # A group's "params" may be a generator (`model.encoder.parameters()`):
-        # make it a list, or reading it here would leave Adam an empty group.
-        # It may also be one tensor, as torch.optim allows, which list() would
-        # cut into its rows.
-        params = [
-            (
-                p | {"params": _param_list(p["params"])}
-                if isinstance(p, dict)
-                else p
-            )
-            for p in model_or_params
-        ]
+    (3): update n (from 1) uses noam_lr(n). Call `optimizer.step()`, then
+    `scheduler.step()`. `fused=None`: fused when every parameter is on CUDA."""
+    params = _param_groups(model_or_params)
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
-    if not groups or any(not group for group in groups):
+    if not groups or not all(groups):
         raise ValueError(
             "make_optimizer got no parameters (or an empty group)"
         )
     if any(isinstance(p, dict) and "lr" in p for p in params):
-        # LambdaLR multiplies a group's own lr by the schedule: noam_lr(n)
-        # would be scaled.
+        # LambdaLR would multiply a group's own lr by the schedule.
         raise ValueError(
             "a parameter group sets its own lr: the schedule sets every"
             " group's learning rate (use factor= to scale it)"
@@ -95,16 +79,11 @@ def make_optimizer(
         fused = all(
             t.is_cuda and t.is_floating_point() for g in groups for t in g
         )
-    # Check the schedule's arguments before building anything.
-    noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)
+    noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)  # check them
 
-    def lr_at(completed_updates: int) -> float:
-        return noam_lr(
-            completed_updates + 1,
-            d_model=d_model,
-            warmup=warmup,
-            factor=factor,
-        )
+    def lr_at(completed_updates: int) -> float:  # the rate of the next one
+        step = completed_updates + 1
+        return noam_lr(step, d_model=d_model, warmup=warmup, factor=factor)
 
     optimizer = torch.optim.Adam(
         params, lr=1.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=fused

@@ -1,111 +1,35 @@
-# Generated from chapters/13_training.ipynb: edit it, not this file.
-"""The training loop of Vaswani et al. (2017), section 5: one update over
-token-bucketed batches, and the trainer that runs the epochs, validates,
-checkpoints and resumes exactly, in one process or several (torchrun).
+# Generated from chapters/91_engineering.ipynb: edit it, not this file.
+"""A training run of Vaswani et al. (2017)'s model: the `Trainer` makes the
+training chapter's updates epoch after epoch, validates, checkpoints and
+resumes exactly, in one process or several (torchrun).
 
 Imports neither Altair, pandas nor spaCy: a GPU machine trains from the encoded
 cache.
 """
 
 # %% auto #0
-__all__ = ["train_step", "TrainResult", "Trainer", "train"]
+__all__ = ["TrainResult", "Trainer", "train"]
 
-# %% ../chapters/13_training.ipynb #ae19efcf
+# %% ../chapters/91_engineering.ipynb #91deaaf6
 
-import contextlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-import torch
-import torch.distributed as dist
-from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
-
-from transformer.data import Batch
-from transformer.loss import LabelSmoothingLoss
-from transformer.validation import batch_log_probs
-
-
-def _ddp(model: nn.Module) -> DistributedDataParallel | None:
-    """The DistributedDataParallel wrapper of a model, seen through
-    torch.compile's."""
-    inner = getattr(model, "_orig_mod", model)
-    return inner if isinstance(inner, DistributedDataParallel) else None
-
-
-def train_step(
-    model: nn.Module,
-    batches: Sequence[Batch],
-    *,
-    criterion: LabelSmoothingLoss,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-    tokens: int,
-    bf16: bool = False,
-) -> Tensor:
-    """One update with the gradient of (summed loss) / `tokens`.
-
-    `batches` are this process's micro-batches; `tokens` counts the real target
-    tokens of the whole update, every micro-batch of every process. Returns
-    this process's summed loss, detached and on the model's device.
-    """
-    if criterion.reduction != "sum":
-        raise ValueError(
-            "criterion must sum the loss, got"
-            f" reduction={criterion.reduction!r}"
-        )
-    if not batches or tokens <= 0:
-        raise ValueError(
-            f"an update needs batches and tokens, got {len(batches)}, {tokens}"
-        )
-    ddp = _ddp(model)
-    # DistributedDataParallel averages the gradients of the processes; we want
-    # their sum.
-    scale = (dist.get_world_size() if ddp is not None else 1) / tokens
-    device = next(model.parameters()).device
-    optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=device)
-    for k, batch in enumerate(batches):
-        batch = batch.to(device, non_blocking=True)
-        # Processes exchange gradients once, in the backward pass of the last
-        # micro-batch.
-        last = k == len(batches) - 1
-        with (
-            contextlib.nullcontext() if ddp is None or last else ddp.no_sync()
-        ):
-            with torch.autocast(
-                device.type, dtype=torch.bfloat16, enabled=bf16
-            ):
-                log_probs = batch_log_probs(
-                    model, batch, pad_id=criterion.pad_id
-                )
-            loss = criterion(log_probs, batch.tgt_out)
-            (loss * scale).backward()
-        total += loss.detach()
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
-    return total
-
-
-# %% ../chapters/13_training.ipynb #6fbef92e
 import dataclasses
 import json
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
-from tqdm import tqdm
 
 from transformer.checkpoint import (
-    CheckpointError,
     Progress,
     average_checkpoints,
     check_compatible,
-    latest_checkpoint,
     list_checkpoints,
     load_state,
     load_tensors_into,
@@ -115,7 +39,7 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.counts import training_flops
-from transformer.data import EncodedSplit, collate, iterate_batches
+from transformer.data import Batch, EncodedSplit, collate, iterate_batches
 from transformer.distributed import (
     Distributed,
     all_sum,
@@ -138,6 +62,17 @@ from transformer.files import (
     remove_stale,
     truncate_jsonl,
 )
+from transformer.logs import (
+    Log,
+    StepLog,
+    epoch_line,
+    epoch_record,
+    metrics_text,
+    progress_bar,
+    show_step,
+)
+from transformer.loop import train_step
+from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import Tokenizer
@@ -145,6 +80,7 @@ from transformer.train_config import TrainConfig, resume_point, run_record
 from transformer.validation import Validation, count_words, evaluate
 
 
+# %% ../chapters/91_engineering.ipynb #d1615313
 def _sync(device: torch.device) -> float:
     """The time, after the GPU has finished its queued work."""
     if device.type == "cuda":
@@ -177,6 +113,21 @@ def _build(
     return model, optimizer, scheduler, criterion
 
 
+def _resume(
+    checkpoint: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+) -> Progress:
+    """Continue from a checkpoint: load the weights, the optimiser and the
+    schedule; return where the run stands."""
+    load_weights(model, checkpoint / "model.safetensors")
+    state = load_state(checkpoint, "trainer")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Progress.read(checkpoint)
+
+
 def _wrap(
     model: nn.Module,
     config: TrainConfig,
@@ -189,28 +140,6 @@ def _wrap(
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     return torch.compile(model) if config.compile else model
-
-
-def _bar(
-    total: int, initial: int, epoch: int, epochs: int, main: bool
-) -> tqdm:
-    """The progress bar of an epoch's updates, shown by the first process in a
-    terminal."""
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=f"epoch {epoch + 1}/{epochs}",
-        unit="update",
-        disable=None if main else True,  # None: off when not a terminal
-        dynamic_ncols=True,
-    )
-
-
-def _last_epochs(out: Path, average_last: int) -> list[Path]:
-    """The epoch checkpoints to average: the last `average_last`, from 2."""
-    found = list_checkpoints(out)
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
-    return epochs[-average_last:] if average_last >= 2 else []
 
 
 def _prepare_folder(out: Path) -> None:
@@ -273,34 +202,7 @@ def _collate_share(
     ]
 
 
-def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
-    """Where a run starts: from a checkpoint, or from scratch."""
-    if checkpoint is not None:
-        return f"resuming from {checkpoint}"
-    if (
-        resume
-    ):  # the same command repeated across stops starts the run the first time
-        return f"nothing to resume in {out}: starting a new run"
-    return "starting"
-
-
-def _start_line(
-    where: str,
-    config: TrainConfig,
-    n: int,
-    env: Distributed,
-    device,
-    bf16: bool,
-) -> str:
-    """The log's first line: where the run starts, its model, processes and
-    arithmetic."""
-    return (
-        f"{where}: {config.pair}, model {config.model}"
-        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
-        f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
-    )
-
-
+# %% ../chapters/91_engineering.ipynb #af12b746
 class _Clock:
     """The time limit: the run stops at a check early enough to validate and
     save."""
@@ -340,40 +242,33 @@ class _Clock:
         return late
 
 
-class _StepLog:
-    """The lines of steps.jsonl: the training loss and throughput since the
-    last line."""
+# %% ../chapters/91_engineering.ipynb #0648fc92
+def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
+    """Where a run starts: from a checkpoint, or from scratch."""
+    if checkpoint is not None:
+        return f"resuming from {checkpoint}"
+    # The same command, repeated across stops, starts the run the first time.
+    if resume:
+        return f"nothing to resume in {out}: starting a new run"
+    return "starting"
 
-    def __init__(self, path: Path | None, device: torch.device) -> None:
-        self.path, self.device = path, device
 
-    def restart(self, now: float) -> None:
-        self.start, self.tokens = now, 0
-        self.loss = torch.zeros((), device=self.device, dtype=torch.float64)
-
-    def add(self, loss: Tensor, tokens: int) -> None:
-        self.loss += loss
-        self.tokens += tokens
-
-    def write(
-        self, p: Progress, batches: int, lr: float, start: float
-    ) -> dict:
-        """The line at update `p.step` of an epoch of `batches` batches;
-        `start` is when this process of the run began."""
-        now = time.perf_counter()
-        mean = all_sum([self.loss.item()], self.device)[0] / self.tokens
-        record = {
-            "step": p.step,
-            "epoch": round(p.epoch + p.batch / batches, 4),
-            "train_loss": mean,
-            "lr": lr,
-            "tokens_per_s": self.tokens / (now - self.start),
-            "wall_time": p.wall_time + now - start,
-        }
-        if self.path is not None:
-            append_jsonl(self.path, record)
-        self.restart(now)
-        return record
+def _start_line(
+    where: str,
+    config: TrainConfig,
+    model: nn.Module,
+    env: Distributed,
+    device: torch.device,
+    bf16: bool,
+) -> str:
+    """The log's first line: where the run starts, its model, processes and
+    arithmetic."""
+    n = sum(p.numel() for p in model.parameters())
+    return (
+        f"{where}: {config.pair}, model {config.model}"
+        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
+        f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
+    )
 
 
 @dataclass(frozen=True)
@@ -384,72 +279,48 @@ class TrainResult:
     metrics: list[dict[str, Any]]
 
 
-class _Log:
-    """Lines to the run's train.log and, if `echo`, to the terminal (around the
-    progress bar)."""
-
-    def __init__(self, path: Path | None, echo: bool) -> None:
-        self.file = open(path, "a") if path is not None else None
-        self.echo = echo
-
-    def __call__(self, message: str, *, echo: bool = True) -> None:
-        if self.file is not None:
-            self.file.write(
-                f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n"
-            )
-            self.file.flush()
-        if self.echo and echo:
-            tqdm.write(message, file=sys.stdout)
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-
-
-def _epoch_record(
-    kind: str,
-    epoch: float,
-    p: Progress,
-    validation: Validation,
-    lr: float,
-    wall_time: float,
-    peak: float | None,
-) -> dict[str, Any]:
-    """The line of metrics.jsonl for an epoch, or the part of one before a
-    stop; `peak` is the processes' peak FLOP rate (None on a CPU: no MFU)."""
-    seconds = max(p.epoch_seconds, 1e-9)
-    return {
-        "kind": kind,
-        "epoch": epoch,
-        "step": p.step,
-        "train_loss": p.epoch_loss_sum / max(p.epoch_tokens, 1),
-        **validation.metrics(),
-        "train_tokens": p.epoch_tokens,
-        "tokens_per_s": p.epoch_tokens / seconds,
-        "lr": lr,
-        "wall_time": wall_time,
-        "mfu": p.epoch_flops / seconds / peak if peak is not None else None,
-    }
-
-
-def _metrics_text(r: dict[str, Any]) -> str:
-    return (
-        f"val loss {r['val_loss']:.3f}, ppl/word {r['val_ppl_word']:.2f}, "
-        f"ppl/token {r['val_ppl_token']:.2f}, accuracy {r['val_accuracy']:.1%}"
+def _save(
+    folder: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    progress: Progress,
+    record: dict[str, Any],
+    tokenizer: Tokenizer,
+) -> None:
+    """Write a checkpoint that the run resumes from exactly: the weights, the
+    optimiser's and the schedule's states, and where the run stands."""
+    state = {"optimizer": optimizer.state_dict()}
+    state["scheduler"] = scheduler.state_dict()
+    write_checkpoint(
+        folder,
+        model,
+        record=record,
+        tokenizer=tokenizer,
+        trainer_state=state,
+        progress=progress,
     )
 
 
-def _epoch_line(r: dict[str, Any], epochs: int) -> str:
-    mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
-    return (
-        f"epoch {r['epoch']:g}/{epochs} step {r['step']:,}: train loss"
-        f" {r['train_loss']:.3f}, "
-        + _metrics_text(r)
-        + f", {r['tokens_per_s']:,.0f} tok/s{mfu}, lr {r['lr']:.2e}"
+def _last_epochs(out: Path, average_last: int) -> list[Path]:
+    """The epoch checkpoints to average: the last `average_last`, from 2."""
+    found = list_checkpoints(out)
+    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    return epochs[-average_last:] if average_last >= 2 else []
+
+
+def _averaged(
+    chosen: list[Path], model_config: TransformerConfig, device: torch.device
+) -> Transformer:
+    """A model of the mean weights of the checkpoints `chosen`."""
+    averaged = Transformer(model_config).to(device)
+    load_tensors_into(
+        averaged, average_checkpoints(chosen), "averaged checkpoints"
     )
+    return averaged
 
 
-# %% ../chapters/13_training.ipynb #4c7064e1
+# %% ../chapters/91_engineering.ipynb #d0169201
 class Trainer:
     """One process's part of a training run; `train(config)` builds one and
     calls `run()`."""
@@ -476,15 +347,12 @@ class Trainer:
                 checkpoint, model_config=self.model_config, tokenizer=tokenizer
             )
         max_len = self.model_config.max_len
-        epoch = (
-            Progress.read(checkpoint).epoch if checkpoint is not None else 0
-        )
+        epoch = Progress.read(checkpoint).epoch if checkpoint else 0
         self.spellings, first = prepare_epochs(
             c, self.data, max_len, env.world_size, epoch
         )
-        # With a GPU, a second process spells the next epoch while this one
-        # trains (the CPU is otherwise idle); on a CPU, the training itself
-        # keeps every core busy.
+        # With a GPU a second process spells the next epoch while this one
+        # trains; on a CPU the training itself keeps every core busy.
         self.spellings.prefetch = self.device.type == "cuda"
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
@@ -494,9 +362,12 @@ class Trainer:
             _prepare_folder(self.out)
         barrier()
         if checkpoint is not None:
-            self._load(checkpoint)
+            self.progress = _resume(
+                checkpoint, self.model, self.optimizer, self.scheduler
+            )
         if env.is_main:
             _store_settings(self.out, c, tokenizer, self.progress.step)
+        self.record = run_record(c, self.model_config, tokenizer)
         self.step_model = _wrap(self.model, c, env, self.device)
         self.bf16 = c.uses_bf16(self.device.type)
         self.words, self.val_batches = _validation_set(
@@ -506,30 +377,16 @@ class Trainer:
             (), device=self.device, dtype=torch.float64
         )
         steps = self.out / "steps.jsonl" if env.is_main else None
-        self.steps = _StepLog(steps, self.device)
+        self.steps = StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
         main = self.out / "train.log" if env.is_main else None
-        self.log = _Log(main, echo and env.is_main)
-        self._describe(checkpoint, resume=resume)
+        self.log = Log(main, echo and env.is_main)
+        where = _where(checkpoint, resume, self.out)
+        line = _start_line(where, c, self.model, env, self.device, self.bf16)
+        self.log(line)
+        self.log(f"config: {json.dumps(c.to_dict())}", echo=False)
         if warning := dropped_warning(first, c.accumulation, env.world_size):
             self.log(warning)
-
-    # -- set-up
-
-    def _load(self, checkpoint: Path) -> None:
-        """Continue from a checkpoint: the weights, the optimiser, the
-        schedule, progress."""
-        load_weights(self.model, checkpoint / "model.safetensors")
-        state = load_state(checkpoint, "trainer")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.progress = Progress.read(checkpoint)
-
-    def _describe(self, checkpoint: Path | None, *, resume: bool) -> None:
-        c, n = self.config, sum(p.numel() for p in self.model.parameters())
-        where = _where(checkpoint, resume, self.out)
-        self.log(_start_line(where, c, n, self.env, self.device, self.bf16))
-        self.log(f"config: {json.dumps(c.to_dict())}", echo=False)
 
     # -- the epochs
 
@@ -573,9 +430,8 @@ class Trainer:
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
         self.model.train()
-        bar = _bar(
-            total, min(p.batch // group, total), p.epoch, c.epochs, env.is_main
-        )
+        done = min(p.batch // group, total)
+        bar = progress_bar(total, done, p.epoch, c.epochs, env.is_main)
         start, updates, reason = _sync(self.device), 0, None
         self.steps.restart(start)
         clock.checked = None
@@ -591,11 +447,7 @@ class Trainer:
             bar.update(1)
             if p.step % c.log_every == 0:
                 r = self.steps.write(p, len(batches), self._lr(), clock.start)
-                loss, tok_s = (
-                    f"{r['train_loss']:.3f}",
-                    f"{r['tokens_per_s']:,.0f}",
-                )
-                bar.set_postfix(loss=loss, tok_s=tok_s, lr=f"{r['lr']:.2e}")
+                show_step(bar, r)
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
         self.fraction = p.batch / len(batches)
@@ -604,15 +456,9 @@ class Trainer:
     def _update(self, update: list[np.ndarray]) -> None:
         """One update over a group of batches, of which this process collates
         its share."""
-        c, p, env, tok = (
-            self.config,
-            self.progress,
-            self.env,
-            self.data.tokenizer,
-        )
-        mine = _collate_share(
-            self.train, update, tok, self.model_config.max_len, env
-        )
+        c, p, env = self.config, self.progress, self.env
+        tok, max_len = self.data.tokenizer, self.model_config.max_len
+        mine = _collate_share(self.train, update, tok, max_len, env)
         every = np.concatenate(update)
         tokens = int(self.tgt_lengths[every].sum())
         seed_update(c.seed, p.step, env.rank)
@@ -634,16 +480,11 @@ class Trainer:
 
     def _lr(self) -> float:
         """The learning rate of the last update (equation 3)."""
-        c, d_model = self.config, self.model_config.d_model
-        return noam_lr(
-            self.progress.step,
-            d_model=d_model,
-            warmup=c.warmup,
-            factor=c.lr_factor,
-        )
+        c, d = self.config, self.model_config.d_model
+        step = self.progress.step
+        return noam_lr(step, d_model=d, warmup=c.warmup, factor=c.lr_factor)
 
     # -- the end of an epoch, and of the run
-    # --------------------------------------------------
 
     def _end_period(self, *, kind: str) -> None:
         """Validate, record the metrics, and write a checkpoint (the end of an
@@ -655,21 +496,17 @@ class Trainer:
         validation = self._validate(self.model)
         if kind == "epoch":
             p.epoch += 1
-        epoch = (
-            float(p.epoch)
-            if kind == "epoch"
-            else round(p.epoch + self.fraction, 4)
-        )
-        wall = p.wall_time + time.perf_counter() - self.clock.start
-        peak = (
-            c.peak_flops * self.env.world_size
-            if self.device.type == "cuda"
-            else None
-        )
-        record = _epoch_record(
+            epoch, name = float(p.epoch), f"epoch-{p.epoch:03d}"
+        else:
+            epoch = round(p.epoch + self.fraction, 4)
+            name = f"step-{p.step:07d}"
+        wall = self._wall_time()
+        peak = c.peak_flops * self.env.world_size
+        peak = peak if self.device.type == "cuda" else None
+        record = epoch_record(
             kind, epoch, p, validation, self._lr(), wall, peak
         )
-        self.log(_epoch_line(record, c.epochs))
+        self.log(epoch_line(record, c.epochs))
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
             p.epoch_seconds, p.epoch_flops = 0.0, 0.0
@@ -677,14 +514,25 @@ class Trainer:
             # The record first: a resumed run drops records newer than its
             # checkpoint.
             append_jsonl(self.out / "metrics.jsonl", record)
-            name = (
-                f"epoch-{p.epoch:03d}"
-                if kind == "epoch"
-                else f"step-{p.step:07d}"
+            saved = dataclasses.replace(
+                p, wall_time=self._wall_time(), processes=self.env.world_size
             )
-            self._save(self.out / "checkpoints" / name)
+            _save(
+                self.out / "checkpoints" / name,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                saved,
+                self.record,
+                self.data.tokenizer,
+            )
+            prune_checkpoints(self.out, c.average_last)
         barrier()
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
+
+    def _wall_time(self) -> float:
+        """Seconds of the run so far, this process's and earlier ones'."""
+        return self.progress.wall_time + time.perf_counter() - self.clock.start
 
     def _validate(self, model: nn.Module) -> Validation:
         return evaluate(
@@ -696,37 +544,14 @@ class Trainer:
             bf16=self.bf16,
         )
 
-    def _save(self, folder: Path) -> None:
-        p, env = self.progress, self.env
-        wall_time = p.wall_time + time.perf_counter() - self.clock.start
-        saved = dataclasses.replace(
-            p, wall_time=wall_time, processes=env.world_size
-        )
-        state = {"optimizer": self.optimizer.state_dict()}
-        state["scheduler"] = self.scheduler.state_dict()
-        write_checkpoint(
-            folder,
-            self.model,
-            record=run_record(
-                self.config, self.model_config, self.data.tokenizer
-            ),
-            tokenizer=self.data.tokenizer,
-            trainer_state=state,
-            progress=saved,
-        )
-        prune_checkpoints(self.out, self.config.average_last)
-
     def _average(self) -> None:
         """Average the last `average_last` epoch checkpoints into out/average
         and validate it."""
-        c, p, tokenizer = self.config, self.progress, self.data.tokenizer
-        chosen = _last_epochs(self.out, c.average_last)
+        p, tokenizer = self.progress, self.data.tokenizer
+        chosen = _last_epochs(self.out, self.config.average_last)
         if len(chosen) < 2:
             return
-        averaged = Transformer(self.model_config).to(self.device)
-        load_tensors_into(
-            averaged, average_checkpoints(chosen), "averaged checkpoints"
-        )
+        averaged = _averaged(chosen, self.model_config, self.device)
         validation = self._validate(averaged)
         names = [path.name for path in chosen]
         record = {
@@ -735,20 +560,19 @@ class Trainer:
             "step": p.step,
             "averaged": names,
             **validation.metrics(),
-            "wall_time": p.wall_time + time.perf_counter() - self.clock.start,
+            "wall_time": self._wall_time(),
         }
-        self.log(f"average of {', '.join(names)}: " + _metrics_text(record))
+        self.log(f"average of {', '.join(names)}: " + metrics_text(record))
         if self.env.is_main:
             append_jsonl(self.out / "metrics.jsonl", record)
-            run = run_record(c, self.model_config, tokenizer) | {
-                "averaged": names
-            }
+            run = self.record | {"averaged": names}
             write_checkpoint(
                 self.out / "average", averaged, record=run, tokenizer=tokenizer
             )
         barrier()
 
 
+# %% ../chapters/91_engineering.ipynb #0613e860
 def train(
     config: TrainConfig,
     *,

@@ -1,4 +1,4 @@
-# Generated from chapters/13_training.ipynb: edit it, not this file.
+# Generated from chapters/91_engineering.ipynb: edit it, not this file.
 """The configuration of a training run: `TrainConfig`, each field checked by a
 table, the named recipes, and what a checkpoint records of the run."""
 
@@ -7,18 +7,18 @@ __all__ = [
     "MODEL_PRESETS",
     "BPE_DROPOUT_SIDES",
     "PEAK_BF16_FLOPS",
-    "RESUME_FIXED",
     "RECIPES",
+    "RESUME_FIXED",
     "TrainConfig",
     "quick_mode",
     "quick_config",
+    "multi30k_recipe",
     "run_record",
     "check_recipe",
     "resume_point",
-    "multi30k_recipe",
 ]
 
-# %% ../chapters/13_training.ipynb #7b7f2be7
+# %% ../chapters/91_engineering.ipynb #e3b07755
 
 import dataclasses
 import math
@@ -122,6 +122,7 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+# %% ../chapters/91_engineering.ipynb #49a756bd
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
@@ -241,6 +242,7 @@ class TrainConfig:
         return cls(**d)
 
 
+# %% ../chapters/91_engineering.ipynb #85a23221
 def quick_mode() -> bool:
     """Whether heavy cells run their small CPU version: without a CUDA GPU, or
     when the environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for
@@ -270,6 +272,29 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     return TrainConfig(**(fields | overrides))
 
 
+def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
+    """The recipe of the book's Multi30k models (the training chapter's table)
+    as a TrainConfig."""
+    fields = dict(
+        pair=pair,
+        model="small",
+        model_overrides=dict(
+            n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
+        ),
+        epochs=35,
+        max_tokens=3_000,
+        warmup=800,
+        lr_factor=0.7,
+        average_last=5,
+        bf16=False,
+    )
+    return TrainConfig(**(fields | overrides))
+
+
+RECIPES = {"multi30k": multi30k_recipe, "quick": quick_config}
+
+
+# %% ../chapters/91_engineering.ipynb #c9bd3cd4
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
@@ -355,26 +380,3 @@ def resume_point(
                 f" updates, so resume with {processes}"
             )
     return checkpoint
-
-
-# %% ../chapters/13_training.ipynb #8fafcfbf
-def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
-    """The recipe of the book's Multi30k models (the table above) as a
-    TrainConfig."""
-    fields = dict(
-        pair=pair,
-        model="small",
-        model_overrides=dict(
-            n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
-        ),
-        epochs=35,
-        max_tokens=3_000,
-        warmup=800,
-        lr_factor=0.7,
-        average_last=5,
-        bf16=False,
-    )
-    return TrainConfig(**(fields | overrides))
-
-
-RECIPES = {"multi30k": multi30k_recipe, "quick": quick_config}

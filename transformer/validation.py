@@ -1,12 +1,18 @@
-# Generated from chapters/13_training.ipynb: edit it, not this file.
+# Generated from chapters/91_engineering.ipynb: edit it, not this file.
 """Teacher-forced validation of Vaswani et al. (2017)'s model: the
 label-smoothed loss, the NLL and perplexities per token and per word, and the
-token accuracy."""
+token accuracy, as sums that add up across batches and processes."""
 
 # %% auto #0
-__all__ = ["batch_log_probs", "count_words", "Validation", "evaluate"]
+__all__ = [
+    "TokenStats",
+    "token_stats",
+    "count_words",
+    "Validation",
+    "evaluate",
+]
 
-# %% ../chapters/13_training.ipynb #cd77ca37
+# %% ../chapters/91_engineering.ipynb #0c0ee33f
 
 import math
 from collections.abc import Iterable
@@ -18,28 +24,75 @@ from torch import Tensor, nn
 
 from transformer.data import Batch, EncodedSplit
 from transformer.distributed import world_size
-from transformer.loss import LabelSmoothingLoss, TokenStats, token_stats
-from transformer.masking import padding_mask, target_mask
+from transformer.loop import batch_log_probs
+from transformer.loss import LabelSmoothingLoss, check_log_probs
 from transformer.tokenizer import Tokenizer
 
 
-def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
-    """The model's log-probabilities of each next target token of a batch, the
-    decoder fed the reference prefix (teacher forcing).
+@dataclass(frozen=True)
+class TokenStats:
+    """Sums over real (non-padding) target tokens; add them up across batches,
+    then read means."""
+
+    nll_sum: float = 0.0
+    correct: int = 0
+    tokens: int = 0
+
+    def __add__(self, other: "TokenStats") -> "TokenStats":
+        return TokenStats(
+            self.nll_sum + other.nll_sum,
+            self.correct + other.correct,
+            self.tokens + other.tokens,
+        )
+
+    def _count(self) -> int:
+        if self.tokens == 0:
+            raise ValueError(
+                "no target tokens were counted: the means are undefined"
+            )
+        return self.tokens
+
+    @property
+    def nll(self) -> float:
+        """Mean negative log-likelihood per token, in nats, unsmoothed."""
+        return self.nll_sum / self._count()
+
+    @property
+    def perplexity(self) -> float:
+        """e^nll: per subword token, <eos> included (the paper's per-wordpiece
+        perplexity)."""
+        return math.exp(self.nll)
+
+    @property
+    def accuracy(self) -> float:
+        """Share of real target tokens whose most probable prediction is the
+        right one."""
+        return self.correct / self._count()
+
+
+@torch.no_grad()
+def token_stats(
+    log_probs: Tensor, target: Tensor, *, pad_id: int
+) -> TokenStats:
+    """Unsmoothed NLL, correct predictions and token count of one batch,
+    padding ignored.
 
     Shapes:
-        batch.src: (B, S); batch.tgt_in: (B, T)
-        returns (B, T, V)
+        log_probs: (B, T, V) or (N, V); target: (B, T) or (N,)
     """
-    return model(
-        batch.src,
-        batch.tgt_in,
-        src_mask=padding_mask(batch.src, pad_id),
-        tgt_mask=target_mask(batch.tgt_in, pad_id),
+    check_log_probs(log_probs, target)
+    real = target != pad_id  # (B, T)
+    index = target.masked_fill(~real, 0).unsqueeze(-1)  # (B, T, 1)
+    nll = -log_probs.gather(-1, index).squeeze(-1).double()  # (B, T)
+    correct = (log_probs.argmax(dim=-1) == target) & real
+    return TokenStats(
+        nll_sum=nll[real].sum().item(),
+        correct=int(correct.sum()),
+        tokens=int(real.sum()),
     )
 
 
-# %% ../chapters/13_training.ipynb #e8d7fcf9
+# %% ../chapters/91_engineering.ipynb #73d2170f
 def count_words(tokenizer: Tokenizer, data: EncodedSplit) -> int:
     """Words of the references: whitespace-separated pieces of each decoded
     target sentence."""

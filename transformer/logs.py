@@ -1,0 +1,152 @@
+# Generated from chapters/91_engineering.ipynb: edit it, not this file.
+"""What a training run writes as it goes: the progress bar, train.log, and
+the lines of steps.jsonl and metrics.jsonl."""
+
+# %% auto #0
+__all__ = [
+    "progress_bar",
+    "show_step",
+    "Log",
+    "StepLog",
+    "epoch_record",
+    "metrics_text",
+    "epoch_line",
+]
+
+# %% ../chapters/91_engineering.ipynb #f42ad747
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from transformer.checkpoint import Progress
+from transformer.distributed import all_sum
+from transformer.files import append_jsonl
+from transformer.validation import Validation
+
+
+def progress_bar(
+    total: int, initial: int, epoch: int, epochs: int, main: bool
+) -> tqdm:
+    """The progress bar of an epoch's updates, shown by the first process in a
+    terminal."""
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=f"epoch {epoch + 1}/{epochs}",
+        unit="update",
+        disable=None if main else True,  # None: off when not a terminal
+        dynamic_ncols=True,
+    )
+
+
+def show_step(bar: tqdm, r: dict[str, Any]) -> None:
+    """A steps.jsonl line beside the progress bar."""
+    loss, tok_s = f"{r['train_loss']:.3f}", f"{r['tokens_per_s']:,.0f}"
+    bar.set_postfix(loss=loss, tok_s=tok_s, lr=f"{r['lr']:.2e}")
+
+
+class Log:
+    """Lines to the run's train.log and, if `echo`, to the terminal (around the
+    progress bar)."""
+
+    def __init__(self, path: Path | None, echo: bool) -> None:
+        self.file = open(path, "a") if path is not None else None
+        self.echo = echo
+
+    def __call__(self, message: str, *, echo: bool = True) -> None:
+        if self.file is not None:
+            self.file.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n"
+            )
+            self.file.flush()
+        if self.echo and echo:
+            tqdm.write(message, file=sys.stdout)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class StepLog:
+    """The lines of steps.jsonl: the training loss and throughput since the
+    last line."""
+
+    def __init__(self, path: Path | None, device: torch.device) -> None:
+        self.path, self.device = path, device
+
+    def restart(self, now: float) -> None:
+        self.start, self.tokens = now, 0
+        self.loss = torch.zeros((), device=self.device, dtype=torch.float64)
+
+    def add(self, loss: Tensor, tokens: int) -> None:
+        self.loss += loss
+        self.tokens += tokens
+
+    def write(
+        self, p: Progress, batches: int, lr: float, start: float
+    ) -> dict:
+        """The line at update `p.step` of an epoch of `batches` batches;
+        `start` is when this process of the run began."""
+        now = time.perf_counter()
+        mean = all_sum([self.loss.item()], self.device)[0] / self.tokens
+        record = {
+            "step": p.step,
+            "epoch": round(p.epoch + p.batch / batches, 4),
+            "train_loss": mean,
+            "lr": lr,
+            "tokens_per_s": self.tokens / (now - self.start),
+            "wall_time": p.wall_time + now - start,
+        }
+        if self.path is not None:
+            append_jsonl(self.path, record)
+        self.restart(now)
+        return record
+
+
+def epoch_record(
+    kind: str,
+    epoch: float,
+    p: Progress,
+    validation: Validation,
+    lr: float,
+    wall_time: float,
+    peak: float | None,
+) -> dict[str, Any]:
+    """The line of metrics.jsonl for an epoch, or the part of one before a
+    stop; `peak` is the processes' peak FLOP rate (None on a CPU: no MFU)."""
+    seconds = max(p.epoch_seconds, 1e-9)
+    return {
+        "kind": kind,
+        "epoch": epoch,
+        "step": p.step,
+        "train_loss": p.epoch_loss_sum / max(p.epoch_tokens, 1),
+        **validation.metrics(),
+        "train_tokens": p.epoch_tokens,
+        "tokens_per_s": p.epoch_tokens / seconds,
+        "lr": lr,
+        "wall_time": wall_time,
+        "mfu": p.epoch_flops / seconds / peak if peak is not None else None,
+    }
+
+
+def metrics_text(r: dict[str, Any]) -> str:
+    return (
+        f"val loss {r['val_loss']:.3f}, ppl/word {r['val_ppl_word']:.2f}, "
+        f"ppl/token {r['val_ppl_token']:.2f}, accuracy {r['val_accuracy']:.1%}"
+    )
+
+
+def epoch_line(r: dict[str, Any], epochs: int) -> str:
+    mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
+    return (
+        f"epoch {r['epoch']:g}/{epochs} step {r['step']:,}: train loss"
+        f" {r['train_loss']:.3f}, "
+        + metrics_text(r)
+        + f", {r['tokens_per_s']:,.0f} tok/s{mfu}, lr {r['lr']:.2e}"
+    )
