@@ -315,15 +315,18 @@ print(f"RMS² ≈ {intercept:.2f} + {slope:.3f} · depth   (R² = {r_squared:.4f
 from transformer.plots import use_book_renderer
 
 use_book_renderer()
-fit = pre.assign(RMS=np.sqrt(intercept + slope * pre["depth"]))
+rms = depth_scale[["order", "depth", "RMS"]].round(3)
+fit = rms[rms["order"] == "pre-norm"].assign(
+    RMS=np.sqrt(intercept + slope * pre["depth"]).round(3)
+)
 x_axis = alt.X("depth:Q", title="sublayer connections applied")
 lines = (
-    alt.Chart(depth_scale.round(4))
+    alt.Chart(rms)
     .mark_line(point=True)
     .encode(x_axis, alt.Y("RMS:Q", title="RMS of the residual stream"))
     .encode(color="order:N")
 )
-dashed = alt.Chart(fit.round(4)).mark_line(strokeDash=[4, 4], color="gray")
+dashed = alt.Chart(fit).mark_line(strokeDash=[4, 4], color="gray")
 (lines + dashed.encode(x_axis, y="RMS:Q")).properties(
     width=520, height=260, title="The residual stream's scale with depth"
 )
