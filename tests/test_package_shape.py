@@ -16,6 +16,7 @@ LAYERS = [
     {
         "attention", "masking", "multihead", "embedding", "sublayers", "encoder",
         "decoder", "config", "model", "loss", "schedule", "plots", "counts",
+        "config_checks", "decoder_cache", "attention_maps",
     },
     {"files", "tokenizer", "data", "checkpoint", "distributed"},
     {"train_config", "validation", "epochs", "train"},
