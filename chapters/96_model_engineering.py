@@ -223,7 +223,7 @@ for record in (prenorm.to_dict() | {"n_head": 8}, incomplete):
 #
 # Translation runs the decoder once per output token. Without a cache each step would recompute
 # the keys and values of every earlier position in every layer, and project the encoder's memory
-# again. A `KVCache` (the multi-head attention chapter) keeps one attention block's keys and
+# again. A `KVCache` ([Multi-head attention](03_multihead.ipynb)) keeps one attention block's keys and
 # values; a `DecoderCache` keeps those of every layer: a growing one for each self-attention and
 # a static one, projected from the memory at the first step, for each encoder–decoder attention.
 # Beam search reorders the cached rows as it follows its beams ([Decoding](15_decoding.ipynb)).
