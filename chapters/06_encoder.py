@@ -46,13 +46,8 @@ if importlib.util.find_spec("transformer") is None:
 # %%
 import copy
 
-import altair as alt
-import pandas as pd
 import torch
 from torch import nn
-
-torch.manual_seed(0)
-torch.set_printoptions(precision=3, sci_mode=False)
 
 # %% [markdown]
 # ## One encoder layer
@@ -76,10 +71,8 @@ torch.set_printoptions(precision=3, sci_mode=False)
 
 # %%
 #| export
-"""The encoder: a stack of identical layers, Section 3.1 and Figure 1 (left) of
-Vaswani et al. (2017)."""
+"""The encoder of Vaswani et al. (2017): Section 3.1, Figure 1 (left)."""
 
-import torch
 from torch import Tensor, nn
 
 from transformer.multihead import MultiHeadAttention
@@ -87,8 +80,7 @@ from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention and a feed-forward network, each in a residual connection
-    with LayerNorm."""
+    """Self-attention and a feed-forward network in sublayer connections."""
 
     def __init__(
         self,
@@ -115,14 +107,8 @@ class EncoderLayer(nn.Module):
     def forward(
         self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """One encoder layer; the attention weights only when asked for.
-
-        Shapes:
-            x: (B, S, d_model)
-            src_mask: boolean (B, 1, 1, S), True at real tokens (padding_mask)
-            returns (B, S, d_model) and, if need_weights, weights (B, H, S, S),
-                else None
-        """
+        """Shapes: x (B, S, d_model), and so the result; src_mask boolean
+        (B, 1, 1, S) (padding_mask); weights, if asked for, (B, H, S, S)."""
         weights = None
 
         def self_attention(h: Tensor) -> Tensor:
@@ -133,87 +119,46 @@ class EncoderLayer(nn.Module):
             return out
 
         x = self.sublayers[0](x, self_attention)
-        x = self.sublayers[1](x, self.feed_forward)
-        return x, weights
+        return self.sublayers[1](x, self.feed_forward), weights
 
 
 # %% [markdown]
-# A toy batch: three German sentences, each ending with `<eos>` and padded to $S = 9$. The id of
-# `<pad>` is looked up, never written as a number.
+# A toy batch: three German sentences, each ending with `<eos>` and padded to $S = 9$, embedded
+# with positional encodings (the embeddings chapter) at a small width, $d_\text{model} = 32$,
+# $H = 4$, $d_{ff} = 64$, with random weights, in evaluation mode (no dropout). The id of `<pad>`
+# is looked up, never written as a number. No query gives weight to a padding key, and each
+# query's weights sum to one. Padding hides *keys*, not queries: the padding rows hold vectors
+# that nothing downstream reads.
 
 # %%
 from transformer.embedding import PositionalEncoding, TokenEmbedding
+from transformer.encoder import EncoderLayer
 from transformer.masking import padding_mask
 
-specials = ["<pad>", "<bos>", "<eos>"]
 sentences = [
     "ein Hund läuft durch den Schnee".split(),
     "zwei Hunde spielen".split(),
     "eine Frau fährt mit dem Fahrrad die Straße".split(),
 ]
-vocab = {
-    t: i
-    for i, t in enumerate(specials + sorted({w for s in sentences for w in s}))
-}
+words = sorted({w for s in sentences for w in s})
+vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", *words])}
 pad_id, eos_id = vocab["<pad>"], vocab["<eos>"]
 S = max(len(s) for s in sentences) + 1
-src = torch.tensor(
-    [
-        [vocab[w] for w in s] + [eos_id] + [pad_id] * (S - len(s) - 1)
-        for s in sentences
-    ]
-)
-src_mask = padding_mask(src, pad_id)
-src, src_mask.shape
+ids = [[vocab[w] for w in s] + [eos_id] for s in sentences]
+src = torch.tensor([r + [pad_id] * (S - len(r)) for r in ids])  # (B, S)
+src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
 
-# %% [markdown]
-# The input is token embeddings plus positional encodings (the embeddings chapter) at a small
-# width, $d_\text{model} = 32$, $H = 4$, $d_{ff} = 64$, with random weights, in evaluation mode
-# (no dropout):
-
-# %%
-from transformer.encoder import EncoderLayer
-
+torch.manual_seed(0)
 d_model, n_heads, d_ff = 32, 4, 64
 embed = TokenEmbedding(len(vocab), d_model)
-position = PositionalEncoding(d_model, max_len=64, dropout=0.1)
+position = PositionalEncoding(d_model, max_len=64).eval()
 layer = EncoderLayer(d_model, n_heads, d_ff).eval()
-position.eval()
-
 with torch.no_grad():
     x = position(embed(src))  # (B, S, d_model)
-    y, weights = layer(x, src_mask, need_weights=True)
-print("input   ", tuple(x.shape))
-print("output  ", tuple(y.shape))
-print("weights ", tuple(weights.shape), "(B, H, S, S)")
-assert y.shape == x.shape and weights.shape == (len(sentences), n_heads, S, S)
-assert layer(x, src_mask)[1] is None  # no weights unless asked for
-
-# %% [markdown]
-# No query gives weight to a padding key, and each query's weights sum to one. Padding hides
-# *keys*, not queries: the padding rows hold vectors that nothing downstream reads.
-
-# %%
+    _, weights = layer(x, src_mask, need_weights=True)  # (B, H, S, S)
 real = src_mask[:, 0, 0, :]  # (B, S)
 assert (weights.masked_select(~real[:, None, None, :]) == 0).all()
-assert torch.allclose(weights.sum(-1), torch.ones(len(sentences), n_heads, S))
-weights[1].mean(0)  # "zwei Hunde spielen <eos>", averaged over the heads
-
-# %% [markdown]
-# A layer has $4 d_\text{model}^2 + 4 d_\text{model}$ attention parameters,
-# $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ feed-forward ones and $2 \cdot 2 d_\text{model}$
-# in two LayerNorms. The $4 d_\text{model}$ attention biases are not in the paper (the appendix
-# [Deviations from the paper](90_deviations.ipynb)).
-
-# %%
-# The attention biases, 4 d_model per block, are not in the paper (see above).
-n_attention = 4 * d_model**2 + 4 * d_model
-n_ffn = 2 * d_model * d_ff + d_ff + d_model
-n_norms = 2 * 2 * d_model
-assert (
-    sum(p.numel() for p in layer.parameters()) == n_attention + n_ffn + n_norms
-)
-n_attention + n_ffn + n_norms
+assert torch.allclose(weights.sum(-1), torch.ones(3, n_heads, S))
 
 # %% [markdown]
 # ## The stack
@@ -257,8 +202,7 @@ class Encoder(nn.Module):
             )
             for _ in range(n_layers)
         )
-        # Post-norm layers end normalised; a pre-norm residual stream needs a
-        # last LayerNorm. ε = 1e-6 as in the sublayers' LayerNorms.
+        # Post-norm layers end normalised; a pre-norm stream needs a LayerNorm.
         self.final_norm = (
             nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
         )
@@ -266,15 +210,8 @@ class Encoder(nn.Module):
     def forward(
         self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """Run the stack; with need_weights, also each layer's self-attention
-        weights.
-
-        Shapes:
-            x: (B, S, d_model), the embedded source
-            src_mask: boolean (B, 1, 1, S), True at real tokens (padding_mask)
-            returns the memory (B, S, d_model) and, if need_weights, a list of
-            n_layers weights (B, H, S, S), else None
-        """
+        """Shapes: x (B, S, d_model), and so the memory; src_mask (B, 1, 1, S);
+        weights, if asked for, n_layers x (B, H, S, S)."""
         all_weights = [] if need_weights else None
         for layer in self.layers:
             x, weights = layer(x, src_mask, need_weights=need_weights)
@@ -289,36 +226,11 @@ class Encoder(nn.Module):
 # %%
 from transformer.encoder import Encoder
 
-prototype = EncoderLayer(d_model, n_heads, d_ff)
-copies = nn.ModuleList(copy.deepcopy(prototype) for _ in range(3))
+copies = [copy.deepcopy(layer) for _ in range(3)]
 encoder = Encoder(3, d_model, n_heads, d_ff).eval()
-
-
-def same_start(layers: nn.ModuleList) -> bool:
-    first = layers[0].self_attn.w_q.weight
-    return all(
-        torch.equal(first, layer.self_attn.w_q.weight) for layer in layers
-    )
-
-
-assert same_start(copies) and not same_start(encoder.layers)
-print("deep copies start equal:", same_start(copies))
-print("explicit layers start equal:", same_start(encoder.layers))
-
-# %% [markdown]
-# The stack returns a memory of the input's shape and, on request, one weight tensor per layer:
-
-# %%
-with torch.no_grad():
-    memory, all_weights = encoder(x, src_mask, need_weights=True)
-print("memory ", tuple(memory.shape))
-print("weights", [tuple(w.shape) for w in all_weights])
-assert memory.shape == (len(sentences), S, d_model) and len(all_weights) == 3
-
-prenorm = Encoder(3, d_model, n_heads, d_ff, norm_first=True)
-assert isinstance(encoder.final_norm, nn.Identity)
-assert isinstance(prenorm.final_norm, nn.LayerNorm)
-encoder.final_norm, prenorm.final_norm
+for name, layers in [("deep copies", copies), ("the stack", encoder.layers)]:
+    w_q = [layer.self_attn.w_q.weight for layer in layers]
+    print(f"{name} start equal:", all(torch.equal(w_q[0], w) for w in w_q))
 
 # %% [markdown]
 # ## Padding changes nothing
@@ -328,24 +240,18 @@ encoder.final_norm, prenorm.final_norm
 # rounding noise; without it, the padding leaks in through attention.
 
 # %%
-longer = torch.cat([src, torch.full((len(sentences), 5), pad_id)], dim=1)
+longer = torch.cat([src, torch.full((3, 5), pad_id)], dim=1)  # (B, S + 5)
 with torch.no_grad():
-    short_out, _ = encoder(position(embed(src)), padding_mask(src, pad_id))
+    memory, all_weights = encoder(x, src_mask, need_weights=True)
     long_out, _ = encoder(
         position(embed(longer)), padding_mask(longer, pad_id)
     )
     leaky_out, _ = encoder(position(embed(longer)), None)
-
-at_real = real.unsqueeze(-1).expand_as(short_out)  # (B, S, d_model)
-masked_gap = (long_out[:, :S] - short_out)[at_real].abs().max().item()
-unmasked_gap = (leaky_out[:, :S] - short_out)[at_real].abs().max().item()
+at_real = real[..., None].expand_as(memory)  # (B, S, d_model)
+masked_gap = (long_out[:, :S] - memory)[at_real].abs().max().item()
+unmasked_gap = (leaky_out[:, :S] - memory)[at_real].abs().max().item()
 assert masked_gap < 1e-5 and unmasked_gap > 1e-2
-# The masked gap is rounding noise whose digits vary between CPUs: print the
-# bound it meets.
-print("largest change at real positions, with the mask:    below 1e-5")
-print(
-    f"largest change at real positions, without the mask: {unmasked_gap:.2f}"
-)
+print(f"without the mask, real positions move by up to {unmasked_gap:.2f}")
 
 # %% [markdown]
 # ## What the layers attend to
@@ -355,47 +261,23 @@ print(
 # query. With random weights the attention is spread thinly, with no sharp pattern: whatever
 # structure a trained model shows is learned, not built in.
 
-# %%
+# %% tags=["hide-input"]
+import altair as alt
+
 from transformer.plots import heatmap, use_book_renderer
 
 use_book_renderer()
-tokens = sentences[0] + ["<eos>"] + ["<pad>"] * (S - len(sentences[0]) - 1)
+tokens = [*sentences[0], "<eos>"] + ["<pad>"] * (S - len(sentences[0]) - 1)
 alt.hconcat(
     *[
         heatmap(
-            w[0].mean(0),
-            x_labels=tokens,
-            y_labels=tokens,
-            title=f"layer {i + 1}",
-        )
+            w[0].mean(0), x_labels=tokens, y_labels=tokens, cell=15
+        ).properties(title=f"layer {i + 1}")
         for i, w in enumerate(all_weights)
     ]
 ).resolve_scale(color="shared").properties(
-    title="Encoder self-attention of a random-weight encoder, mean of 4 heads"
+    title="Self-attention of a random-weight encoder, mean of 4 heads"
 )
-
-# %% [markdown]
-# Each layer's largest weight per real query, averaged, against the $1/7$ of uniform attention
-# over the 7 real tokens (a head that picked one key would score near 1):
-
-# %%
-n_real = int(real[0].sum())
-spread = pd.DataFrame(
-    [
-        {
-            "layer": i + 1,
-            "mean largest weight": round(
-                w[0, :, :n_real].max(-1).values.mean().item(), 4
-            ),
-            "uniform": round(1 / n_real, 4),
-        }
-        for i, w in enumerate(all_weights)
-    ]
-).set_index("layer")
-assert (
-    spread["mean largest weight"] < 2.5 / n_real
-).all()  # thin: no query picks a key
-spread
 
 # %% [markdown]
 # ## Summary

@@ -10,7 +10,7 @@ from helpers import assert_gradients_reach_every_parameter
 from torch import nn
 
 from transformer.config import TransformerConfig
-from transformer.decoder import DecoderCache
+from transformer.decoder_cache import DecoderCache
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.model import Generator, Transformer
 from transformer.multihead import MultiHeadAttention
@@ -189,6 +189,28 @@ def test_initialisation():
         d**-0.5, rel=0.05
     )
     assert model.generator.proj.bias is None
+
+
+def test_first_logits_have_a_spread_near_one():
+    """Putting it together: with the embedding's N(0, 1/d_model) table tied to the output
+    layer, an untrained model's logits have a standard deviation near 1, so its first
+    predictions are spread over the vocabulary rather than confidently wrong."""
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        13, d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.0
+    )
+    model = Transformer(config).eval()
+    src = torch.randint(3, 13, (4, 9))
+    tgt = torch.cat([torch.full((4, 1), 1), src[:, :-1]], dim=1)
+    with torch.no_grad():
+        memory = model.encode(src, None)
+        out = model.decode(tgt, memory, src_mask=None, tgt_mask=causal_mask(9))
+        logits = model.generator.proj(out)
+    assert 0.75 < logits.std().item() < 1.33
+    biases = [p for n, p in model.named_parameters() if "attn.w_" in n and "bias" in n]
+    assert len(biases) == 3 * config.n_layers * 4 and all(
+        (b == 0).all() for b in biases
+    )
 
 
 def test_attention_weights():

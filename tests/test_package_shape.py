@@ -18,6 +18,7 @@ LAYERS = [
     {
         "attention", "masking", "multihead", "embedding", "sublayers", "encoder",
         "decoder", "config", "model", "loss", "schedule", "plots", "counts",
+        "config_checks", "decoder_cache", "attention_maps",
     },
     {
         "files", "multi30k", "vocabulary", "tokenizer", "batch_checks", "batches",

@@ -148,3 +148,48 @@ def test_gradients_reach_the_input_through_both_paths(stream):
         formula = y + ffn(layer_norm(y)) if norm_first else layer_norm(y + ffn(y))
         (expected,) = torch.autograd.grad((formula * weight).sum(), y)
         assert torch.allclose(x.grad, expected, atol=1e-5), norm_first
+
+
+def test_deep_stacks_post_norm_keeps_the_scale_and_pre_norm_the_gradients():
+    """The chapter's 24-sublayer experiment: post-norm holds the stream's RMS at 1 while its
+    gradients grow towards the output; pre-norm's RMS² grows linearly with depth while its
+    gradients stay within 25% of the first sublayer's."""
+    torch.manual_seed(0)
+    d_model, d_ff = 512, 2048
+    networks = [PositionwiseFeedForward(d_model, d_ff) for _ in range(24)]
+    for network in networks:
+        for linear in (network.w_1, network.w_2):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+    x0 = torch.randn(4, 32, d_model)
+    readout = torch.randn(d_model)
+    results = {}
+    for norm_first in (False, True):
+        x, rms = x0, []
+        for network in networks:
+            network.zero_grad()
+            x = SublayerConnection(d_model, norm_first=norm_first).eval()(x, network)
+            rms.append(x.pow(2).mean().sqrt().item())
+        if norm_first:
+            x = nn.LayerNorm(d_model, eps=1e-6)(x)
+        (x @ readout).mean().backward()
+        grads = torch.tensor(
+            [
+                torch.stack([p.grad.norm() for p in n.parameters()]).norm()
+                for n in networks
+            ]
+        )
+        results[norm_first] = torch.tensor(rms), grads / grads[0]
+    post_rms, post_grad = results[False]
+    pre_rms, pre_grad = results[True]
+    assert (post_rms - 1).abs().max() < 1e-3
+    assert 3.5 < post_grad[-1] < 6 and (post_grad[1:] >= post_grad[:-1] - 0.05).all()
+    assert ((pre_grad > 0.75) & (pre_grad < 1.25)).all()
+    depth = torch.arange(1, 25, dtype=torch.float64)
+    square = pre_rms.double() ** 2
+    slope, intercept = torch.linalg.lstsq(
+        torch.stack([depth, torch.ones_like(depth)], 1), square[:, None]
+    ).solution.squeeze(1)
+    residual = square - (slope * depth + intercept)
+    r_squared = 1 - residual.pow(2).sum() / (square - square.mean()).pow(2).sum()
+    assert r_squared > 0.99 and abs(intercept - 1) < 0.15

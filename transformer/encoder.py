@@ -1,13 +1,11 @@
 # Generated from chapters/06_encoder.ipynb: edit it, not this file.
-"""The encoder: a stack of identical layers, Section 3.1 and Figure 1 (left) of
-Vaswani et al. (2017)."""
+"""The encoder of Vaswani et al. (2017): Section 3.1, Figure 1 (left)."""
 
 # %% auto #0
 __all__ = ["EncoderLayer", "Encoder"]
 
 # %% ../chapters/06_encoder.ipynb #9940d5ad
 
-import torch
 from torch import Tensor, nn
 
 from transformer.multihead import MultiHeadAttention
@@ -15,8 +13,7 @@ from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention and a feed-forward network, each in a residual connection
-    with LayerNorm."""
+    """Self-attention and a feed-forward network in sublayer connections."""
 
     def __init__(
         self,
@@ -43,14 +40,8 @@ class EncoderLayer(nn.Module):
     def forward(
         self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """One encoder layer; the attention weights only when asked for.
-
-        Shapes:
-            x: (B, S, d_model)
-            src_mask: boolean (B, 1, 1, S), True at real tokens (padding_mask)
-            returns (B, S, d_model) and, if need_weights, weights (B, H, S, S),
-                else None
-        """
+        """Shapes: x (B, S, d_model), and so the result; src_mask boolean
+        (B, 1, 1, S) (padding_mask); weights, if asked for, (B, H, S, S)."""
         weights = None
 
         def self_attention(h: Tensor) -> Tensor:
@@ -61,8 +52,7 @@ class EncoderLayer(nn.Module):
             return out
 
         x = self.sublayers[0](x, self_attention)
-        x = self.sublayers[1](x, self.feed_forward)
-        return x, weights
+        return self.sublayers[1](x, self.feed_forward), weights
 
 
 # %% ../chapters/06_encoder.ipynb #0b364482
@@ -93,8 +83,7 @@ class Encoder(nn.Module):
             )
             for _ in range(n_layers)
         )
-        # Post-norm layers end normalised; a pre-norm residual stream needs a
-        # last LayerNorm. ε = 1e-6 as in the sublayers' LayerNorms.
+        # Post-norm layers end normalised; a pre-norm stream needs a LayerNorm.
         self.final_norm = (
             nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
         )
@@ -102,15 +91,8 @@ class Encoder(nn.Module):
     def forward(
         self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """Run the stack; with need_weights, also each layer's self-attention
-        weights.
-
-        Shapes:
-            x: (B, S, d_model), the embedded source
-            src_mask: boolean (B, 1, 1, S), True at real tokens (padding_mask)
-            returns the memory (B, S, d_model) and, if need_weights, a list of
-            n_layers weights (B, H, S, S), else None
-        """
+        """Shapes: x (B, S, d_model), and so the memory; src_mask (B, 1, 1, S);
+        weights, if asked for, n_layers x (B, H, S, S)."""
         all_weights = [] if need_weights else None
         for layer in self.layers:
             x, weights = layer(x, src_mask, need_weights=need_weights)

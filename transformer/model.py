@@ -1,17 +1,18 @@
 # Generated from chapters/08_model.ipynb: edit it, not this file.
-"""The Transformer: embeddings, encoder, decoder and output layer, Figure 1 and
-Sections 3.1-3.4 of Vaswani et al. (2017)."""
+"""The Transformer of Vaswani et al. (2017): Figure 1, Sections 3.1-3.4."""
 
 # %% auto #0
-__all__ = ["Generator", "Transformer"]
+__all__ = ["Generator", "positional_encoding", "init_weights", "Transformer"]
 
-# %% ../chapters/08_model.ipynb #e25a660a
+# %% ../chapters/08_model.ipynb #015bfca4
 
 import torch
 from torch import Tensor, nn
 
+from transformer.attention_maps import attention_weights
 from transformer.config import TransformerConfig
-from transformer.decoder import Decoder, DecoderCache
+from transformer.decoder import Decoder
+from transformer.decoder_cache import DecoderCache
 from transformer.embedding import (
     LearnedPositionalEncoding,
     PositionalEncoding,
@@ -21,25 +22,39 @@ from transformer.encoder import Encoder
 
 
 class Generator(nn.Module):
-    """The output layer: a linear map to the vocabulary and a log-softmax
-    (Section 3.4)."""
+    """The output layer: a linear map to the vocabulary, then log-softmax."""
 
     def __init__(self, d_model: int, vocab_size: int) -> None:
         super().__init__()
-        # No bias, as in the reference code; the weight may be the tied
-        # embedding matrix.
+        # No bias, as in the reference code; the weight may be the embedding's.
         self.proj = nn.Linear(d_model, vocab_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Log-probabilities of the next token.
-
-        Shapes:
-            x: (B, T, d_model)
-            returns (B, T, V)
-        """
+        """Shapes: x (B, T, d_model) -> log-probabilities (B, T, V)."""
         return torch.log_softmax(self.proj(x), dim=-1)
 
 
+def positional_encoding(c: TransformerConfig) -> nn.Module:
+    """The sinusoids (3.5), or learned positions (Table 3, row E)."""
+    if c.positional == "learned":
+        return LearnedPositionalEncoding(c.d_model, c.max_len, c.dropout)
+    return PositionalEncoding(c.d_model, c.max_len, c.dropout)
+
+
+def init_weights(model: "Transformer") -> None:
+    """Glorot-uniform matrices and zero biases in both stacks, as in the
+    reference code; the embedding table keeps its N(0, 1/d_model)."""
+    for stack in (model.encoder, model.decoder):
+        for module in stack.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+    if not model.config.tie_output:
+        nn.init.xavier_uniform_(model.generator.proj.weight)
+
+
+# %% ../chapters/08_model.ipynb #eea46377
 class Transformer(nn.Module):
     """The encoder-decoder Transformer, built from a TransformerConfig."""
 
@@ -53,68 +68,21 @@ class Transformer(nn.Module):
             if c.share_embeddings
             else TokenEmbedding(c.target_vocab_size, c.d_model)
         )
-        positional = (
-            PositionalEncoding
-            if c.positional == "sinusoidal"
-            else LearnedPositionalEncoding
-        )
-        self.src_pos = positional(
-            c.d_model, max_len=c.max_len, dropout=c.dropout
-        )
-        self.tgt_pos = positional(
-            c.d_model, max_len=c.max_len, dropout=c.dropout
-        )
-        stack = dict(
-            n_layers=c.n_layers,
-            d_model=c.d_model,
-            n_heads=c.n_heads,
-            d_ff=c.d_ff,
-            dropout=c.dropout,
-            attention_dropout=c.attention_dropout,
-            ffn_dropout=c.ffn_dropout,
-            norm_first=c.norm_first,
-        )
-        self.encoder = Encoder(**stack)
-        self.decoder = Decoder(**stack)
+        self.src_pos = positional_encoding(c)
+        self.tgt_pos = positional_encoding(c)
+        stack = [c.n_layers, c.d_model, c.n_heads, c.d_ff, c.dropout]
+        stack += [c.attention_dropout, c.ffn_dropout, c.norm_first]
+        self.encoder = Encoder(*stack)
+        self.decoder = Decoder(*stack)
         self.generator = Generator(c.d_model, c.target_vocab_size)
-        self._init_weights()
-        if c.tie_output:
-            # The same Parameter object, not a copy: one tensor, one gradient
-            # (3.4).
+        init_weights(self)
+        if c.tie_output:  # the same Parameter, not a copy (3.4)
             self.generator.proj.weight = self.tgt_embed.embedding.weight
 
-    def _init_weights(self) -> None:
-        # Glorot-uniform matrices in both stacks, as the reference code, and
-        # zero biases: the attention biases, which the reference code does not
-        # have, start inert. The embedding tables keep TokenEmbedding's N(0,
-        # 1/d_model).
-        for stack in (self.encoder, self.decoder):
-            for module in stack.modules():
-                if isinstance(module, nn.Linear):
-                    nn.init.xavier_uniform_(module.weight)
-                    if module.bias is not None:
-                        nn.init.zeros_(module.bias)
-        if not self.config.tie_output:
-            nn.init.xavier_uniform_(self.generator.proj.weight)
-
-    def _embed_source(self, src: Tensor) -> Tensor:
-        return self.src_pos(self.src_embed(src))  # (B, S, d_model)
-
-    def _embed_target(self, tgt: Tensor, start: int = 0) -> Tensor:
-        return self.tgt_pos(
-            self.tgt_embed(tgt), start=start
-        )  # (B, T, d_model)
-
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
-        """The encoder's memory of a batch of source sentences.
-
-        Shapes:
-            src: (B, S) token ids; src_mask: boolean (B, 1, 1, S)
-                (padding_mask)
-            returns (B, S, d_model)
-        """
-        memory, _ = self.encoder(self._embed_source(src), src_mask)
-        return memory
+        """Shapes: src (B, S) ids, src_mask (B, 1, 1, S) -> (B, S, d_model)."""
+        x = self.src_pos(self.src_embed(src))  # (B, S, d_model)
+        return self.encoder(x, src_mask)[0]
 
     def decode(
         self,
@@ -125,27 +93,13 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None,
         cache: DecoderCache | None = None,
     ) -> Tensor:
-        """The decoder's output vectors for a batch of (shifted) target
-        sentences.
-
-        Shapes:
-            tgt: (B, T) token ids; memory: (B, S, d_model)
-            src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T)
-                (target_mask)
-            returns (B, T, d_model)
-
-        With a cache (the decoding chapter), tgt holds only the new tokens,
-        which take the positions after the cache.length ones already decoded,
-        and tgt_mask, if any, covers all L cached positions, the new ones
-        included: (B, 1, T, L).
-        """
+        """Shapes: tgt (B, T) ids, memory (B, S, d_model), tgt_mask (B, 1, T,
+        T) -> (B, T, d_model). With a cache, tgt holds the new tokens only,
+        after cache.length decoded ones, and tgt_mask covers all of them."""
         start = cache.length if cache is not None else 0
+        x = self.tgt_pos(self.tgt_embed(tgt), start=start)  # (B, T, d_model)
         out, _ = self.decoder(
-            self._embed_target(tgt, start=start),
-            memory,
-            src_mask=src_mask,
-            tgt_mask=tgt_mask,
-            cache=cache,
+            x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache
         )
         return out
 
@@ -157,44 +111,10 @@ class Transformer(nn.Module):
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
     ) -> Tensor:
-        """Log-probabilities of the next target token at every target position.
-
-        Shapes:
-            src: (B, S) and tgt: (B, T) token ids
-            src_mask: boolean (B, 1, 1, S); tgt_mask: boolean (B, 1, T, T)
-            returns (B, T, V)
-        """
+        """Shapes: src (B, S), tgt (B, T) -> log-probabilities (B, T, V)."""
         memory = self.encode(src, src_mask)
         out = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
         return self.generator(out)
 
-    def attention_weights(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        *,
-        src_mask: Tensor | None,
-        tgt_mask: Tensor | None,
-    ) -> dict[str, list[Tensor]]:
-        """Every attention weight of one forward pass, one tensor per layer.
-
-        Shapes:
-            "encoder": n_layers x (B, H, S, S); "decoder_self": n_layers x (B,
-                H, T, T);
-            "decoder_cross": n_layers x (B, H, T, S)
-        """
-        memory, encoder_weights = self.encoder(
-            self._embed_source(src), src_mask, need_weights=True
-        )
-        _, decoder_weights = self.decoder(
-            self._embed_target(tgt),
-            memory,
-            src_mask=src_mask,
-            tgt_mask=tgt_mask,
-            need_weights=True,
-        )
-        return {
-            "encoder": encoder_weights,
-            "decoder_self": [w for w, _ in decoder_weights],
-            "decoder_cross": [w for _, w in decoder_weights],
-        }
+    # Every layer's attention weights, for figures (the appendix).
+    attention_weights = attention_weights

@@ -26,46 +26,29 @@ class PositionwiseFeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Apply equation (2) to each position's vector.
-
-        Shapes:
-            x: (..., d_model), typically (B, L, d_model)
-            returns (..., d_model); the hidden layer is (..., d_ff)
-        """
+        """Shapes: x (..., d_model) -> (..., d_model), through (..., d_ff)."""
         return self.w_2(self.dropout(torch.relu(self.w_1(x))))
 
 
 # %% ../chapters/05_sublayers.ipynb #ec9fac66
 class SublayerConnection(nn.Module):
     """Residual connection, dropout and layer normalisation around one
-    sublayer.
-
-    Post-norm, the paper's order (norm_first=False): LayerNorm(x +
-    Dropout(Sublayer(x))). Pre-norm (norm_first=True): x +
-    Dropout(Sublayer(LayerNorm(x))).
-    """
+    sublayer: LayerNorm(x + Dropout(Sublayer(x))), the paper's post-norm, or
+    with norm_first, pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
 
     def __init__(
         self, d_model: int, dropout: float = 0.1, norm_first: bool = False
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        # ε = 1e-6 as in the reference code (tensor2tensor); PyTorch's default
-        # is 1e-5.
+        # ε = 1e-6 as in tensor2tensor; PyTorch's default is 1e-5.
         self.norm = nn.LayerNorm(d_model, eps=1e-6)
         self.dropout = nn.Dropout(dropout)
 
     def forward(
         self, x: Tensor, sublayer: Callable[[Tensor], Tensor]
     ) -> Tensor:
-        """Apply `sublayer` with its residual connection, in the order set by
-        norm_first.
-
-        Shapes:
-            x: (B, L, d_model); sublayer maps (B, L, d_model) to (B, L,
-                d_model)
-            returns (B, L, d_model)
-        """
+        """Shapes: x (B, L, d_model); sublayer and the result keep it."""
         if self.norm_first:
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))

@@ -1,0 +1,100 @@
+# Generated from chapters/98_model_engineering.ipynb: edit it, not this file.
+"""The checks of a TransformerConfig and of a saved one: each bad field is a
+ValueError that names it."""
+
+# %% auto #0
+__all__ = ["POSITIONAL_KINDS", "check_sizes", "check_config", "check_record"]
+
+# %% ../chapters/98_model_engineering.ipynb #821aca7f
+
+import dataclasses
+from typing import Any
+
+POSITIONAL_KINDS = ("sinusoidal", "learned")
+
+
+def check_sizes(c: Any) -> None:
+    """Sizes are positive integers, and the heads split the width."""
+    sizes = ["src_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"]
+    sizes += (
+        ["max_len"]
+        if c.tgt_vocab_size is None
+        else ["max_len", "tgt_vocab_size"]
+    )
+    for name in sizes:
+        value = getattr(c, name)
+        # bool is a subclass of int: True is not a size.
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(
+                f"{name} must be a positive integer, got {value!r}"
+            )
+    if c.d_model % c.n_heads != 0:
+        raise ValueError(
+            f"d_model ({c.d_model}) must be divisible by n_heads"
+            f" ({c.n_heads}): each head works in d_model / n_heads"
+            " dimensions"
+        )
+
+
+# %% ../chapters/98_model_engineering.ipynb #d3e04b98
+def check_config(c: Any) -> None:
+    """A ValueError, naming the field, if config c cannot build a model."""
+    check_sizes(c)
+    for name in ("dropout", "attention_dropout", "ffn_dropout"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(
+                f"{name} must be a number in [0, 1), got {value!r}"
+            )
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    for name in ("norm_first", "share_embeddings", "tie_output"):
+        if not isinstance(getattr(c, name), bool):
+            raise ValueError(
+                f"{name} must be True or False, got {getattr(c, name)!r}"
+            )
+    if c.positional not in POSITIONAL_KINDS:
+        raise ValueError(
+            "positional must be one of"
+            f" {', '.join(map(repr, POSITIONAL_KINDS))}, got"
+            f" {c.positional!r}"
+        )
+    if c.positional == "sinusoidal" and c.d_model % 2 != 0:
+        # The sinusoids come in sine/cosine pairs, one pair per two
+        # dimensions (3.5).
+        raise ValueError(
+            f"d_model ({c.d_model}) must be even with"
+            " positional='sinusoidal': the encoding pairs a sine and a"
+            " cosine per frequency; use an even width or"
+            " positional='learned'"
+        )
+    if c.share_embeddings and c.tgt_vocab_size is not None:
+        raise ValueError(
+            "share_embeddings=True needs one vocabulary shared by source"
+            " and target (tgt_vocab_size=None), got"
+            f" tgt_vocab_size={c.tgt_vocab_size}: set"
+            " share_embeddings=False for two vocabularies"
+        )
+
+
+# %% ../chapters/98_model_engineering.ipynb #dae4428f
+def check_record(record: dict[str, Any], cls: type) -> None:
+    """A saved config lists every field of dataclass cls, and nothing else.
+
+    Every field is required, those with a default too: to_dict writes them
+    all, and a missing `norm_first` silently read as its default would rebuild
+    another model.
+    """
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(record) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown {cls.__name__} field(s) {', '.join(unknown)}; "
+            f"known fields: {', '.join(sorted(known))}"
+        )
+    missing = sorted(known - set(record))
+    if missing:
+        raise ValueError(
+            f"missing {cls.__name__} field(s) {', '.join(missing)}: "
+            "a saved config lists every field"
+        )
