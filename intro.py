@@ -128,8 +128,8 @@ HTML((Path(transformer.__file__).parents[1] / "images" / "transformer.svg").read
 #   notebooks, add JupyterLab (`.venv/bin/pip install -c constraints.txt jupyterlab`) and run
 #   `.venv/bin/jupyter lab`.
 #
-# The training chapters use a GPU when there is one; on a CPU their heavy cells run a small,
-# announced quick mode.
+# Every chapter runs on a CPU. The two shipped models were trained on a GPU; the training
+# chapter reads their logs.
 #
 # ## A map of the book
 #

@@ -228,7 +228,7 @@ def prepare_command(argv: Sequence[str]) -> None:
 # %% [markdown]
 # ## `train`
 #
-# `train` turns its options into a `TrainConfig`, the training chapter's frozen configuration,
+# `train` turns its options into a `TrainConfig`, the frozen configuration of the appendix [Training runs](91_engineering.ipynb),
 # and hands it to `train`. The configuration starts from one of three places: a stored run
 # (with `--resume`), a recipe or model preset named by `--config` (or a JSON file of fields),
 # or the small default; every option given on the command line then overrides the field of the

@@ -289,7 +289,7 @@ for case, attempt in attempts.items():
 # description of the normalisation and of the word mark, and Hugging Face's BPE model
 # (vocabulary and merges). A file that cannot be read, is cut short, or is of another format is
 # one `TokenizerError` naming the file; loading needs no spaCy. `save` writes through
-# `atomic_write` (appendix [Engineering the package](91_engineering.ipynb)): a failed write
+# `atomic_write` (appendix [Training runs](91_engineering.ipynb)): a failed write
 # leaves the old file whole.
 
 # %%
