@@ -120,6 +120,10 @@ def _spacy_tokenizer(language: str):
             "tokenising text needs spaCy: pip install -e '.[data]' in the"
             " repository (training from a prepared cache does not)"
         ) from err
+    if language == "fr":  # the same rules, built fast (The data pipeline)
+        from transformer.french import french_tokenizer
+
+        return french_tokenizer()
     return spacy.blank(language).tokenizer  # rules only, no trained model
 
 

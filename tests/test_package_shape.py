@@ -23,6 +23,7 @@ LAYERS = [
     {
         "files", "multi30k", "vocabulary", "tokenizer", "batch_checks", "batches",
         "encoded", "cache", "bpe_dropout", "data", "checkpoint", "distributed",
+        "french",
     },
     {"train_config", "loop", "validation", "epochs", "logs", "train"},
     {"decode", "evaluate", "export"},
