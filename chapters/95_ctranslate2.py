@@ -81,15 +81,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
+from transformer.search_setup import EXTRA_LENGTH, check_alpha
+from transformer.translation import BATCH_SIZE, translate_batches
 
 from transformer.checkpoint import CheckpointError
-from transformer.decode import (
-    BATCH_SIZE,
-    EXTRA_LENGTH,
-    Hypothesis,
-    check_alpha,
-    translate_batches,
-)
+from transformer.decode import Hypothesis
 from transformer.embedding import sinusoidal_encoding
 from transformer.files import atomic_folder, atomic_write
 from transformer.model import Transformer
@@ -295,7 +291,7 @@ def export_ctranslate2(
 # %% [markdown]
 # ## Translating with the engine
 #
-# `CTranslate2Model` loads an exported folder and translates as `decode.translate` does: the same
+# `CTranslate2Model` loads an exported folder and translates as `translation.translate` does: the same
 # normalisation and tokenizer, sources longest first in batches of 32, outputs of at most the
 # source length + 50 tokens (per batch here, per sentence in the package), with padding and
 # `<bos>` never output.
@@ -420,7 +416,7 @@ class CTranslate2Model:
 import tempfile
 from pathlib import Path
 
-from transformer.decode import load_pair_model, translate
+from transformer.translation import load_pair_model, translate
 
 model, tokenizer = load_pair_model("de-en")
 scratch = Path(tempfile.mkdtemp())

@@ -14,7 +14,8 @@ import json
 from collections.abc import Collection
 from pathlib import Path
 
-from transformer.decode import CHECKPOINTS_DIR
+from transformer.translation import CHECKPOINTS_DIR
+
 from transformer.files import read_jsonl
 from transformer.train_config import TrainConfig
 

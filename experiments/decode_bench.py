@@ -36,15 +36,11 @@ from pathlib import Path
 import sacrebleu
 import torch
 from torch import nn
+from transformer.splits import write_lines
+from transformer.translation import length_sorted_batches, load_pair_model
 
 from transformer.data import load_pairs
-from transformer.decode import (
-    beam_search,
-    greedy_decode,
-    length_sorted_batches,
-    load_pair_model,
-)
-from transformer.evaluate import write_lines
+from transformer.decode import beam_search, greedy_decode
 from transformer.export import CTranslate2Model, export_ctranslate2
 from transformer.tokenizer import normalize
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformer.translation import load_pair_model
 
 from experiments.decode_bench import (
     DECODINGS,
@@ -48,7 +49,6 @@ from experiments.decode_bench import (
     publish,
     test_set,
 )
-from transformer.decode import load_pair_model
 from transformer.export import CTranslate2Model, export_ctranslate2
 
 ROWS = (1, 4, 32)

@@ -33,7 +33,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from transformer.evaluate import write_lines
+from transformer.splits import write_lines
+
 from transformer.files import atomic_write, read_jsonl
 
 RECIPE = ["--config", "multi30k"]
@@ -223,10 +224,10 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
     """sacreBLEU of the averaged model on the validation split, beam 4, α 0.6."""
     import torch
     from sacrebleu.metrics import BLEU
+    from transformer.translation import translate
 
     from transformer.checkpoint import load_model
     from transformer.data import load_encoded, load_pairs
-    from transformer.decode import translate
 
     model, tokenizer = load_model(
         folder, device="cuda" if torch.cuda.is_available() else "cpu"
@@ -252,9 +253,9 @@ def windows_of(out: Path, cache: str) -> dict:
     of the averages of its windows (experiments/average_windows.py) into out/averages.json, and
     the best five-epoch window for the summary."""
     import torch
+    from transformer.splits import write_lines
 
     from experiments.average_windows import report
-    from transformer.evaluate import write_lines
 
     if len(list((out / "checkpoints").glob("epoch-*"))) <= 5:
         return {}

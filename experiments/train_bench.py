@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from transformer.splits import write_lines
 
 from transformer.config import TransformerConfig
 from transformer.data import iterate_batches, load_encoded, prepare
 from transformer.embedding import PositionalEncoding, TokenEmbedding
-from transformer.evaluate import write_lines
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Generator, Transformer

@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import NoReturn
 
+from transformer.splits import translate_split, write_lines
+
 from experiments.words import (
     by_frequency,
     english_training_counts,
@@ -26,7 +28,7 @@ from experiments.words import (
 )
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.data import DataError, load_pairs
-from transformer.evaluate import score, translate_split, write_lines
+from transformer.evaluate import score
 
 
 def val_bleu(model, tokenizer) -> dict:

@@ -19,7 +19,7 @@ LAYERS = [
     },
     {"files", "tokenizer", "data", "checkpoint", "distributed"},
     {"train_config", "validation", "epochs", "train"},
-    {"decode", "evaluate", "export"},
+    {"search_setup", "decode", "translation", "splits", "evaluate", "export"},
     {"cli", "deploy", "__main__", "__init__"},
 ]  # fmt: skip
 LAYER = {module: k for k, layer in enumerate(LAYERS) for module in layer}

@@ -7,7 +7,7 @@ Every module except this one and `__main__` is generated from a chapter's `#| ex
 from transformer.attention import scaled_dot_product_attention
 from transformer.checkpoint import export_model, load_model
 from transformer.config import TransformerConfig
-from transformer.decode import Hypothesis, beam_search, greedy_decode, translate
+from transformer.decode import Hypothesis, beam_search, greedy_decode
 from transformer.decoder import Decoder, DecoderLayer
 from transformer.embedding import (
     LearnedPositionalEncoding,
@@ -16,14 +16,16 @@ from transformer.embedding import (
     sinusoidal_encoding,
 )
 from transformer.encoder import Encoder, EncoderLayer
-from transformer.evaluate import Scores, bleu_by_length, score, translate_split
+from transformer.evaluate import Scores, score
 from transformer.loss import LabelSmoothingLoss, TokenStats, token_stats
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.model import Generator, Transformer
 from transformer.multihead import MultiHeadAttention
 from transformer.schedule import make_optimizer, noam_lr
+from transformer.splits import bleu_by_length, translate_split
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 from transformer.train import TrainConfig, train
+from transformer.translation import load_pair_model, translate
 
 __version__ = "0.1.0"
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "beam_search",
     "greedy_decode",
     "translate",
+    "load_pair_model",
     "Decoder",
     "DecoderLayer",
     "Encoder",

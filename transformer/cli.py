@@ -375,14 +375,11 @@ def train_command(argv: Sequence[str]) -> None:
             print(f"model exported to {args.export}")
 
 # %% ../chapters/92_cli.ipynb #100c706b
-from transformer.decode import (
-    BATCH_SIZE,
-    MAX_ALPHA,
-    check_alpha,
-    load_pair_model,
-    translate,
-)
-from .evaluate import score, translate_split, write_lines
+from .search_setup import MAX_ALPHA, check_alpha
+from .splits import translate_split, write_lines
+from .translation import BATCH_SIZE, load_pair_model, translate
+
+from .evaluate import score
 from .model import Transformer
 from .tokenizer import Tokenizer
 

@@ -16,15 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
+from .search_setup import EXTRA_LENGTH, check_alpha
+from .translation import BATCH_SIZE, translate_batches
 
 from .checkpoint import CheckpointError
-from transformer.decode import (
-    BATCH_SIZE,
-    EXTRA_LENGTH,
-    Hypothesis,
-    check_alpha,
-    translate_batches,
-)
+from .decode import Hypothesis
 from .embedding import sinusoidal_encoding
 from .files import atomic_folder, atomic_write
 from .model import Transformer
