@@ -484,7 +484,7 @@ alt.Chart(
 # `python -m experiments.decode_bench` times both on one machine with the same two threads,
 # decoding already tokenised test sentences 32 at a time, or one at a time as a user translating
 # a sentence would; it also times 8-bit integer weights in each engine. The table and chart read
-# its stored results ("same": translations identical to the package's, of 1,000).
+# its stored results ("same": how many translations are identical to the package's).
 
 # %% tags=["hide-input"]
 from transformer.data import DATA_DIR
@@ -505,12 +505,11 @@ speed.set_index(["decoding", "batch", "engine"])[
 # %% [markdown]
 # What to see: with 32 sentences at a time, the package decodes at a little under half the
 # engine's speed, greedily or with beam 4; one sentence at a time, at about a quarter. Greedy
-# translations are identical in both engines. The remaining gap has two parts. The engine
-# multiplies matrices with a library that is faster on this CPU (forced onto PyTorch's, it
-# decodes about 1.3× slower), and it runs each decoding step as fused C++ kernels, where the
-# package calls some two hundred PyTorch operations from Python: with one sentence the
-# operations are too small to keep the cores busy and that overhead dominates. Int8 weights
-# speed up both engines and change a few translations (the BLEU column). The appendix
+# translations are identical in both engines. The engine multiplies matrices with a library that
+# is faster on this CPU, and it runs each decoding step as fused C++ kernels, where the package
+# calls many small PyTorch operations from Python: with one sentence the operations are too
+# small to keep the cores busy and that overhead dominates. Int8 weights speed up both engines
+# and change a few translations (the BLEU column). The appendix
 # [Derivations and counts](93_counts.ipynb) profiles a decoding step.
 
 # %% tags=["hide-input"]

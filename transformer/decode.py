@@ -30,19 +30,6 @@ class Hypothesis:
     ended: bool
 
 
-def _start(model, src, pad_id, max_len, use_cache, K=1) -> tuple:
-    """Each sentence's memory and mask, repeated for its K beams, its output
-    limit (B,), and an empty cache (None: no cache)."""
-    src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
-    memory = model.encode(src, src_mask)  # (B, S, d_model)
-    limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-    cache = (
-        DecoderCache.empty(len(model.decoder.layers)) if use_cache else None
-    )
-    memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
-    return memory, src_mask.repeat_interleave(K, dim=0), limits, cache
-
-
 def _next_log_probs(model, ys, memory, src_mask, cache) -> Tensor:
     """log p(next token | ys, source) for every row: ys (N, t) -> (N, V)."""
     if cache is None:  # the whole output so far, under the causal mask
@@ -91,9 +78,11 @@ def greedy_decode(
     if B == 0:
         return []
     with inference(model):
-        memory, src_mask, limits, cache = _start(
-            model, src, pad_id, max_len, use_cache
-        )
+        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (B, S, d_model)
+        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
+        layers = len(model.decoder.layers)
+        cache = DecoderCache.empty(layers) if use_cache else None
         # Row b: BOS, then sentence b's output, then padding once it has ended.
         ys = torch.full((B, int(limits.max()) + 1), pad_id, device=device)
         ys[:, 0] = bos_id
@@ -260,9 +249,14 @@ def beam_search(
     if B == 0:
         return []
     with inference(model):
-        memory, src_mask, limits, cache = _start(
-            model, src, pad_id, max_len, use_cache, K
-        )
+        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (B, S, d_model)
+        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
+        layers = len(model.decoder.layers)
+        cache = DecoderCache.empty(layers) if use_cache else None
+        # The K beams of sentence b are rows b*K ... b*K + K - 1.
+        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
+        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
         ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
         beams = BeamStep.first(B, K, device)
         kept = Kept.empty(B, int(limits.max()) + 1, pad_id, device)
@@ -272,9 +266,7 @@ def beam_search(
             step = _forbid_specials(step.view(len(limits), K, -1), **specials)
             beams = _extend(step, beams, t, limits, alpha, eos_id, pad_id)
             # Every beam continues the row of its parent: reorder, then append.
-            rows = (first_row[: len(limits)] + beams.parents).view(
-                -1
-            )  # (n*K,)
+            rows = (first_row[: len(limits)] + beams.parents).view(-1)
             ys = torch.cat([ys[rows], beams.tokens.view(-1, 1)], dim=1)
             if cache is not None:
                 cache.reorder(rows, static=False)  # within each sentence

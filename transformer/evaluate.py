@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
+
 from .splits import LC_TOK_BLEU, lc_tok_bleu
 
 
