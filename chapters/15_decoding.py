@@ -602,7 +602,8 @@ steps: list[BeamStep] = []
 beam_search(model, one, **ids, on_step=steps.append)
 paths = {"beam search": beam[chosen], "greedy": greedy[chosen]}
 paths = {name: (*h.tokens, eos_id) for name, h in paths.items()}
-nodes, prefixes, was_ended = [], [()], [False]
+bos = {"step": 0, "rank": 1, "token": "<bos>", "state": "open"}
+nodes, prefixes, was_ended = [bos], [()], [False]
 for step in steps:
     parents, tokens = step.parents[0].tolist(), step.tokens[0].tolist()
     now = [prefixes[p] + (w,) for p, w in zip(parents, tokens, strict=True)]
@@ -619,9 +620,12 @@ for step in steps:
     prefixes, was_ended = now, step.ended[0].tolist()
 tree = pd.DataFrame(nodes).assign(before=lambda d: d.step - 1)
 rank = {"scale": alt.Scale(domain=[0.5, 4.5], reverse=True), "title": "rank"}
+rank["axis"] = alt.Axis(values=[1, 2, 3, 4])
 base = alt.Chart(tree).encode(alt.X("step:Q"), alt.Y("rank:Q", **rank))
-lines = base.mark_rule(strokeWidth=2).encode(
-    x="before:Q", x2="step:Q", y=alt.Y("from:Q", **rank), y2="rank:Q",
+edges = base.transform_filter("datum.step > 0")
+lines = edges.mark_rule(strokeWidth=2).encode(
+    x=alt.X("before:Q", title="step"), x2="step:Q",
+    y=alt.Y("from:Q", **rank), y2="rank:Q",
     color=alt.Color("path:N", title="path", scale=alt.Scale(
         domain=["beam search", "greedy", "other"],
         range=["black", "#ff7f0e", "#dddddd"])),
@@ -634,7 +638,7 @@ points = base.mark_circle(size=120, opacity=1).encode(
 )  # fmt: skip
 text = base.mark_text(dy=-12).encode(text="token:N")
 (lines + points + text).resolve_scale(color="independent").properties(
-    width=600, height=220, title=f"Beam search, K = 4: {pairs[chosen][0]}"
+    width=560, height=220, title=f"Beam search, K = 4: {pairs[chosen][0]}"
 )
 
 # %% [markdown]

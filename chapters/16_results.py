@@ -104,10 +104,8 @@ from transformer.splits import LC_TOK_BLEU, lc_tok_bleu
 
 @dataclass(frozen=True)
 class Scores:
-    """Corpus scores of n translations against one reference each, in
-    percent, with their signatures: sacreBLEU's BLEU (cased, 13a), its
-    output/reference length ratio and brevity penalty, chrF, and bleu_lc_tok,
-    comparable with published Multi30k results only (never with `bleu`)."""
+    """Corpus scores in percent, with their signatures: sacreBLEU's BLEU, its
+    length ratio and brevity penalty, chrF, and the published results' BLEU."""
 
     sentences: int
     bleu: float
@@ -121,21 +119,15 @@ class Scores:
 
     def report(self) -> str:
         """The scores with their signatures, one per line."""
-        return "\n".join(
-            [
-                f"sacreBLEU {self.bleu:6.2f}  {self.bleu_signature}",
-                (
-                    "          (output/reference length"
-                    f" {self.length_ratio:.3f}, brevity penalty"
-                    f" {self.brevity_penalty:.3f})"
-                ),
-                f"chrF      {self.chrf:6.2f}  {self.chrf_signature}",
-                (
-                    f"{LC_TOK_BLEU}, only to compare with published Multi30k"
-                    f" results: {self.bleu_lc_tok:.2f} "
-                    f" {self.bleu_lc_tok_signature}"
-                ),
-            ]
+        lc_tok = (
+            f"{LC_TOK_BLEU}, only to compare with published Multi30k results"
+        )
+        return (
+            f"sacreBLEU {self.bleu:6.2f}  {self.bleu_signature}\n"
+            f"          (output/reference length {self.length_ratio:.3f},"
+            f" brevity penalty {self.brevity_penalty:.3f})\n"
+            f"chrF      {self.chrf:6.2f}  {self.chrf_signature}\n"
+            f"{lc_tok}: {self.bleu_lc_tok:.2f}  {self.bleu_lc_tok_signature}"
         )
 
 
@@ -340,8 +332,9 @@ print(f"source:      {t.sources[first]}\ntranslation: {t.hypotheses[first]}")
 
 # %% [markdown]
 # Each figure holds every layer and head of one kind: choose them with the selectors under it,
-# and hover over a cell for its tokens and weight. A figure opens at its most focused head, the
-# one whose rows put the most weight on a single key. "▁" marks a BPE piece that begins a word; a
+# and hover over a cell for its tokens and weight. A figure opens at its most focused head: in a
+# self-attention, the one with the most weight on one diagonal; in the encoder–decoder attention,
+# the one whose rows put the most weight on a single key. "▁" marks a BPE piece that begins a word; a
 # decoder row is labelled with the token it *reads*, and the encoder–decoder rows also with the
 # one it *predicts*.
 
@@ -350,11 +343,16 @@ import json
 
 
 def explorer(maps, keys, queries, title):
-    """Every layer's and head's weights for one sentence, (1, H, T_q, T_k)
-    per layer: a heatmap with a layer menu and a head slider, opening at the
-    head whose rows put the most weight on one key."""
+    """Weights (1, H, T_q, T_k) per layer as a heatmap with a layer menu and a
+    head slider, opening at the head most focused on a diagonal or a key."""
+
+    def measure(w: torch.Tensor) -> float:
+        if keys is queries:  # the token before, the token itself or the next
+            return max(w.diagonal(d).mean().item() for d in (-1, 0, 1))
+        return w.amax(dim=-1).mean().item()  # each row's favourite key
+
     _, layer, head = max(
-        (w[0, h].amax(dim=-1).mean().item(), i + 1, h + 1)
+        (measure(w[0, h]), i + 1, h + 1)
         for i, w in enumerate(maps) for h in range(w.size(1))
     )  # fmt: skip
     rows = [
@@ -364,10 +362,15 @@ def explorer(maps, keys, queries, title):
     ]  # fmt: skip
     xs = [f"{j}:{p}" for j, p in enumerate(keys)]
     ys = [f"{i}:{p}" for i, p in enumerate(queries)]
-    layers = alt.binding_select(options=list(range(1, len(maps) + 1)))
-    heads = alt.binding_range(min=1, max=maps[0].size(1), step=1)
-    pick_layer = alt.param(value=layer, bind=layers, name=f"{title[:3]}_layer")
-    pick_head = alt.param(value=head, bind=heads, name=f"{title[:3]}_head")
+    menu = alt.binding_select(
+        options=list(range(1, len(maps) + 1)), name="layer "
+    )
+    slider = alt.binding_range(
+        min=1, max=maps[0].size(1), step=1, name="head "
+    )
+    name = "".join(c if c.isalnum() else "_" for c in title)
+    pick_layer = alt.param(value=layer, bind=menu, name=f"{name}_layer")
+    pick_head = alt.param(value=head, bind=slider, name=f"{name}_head")
     tooltip = ["query:N", "key:N", alt.Tooltip("weight:Q", format=".3f")]
     return (
         alt.Chart(alt.Data(values=rows), title=title)
@@ -514,7 +517,7 @@ speed.set_index(["decoding", "batch", "engine"])[
 
 # %% tags=["hide-input"]
 alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(
-    x=alt.X("× CT2:Q", title="sentences/s relative to CTranslate2 float32"),
+    x=alt.X("× CT2:Q", title="× CTranslate2 float32"),
     y=alt.Y("engine:N", title=None),
     color=alt.Color("engine:N", legend=None),
     row=alt.Row("decoding:N", title=None),

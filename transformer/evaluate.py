@@ -17,10 +17,8 @@ from .splits import LC_TOK_BLEU, lc_tok_bleu
 
 @dataclass(frozen=True)
 class Scores:
-    """Corpus scores of n translations against one reference each, in
-    percent, with their signatures: sacreBLEU's BLEU (cased, 13a), its
-    output/reference length ratio and brevity penalty, chrF, and bleu_lc_tok,
-    comparable with published Multi30k results only (never with `bleu`)."""
+    """Corpus scores in percent, with their signatures: sacreBLEU's BLEU, its
+    length ratio and brevity penalty, chrF, and the published results' BLEU."""
 
     sentences: int
     bleu: float
@@ -34,21 +32,15 @@ class Scores:
 
     def report(self) -> str:
         """The scores with their signatures, one per line."""
-        return "\n".join(
-            [
-                f"sacreBLEU {self.bleu:6.2f}  {self.bleu_signature}",
-                (
-                    "          (output/reference length"
-                    f" {self.length_ratio:.3f}, brevity penalty"
-                    f" {self.brevity_penalty:.3f})"
-                ),
-                f"chrF      {self.chrf:6.2f}  {self.chrf_signature}",
-                (
-                    f"{LC_TOK_BLEU}, only to compare with published Multi30k"
-                    f" results: {self.bleu_lc_tok:.2f} "
-                    f" {self.bleu_lc_tok_signature}"
-                ),
-            ]
+        lc_tok = (
+            f"{LC_TOK_BLEU}, only to compare with published Multi30k results"
+        )
+        return (
+            f"sacreBLEU {self.bleu:6.2f}  {self.bleu_signature}\n"
+            f"          (output/reference length {self.length_ratio:.3f},"
+            f" brevity penalty {self.brevity_penalty:.3f})\n"
+            f"chrF      {self.chrf:6.2f}  {self.chrf_signature}\n"
+            f"{lc_tok}: {self.bleu_lc_tok:.2f}  {self.bleu_lc_tok_signature}"
         )
 
 # %% ../chapters/16_results.ipynb #c2b90acb
