@@ -319,6 +319,9 @@ print(
 # that $K$ beams always stay open; ours lets them keep their slot, which makes $K = 1$ exactly
 # greedy decoding. The appendix [Deviations from the paper](90_deviations.ipynb) discusses what
 # this costs.
+#
+# The length penalty, and `BeamStep`, the beams after a step, which the search carries from step
+# to step:
 
 
 # %%
@@ -361,7 +364,7 @@ class BeamStep:
 
 
 # %% [markdown]
-# Step 1, extend:
+# Part 1, `_extend`: the $K$ best of each sentence's $K \cdot K$ candidates.
 
 # %%
 #| export
@@ -393,6 +396,9 @@ def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
         lengths=candidate_length.gather(1, parents),
     )
 
+
+# %% [markdown]
+# Parts 3 and 4: the best ended hypothesis kept aside, and the test for a finished sentence.
 
 # %%
 #| export
