@@ -566,7 +566,7 @@ assert higher > 0.15 and lower < higher / 3
 # references', in BPE tokens. The larger $\alpha$, the less a long hypothesis is held back, and
 # the longer the outputs:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["hide-input", "nbval-ignore-output"]
 targets = tokenizer.encode_batch([reference for _, reference in pairs], "en")
 by_alpha = pd.Series(
     {
