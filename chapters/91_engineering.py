@@ -102,9 +102,8 @@ from transformer.tokenizer import VOCAB_SIZE, Tokenizer
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
-PEAK_BF16_FLOPS = (
-    790e12  # measured bf16 matrix-multiply rate of an H100 or H200
-)
+# measured bf16 matrix-multiply rate of an H100 or H200
+PEAK_BF16_FLOPS = 790e12
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
 
 
@@ -196,19 +195,16 @@ class TrainConfig:
     vocab_size: int = VOCAB_SIZE  # of the joint BPE vocabulary (data chapter)
     epochs: int = 10
     max_steps: int | None = None
-    max_tokens: int = (
-        MAX_TOKENS  # padded tokens per batch and side, per process
-    )
+    # padded tokens per batch and side, per process
+    max_tokens: int = MAX_TOKENS
     accumulation: int = 1  # batches per process and update
     warmup: int = 4000
     lr_factor: float = 1.0
     label_smoothing: float = 0.1
-    bpe_dropout: float = (
-        0.0  # on the training words (data chapter); 0: off (the paper)
-    )
-    bpe_dropout_sides: str = (
-        "both"  # or "source": targets keep BPE's own spelling
-    )
+    # on the training words (data chapter); 0: off (the paper)
+    bpe_dropout: float = 0.0
+    # or "source": targets keep BPE's own spelling
+    bpe_dropout_sides: str = "both"
     seed: int = 0
     bf16: bool | None = None  # None: on with CUDA
     compile: bool = False
@@ -480,9 +476,8 @@ def atomic_folder(path: Path) -> Iterator[Path]:
                 _fsync(Path(folder) / name)
             _fsync(Path(folder))
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if (
-            path.exists()
-        ):  # a rename cannot replace a folder that has files in it
+        # a rename cannot replace a folder that has files in it
+        if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
         _fsync(path.parent)  # the renames themselves
@@ -693,9 +688,8 @@ def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     first name."""
     tensors, seen = {}, set()
     for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
-        if (
-            id(tensor) not in seen
-        ):  # tied parameters are one object under several names
+        # tied parameters are one object under several names
+        if id(tensor) not in seen:
             seen.add(id(tensor))
             tensors[name] = tensor.detach()
     return tensors
@@ -1102,9 +1096,8 @@ def check_recipe(folder: Path, config: TrainConfig) -> None:
     stored = read_record(folder).get("train", {})
     for name in RESUME_FIXED:
         theirs, ours = stored.get(name), getattr(config, name)
-        if (
-            name == "model_overrides"
-        ):  # name the field of the model that differs
+        # name the field of the model that differs
+        if name == "model_overrides":
             theirs, ours = theirs or {}, ours or {}
             for key in sorted(theirs.keys() | ours.keys()):
                 if theirs.get(key) != ours.get(key):
@@ -2758,9 +2751,8 @@ def _shards(
                 f"weight {name} does not fit in {dtype}: try bfloat16"
             )
         nbytes = half.numel() * half.element_size()
-        if (
-            nbytes > max_file_bytes - 65_536
-        ):  # leave room for the file's JSON header
+        # leave room for the file's JSON header
+        if nbytes > max_file_bytes - 65_536:
             raise ValueError(
                 f"weight {name} alone needs {nbytes:,} bytes, over the limit"
             )

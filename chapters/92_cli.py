@@ -516,16 +516,12 @@ config.warmup, config.model_overrides
 
 # %%
 #| export
-from transformer.decode import (
-    BATCH_SIZE,
-    MAX_ALPHA,
-    check_alpha,
-    load_pair_model,
-    translate,
-)
-from transformer.evaluate import score, translate_split, write_lines
+from transformer.evaluate import score
 from transformer.model import Transformer
+from transformer.search_setup import MAX_ALPHA, check_alpha
+from transformer.splits import translate_split, write_lines
 from transformer.tokenizer import Tokenizer
+from transformer.translation import BATCH_SIZE, load_pair_model, translate
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -83,17 +83,13 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checkpoint import CheckpointError
-from transformer.decode import (
-    BATCH_SIZE,
-    EXTRA_LENGTH,
-    Hypothesis,
-    check_alpha,
-    translate_batches,
-)
+from transformer.decode import Hypothesis
 from transformer.embedding import sinusoidal_encoding
 from transformer.files import atomic_folder, atomic_write
 from transformer.model import Transformer
+from transformer.search_setup import EXTRA_LENGTH, check_alpha
 from transformer.tokenizer import Tokenizer
+from transformer.translation import BATCH_SIZE, translate_batches
 
 QUANTIZATIONS = ("float32", "int8")
 INSTALL = (  # the package's [ctranslate2] extra
@@ -227,9 +223,8 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         side.position_encodings.encodings = table
     spec.encoder.embeddings[0].weight = embedding
     spec.decoder.embeddings.weight = embedding
-    spec.decoder.projection.weight = (
-        embedding  # the tied output layer, without bias
-    )
+    # the tied output layer, without bias
+    spec.decoder.projection.weight = embedding
     _layers(spec, model)
     pieces = tokenizer.pieces(
         range(tokenizer.vocab_size)
@@ -295,7 +290,7 @@ def export_ctranslate2(
 # %% [markdown]
 # ## Translating with the engine
 #
-# `CTranslate2Model` loads an exported folder and translates as `decode.translate` does: the same
+# `CTranslate2Model` loads an exported folder and translates as `translation.translate` does: the same
 # normalisation and tokenizer, sources longest first in batches of 32, outputs of at most the
 # source length + 50 tokens (per batch here, per sentence in the package), with padding and
 # `<bos>` never output.
@@ -420,7 +415,7 @@ class CTranslate2Model:
 import tempfile
 from pathlib import Path
 
-from transformer.decode import load_pair_model, translate
+from transformer.translation import load_pair_model, translate
 
 model, tokenizer = load_pair_model("de-en")
 scratch = Path(tempfile.mkdtemp())

@@ -33,7 +33,7 @@ from transformer.checkpoint import (
     read_record,
 )
 from transformer.data import DataError, EncodedSplit, iterate_batches, load_encoded
-from transformer.evaluate import write_lines
+from transformer.splits import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
 from transformer.train_config import TrainConfig
 from transformer.validation import count_words, evaluate

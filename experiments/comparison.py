@@ -14,9 +14,9 @@ import json
 from collections.abc import Collection
 from pathlib import Path
 
-from transformer.decode import CHECKPOINTS_DIR
 from transformer.files import read_jsonl
 from transformer.train_config import TrainConfig
+from transformer.translation import CHECKPOINTS_DIR
 
 RUNS_DIR = Path(__file__).resolve().parent / "runs"
 SHIPPED = "shipped"

@@ -38,15 +38,11 @@ import torch
 from torch import nn
 
 from transformer.data import load_pairs
-from transformer.decode import (
-    beam_search,
-    greedy_decode,
-    length_sorted_batches,
-    load_pair_model,
-)
-from transformer.evaluate import write_lines
+from transformer.decode import beam_search, greedy_decode
 from transformer.export import CTranslate2Model, export_ctranslate2
+from transformer.splits import write_lines
 from transformer.tokenizer import normalize
+from transformer.translation import length_sorted_batches, load_pair_model
 
 DECODINGS = {"greedy": 1, "beam 4": 4}
 ALPHA = 0.6

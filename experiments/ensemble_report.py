@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from experiments.words import WordLevel, word_level_evaluation
 from transformer.checkpoint import CheckpointError, load_model, read_record
 from transformer.data import DataError, load_pairs
-from transformer.evaluate import write_lines
+from transformer.splits import write_lines
 
 
 class Ensemble(nn.Module):

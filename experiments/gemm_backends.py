@@ -48,8 +48,8 @@ from experiments.decode_bench import (
     publish,
     test_set,
 )
-from transformer.decode import load_pair_model
 from transformer.export import CTranslate2Model, export_ctranslate2
+from transformer.translation import load_pair_model
 
 ROWS = (1, 4, 32)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from transformer.evaluate import write_lines
+from transformer.splits import write_lines
 from transformer.train import train
 from transformer.train_config import TrainConfig, multi30k_recipe
 

@@ -33,8 +33,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from transformer.evaluate import write_lines
 from transformer.files import atomic_write, read_jsonl
+from transformer.splits import write_lines
 
 RECIPE = ["--config", "multi30k"]
 BASE = ["--set", "n_layers=6", "--set", "d_model=512", "--set", "d_ff=2048"]
@@ -226,7 +226,7 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
 
     from transformer.checkpoint import load_model
     from transformer.data import load_encoded, load_pairs
-    from transformer.decode import translate
+    from transformer.translation import translate
 
     model, tokenizer = load_model(
         folder, device="cuda" if torch.cuda.is_available() else "cpu"
@@ -254,7 +254,7 @@ def windows_of(out: Path, cache: str) -> dict:
     import torch
 
     from experiments.average_windows import report
-    from transformer.evaluate import write_lines
+    from transformer.splits import write_lines
 
     if len(list((out / "checkpoints").glob("epoch-*"))) <= 5:
         return {}

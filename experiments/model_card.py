@@ -19,10 +19,11 @@ from pathlib import Path
 from experiments.words import word_level_evaluation
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.data import DataError, load_pairs
-from transformer.decode import CHECKPOINTS_DIR
-from transformer.evaluate import score, translate_split
+from transformer.evaluate import score
 from transformer.files import read_jsonl
+from transformer.splits import translate_split
 from transformer.train_config import multi30k_recipe
+from transformer.translation import CHECKPOINTS_DIR
 
 RUNS_DIR = Path(__file__).resolve().parent / "runs"  # <pair>/<run>: the comparison runs
 

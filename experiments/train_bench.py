@@ -26,11 +26,11 @@ from torch import Tensor, nn
 from transformer.config import TransformerConfig
 from transformer.data import iterate_batches, load_encoded, prepare
 from transformer.embedding import PositionalEncoding, TokenEmbedding
-from transformer.evaluate import write_lines
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Generator, Transformer
 from transformer.schedule import make_optimizer
+from transformer.splits import write_lines
 
 from .decode_bench import machine
 

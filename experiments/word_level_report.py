@@ -26,7 +26,8 @@ from experiments.words import (
 )
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.data import DataError, load_pairs
-from transformer.evaluate import score, translate_split, write_lines
+from transformer.evaluate import score
+from transformer.splits import translate_split, write_lines
 
 
 def val_bleu(model, tokenizer) -> dict:

@@ -12,15 +12,10 @@ from torch import nn
 
 import transformer.decode as decode
 from transformer.config import TransformerConfig
-from transformer.decode import (
-    BeamStep,
-    beam_search,
-    greedy_decode,
-    length_penalty,
-    output_limits,
-)
+from transformer.decode import BeamStep, beam_search, greedy_decode, length_penalty
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
+from transformer.search_setup import MAX_ALPHA, output_limits
 
 PAD, BOS, EOS = 0, 1, 2
 IDS = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD}
@@ -477,4 +472,4 @@ def test_the_length_penalty_cannot_overflow_for_an_accepted_alpha():
     with pytest.raises(ValueError, match="overflow at the model's 50000 positions"):
         beam_search(model, src, alpha=10.0, **IDS)
     assert len(beam_search(model, src, alpha=0.6, max_len=4, **IDS)) == 2
-    assert decode.MAX_ALPHA == 10
+    assert MAX_ALPHA == 10

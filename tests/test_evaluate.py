@@ -20,20 +20,22 @@ from helpers import ENGLISH, GERMAN, ship, tiny_tokenizer
 from sacrebleu.metrics import BLEU, CHRF
 
 import transformer.cli as cli
-import transformer.decode as decode
 import transformer.evaluate as evaluate_module
+import transformer.splits as splits
 import transformer.tokenizer as tokenizer_module
+import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.checkpoint import load_model
-from transformer.decode import translate
-from transformer.evaluate import (
+from transformer.data import load_pairs
+from transformer.evaluate import score
+from transformer.splits import (
     LC_TOK_BLEU,
     bleu_by_length,
-    score,
     spacy_words,
     translate_split,
     write_lines,
 )
+from transformer.translation import translate
 
 FRENCH = [
     "Un chien court dans un pré.",
@@ -183,6 +185,38 @@ def test_bleu_by_length_groups_by_source_words():
     ]
 
 
+REFERENCE = Path(__file__).resolve().parent / "reference"
+
+
+@pytest.mark.parametrize(
+    ("pair", "bleu", "chrf", "short", "longest"),
+    [("de-en", 41.6, 60.7, 43.8, 27.4), ("fr-en", 53.1, 68.9, 59.2, 42.3)],
+)
+def test_the_shipped_translations_score_what_the_results_chapter_says(
+    pair, bleu, chrf, short, longest
+):
+    # The shipped models' beam-4 test translations (tests/test_shipped_translations.py checks
+    # that the models still give them), scored as the results chapter scores them.
+    hypotheses = (REFERENCE / f"test_2016_flickr.{pair}.beam4.txt").read_text()
+    pairs = load_pairs("test_2016_flickr", pair)
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    scores = score(hypotheses.splitlines(), references)
+    assert (round(scores.bleu, 1), round(scores.chrf, 1)) == (bleu, chrf)
+    assert "version:2.6.0" in scores.bleu_signature
+    groups = bleu_by_length(sources, hypotheses.splitlines(), references)
+    by_words = {g.words: g for g in groups}
+    assert round(by_words["1–9"].bleu, 1) == short
+    assert round(by_words["20+"].bleu, 1) == longest
+    if pair == "de-en":  # level up to 19 words, then its 35 longest, shortened
+        assert all(41.5 <= g.bleu <= 44.5 for g in groups[:3])  # "about 42 to 44"
+        assert by_words["20+"].sentences == 35
+        assert round(by_words["20+"].length_ratio, 2) == 0.90
+    else:  # a little lower with every longer group
+        assert [g.bleu for g in groups] == sorted(
+            (g.bleu for g in groups), reverse=True
+        )
+
+
 def test_bleu_by_length_refuses_bad_input():
     with pytest.raises(ValueError, match="2 sources, 1 translations and 1 references"):
         bleu_by_length(["a", "b"], ["a"], ["a"])
@@ -238,7 +272,7 @@ def evaluate_args(shipped: Path, data_dir: Path, *more: str) -> list[str]:
 
 def patch_everywhere(monkeypatch, name: str, value) -> None:
     """Replace `name` in every module that holds it (the library's and the command's)."""
-    for module in (decode, evaluate_module, cli):
+    for module in (translation, splits, evaluate_module, cli):
         if hasattr(module, name):
             monkeypatch.setattr(module, name, value)
 

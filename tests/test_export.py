@@ -18,9 +18,9 @@ from transformer import export  # noqa: E402
 from transformer.cli import main  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
 from transformer.data import load_pairs  # noqa: E402
-from transformer.decode import load_pair_model, translate  # noqa: E402
 from transformer.export import CTranslate2Model, export_ctranslate2  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
+from transformer.translation import load_pair_model, translate  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["de-en", "fr-en"])

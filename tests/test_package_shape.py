@@ -26,7 +26,7 @@ LAYERS = [
         "french",
     },
     {"train_config", "loop", "validation", "epochs", "logs", "train"},
-    {"decode", "evaluate", "export"},
+    {"search_setup", "decode", "translation", "splits", "evaluate", "export"},
     {"cli", "deploy", "__main__", "__init__"},
 ]  # fmt: skip
 LAYER = {module: k for k, layer in enumerate(LAYERS) for module in layer}

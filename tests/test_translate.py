@@ -21,17 +21,13 @@ from helpers import GERMAN, MAX_LEN, ship, tiny_tokenizer
 
 import transformer.cli as cli
 import transformer.data as data
-import transformer.decode as decode
 import transformer.tokenizer as tokenizer_module
+import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.decode import (
-    beam_search,
-    greedy_decode,
-    load_pair_model,
-    translate,
-)
+from transformer.decode import beam_search, greedy_decode
 from transformer.tokenizer import MARK, train_bpe
+from transformer.translation import load_pair_model, translate
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +69,7 @@ def translate_args(shipped: Path, *more: str) -> list[str]:
 def default_checkpoints(monkeypatch, folder: Path) -> None:
     """Point the default model folder, CHECKPOINTS_DIR, at `folder`, wherever a module
     holds it."""
-    for module in (decode, cli):
+    for module in (translation, cli):
         if hasattr(module, "CHECKPOINTS_DIR"):
             monkeypatch.setattr(module, "CHECKPOINTS_DIR", folder)
 
@@ -281,7 +277,7 @@ def test_load_pair_model_loads_a_model_of_the_pair(
         assert torch.equal(tensor, expected.state_dict()[name]), name
     # By default, the shipped model CHECKPOINTS_DIR / pair.
     shutil.copytree(shipped, tmp_path / "de-en")
-    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path)
+    monkeypatch.setattr(translation, "CHECKPOINTS_DIR", tmp_path)
     _, by_default = load_pair_model("de-en")
     assert by_default.pair == "de-en"
 
@@ -296,7 +292,7 @@ def test_load_pair_model_names_what_is_wrong_in_one_line(
         CheckpointError, match=f"^no model folder {re.escape(str(nowhere))}$"
     ):
         load_pair_model("de-en", nowhere)
-    monkeypatch.setattr(decode, "CHECKPOINTS_DIR", tmp_path)
+    monkeypatch.setattr(translation, "CHECKPOINTS_DIR", tmp_path)
     with pytest.raises(CheckpointError, match="none has been shipped yet") as err:
         load_pair_model("fr-en")
     assert "python -m transformer train --pair fr-en" in str(err.value)
@@ -341,7 +337,7 @@ def test_no_shipped_model_says_how_to_train_one(tmp_path, capsys, monkeypatch):
 def test_the_default_folder_is_checkpoints_pair_in_the_repository(
     shipped, tmp_path, capsys, monkeypatch
 ):
-    assert decode.CHECKPOINTS_DIR == data.DATA_DIR.parents[1] / "checkpoints"
+    assert translation.CHECKPOINTS_DIR == data.DATA_DIR.parents[1] / "checkpoints"
     shutil.copytree(shipped, tmp_path / "checkpoints" / "de-en")
     default_checkpoints(monkeypatch, tmp_path / "checkpoints")
     by_default = run(

@@ -132,9 +132,8 @@ def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     first name."""
     tensors, seen = {}, set()
     for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
-        if (
-            id(tensor) not in seen
-        ):  # tied parameters are one object under several names
+        # tied parameters are one object under several names
+        if id(tensor) not in seen:
             seen.add(id(tensor))
             tensors[name] = tensor.detach()
     return tensors
@@ -478,9 +477,8 @@ def _shards(
                 f"weight {name} does not fit in {dtype}: try bfloat16"
             )
         nbytes = half.numel() * half.element_size()
-        if (
-            nbytes > max_file_bytes - 65_536
-        ):  # leave room for the file's JSON header
+        # leave room for the file's JSON header
+        if nbytes > max_file_bytes - 65_536:
             raise ValueError(
                 f"weight {name} alone needs {nbytes:,} bytes, over the limit"
             )

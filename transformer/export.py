@@ -26,17 +26,13 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checkpoint import CheckpointError
-from transformer.decode import (
-    BATCH_SIZE,
-    EXTRA_LENGTH,
-    Hypothesis,
-    check_alpha,
-    translate_batches,
-)
+from transformer.decode import Hypothesis
 from transformer.embedding import sinusoidal_encoding
 from transformer.files import atomic_folder, atomic_write
 from transformer.model import Transformer
+from transformer.search_setup import EXTRA_LENGTH, check_alpha
 from transformer.tokenizer import Tokenizer
+from transformer.translation import BATCH_SIZE, translate_batches
 
 QUANTIZATIONS = ("float32", "int8")
 INSTALL = (  # the package's [ctranslate2] extra
@@ -161,9 +157,8 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         side.position_encodings.encodings = table
     spec.encoder.embeddings[0].weight = embedding
     spec.decoder.embeddings.weight = embedding
-    spec.decoder.projection.weight = (
-        embedding  # the tied output layer, without bias
-    )
+    # the tied output layer, without bias
+    spec.decoder.projection.weight = embedding
     _layers(spec, model)
     pieces = tokenizer.pieces(
         range(tokenizer.vocab_size)

@@ -76,9 +76,8 @@ def atomic_folder(path: Path) -> Iterator[Path]:
                 _fsync(Path(folder) / name)
             _fsync(Path(folder))
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if (
-            path.exists()
-        ):  # a rename cannot replace a folder that has files in it
+        # a rename cannot replace a folder that has files in it
+        if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
         _fsync(path.parent)  # the renames themselves

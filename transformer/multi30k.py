@@ -80,9 +80,8 @@ _MULTI30K = (
 def _data_dir_advice(data_dir: Path) -> str:
     """What to do about a data folder without SHA256SUMS: it depends on whose
     it is."""
-    if (
-        Path(data_dir).absolute() == DATA_DIR
-    ):  # the package's own, data/multi30k
+    # the package's own, data/multi30k
+    if Path(data_dir).absolute() == DATA_DIR:
         return (
             "the package reads the data of the repository it was installed"
             " from: install it with `pip install -e .` in a clone"

@@ -1,0 +1,775 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Translating text
+#
+# The [decoding chapter](15_decoding.ipynb) searches for translations of token ids. This appendix
+# builds what a user of the package calls on top of it, and what the command line's `translate`
+# and `evaluate` run: the checks and limits that every search starts with, `load_pair_model`,
+# which loads a shipped model, `translate`, which takes sentences and returns their
+# translations, and the translation and scoring of a whole Multi30k split that the
+# [results chapter](16_results.ipynb) reads. It exports `transformer.search_setup`,
+# `transformer.translation` and `transformer.splits`.
+
+# %% tags=["colab-setup", "hide-input"]
+# Colab set-up: clone and install the book's package when it is not installed.
+# Elsewhere (a local clone after `make book`) this cell does nothing.
+import importlib.util
+
+if importlib.util.find_spec("transformer") is None:
+    import subprocess
+    import sys
+
+    repo = "https://github.com/transformer-book/attention-is-all-you-need"
+    where = "/content/transformer-book"
+    subprocess.run(["git", "clone", "--depth", "1", repo, where], check=True)
+    # [notebooks]: spaCy's tokenizers, Altair and pandas, as the book needs
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    subprocess.run([*pip, where + "[notebooks]"], check=True)
+    # An editable install is seen only after a restart.
+    sys.path.insert(0, where)
+
+# %% tags=["remove-cell"]
+#| default_exp translation
+
+# %% [markdown]
+# ## Before a search: checks and limits
+#
+# Greedy decoding and beam search start the same way:
+#
+# - **`check_search`** turns an argument that the search cannot use into a one-line
+#   `ValueError`: a `src` that is not a $(B, S)$ tensor of token ids, a row of padding alone (it
+#   would be decoded from a memory that the mask hides entirely), a `pad_id` equal to BOS or EOS
+#   (an ended sentence is recognised by its padding), a beam smaller than 1, or an $\alpha$
+#   outside 0 to 10 (`MAX_ALPHA`): beyond that, $lp$ overflows 32-bit floats, and the $-\infty$
+#   scores of ruled-out candidates would become NaN.
+# - **`output_limits`** gives each sentence the paper's length limit, its source length + 50
+#   tokens, EOS included (or `max_len` if given), never more than the positions of the model's
+#   positional encoding (`config.max_len`).
+# - **`inference`** turns off gradients and dropout for the search, and puts the model back in
+#   the mode it was in afterwards.
+
+# %%
+#| export search_setup
+"""What a search sets up before it starts: its arguments checked, each
+sentence's output length limit (Section 6.1), and inference mode."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from transformer.model import Transformer
+
+EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
+# The largest α accepted: far beyond any useful one, yet small enough that lp
+# stays finite in float32 for outputs of 40,000 tokens.
+MAX_ALPHA = 10.0
+
+
+def output_limits(
+    model: Transformer, src: Tensor, *, pad_id: int, max_len: int | None = None
+) -> Tensor:
+    """The most tokens each sentence may output, EOS included: (B, S) -> (B,).
+
+    Each source's length (its non-padding tokens) + 50, as in the paper, or
+    max_len if given; never more than the positions of the model's positional
+    encoding (config.max_len).
+    """
+    if max_len is None:
+        limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
+    else:
+        if max_len < 1:
+            raise ValueError(f"max_len must be at least 1, got {max_len}")
+        limits = torch.full((src.size(0),), max_len, device=src.device)  # (B,)
+    return limits.clamp(max=model.config.max_len)
+
+
+def check_alpha(
+    alpha: float, *, max_len: int | None = None, name: str = "alpha"
+) -> None:
+    """α must be a number from 0 to MAX_ALPHA: lp must grow with length (α >=
+    0) and stay finite, up to max_len tokens if given (an infinite lp makes
+    scores NaN).
+
+    Raises ValueError whose message names the value as `name`."""
+    if not 0 <= alpha <= MAX_ALPHA:  # also rejects NaN and infinity
+        raise ValueError(
+            f"{name} must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}"
+        )
+    if max_len is None:
+        return
+    # lp(max_len) = ((5 + max_len) / 6)^α, in float32 as the search computes it
+    if (((5.0 + torch.tensor(float(max_len))) / 6.0) ** alpha).isinf():
+        raise ValueError(
+            f"{name} {alpha} makes the length penalty overflow at the model's "
+            f"{max_len} positions: choose a smaller one"
+        )
+
+
+def check_search(
+    model: Transformer,
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    beam_size: int = 1,
+    alpha: float = 0.0,
+) -> None:
+    """Raise ValueError, in one line, for arguments that greedy decoding or
+    beam search cannot use."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    check_alpha(alpha, max_len=model.config.max_len)
+    if pad_id in (bos_id, eos_id):
+        raise ValueError(
+            f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id"
+            f" ({eos_id}): an ended sentence is recognised by its padding"
+        )
+    if src.dim() != 2 or src.dtype != torch.long:
+        raise ValueError(
+            "src must be a (B, S) tensor of token ids (torch.long), got shape "
+            f"{tuple(src.shape)} and {src.dtype}"
+        )
+    if src.size(1) == 0:
+        raise ValueError(
+            "src has no positions: encode each source with its <eos>"
+        )
+    empty = (src == pad_id).all(dim=1)  # (B,)
+    if empty.any():
+        raise ValueError(
+            f"src row {int(empty.nonzero()[0])} is all padding: encode each"
+            " source with its <eos>"
+        )
+
+
+@contextmanager
+def inference(model: Transformer) -> Iterator[None]:
+    """No gradients and no dropout; the model's training mode is restored
+    afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+# %% [markdown]
+# A tiny model with 64 positions, and two sources with their EOS (id 2), padded with id 0: each
+# may output its length + 50 tokens, and never more than 64, even when asked for 99. A sentence
+# without its batch dimension is refused:
+
+# %%
+import torch
+
+from transformer.config import TransformerConfig
+from transformer.model import Transformer
+from transformer.search_setup import check_search, output_limits
+
+tiny = Transformer(
+    TransformerConfig(
+        src_vocab_size=11,
+        d_model=16,
+        n_heads=2,
+        n_layers=1,
+        d_ff=32,
+        max_len=64,
+    )
+)
+src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])  # (B, S)
+print(output_limits(tiny, src, pad_id=0).tolist())
+print(output_limits(tiny, src, pad_id=0, max_len=99).tolist())
+try:
+    check_search(tiny, src[0], bos_id=1, eos_id=2, pad_id=0)
+except ValueError as err:
+    print(err)
+
+# %% [markdown]
+# ## Loading a shipped model
+#
+# The book ships two models trained by Part II's recipe, German→English and French→English, in
+# `checkpoints/de-en` and `checkpoints/fr-en`. `load_pair_model` loads one with its tokenizer (or
+# any model folder given as `checkpoint`), and says in one line what is wrong with a folder that
+# does not hold a whole model of the pair.
+
+# %%
+#| export
+"""Translating text with a trained model: sentences in, translations out, in
+batches of similar lengths, and the shipped models loaded by language pair."""
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from transformer.checkpoint import CheckpointError, load_model
+from transformer.data import DATA_DIR, PAIRS
+from transformer.decode import Hypothesis, beam_search, greedy_decode
+from transformer.model import Transformer
+from transformer.search_setup import check_alpha
+from transformer.tokenizer import Tokenizer, normalize
+
+BATCH_SIZE = 32  # sentences decoded at once by `translate`
+# The shipped models, beside data/ in the repository: checkpoints/de-en,
+# checkpoints/fr-en.
+CHECKPOINTS_DIR = DATA_DIR.parents[1] / "checkpoints"
+
+
+def load_pair_model(
+    pair: str,
+    checkpoint: str | Path | None = None,
+    *,
+    device: str | torch.device = "cpu",
+) -> tuple[Transformer, Tokenizer]:
+    """The model (eval mode) and tokenizer that translate `pair` ("de-en" or
+    "fr-en"): those of the folder `checkpoint`, a shipped model or a training
+    checkpoint, or by default the shipped model CHECKPOINTS_DIR / pair.
+
+    Raises CheckpointError, one line that names the folder, if it is missing
+    (for the default folder: how to train a model), does not load, or holds a
+    model of another pair.
+    """
+    if pair not in PAIRS:
+        raise ValueError(
+            f"unknown language pair {pair!r}: choose one of {', '.join(PAIRS)}"
+        )
+    folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
+    if not folder.is_dir():
+        if checkpoint is None:
+            raise CheckpointError(
+                f"no {pair} model in {folder}: none has been shipped yet."
+                f" Train one with `python -m transformer train --pair {pair}"
+                f" --export {folder}`, or name a model folder with"
+                " --checkpoint DIR"
+            )
+        raise CheckpointError(f"no model folder {folder}")
+    try:
+        model, tokenizer = load_model(folder, device=device)
+    # Not a whole, readable model, whatever the reason: say why.
+    except Exception as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if str(folder) not in message:
+            message = f"{folder}: {message}"
+        raise CheckpointError(f"cannot load the model: {message}") from err
+    if tokenizer.languages != PAIRS[pair]:
+        raise CheckpointError(
+            f"{folder} holds a {tokenizer.pair} model, not a {pair} one"
+        )
+    return model, tokenizer
+
+
+# %%
+from transformer.checkpoint import CheckpointError
+from transformer.translation import CHECKPOINTS_DIR, load_pair_model
+
+model, tokenizer = load_pair_model("de-en")
+for folder in ("no/such/folder", CHECKPOINTS_DIR / "fr-en"):
+    try:
+        load_pair_model("de-en", folder)
+    except CheckpointError as err:
+        print(str(err).replace(str(CHECKPOINTS_DIR), "checkpoints"))
+
+# %% [markdown]
+# ## Translating sentences
+#
+# `translate` takes sentences and returns their translations, in the same order:
+#
+# - **The training's text processing.** The data chapter's tokenizer cuts each sentence into BPE
+#   pieces, the encoder gets `x <eos>` as in training, and the output ids are decoded into text.
+# - **Batched by length.** The sentences are sorted by length, longest first, and decoded
+#   `batch_size` at a time, so that batches hold little padding; a sentence decodes the same in
+#   any batch.
+# - **Empty sentences** give empty translations without reaching the model. **Unknown
+#   characters** (an emoji, a Chinese character) become `<unk>`.
+# - **Too long.** The model has `config.max_len` positions, so a longer source is cut to its
+#   first `max_len - 1` tokens and EOS. `warn`, if given, is told about those and about
+#   translations the length limit stopped before EOS.
+#
+# `translate_batches` does all but the search, around any decoder of batches of ids: the
+# appendix [Deploying with CTranslate2](95_ctranslate2.ipynb) hands it another engine's.
+
+# %%
+#| export
+
+
+def length_sorted_batches(
+    lengths: Sequence[int], batch_size: int
+) -> list[list[int]]:
+    """The indices 0 … n-1 of n sentences in batches of at most batch_size,
+    longest first (ties in input order), so that each batch holds sentences of
+    similar lengths."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [
+        order[i : i + batch_size] for i in range(0, len(order), batch_size)
+    ]
+
+
+def _listed(items: list[str], most: int = 10) -> str:
+    """'a', 'a and b', 'a, b and c', '… and 3 more'."""
+    if len(items) > most:
+        return f"{', '.join(items[:most])} and {len(items) - most} more"
+    return (
+        items[0]
+        if len(items) == 1
+        else f"{', '.join(items[:-1])} and {items[-1]}"
+    )
+
+
+def _sentences(indices: list[int]) -> str:
+    """'sentence 3' or 'sentences 3, 8 and 12' for indices 2, 7, 11: numbered
+    from 1, as lines are."""
+    noun = "sentence" if len(indices) == 1 else "sentences"
+    return f"{noun} {_listed([str(i + 1) for i in indices])}"
+
+
+# %% [markdown]
+# Five sentences of 3, 9, 1, 4 and 9 tokens, in batches of two: the two of 9 tokens share the
+# first batch, in their input order, and the shortest is last, alone.
+
+# %%
+from transformer.translation import length_sorted_batches
+
+batches = length_sorted_batches([3, 9, 1, 4, 9], batch_size=2)
+print(batches)
+assert batches == [[1, 4], [3, 0], [2]]
+assert sorted(
+    i for b in length_sorted_batches(range(10), 3) for i in b
+) == list(range(10))
+
+# %%
+#| export
+def translate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    batch_size: int = BATCH_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Translations of `sentences`, in their order: beam search (beam_size 1:
+    greedy decoding) over batches of similar lengths, on the model's device.
+
+    An empty sentence translates to "". A source longer than the model's
+    positions is cut to its first config.max_len - 1 tokens, then <eos>;
+    `warn`, if given, is told about those and about translations that the
+    length limit stopped before <eos>. Needs spaCy (to cut the sentences into
+    words) unless every sentence is empty.
+    """
+    check_alpha(alpha, max_len=model.config.max_len)
+    special = {
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": tokenizer.pad_id,
+    }
+    device = next(model.parameters()).device
+
+    def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
+        src = torch.full(
+            (len(sources), len(sources[0])), tokenizer.pad_id, dtype=torch.long
+        )  # (B, S): the longest first
+        for row, ids in enumerate(sources):
+            src[row, : len(ids)] = torch.tensor(ids)
+        src = src.to(device)
+        if beam_size == 1:
+            return greedy_decode(model, src, **special)
+        return beam_search(
+            model, src, beam_size=beam_size, alpha=alpha, **special
+        )
+
+    return translate_batches(
+        decode_batch,
+        tokenizer,
+        sentences,
+        max_len=model.config.max_len,
+        beam_size=beam_size,
+        batch_size=batch_size,
+        warn=warn,
+    )
+
+
+def translate_batches(
+    decode_batch: Callable[[list[list[int]]], list[Hypothesis]],
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    max_len: int,
+    beam_size: int,
+    batch_size: int = BATCH_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
+    """`translate` around any decoder of id batches (the package's, or another
+    engine's): `decode_batch` takes sources as ids with their <eos>, longest
+    first, and returns their hypotheses; max_len is the model's number of
+    positions."""
+    if isinstance(sentences, str):
+        raise TypeError(
+            "translate takes a sequence of sentences, not one string"
+        )
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    texts = [normalize(s) for s in sentences]
+    todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
+    encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
+    room = max_len - 1  # source tokens that fit with their <eos>
+    with_eos = {i: len(ids) + 1 for i, ids in zip(todo, encoded, strict=True)}
+    too_long = {i: n for i, n in with_eos.items() if n > max_len}
+    if too_long and warn is not None:
+        sizes = _listed([str(n) for n in too_long.values()])
+        warn(
+            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more"
+            f" than the model's {max_len} positions: translating the first"
+            f" {room}"
+        )
+    sources = [ids[:room] + [tokenizer.eos_id] for ids in encoded]
+    results = [""] * len(texts)
+    cut_off = []
+    for batch in length_sorted_batches([len(s) for s in sources], batch_size):
+        found = decode_batch([sources[j] for j in batch])
+        for j, hypothesis in zip(batch, found, strict=True):
+            results[todo[j]] = tokenizer.decode(hypothesis.tokens)
+            if not hypothesis.ended:
+                cut_off.append(todo[j])
+    if cut_off and warn is not None:
+        warn(
+            f"{_sentences(sorted(cut_off))}: the translation stopped at the"
+            " length limit, before <eos>"
+        )
+    return results
+
+
+# %% [markdown]
+# Three sentences, one empty and one longer than the model's 512 positions, translated greedily:
+# the empty one stays empty, the long one is cut, and `warn` says so.
+
+# %% tags=["nbval-ignore-output"]
+from transformer.translation import translate
+
+long = " ".join(["Ein Hund läuft durch den Schnee."] * 90)
+warnings = []
+found = translate(
+    model,
+    tokenizer,
+    ["Zwei Hunde spielen im Schnee.", "", long],
+    beam_size=1,
+    warn=warnings.append,
+)
+print(found[:2], f"and {len(found[2].split())} words")
+print("\n".join(warnings))
+assert found[1] == "" and "more than the model's 512 positions" in warnings[0]
+
+# %% [markdown]
+# ## Translating a split
+#
+# `translate_split` translates the source side of a Multi30k split (or its first `limit`
+# sentences) with `translate`, and times it; `write_lines` saves translations one per line,
+# atomically, so that an interrupted run never leaves half a file.
+
+# %%
+#| export splits
+"""A Multi30k split translated and scored: its translations timed and written
+one per line, its BLEU by source length, and the lowercased spaCy-tokenised
+BLEU that published Multi30k results report."""
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU
+
+from transformer.data import DATA_DIR, load_pairs, parse_pair
+from transformer.files import atomic_write
+from transformer.model import Transformer
+from transformer.tokenizer import MARK, Tokenizer, pretokenize
+from transformer.translation import BATCH_SIZE, translate
+
+
+@dataclass(frozen=True)
+class SplitTranslations:
+    """The sources and references of (part of) a split, a model's translations
+    of the sources, and the wall-clock seconds that the translation took."""
+
+    pair: str
+    split: str
+    sources: list[str]
+    references: list[str]
+    hypotheses: list[str]
+    seconds: float
+
+    @property
+    def sentences_per_second(self) -> float:
+        return len(self.sources) / self.seconds
+
+
+def translate_split(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    pair: str,
+    split: str = "test_2016_flickr",
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    data_dir: Path = DATA_DIR,
+    limit: int | None = None,
+    batch_size: int = BATCH_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> SplitTranslations:
+    """Translate the first `limit` sentences (default: all) of a Multi30k split
+    with `transformer.translation.translate`, and time it."""
+    if tokenizer.languages != parse_pair(pair):
+        raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    pairs = load_pairs(split, pair, data_dir)[:limit]
+    sources = [source for source, _ in pairs]
+    if sources:
+        # spaCy loads its rules on first use: not part of the timing
+        tokenizer.encode(sources[0])
+    started = time.perf_counter()
+    hypotheses = translate(
+        model,
+        tokenizer,
+        sources,
+        beam_size=beam_size,
+        alpha=alpha,
+        batch_size=batch_size,
+        warn=warn,
+    )
+    seconds = time.perf_counter() - started
+    return SplitTranslations(
+        pair=pair,
+        split=split,
+        sources=sources,
+        references=[reference for _, reference in pairs],
+        hypotheses=hypotheses,
+        seconds=seconds,
+    )
+
+
+def write_lines(path: Path, lines: Sequence[str]) -> None:
+    """Write one line per item, UTF-8, atomically (a temporary file beside
+    `path`, synced to disk, then renamed): a failed write leaves the old file
+    as it was."""
+    atomic_write(
+        Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8")
+    )
+
+
+# %% [markdown]
+# The first 20 sentences of the validation split:
+
+# %% tags=["nbval-ignore-output"]
+from transformer.splits import translate_split
+
+few = translate_split(model, tokenizer, "de-en", "val", limit=20)
+print(f"{len(few.hypotheses)} sentences, {few.seconds:.1f} s")
+print(few.sources[0], "->", few.hypotheses[0])
+
+# %% [markdown]
+# ## BLEU by sentence length
+#
+# Long sentences are harder: more words to get right, and fewer long sentences to learn from.
+# `bleu_by_length` groups the sentences by the length of their *source* in words (separated by
+# spaces) and computes sacreBLEU for each group: 1–9, 10–14, 15–19, and 20 words or more.
+
+# %%
+#| export splits
+LENGTH_BOUNDS = (
+    1,
+    10,
+    15,
+    20,
+)  # the first source length, in words, of each group
+
+
+@dataclass(frozen=True)
+class LengthGroup:
+    """The sentences whose source has `words` words: how many, their sacreBLEU
+    and BLEU's output/reference length ratio (both nan for an empty group)."""
+
+    words: str
+    sentences: int
+    bleu: float
+    length_ratio: float
+
+
+def bleu_by_length(
+    sources: Sequence[str],
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    bounds: Sequence[int] = LENGTH_BOUNDS,
+) -> list[LengthGroup]:
+    """sacreBLEU of the sentences grouped by the length of their source in
+    words (separated by spaces): group i holds bounds[i] to bounds[i+1] - 1
+    words, the last bounds[-1] or more, and a source shorter than bounds[0]
+    counts in the first."""
+    if not len(sources) == len(hypotheses) == len(references):
+        raise ValueError(
+            f"{len(sources)} sources, {len(hypotheses)} translations and "
+            f"{len(references)} references"
+        )
+    bounds = list(bounds)
+    if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 0:
+        raise ValueError(f"bounds must increase from 0 or more, got {bounds}")
+    groups: list[list[int]] = [[] for _ in bounds]
+    for i, source in enumerate(sources):
+        n = len(source.split())
+        groups[
+            max((k for k, b in enumerate(bounds) if n >= b), default=0)
+        ].append(i)
+    results = []
+    for k, members in enumerate(groups):
+        last = bounds[k + 1] - 1 if k + 1 < len(bounds) else None
+        words = (
+            f"{bounds[k]}+"
+            if last is None
+            else str(last)
+            if last == bounds[k]
+            else f"{bounds[k]}–{last}"
+        )
+        if not members:
+            results.append(LengthGroup(words, 0, math.nan, math.nan))
+            continue
+        found = BLEU().corpus_score(
+            [hypotheses[i] for i in members],
+            [[references[i] for i in members]],
+        )
+        results.append(
+            LengthGroup(words, len(members), found.score, found.ratio)
+        )
+    return results
+
+
+# %% [markdown]
+# Five made-up sentences. The last one's translation is perfect and still scores 0: an output of
+# fewer than four tokens has no 4-gram to match, and BLEU multiplies the four precisions.
+
+# %%
+import math
+
+from transformer.splits import bleu_by_length
+
+short = "Ein Hund läuft."
+medium = "Ein Mann mit einem roten Hut sitzt auf einer Bank im Park."
+long = " ".join(["Ein Wort"] * 10)
+groups = bleu_by_length(
+    [short, short, medium, medium, long],
+    [
+        "A dog runs.",
+        "A dog runs.",
+        "A man sits.",
+        "Nothing alike here",
+        "Words.",
+    ],
+    [
+        "A dog runs.",
+        "A dog is running.",
+        "A man sits.",
+        "A man in a red hat",
+        "Words.",
+    ],
+)
+for group in groups:
+    print(group)
+assert [(g.words, g.sentences) for g in groups] == [
+    ("1–9", 2),
+    ("10–14", 2),
+    ("15–19", 0),
+    ("20+", 1),
+]
+assert groups[3].bleu == 0.0 and math.isnan(groups[2].bleu)
+
+# %% [markdown]
+# ## BLEU as published Multi30k results compute it
+#
+# Published Multi30k results mostly score lowercased text cut into words by a tokenizer, not
+# sacreBLEU's detokenised text. `lc_tok_bleu` computes that number: output and references are cut
+# into words by spaCy's English rules (the words the models were trained on) and scored with
+# `lowercase=True` and `tokenize="none"`, as torchtext's `bleu_score` scores them. Its signature
+# says `case:lc|…|tok:none`: the results chapter's `score` reports it next to sacreBLEU, under
+# its own name, `LC_TOK_BLEU`, and never in sacreBLEU's column.
+
+# %%
+#| export splits
+# The name of the lowercased tokenised BLEU wherever it is printed: not
+# comparable with sacreBLEU.
+LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
+
+
+def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
+    """Each text cut into words by spaCy's rules for `language`, the words
+    joined by spaces."""
+    return [
+        " ".join(word.removeprefix(MARK) for word in words)
+        for words in pretokenize(texts, language)
+    ]
+
+
+def lc_tok_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], language: str = "en"
+) -> tuple[float, str]:
+    """BLEU of lowercased text cut into words by spaCy (tok:none after that),
+    and its signature: comparable with published Multi30k results that use
+    spaCy's words (torchtext's `bleu_score`), only roughly with
+    Moses-tokenised ones, and not with sacreBLEU's BLEU."""
+    # The text is cut into words already: no second tokenizer, and no warning
+    # about it.
+    bleu = BLEU(lowercase=True, tokenize="none", force=True)
+    found = bleu.corpus_score(
+        spacy_words(hypotheses, language), [spacy_words(references, language)]
+    )
+    return found.score, str(bleu.get_signature())
+
+
+# %% [markdown]
+# A translation that differs from its reference only in case and in the space before its full
+# stop: sacreBLEU counts "Two" and "two" as different words, this BLEU does not.
+
+# %%
+from sacrebleu.metrics import BLEU
+
+from transformer.splits import lc_tok_bleu, spacy_words
+
+hypothesis, reference = (
+    ["two dogs play in the snow ."],
+    ["Two dogs play in the snow."],
+)
+print(spacy_words(reference))
+print(
+    f"{lc_tok_bleu(hypothesis, reference)[0]:.1f} against sacreBLEU's"
+    f" {BLEU().corpus_score(hypothesis, [reference]).score:.1f}"
+)
+assert round(lc_tok_bleu(hypothesis, reference)[0], 6) == 100
+
+# %% [markdown]
+# ## Summary
+#
+# - Every search checks its arguments in one line, limits each output to its source length + 50
+#   tokens and the model's positions, and runs without gradients or dropout.
+# - `translate` turns sentences into translations: normalised, tokenised, cut to the model's
+#   positions, batched by length, with a warning for what was cut.
+# - `translate_split`, `write_lines`, `bleu_by_length` and `lc_tok_bleu` translate and score a
+#   whole split, for the results chapter and `python -m transformer evaluate`.

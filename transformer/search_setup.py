@@ -1,0 +1,118 @@
+# Generated from chapters/97_translating.ipynb: edit it, not this file.
+"""What a search sets up before it starts: its arguments checked, each
+sentence's output length limit (Section 6.1), and inference mode."""
+
+# %% auto #0
+__all__ = [
+    "EXTRA_LENGTH",
+    "MAX_ALPHA",
+    "output_limits",
+    "check_alpha",
+    "check_search",
+    "inference",
+]
+
+# %% ../chapters/97_translating.ipynb #b4353e5c
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from transformer.model import Transformer
+
+EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
+# The largest α accepted: far beyond any useful one, yet small enough that lp
+# stays finite in float32 for outputs of 40,000 tokens.
+MAX_ALPHA = 10.0
+
+
+def output_limits(
+    model: Transformer, src: Tensor, *, pad_id: int, max_len: int | None = None
+) -> Tensor:
+    """The most tokens each sentence may output, EOS included: (B, S) -> (B,).
+
+    Each source's length (its non-padding tokens) + 50, as in the paper, or
+    max_len if given; never more than the positions of the model's positional
+    encoding (config.max_len).
+    """
+    if max_len is None:
+        limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
+    else:
+        if max_len < 1:
+            raise ValueError(f"max_len must be at least 1, got {max_len}")
+        limits = torch.full((src.size(0),), max_len, device=src.device)  # (B,)
+    return limits.clamp(max=model.config.max_len)
+
+
+def check_alpha(
+    alpha: float, *, max_len: int | None = None, name: str = "alpha"
+) -> None:
+    """α must be a number from 0 to MAX_ALPHA: lp must grow with length (α >=
+    0) and stay finite, up to max_len tokens if given (an infinite lp makes
+    scores NaN).
+
+    Raises ValueError whose message names the value as `name`."""
+    if not 0 <= alpha <= MAX_ALPHA:  # also rejects NaN and infinity
+        raise ValueError(
+            f"{name} must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}"
+        )
+    if max_len is None:
+        return
+    # lp(max_len) = ((5 + max_len) / 6)^α, in float32 as the search computes it
+    if (((5.0 + torch.tensor(float(max_len))) / 6.0) ** alpha).isinf():
+        raise ValueError(
+            f"{name} {alpha} makes the length penalty overflow at the model's "
+            f"{max_len} positions: choose a smaller one"
+        )
+
+
+def check_search(
+    model: Transformer,
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    beam_size: int = 1,
+    alpha: float = 0.0,
+) -> None:
+    """Raise ValueError, in one line, for arguments that greedy decoding or
+    beam search cannot use."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    check_alpha(alpha, max_len=model.config.max_len)
+    if pad_id in (bos_id, eos_id):
+        raise ValueError(
+            f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id"
+            f" ({eos_id}): an ended sentence is recognised by its padding"
+        )
+    if src.dim() != 2 or src.dtype != torch.long:
+        raise ValueError(
+            "src must be a (B, S) tensor of token ids (torch.long), got shape "
+            f"{tuple(src.shape)} and {src.dtype}"
+        )
+    if src.size(1) == 0:
+        raise ValueError(
+            "src has no positions: encode each source with its <eos>"
+        )
+    empty = (src == pad_id).all(dim=1)  # (B,)
+    if empty.any():
+        raise ValueError(
+            f"src row {int(empty.nonzero()[0])} is all padding: encode each"
+            " source with its <eos>"
+        )
+
+
+@contextmanager
+def inference(model: Transformer) -> Iterator[None]:
+    """No gradients and no dropout; the model's training mode is restored
+    afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)

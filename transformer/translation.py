@@ -1,0 +1,210 @@
+# Generated from chapters/97_translating.ipynb: edit it, not this file.
+"""Translating text with a trained model: sentences in, translations out, in
+batches of similar lengths, and the shipped models loaded by language pair."""
+
+# %% auto #0
+__all__ = [
+    "BATCH_SIZE",
+    "CHECKPOINTS_DIR",
+    "load_pair_model",
+    "length_sorted_batches",
+    "translate",
+    "translate_batches",
+]
+
+# %% ../chapters/97_translating.ipynb #aa35ad21
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from transformer.checkpoint import CheckpointError, load_model
+from transformer.data import DATA_DIR, PAIRS
+from transformer.decode import Hypothesis, beam_search, greedy_decode
+from transformer.model import Transformer
+from transformer.search_setup import check_alpha
+from transformer.tokenizer import Tokenizer, normalize
+
+BATCH_SIZE = 32  # sentences decoded at once by `translate`
+# The shipped models, beside data/ in the repository: checkpoints/de-en,
+# checkpoints/fr-en.
+CHECKPOINTS_DIR = DATA_DIR.parents[1] / "checkpoints"
+
+
+def load_pair_model(
+    pair: str,
+    checkpoint: str | Path | None = None,
+    *,
+    device: str | torch.device = "cpu",
+) -> tuple[Transformer, Tokenizer]:
+    """The model (eval mode) and tokenizer that translate `pair` ("de-en" or
+    "fr-en"): those of the folder `checkpoint`, a shipped model or a training
+    checkpoint, or by default the shipped model CHECKPOINTS_DIR / pair.
+
+    Raises CheckpointError, one line that names the folder, if it is missing
+    (for the default folder: how to train a model), does not load, or holds a
+    model of another pair.
+    """
+    if pair not in PAIRS:
+        raise ValueError(
+            f"unknown language pair {pair!r}: choose one of {', '.join(PAIRS)}"
+        )
+    folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
+    if not folder.is_dir():
+        if checkpoint is None:
+            raise CheckpointError(
+                f"no {pair} model in {folder}: none has been shipped yet."
+                f" Train one with `python -m transformer train --pair {pair}"
+                f" --export {folder}`, or name a model folder with"
+                " --checkpoint DIR"
+            )
+        raise CheckpointError(f"no model folder {folder}")
+    try:
+        model, tokenizer = load_model(folder, device=device)
+    # Not a whole, readable model, whatever the reason: say why.
+    except Exception as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if str(folder) not in message:
+            message = f"{folder}: {message}"
+        raise CheckpointError(f"cannot load the model: {message}") from err
+    if tokenizer.languages != PAIRS[pair]:
+        raise CheckpointError(
+            f"{folder} holds a {tokenizer.pair} model, not a {pair} one"
+        )
+    return model, tokenizer
+
+
+# %% ../chapters/97_translating.ipynb #bbf6ba90
+def length_sorted_batches(
+    lengths: Sequence[int], batch_size: int
+) -> list[list[int]]:
+    """The indices 0 … n-1 of n sentences in batches of at most batch_size,
+    longest first (ties in input order), so that each batch holds sentences of
+    similar lengths."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [
+        order[i : i + batch_size] for i in range(0, len(order), batch_size)
+    ]
+
+
+def _listed(items: list[str], most: int = 10) -> str:
+    """'a', 'a and b', 'a, b and c', '… and 3 more'."""
+    if len(items) > most:
+        return f"{', '.join(items[:most])} and {len(items) - most} more"
+    return (
+        items[0]
+        if len(items) == 1
+        else f"{', '.join(items[:-1])} and {items[-1]}"
+    )
+
+
+def _sentences(indices: list[int]) -> str:
+    """'sentence 3' or 'sentences 3, 8 and 12' for indices 2, 7, 11: numbered
+    from 1, as lines are."""
+    noun = "sentence" if len(indices) == 1 else "sentences"
+    return f"{noun} {_listed([str(i + 1) for i in indices])}"
+
+
+# %% ../chapters/97_translating.ipynb #6b3a0281
+def translate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    batch_size: int = BATCH_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Translations of `sentences`, in their order: beam search (beam_size 1:
+    greedy decoding) over batches of similar lengths, on the model's device.
+
+    An empty sentence translates to "". A source longer than the model's
+    positions is cut to its first config.max_len - 1 tokens, then <eos>;
+    `warn`, if given, is told about those and about translations that the
+    length limit stopped before <eos>. Needs spaCy (to cut the sentences into
+    words) unless every sentence is empty.
+    """
+    check_alpha(alpha, max_len=model.config.max_len)
+    special = {
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": tokenizer.pad_id,
+    }
+    device = next(model.parameters()).device
+
+    def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
+        src = torch.full(
+            (len(sources), len(sources[0])), tokenizer.pad_id, dtype=torch.long
+        )  # (B, S): the longest first
+        for row, ids in enumerate(sources):
+            src[row, : len(ids)] = torch.tensor(ids)
+        src = src.to(device)
+        if beam_size == 1:
+            return greedy_decode(model, src, **special)
+        return beam_search(
+            model, src, beam_size=beam_size, alpha=alpha, **special
+        )
+
+    return translate_batches(
+        decode_batch,
+        tokenizer,
+        sentences,
+        max_len=model.config.max_len,
+        beam_size=beam_size,
+        batch_size=batch_size,
+        warn=warn,
+    )
+
+
+def translate_batches(
+    decode_batch: Callable[[list[list[int]]], list[Hypothesis]],
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    max_len: int,
+    beam_size: int,
+    batch_size: int = BATCH_SIZE,
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
+    """`translate` around any decoder of id batches (the package's, or another
+    engine's): `decode_batch` takes sources as ids with their <eos>, longest
+    first, and returns their hypotheses; max_len is the model's number of
+    positions."""
+    if isinstance(sentences, str):
+        raise TypeError(
+            "translate takes a sequence of sentences, not one string"
+        )
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    texts = [normalize(s) for s in sentences]
+    todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
+    encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
+    room = max_len - 1  # source tokens that fit with their <eos>
+    with_eos = {i: len(ids) + 1 for i, ids in zip(todo, encoded, strict=True)}
+    too_long = {i: n for i, n in with_eos.items() if n > max_len}
+    if too_long and warn is not None:
+        sizes = _listed([str(n) for n in too_long.values()])
+        warn(
+            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more"
+            f" than the model's {max_len} positions: translating the first"
+            f" {room}"
+        )
+    sources = [ids[:room] + [tokenizer.eos_id] for ids in encoded]
+    results = [""] * len(texts)
+    cut_off = []
+    for batch in length_sorted_batches([len(s) for s in sources], batch_size):
+        found = decode_batch([sources[j] for j in batch])
+        for j, hypothesis in zip(batch, found, strict=True):
+            results[todo[j]] = tokenizer.decode(hypothesis.tokens)
+            if not hypothesis.ended:
+                cut_off.append(todo[j])
+    if cut_off and warn is not None:
+        warn(
+            f"{_sentences(sorted(cut_off))}: the translation stopped at the"
+            " length limit, before <eos>"
+        )
+    return results
