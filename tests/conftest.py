@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from browser import CHROMIUM, ROOT
 
 
@@ -39,3 +40,13 @@ def book(tmp_path_factory) -> Path:
         f"jupyter-book build failed:\n{build.stdout[-3000:]}{build.stderr[-3000:]}"
     )
     return out / "_build" / "html"
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: models this small decode faster on
+    one, and much faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,13 +21,7 @@ PAD, BOS, EOS = 0, 1, 2
 IDS = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Models this small decode faster on one thread, and much faster on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(vocab_size: int = 11, seed: int = 0, **overrides) -> Transformer:

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import ENGLISH, GERMAN, ship, tiny_tokenizer
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -47,12 +46,7 @@ FRENCH = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_data(folder: Path, texts: dict[str, list[str]]) -> Path:

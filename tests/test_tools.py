@@ -1,6 +1,7 @@
 """tools/nb.py, the chapters' tooling, leaves no half-written chapter."""
 
 import importlib
+import os
 from pathlib import Path
 
 import jupytext
@@ -37,7 +38,7 @@ def test_nb_writes_a_chapter_and_its_twin_whole_or_not_at_all(
     def interrupted(fd: int) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(nb.os, "fsync", interrupted)
+    monkeypatch.setattr(os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
         nb._write_pair(path, notebook)
     assert path.read_bytes() == before

@@ -29,13 +29,7 @@ from transformer.decode import beam_search, greedy_decode
 from transformer.tokenizer import MARK, train_bpe
 from transformer.translation import load_pair_model, translate
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import ast
 import filecmp
-import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -201,30 +199,14 @@ def _write_pair(path: Path, nb) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write `text` into a temporary file beside `path`, then rename it over `path`: the
-    chapters are the source, and an interrupted run must leave one as it was, not cut short.
-    The text ends with a newline, as nbformat's and jupytext's writers end it; the file keeps
-    its permissions (a new one gets those `open` would give it). This tool does not import
-    the package, whose helper does the same: it must run while the package is broken."""
+    """Write `text` so that an interrupted run leaves the chapter as it was, not
+    cut short (the chapters are the source). The text ends with a newline, as
+    nbformat's and jupytext's writers end it."""
+    from transformer.files import atomic_write
+
     if not text.endswith("\n"):
         text += "\n"
-    if path.exists():
-        mode = stat.S_IMODE(path.stat().st_mode)
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, text.encode("utf-8"))
 
 
 def notebook_problems(path: Path, url: str) -> list[str]:
