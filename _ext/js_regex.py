@@ -50,23 +50,13 @@ def _char(code: int, *, in_class: bool = False) -> str:
     return f"\\u{{{code:X}}}"
 
 
-def _ranges(codes: list[int]) -> list[tuple[int, int]]:
-    """Sorted code points as (first, last) runs."""
-    runs: list[tuple[int, int]] = []
-    for code in codes:
-        if runs and runs[-1][1] == code - 1:
-            runs[-1] = (runs[-1][0], code)
-        else:
-            runs.append((code, code))
-    return runs
-
-
 @functools.cache
 def _category(escape: str, ascii_only: bool) -> tuple[tuple[int, int], ...]:
     """The code points that Python's `re` matches with `escape` (e.g. "\\w"), as runs."""
-    matcher = re.compile(escape, re.ASCII if ascii_only else 0).fullmatch
-    codes = [c for c in range(sys.maxunicode + 1) if matcher(chr(c))]
-    return tuple(_ranges(codes))
+    # Every code point in order, lone surrogates included: each match of `escape`+ is a run.
+    everything = "".join(map(chr, range(sys.maxunicode + 1)))
+    found = re.finditer(escape + "+", everything, re.ASCII if ascii_only else 0)
+    return tuple((ord(m.group()[0]), ord(m.group()[-1])) for m in found)
 
 
 _CATEGORIES = {

@@ -102,7 +102,12 @@ function topK(values, n, k, offset = 0) {
  * beam that has ended stays a candidate as it is. The search stops when no open beam can
  * overtake the best ended one. onStep(t, limit), if given, sees each step.
  */
-function beamSearch(model, src, ids, { beamSize = 4, alpha = 0.6, maxLen = null, onStep = null } = {}) {
+function beamSearch(
+  model,
+  src,
+  ids,
+  { beamSize = 4, alpha = 0.6, maxLen = null, onStep = null } = {},
+) {
   const K = beamSize;
   const { V } = model;
   const C = Math.min(K, V);

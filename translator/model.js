@@ -46,20 +46,21 @@ function readSafetensors(bytes) {
     if (name === "__metadata__") {
       continue;
     }
-    const count = shape.reduce((a, b) => a * b, 1);
-    const data = new Float32Array(count);
     const at = start + offsets[0];
-    for (let i = 0; i < count; i++) {
-      if (dtype === "F16") {
-        data[i] = HALF_TO_FLOAT[view.getUint16(at + 2 * i, true)];
-      } else if (dtype === "BF16") {
+    const read = {
+      F16: (i) => HALF_TO_FLOAT[view.getUint16(at + 2 * i, true)],
+      BF16: (i) => {
         BITS[0] = view.getUint16(at + 2 * i, true) << 16; // the top half of a float32
-        data[i] = BITS_AS_FLOAT[0];
-      } else if (dtype === "F32") {
-        data[i] = view.getFloat32(at + 4 * i, true);
-      } else {
-        throw new Error(`weight ${name} has dtype ${dtype}: F16, BF16 or F32 expected`);
-      }
+        return BITS_AS_FLOAT[0];
+      },
+      F32: (i) => view.getFloat32(at + 4 * i, true),
+    }[dtype];
+    if (!read) {
+      throw new Error(`weight ${name} has dtype ${dtype}: F16, BF16 or F32 expected`);
+    }
+    const data = new Float32Array(shape.reduce((a, b) => a * b, 1));
+    for (let i = 0; i < data.length; i++) {
+      data[i] = read(i);
     }
     tensors.set(name, { shape, data });
   }
@@ -96,7 +97,8 @@ function linear(x, n, { weight, bias, dIn, dOut }) {
     for (; j + 2 <= dOut; j += 2) {
       const u = j * dIn; // rows j and j + 1 of W
       const v = u + dIn;
-      let s00 = 0, s01 = 0, s10 = 0, s11 = 0, s20 = 0, s21 = 0, s30 = 0, s31 = 0; // prettier-ignore
+      // prettier-ignore
+      let s00 = 0, s01 = 0, s10 = 0, s11 = 0, s20 = 0, s21 = 0, s30 = 0, s31 = 0;
       for (let i = 0; i < dIn; i++) {
         const wu = weight[u + i];
         const wv = weight[v + i];
@@ -119,8 +121,8 @@ function linear(x, n, { weight, bias, dIn, dOut }) {
       [y[y3 + j], y[y3 + j + 1]] = [s30 + b(j), s31 + b(j + 1)];
     }
     for (; j < dOut; j++) {
-      for (const [xr, yr] of [[x0, y0], [x1, y1], [x2, y2], [x3, y3]]) { // prettier-ignore
-        y[yr + j] = dot(x, xr, weight, j * dIn, dIn) + b(j);
+      for (const row of [r, r + 1, r + 2, r + 3]) {
+        y[row * dOut + j] = dot(x, row * dIn, weight, j * dIn, dIn) + b(j);
       }
     }
   }
@@ -130,7 +132,8 @@ function linear(x, n, { weight, bias, dIn, dOut }) {
     let j = 0;
     for (; j + 4 <= dOut; j += 4) {
       const [u0, u1, u2, u3] = [j, j + 1, j + 2, j + 3].map((row) => row * dIn);
-      let s0 = 0, s1 = 0, s2 = 0, s3 = 0; // prettier-ignore
+      // prettier-ignore
+      let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
       for (let i = 0; i < dIn; i++) {
         const a = x[xr + i];
         s0 += a * weight[u0 + i];
@@ -354,7 +357,12 @@ class Transformer {
   encode(ids, weights = null) {
     const S = ids.length;
     const { dModel: d, H, dK } = this;
-    let x = this.embed(ids, ids.map((_, s) => s), this.srcEmbed, this.srcPos); // (S, d_model)
+    let x = this.embed(
+      ids,
+      ids.map((_, s) => s),
+      this.srcEmbed,
+      this.srcPos,
+    ); // (S, d_model)
     for (const layer of this.encoderLayers) {
       const layerWeights = weights ? new Float32Array(H * S * S) : null;
       x = this.sublayer(x, S, layer.norms[0], (h) => {
@@ -424,7 +432,12 @@ class Transformer {
     const L = cache.length + 1;
     // each row's newest token, all at the position after the L - 1 cached ones
     const position = rows.map(() => cache.length);
-    let x = this.embed(rows.map((r) => tokens[r]), position, this.tgtEmbed, this.tgtPos); // (N, d_model)
+    let x = this.embed(
+      rows.map((r) => tokens[r]),
+      position,
+      this.tgtEmbed,
+      this.tgtPos,
+    ); // (N, d_model)
     if (weights) {
       weights.self = [];
       weights.cross = [];
@@ -513,7 +526,10 @@ class Transformer {
       this.decodeStep(cache, [tgt[t]], null, step);
       for (let i = 0; i < nLayers; i++) {
         for (let h = 0; h < H; h++) {
-          decoderSelf[i].set(step.self[i].subarray(h * (t + 1), (h + 1) * (t + 1)), (h * T + t) * T);
+          decoderSelf[i].set(
+            step.self[i].subarray(h * (t + 1), (h + 1) * (t + 1)),
+            (h * T + t) * T,
+          );
           decoderCross[i].set(step.cross[i].subarray(h * S, (h + 1) * S), (h * T + t) * S);
         }
       }

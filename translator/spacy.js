@@ -281,7 +281,7 @@ class SpacyTokenizer {
       }
     }
     const out = [];
-    for (let i = 0; i < tokens.length; ) {
+    for (let i = 0; i < tokens.length;) {
       const end = kept.get(i);
       if (end === undefined) {
         out.push(tokens[i]);
