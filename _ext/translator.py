@@ -1,0 +1,300 @@
+"""The page "Translate and look inside": the shipped models, translating in the reader's browser.
+
+At `make book` this extension writes into the build, under `_static/translator/`:
+
+- `<pair>.js` for each shipped pair (`checkpoints/<pair>`): its `config.json`, its
+  `tokenizer.json` (BPE vocabulary and merges), spaCy's tokenizer rules for its source
+  language (special cases, and the prefix, suffix, infix, token and URL patterns converted
+  to JavaScript by `js_regex`), and its safetensors weights as they are, in base64. The page
+  loads it with a `<script>` element, which works from `file://` where `fetch` does not.
+  Writing it takes seconds; it is kept in the build folder and written again only when one
+  of its inputs changes (a retrained model, another spaCy, this code).
+- `core.js`: `translator/*.js` (tokenizer, model, decoding, worker) inside one function,
+  whose source the page also starts its Web Worker from;
+- `page.js` and `translator.css`: the widget.
+
+The directive `translator` places the widget; only a page that has it loads these files.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import html
+import json
+import re
+from pathlib import Path
+
+from docutils import nodes
+from docutils.parsers.rst import Directive
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ROOT / "translator"
+# The files of the computing side, in the order they are joined into core.js.
+CORE_FILES = ("spacy.js", "tokenizer.js", "model.js", "decode.js", "worker.js")
+STATIC = "translator"  # the folder under _static
+# Bump when the format of what is written changes: a new key makes the build rewrite it.
+DATA_FORMAT = "transformer-book translator data 1"
+
+
+def shipped_pairs() -> list[str]:
+    """The language pairs with a shipped model, in the package's order."""
+    from transformer.data import PAIRS
+    from transformer.decode import CHECKPOINTS_DIR
+
+    return [p for p in PAIRS if (CHECKPOINTS_DIR / p / "config.json").is_file()]
+
+
+@functools.cache
+def language_name(code: str) -> str:
+    """ "German" for "de": the name of spaCy's class for the language."""
+    import spacy
+
+    return type(spacy.blank(code)).__name__
+
+
+@functools.cache
+def spacy_rules(language: str) -> dict:
+    """spaCy's tokenizer for `language` (`spacy.blank(language).tokenizer`, which the
+    package's `pretokenize` uses) as data for translator/spacy.js."""
+    import spacy
+    from js_regex import to_javascript
+    from spacy.symbols import ORTH
+    from spacy.tokenizer import Tokenizer as SpacyTokenizer
+
+    tokenizer = spacy.blank(language).tokenizer
+    rules = tokenizer.rules
+    # The special cases that the final matching pass looks for are matched by the tokens
+    # that the affix rules alone cut them into: a tokenizer without special cases gives
+    # those.
+    plain = SpacyTokenizer(
+        tokenizer.vocab,
+        rules={},
+        prefix_search=tokenizer.prefix_search,
+        suffix_search=tokenizer.suffix_search,
+        infix_finditer=tokenizer.infix_finditer,
+        token_match=tokenizer.token_match,
+        url_match=tokenizer.url_match,
+    )
+    patterns = [
+        [token.text for token in plain(text)]
+        for text in sorted(rules)
+        # as Tokenizer.add_special_case decides which special cases the matcher needs
+        if not tokenizer.faster_heuristics
+        or tokenizer.find_prefix(text)
+        or tokenizer.find_infix(text)
+        or tokenizer.find_suffix(text)
+        or " " in text
+    ]
+
+    def pattern(search, **options):
+        return None if search is None else to_javascript(search.__self__, **options)
+
+    return {
+        "specials": {text: [t[ORTH] for t in tokens] for text, tokens in rules.items()},
+        "patterns": patterns,
+        "prefix": pattern(tokenizer.prefix_search),
+        "suffix": pattern(tokenizer.suffix_search),
+        "infix": pattern(tokenizer.infix_finditer, non_empty=True),
+        "token_match": pattern(tokenizer.token_match),
+        "url_match": pattern(tokenizer.url_match),
+        # Python's whitespace (str.split, str.isspace), for the package's normalize
+        "whitespace": to_javascript(re.compile(r"\s+")),
+    }
+
+
+def _weight_files(folder: Path, config: dict) -> list[Path]:
+    """The safetensors files of a model folder, as checkpoint.load_model reads them."""
+    if "weight_map" in config:
+        return [folder / name for name in sorted(set(config["weight_map"].values()))]
+    return [folder / "model.safetensors"]
+
+
+def _inputs_digest(pair: str) -> str:
+    """What the data of `pair` is made from: a change to any of it rewrites it."""
+    import spacy
+
+    from transformer.decode import CHECKPOINTS_DIR
+
+    folder = CHECKPOINTS_DIR / pair
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    digest = hashlib.sha256()
+    for part in (
+        DATA_FORMAT.encode(),
+        spacy.__version__.encode(),
+        Path(__file__).read_bytes(),
+        (Path(__file__).parent / "js_regex.py").read_bytes(),
+        (folder / "config.json").read_bytes(),
+        (folder / "tokenizer.json").read_bytes(),
+        *(path.read_bytes() for path in _weight_files(folder, config)),
+    ):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()
+
+
+def pair_data(pair: str) -> dict:
+    """All that the page needs of one pair but its weights."""
+    from transformer.data import PAIRS, load_split
+    from transformer.decode import CHECKPOINTS_DIR
+
+    folder = CHECKPOINTS_DIR / pair
+    source, target = PAIRS[pair]
+    return {
+        "format": DATA_FORMAT,
+        "pair": pair,
+        "names": [language_name(source), language_name(target)],
+        "config": json.loads((folder / "config.json").read_text(encoding="utf-8")),
+        "tokenizer": json.loads(
+            (folder / "tokenizer.json").read_text(encoding="utf-8")
+        ),
+        "spacy": spacy_rules(source),
+        # the first validation sentence: what the page translates when given none
+        "example": load_split("val", source)[0],
+    }
+
+
+def write_pair_script(pair: str, folder: Path) -> Path:
+    """Write `<pair>.js` into `folder` unless it is there already from the same inputs:
+    one call of translatorData(data, weights), the weights as base64 strings."""
+    from transformer.decode import CHECKPOINTS_DIR
+
+    target = Path(folder) / f"{pair}.js"
+    stamp = f"// {DATA_FORMAT}, inputs {_inputs_digest(pair)}\n"
+    if target.is_file():
+        with target.open(encoding="utf-8") as f:
+            if f.readline() == stamp:
+                return target
+    data = pair_data(pair)
+    files = _weight_files(CHECKPOINTS_DIR / pair, data["config"])
+    weights = [base64.b64encode(path.read_bytes()).decode("ascii") for path in files]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(stamp)
+        f.write(
+            f"// The {pair} model of checkpoints/{pair}, written by _ext/translator.py.\n"
+        )
+        f.write("translatorData(")
+        f.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+        f.write(",")
+        f.write(json.dumps(weights))
+        f.write(");\n")
+    tmp.replace(target)
+    return target
+
+
+def core_source() -> str:
+    """core.js: the files of the computing side inside one function, translatorCore(scope),
+    which returns their names and, in a Web Worker, answers the page's messages."""
+    parts = [
+        f"// ---- translator/{name}\n{(SOURCES / name).read_text(encoding='utf-8')}"
+        for name in CORE_FILES
+    ]
+    return (
+        "// Written by _ext/translator.py from translator/*.js: edit those.\n"
+        "// eslint-disable-next-line no-unused-vars\n"
+        "function translatorCore(scope) {\n"
+        '"use strict";\n' + "\n".join(parts) + "\nif (scope) {\n  serve(scope);\n}\n"
+        "return { LanguagePair, Tokenizer, Transformer, readSafetensors, translate };\n"
+        "}\n"
+    )
+
+
+def write_static(folder: Path) -> None:
+    """core.js, page.js and translator.css into `folder` (each written only if changed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "core.js": core_source(),
+        "page.js": (SOURCES / "page.js").read_text(encoding="utf-8"),
+        "translator.css": (SOURCES / "translator.css").read_text(encoding="utf-8"),
+    }
+    for name, text in files.items():
+        path = folder / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+
+
+# ---- The directive and its node
+
+
+class translator_widget(nodes.General, nodes.Element):  # noqa: N801 (docutils' style)
+    """Where the widget goes."""
+
+
+def _widget_html(pairs: list[str]) -> str:
+    from transformer.data import PAIRS
+
+    def option(pair: str) -> str:
+        source, target = (language_name(code) for code in PAIRS[pair])
+        return f'<option value="{html.escape(pair)}">{source} → {target}</option>'
+
+    options = "".join(option(p) for p in pairs)
+    template = (SOURCES / "widget.html").read_text(encoding="utf-8")
+    return template.replace("<!-- pairs -->", options)
+
+
+def visit_translator_widget(self, node) -> None:
+    self.body.append(_widget_html(node["pairs"]))
+    raise nodes.SkipNode
+
+
+def skip_translator_widget(self, node) -> None:
+    raise nodes.SkipNode
+
+
+class TranslatorDirective(Directive):
+    """```{translator}``` places the translation widget, for every shipped pair."""
+
+    has_content = False
+
+    def run(self):
+        pairs = shipped_pairs()
+        if not pairs:
+            raise self.error("translator: no shipped model in checkpoints/")
+        return [translator_widget(pairs=pairs)]
+
+
+# ---- Build events
+
+
+def _static_folder(app) -> Path:
+    return Path(app.doctreedir).parent / "translator_static"
+
+
+def _write_assets(app) -> None:
+    if app.builder.format != "html":
+        return
+    static = _static_folder(app)
+    folder = static / STATIC
+    write_static(folder)
+    for pair in shipped_pairs():
+        write_pair_script(pair, folder)
+    # copied to _static/translator/ (a name that exclude_patterns must not hold: Sphinx
+    # leaves out the static files that match them)
+    app.config.html_static_path.append(str(static))
+
+
+def _add_page_assets(app, pagename, templatename, context, doctree) -> None:
+    # Only the page with the widget loads its scripts (added here, they are this page's).
+    if doctree is None or not any(doctree.findall(translator_widget)):
+        return
+    app.add_css_file(f"{STATIC}/translator.css")
+    app.add_js_file(f"{STATIC}/core.js")
+    app.add_js_file(f"{STATIC}/page.js")
+
+
+def setup(app):
+    app.add_node(
+        translator_widget,
+        html=(visit_translator_widget, None),
+        latex=(skip_translator_widget, None),
+        text=(skip_translator_widget, None),
+        man=(skip_translator_widget, None),
+        texinfo=(skip_translator_widget, None),
+    )
+    app.add_directive("translator", TranslatorDirective)
+    app.connect("builder-inited", _write_assets)
+    # before vega_offline's handler, which rebuilds the page's list of scripts
+    app.connect("html-page-context", _add_page_assets, priority=400)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
