@@ -1,0 +1,78 @@
+"use strict";
+// Runs the page's translator in Node for tests/test_translator.py, on the files that the
+// book's build writes (_ext/translator.py): core.js and one pair's <pair>.js.
+//
+//   node tests/translator_node.js FOLDER PAIR < request.json > answer.json
+//
+// The request is one JSON object; each key present asks for one thing:
+//   words: [sentence]        -> words: [[marked spaCy word]]  (pretokenize)
+//   segment: [word]          -> ids: [[id]]                   (Tokenizer.segment)
+//   translate: [sentence], beamSize, maxLen
+//                            -> texts, warnings, hypotheses (tokens, logProb, score, ended)
+//   attention: [sentence], beamSize
+//                            -> per sentence {source, target, encoder, decoderSelf,
+//                               decoderCross}, the weights as nested arrays
+
+const fs = require("fs");
+const path = require("path");
+const vm = require("vm");
+
+const [folder, pair] = process.argv.slice(2);
+let loaded = null;
+globalThis.translatorData = (data, weights) => {
+  loaded = { data, weights };
+};
+vm.runInThisContext(fs.readFileSync(path.join(folder, "core.js"), "utf8"));
+vm.runInThisContext(fs.readFileSync(path.join(folder, `${pair}.js`), "utf8"));
+// eslint-disable-next-line no-undef
+const core = translatorCore(null);
+const weights = loaded.weights.map((text) => new Uint8Array(Buffer.from(text, "base64")));
+const translator = new core.LanguagePair(loaded.data, weights);
+const { tokenizer, model } = translator;
+
+const request = JSON.parse(fs.readFileSync(0, "utf8"));
+const answer = {};
+const started = process.hrtime.bigint();
+if (request.words) {
+  answer.words = request.words.map((sentence) => tokenizer.words(sentence));
+}
+if (request.segment) {
+  answer.ids = request.segment.map((word) => tokenizer.segment(word));
+}
+if (request.translate) {
+  const warnings = [];
+  const results = core.translate(model, tokenizer, request.translate, {
+    beamSize: request.beamSize ?? 4,
+    maxLen: request.maxLen ?? null,
+    warn: (message) => warnings.push(message),
+  });
+  answer.texts = results.map((r) => r.text);
+  answer.hypotheses = results.map((r) => r.hypothesis);
+  answer.warnings = warnings;
+}
+if (request.attention) {
+  const nested = (flat, ...shape) => {
+    const build = (offset, dims) =>
+      dims.length === 1
+        ? Array.from(flat.subarray(offset, offset + dims[0]))
+        : Array.from({ length: dims[0] }, (_, i) =>
+            build(offset + i * dims.slice(1).reduce((a, b) => a * b, 1), dims.slice(1)),
+          );
+    return build(0, shape);
+  };
+  answer.attention = request.attention.map((sentence) => {
+    const result = translator.translate(sentence, { beamSize: request.beamSize ?? 4 });
+    const { source, target } = result;
+    const [S, T, H] = [source.length, target.length, model.H];
+    const { encoder, decoderSelf, decoderCross } = result.attention;
+    return {
+      source,
+      target,
+      encoder: encoder.map((w) => nested(w, H, S, S)),
+      decoderSelf: decoderSelf.map((w) => nested(w, H, T, T)),
+      decoderCross: decoderCross.map((w) => nested(w, H, T, S)),
+    };
+  });
+}
+answer.seconds = Number(process.hrtime.bigint() - started) / 1e9;
+process.stdout.write(JSON.stringify(answer));
