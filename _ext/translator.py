@@ -187,15 +187,17 @@ def write_pair_script(pair: str, folder: Path) -> Path:
 def core_source() -> str:
     """core.js: the files of the computing side inside one function, translatorCore(scope),
     which returns their names and, in a Web Worker, answers the page's messages."""
-    parts = [
+    body = "\n".join(
         f"// ---- translator/{name}\n{(SOURCES / name).read_text(encoding='utf-8')}"
         for name in CORE_FILES
-    ]
+    )
     return (
         "// Written by _ext/translator.py from translator/*.js: edit those.\n"
         "// eslint-disable-next-line no-unused-vars\n"
         "function translatorCore(scope) {\n"
-        '"use strict";\n' + "\n".join(parts) + "\nif (scope) {\n  serve(scope);\n}\n"
+        '"use strict";\n'
+        f"{body}\n"
+        "if (scope) {\n  serve(scope);\n}\n"
         "return { LanguagePair, Tokenizer, Transformer, readSafetensors, translate };\n"
         "}\n"
     )
@@ -224,10 +226,17 @@ class translator_widget(nodes.General, nodes.Element):  # noqa: N801 (docutils' 
 
 def _widget_html(pairs: list[str]) -> str:
     from transformer.data import PAIRS
+    from transformer.decode import CHECKPOINTS_DIR
 
     def option(pair: str) -> str:
         source, target = (language_name(code) for code in PAIRS[pair])
-        return f'<option value="{html.escape(pair)}">{source} → {target}</option>'
+        folder = CHECKPOINTS_DIR / pair
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        size = sum(path.stat().st_size for path in _weight_files(folder, config))
+        return (
+            f'<option value="{html.escape(pair)}" data-megabytes="{size / 1e6:.0f}">'
+            f"{source} → {target}</option>"
+        )
 
     options = "".join(option(p) for p in pairs)
     template = (SOURCES / "widget.html").read_text(encoding="utf-8")
@@ -235,7 +244,8 @@ def _widget_html(pairs: list[str]) -> str:
 
 
 def visit_translator_widget(self, node) -> None:
-    self.body.append(_widget_html(node["pairs"]))
+    # the pairs shipped now, not when the page was read: see _pages_to_rewrite
+    self.body.append(_widget_html(shipped_pairs()))
     raise nodes.SkipNode
 
 
@@ -249,13 +259,30 @@ class TranslatorDirective(Directive):
     has_content = False
 
     def run(self):
-        pairs = shipped_pairs()
-        if not pairs:
+        if not shipped_pairs():
             raise self.error("translator: no shipped model in checkpoints/")
-        return [translator_widget(pairs=pairs)]
+        env = self.state.document.settings.env
+        env.translator_pages = getattr(env, "translator_pages", set()) | {env.docname}
+        return [translator_widget()]
 
 
 # ---- Build events
+
+
+def _pages_to_rewrite(app, env, added, changed, removed) -> list[str]:
+    # The widget lists the shipped pairs, which its page's source does not name: a page
+    # with it is written again at every build, so that a new model shows up.
+    return sorted(getattr(env, "translator_pages", set()) - set(removed))
+
+
+def _purge_page(app, env, docname) -> None:
+    getattr(env, "translator_pages", set()).discard(docname)
+
+
+def _merge_pages(app, env, docnames, other) -> None:
+    env.translator_pages = getattr(env, "translator_pages", set()) | getattr(
+        other, "translator_pages", set()
+    )
 
 
 def _static_folder(app) -> Path:
@@ -295,6 +322,9 @@ def setup(app):
     )
     app.add_directive("translator", TranslatorDirective)
     app.connect("builder-inited", _write_assets)
+    app.connect("env-get-outdated", _pages_to_rewrite)
+    app.connect("env-purge-doc", _purge_page)
+    app.connect("env-merge-info", _merge_pages)
     # before vega_offline's handler, which rebuilds the page's list of scripts
     app.connect("html-page-context", _add_page_assets, priority=400)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,16 +72,16 @@ def static(tmp_path_factory) -> Path:
 def start_node(folder: Path, pair: str, request: dict) -> subprocess.Popen:
     """tests/translator_node.js at work on `request`, in the background."""
     assert NODE is not None, "Node is missing"
-    process = subprocess.Popen(
-        [NODE, str(ROOT / "tests" / "translator_node.js"), str(folder), pair],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    process.stdin.write(json.dumps(request))
-    process.stdin.close()
-    return process
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as stdin:
+        json.dump(request, stdin)
+        stdin.seek(0)
+        return subprocess.Popen(
+            [NODE, str(ROOT / "tests" / "translator_node.js"), str(folder), pair],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
 
 def answer(process: subprocess.Popen) -> dict:

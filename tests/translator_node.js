@@ -64,7 +64,7 @@ if (request.attention) {
     const result = translator.translate(sentence, { beamSize: request.beamSize ?? 4 });
     const { source, target } = result;
     const [S, T, H] = [source.length, target.length, model.H];
-    const { encoder, decoderSelf, decoderCross } = result.attention;
+    const { encoder, decoderSelf, decoderCross } = translator.attention(source, target);
     return {
       source,
       target,

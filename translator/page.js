@@ -113,8 +113,9 @@
   }
 
   async function startPair(pair) {
-    const name = [...$("pair").options].find((o) => o.value === pair).textContent;
-    setState("loading", `Loading the ${name} model (12 MB of weights)…`);
+    const option = [...$("pair").options].find((o) => o.value === pair);
+    const name = option.textContent;
+    setState("loading", `Loading the ${name} model (${option.dataset.megabytes} MB of weights)…`);
     if (!pairs[pair]) {
       await loadScript(new URL(`${pair}.js`, here).href);
       performance.mark(`translator: ${pair} loaded`);
@@ -186,9 +187,18 @@
     const seconds = (ms / 1000).toFixed(2);
     // for experiments/translator_bench.py: when, and how long the translation took
     performance.mark("translator: translated", { detail: { ms } });
-    show(result, entry.data);
+    show(result);
     const where = worker ? "" : " on the page itself: no worker could start";
-    setState("done", result.sourcePieces ? `Translated in ${seconds} s${where}.` : "");
+    const status = result.source ? `Translated in ${seconds} s${where}.` : "";
+    if (result.source) {
+      $("status").textContent = `${status} Reading its attention…`;
+      const { source, target } = result;
+      const attention = worker
+        ? await callWorker({ pair, attention: { source, target } })
+        : local.get(pair).attention(source, target);
+      await showInside({ ...result, attention, layers: entry.data.config.model.n_layers });
+    }
+    setState("done", status);
     const link = shareLink(pair, text, beamSize);
     $("link").href = link;
     try {
@@ -198,17 +208,20 @@
     }
   }
 
+  /** What went wrong, in the status line (and the console, for whoever debugs it). */
+  function report(error) {
+    setState("error", `Something went wrong: ${error.message.split("\n")[0]}`);
+    console.warn(error);
+  }
+
   function translateNow() {
-    busy = (busy ?? Promise.resolve()).then(run).catch((error) => {
-      setState("error", `Something went wrong: ${error.message.split("\n")[0]}`);
-      console.warn(error);
-    });
+    busy = (busy ?? Promise.resolve()).then(run).catch(report);
     return busy;
   }
 
   // ---- Showing a translation and its attention
 
-  function show(result, data) {
+  function show(result) {
     document.getElementById("translation").textContent = result.text;
     const warnings = $("warnings");
     warnings.replaceChildren(
@@ -218,15 +231,23 @@
         return item;
       }),
     );
-    shown = result.sourcePieces ? { ...result, layers: data.config.model.n_layers } : null;
-    $("inside").hidden = !shown;
-    if (!shown) {
-      return;
-    }
+    shown = null;
+    $("inside").hidden = true;
+  }
+
+  /** The pieces and heatmap of a translation with its attention (from the worker). */
+  function showInside(translation) {
+    shown = translation;
+    $("inside").hidden = false;
     fillOptions($("layer"), shown.layers, (i) => `${i + 1}`, shown.layers - 1);
-    fillOptions($("head"), shown.heads + 1, (i) => (i === 0 ? "all, averaged" : `${i}`), 0);
+    fillOptions(
+      $("head"),
+      shown.attention.heads + 1,
+      (i) => (i === 0 ? "all, averaged" : `${i}`),
+      0,
+    );
     drawPieces();
-    drawHeatmap();
+    return drawHeatmap();
   }
 
   function fillOptions(select, count, label, selected) {
@@ -249,7 +270,8 @@
   function matrix(kind = $("kind").value) {
     const layer = Number($("layer").value);
     const head = Number($("head").value) - 1; // -1: the heads' mean
-    const { attention, heads: H, sourcePieces, inputPieces, outputPieces } = shown;
+    const { attention, sourcePieces, inputPieces, outputPieces } = shown;
+    const H = attention.heads;
     const weights = {
       cross: attention.decoderCross,
       encoder: attention.encoder,
@@ -394,7 +416,7 @@
       translateNow();
     });
     for (const name of ["kind", "layer", "head"]) {
-      $(name).addEventListener("change", () => shown && drawHeatmap());
+      $(name).addEventListener("change", () => shown && drawHeatmap().catch(report));
     }
     document.querySelectorAll("input[name=translator-search]").forEach((input) => {
       input.addEventListener("change", translateNow);

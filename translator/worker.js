@@ -27,8 +27,8 @@ class LanguagePair {
 
   /**
    * One text, translated as `python -m transformer translate` translates one SENTENCE:
-   * {text, warnings, source and target pieces, attention} (no pieces for empty text).
-   * beamSize 1 is greedy decoding; onStep(t, limit) sees each decoding step.
+   * {text, warnings, source and target ids and pieces} (no ids for empty text). beamSize
+   * 1 is greedy decoding; onStep(t, limit) sees each decoding step.
    */
   translate(text, { beamSize = 4, alpha = 0.6, onStep = null } = {}) {
     const warnings = [];
@@ -53,15 +53,21 @@ class LanguagePair {
         sourcePieces: source.map((id) => tokenizer.pieces[id]),
         inputPieces: target.map((id) => tokenizer.pieces[id]),
         outputPieces: produced.map((id) => tokenizer.pieces[id]),
-        attention: this.model.attentionWeights(source, target),
-        heads: this.model.H,
       });
     }
     return out;
   }
+
+  /** Every attention weight of a translation (Transformer.attentionWeights), and H. */
+  attention(source, target) {
+    return { ...this.model.attentionWeights(source, target), heads: this.model.H };
+  }
 }
 
-/** Answer the page's messages in a worker: {ping}, {load: data, weights}, {pair, translate}. */
+/**
+ * Answer the page's messages in a worker: {ping}, {load: data, weights}, and for a pair,
+ * {pair, translate: text, beamSize} and {pair, attention: {source, target}}.
+ */
 function serve(scope) {
   const translators = new Map(); // pair -> LanguagePair
   scope.onmessage = ({ data: message }) => {
@@ -72,6 +78,10 @@ function serve(scope) {
         const translator = new LanguagePair(message.load, message.weights);
         translators.set(translator.pair, translator);
         scope.postMessage({ id: message.id, ready: translator.pair });
+      } else if (message.attention) {
+        const { source, target } = message.attention;
+        const result = translators.get(message.pair).attention(source, target);
+        scope.postMessage({ id: message.id, result });
       } else if (message.translate !== undefined) {
         const result = translators.get(message.pair).translate(message.translate, {
           beamSize: message.beamSize,
