@@ -78,7 +78,7 @@ def visit(url: str, allowed: tuple[str, ...] = ("file:",), args=CHROMIUM_ARGS) -
             "pieces": page.locator("#translator-source .translator-piece").count(),
             "outputs": page.locator("#translator-output .translator-piece").count(),
             "elements": page.locator("#translator b, #translator img").count(),
-            "href": page.evaluate("window.location.href"),
+            "link": page.get_attribute("#translator-link", "href"),
         }
         browser.close()
     shown["problems"] = problems
@@ -143,7 +143,7 @@ def test_a_shared_link_translates_over_http_and_stays_text(book: Path):
     assert shown["state"] == "done", shown["status"]
     assert shown["text"] == text and shown["elements"] == 0
     assert shown["translation"] == packages("de-en", text, 1)
-    assert "beam=1" in shown["href"]  # the address is the link to this translation
+    assert shown["link"] == f"{origin}{PAGE}?{query}"  # a link to this translation
 
 
 def test_no_other_page_loads_the_models(book: Path):

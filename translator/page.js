@@ -199,13 +199,10 @@
       await showInside({ ...result, attention, layers: entry.data.config.model.n_layers });
     }
     setState("done", status);
-    const link = shareLink(pair, text, beamSize);
-    $("link").href = link;
-    try {
-      window.history.replaceState(null, "", link);
-    } catch {
-      // some browsers refuse to change a file:// page's address; the link still works
-    }
+    // A link that opens the page with this translation. (The page's own address stays:
+    // Vega's legend refers to its gradient by the page's address, which must not change.)
+    $("link").href = shareLink(pair, text, beamSize);
+    $("link").parentElement.hidden = false;
   }
 
   /** What went wrong, in the status line (and the console, for whoever debugs it). */
@@ -335,7 +332,7 @@
     const target = $("heatmap");
     // Cells as large as the book's heatmaps (28 px), smaller where the column needs it.
     const room = target.clientWidth - 180; // the row labels and the chart's padding
-    const step = Math.max(2, Math.min(28, Math.floor(room / cols.length)));
+    const step = Math.max(1, Math.min(28, Math.floor(room / cols.length)));
     // Position-prefixed labels keep a repeated piece apart, as in the book's heatmaps.
     const x = cols.map((piece, j) => `${j}:${piece}`);
     const y = rows.map((piece, i) => `${i}:${piece}`);
@@ -377,7 +374,9 @@
       },
       config: { legend: { orient: "bottom" } },
     };
-    return vegaEmbed(target, spec, { actions: false, renderer: "svg" });
+    // SVG, one element per cell, up to a few hundred pieces; a canvas beyond
+    const renderer = cells.length > 40000 ? "canvas" : "svg";
+    return vegaEmbed(target, spec, { actions: false, renderer });
   }
 
   // ---- Starting: the controls, and the sentence of the address or the pair's example

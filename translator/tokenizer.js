@@ -48,7 +48,7 @@ class BPE {
 class Tokenizer {
   /**
    * data: {tokenizer: the checkpoint's tokenizer.json, parsed; spacy: the rules of the
-   * source language; whitespace: Python's whitespace characters, as a pattern}.
+   * source language (see spacy.js), with Python's whitespace characters as a pattern}.
    */
   constructor(data) {
     const spec = data.tokenizer;
