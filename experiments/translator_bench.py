@@ -13,11 +13,12 @@ words (--words) with beam 4, and measures:
 - and the page's weight: the bytes of every file it loaded, by kind.
 
 Goals (issue 37): the first translation within 3 s, a 15-word sentence with beam 4 within
-1 s. The JSON written to OUT (atomically) names the machine and the browser.
+1 s. The JSON written to OUT (atomically) names the machine, its load and the browser.
 """
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     result = {
         "machine": machine(),
+        # the machine may be shared: its load (runnable processes, over 1, 5 and 15
+        # minutes) before the run, to read the times by
+        "load_average": list(os.getloadavg()),
         "pair": args.pair,
         "sentence": text,
         "words": args.words,
@@ -148,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     result["page_bytes"] = sum(result["bytes"].values())
     result["goals_met"] = {name: result[name] <= goal for name, goal in GOALS.items()}
     print(
-        f"{result['machine']}, Chromium {result['chromium']}, {args.pair}:\n"
+        f"{result['machine']} (load {result['load_average'][0]:.1f}),"
+        f" Chromium {result['chromium']}, {args.pair}:\n"
         f"  first translation {result['first_translation_s']:.2f} s after opening"
         f" (data {result['data_loaded_s']:.2f} s, model ready"
         f" {result['model_ready_s']:.2f} s, translating {result['translating_s']:.2f} s)\n"
