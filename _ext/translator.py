@@ -308,7 +308,7 @@ def _add_page_assets(app, pagename, templatename, context, doctree) -> None:
         return
     app.add_css_file(f"{STATIC}/translator.css")
     app.add_js_file(f"{STATIC}/core.js")
-    app.add_js_file(f"{STATIC}/page.js")
+    app.add_js_file(f"{STATIC}/page.js", **{"data-pairs": " ".join(shipped_pairs())})
 
 
 def setup(app):

@@ -255,26 +255,76 @@ function sinusoidalEncoding(maxLen, dModel) {
 // ---------------------------------------------------------------------------------------
 
 class Transformer {
+  /**
+   * The name and shape of every weight of a model of this config, as the package's
+   * state_dict names them (the tied ones once).
+   */
+  static tensorShapes(config) {
+    const { d_model: d, d_ff: dFF, n_layers: layers, max_len: maxLen } = config;
+    const V = config.src_vocab_size;
+    const targetV = config.tgt_vocab_size ?? V;
+    const shapes = new Map([["src_embed.embedding.weight", [V, d]]]);
+    const linear = (name, dOut, dIn) => {
+      shapes.set(`${name}.weight`, [dOut, dIn]);
+      shapes.set(`${name}.bias`, [dOut]);
+    };
+    const norm = (name) => {
+      shapes.set(`${name}.weight`, [d]);
+      shapes.set(`${name}.bias`, [d]);
+    };
+    if (!config.share_embeddings) {
+      shapes.set("tgt_embed.embedding.weight", [targetV, d]);
+    }
+    if (config.positional === "learned") {
+      shapes.set("src_pos.embedding.weight", [maxLen, d]);
+      shapes.set("tgt_pos.embedding.weight", [maxLen, d]);
+    }
+    for (const stack of ["encoder", "decoder"]) {
+      for (let i = 0; i < layers; i++) {
+        const layer = `${stack}.layers.${i}`;
+        const attentions = stack === "encoder" ? ["self_attn"] : ["self_attn", "cross_attn"];
+        for (const attention of attentions) {
+          for (const w of ["w_q", "w_k", "w_v", "w_o"]) {
+            linear(`${layer}.${attention}.${w}`, d, d);
+          }
+        }
+        linear(`${layer}.feed_forward.w_1`, dFF, d);
+        linear(`${layer}.feed_forward.w_2`, d, dFF);
+        for (let j = 0; j <= attentions.length; j++) {
+          norm(`${layer}.sublayers.${j}.norm`);
+        }
+      }
+      if (config.norm_first) {
+        norm(`${stack}.final_norm`);
+      }
+    }
+    if (!config.tie_output) {
+      shapes.set("generator.proj.weight", [targetV, d]);
+    }
+    return shapes;
+  }
+
   /** config: config.json's "model"; tensors: readSafetensors' Map. */
   constructor(config, tensors) {
+    // The weights must be those of this config, as the package checks them.
+    for (const [name, shape] of Transformer.tensorShapes(config)) {
+      if (!tensors.has(name)) {
+        throw new Error(`the weights lack ${name}`);
+      }
+      if (tensors.get(name).shape.join() !== shape.join()) {
+        throw new Error(
+          `weight ${name} has shape [${tensors.get(name).shape}], the model expects [${shape}]`,
+        );
+      }
+    }
     this.config = config;
     const { d_model: dModel, n_heads: H } = config;
     Object.assign(this, { dModel, H, dK: dModel / H, maxLen: config.max_len });
     this.V = config.tgt_vocab_size ?? config.src_vocab_size;
-    const get = (name) => {
-      if (!tensors.has(name)) {
-        throw new Error(`the weights lack ${name}`);
-      }
-      return tensors.get(name).data;
-    };
+    const get = (name) => tensors.get(name).data;
     const linearLayer = (name, bias = true) => {
-      const { shape } = tensors.get(`${name}.weight`) ?? { shape: [0, 0] };
-      return {
-        weight: get(`${name}.weight`),
-        bias: bias ? get(`${name}.bias`) : null,
-        dOut: shape[0],
-        dIn: shape[1],
-      };
+      const [dOut, dIn] = tensors.get(`${name}.weight`).shape;
+      return { weight: get(`${name}.weight`), bias: bias ? get(`${name}.bias`) : null, dOut, dIn };
     };
     const norm = (name) => ({ weight: get(`${name}.weight`), bias: get(`${name}.bias`) });
     const attention = (name) => ({

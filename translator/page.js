@@ -7,11 +7,15 @@
 // (textContent, a form field's value), never as HTML; nothing is asked of the network.
 
 (() => {
-  // core.js, page.js and the pairs' data lie side by side: _static/translator/.
+  // core.js, page.js and the pairs' data lie side by side: _static/translator/. The
+  // build names the shipped pairs on this script's element.
   const here = document.currentScript.src;
+  const shipped = document.currentScript.dataset.pairs.split(" ");
   const pairs = {}; // pair -> {data, weights}, as its script hands them over
   const loads = {}; // pair -> the promise of its loading
-  let worker; // a Worker, or null where the page computes itself
+  const ready = new Set(); // the pairs whose model is ready to translate
+  let worker; // a Worker; null where none starts and the page computes itself
+  let pinged; // the promise of the worker's first answer
   const local = new Map(); // pair -> LanguagePair, where the page computes itself
   let shown = null; // the translation on display, for the heatmap's controls
   let busy = null; // the promise of the work under way
@@ -21,6 +25,9 @@
   const $ = (id) => document.getElementById(`translator-${id}`);
 
   function setState(state, status = "") {
+    if (!document.getElementById("translator")) {
+      return; // the page is still loading: start() sets the state
+    }
     $("progress").hidden = !["loading", "translating"].includes(state);
     $("status").textContent = status;
     document.getElementById("translator").dataset.state = state;
@@ -112,10 +119,31 @@
     return loads[pair];
   }
 
+  /** A worker that answers, once it has warmed up (or false where none starts). */
+  function workerReady() {
+    if (worker === undefined) {
+      worker = startWorker();
+      pinged = callWorker({ ping: true }).then(
+        () => true,
+        () => {
+          worker?.terminate();
+          worker = null;
+          return false;
+        },
+      );
+    }
+    return pinged;
+  }
+
+  /** "German → English model (12 MB of weights)", once the widget is there. */
+  function describe(pair) {
+    const option = document.querySelector(`#translator-pair option[value="${pair}"]`);
+    return option ? `${option.textContent} model (${option.dataset.megabytes} MB)` : "model";
+  }
+
   async function startPair(pair) {
-    const option = [...$("pair").options].find((o) => o.value === pair);
-    const name = option.textContent;
-    setState("loading", `Loading the ${name} model (${option.dataset.megabytes} MB of weights)…`);
+    setState("loading", `Loading the ${describe(pair)}…`);
+    workerReady(); // it warms up while the data loads
     if (!pairs[pair]) {
       await loadScript(new URL(`${pair}.js`, here).href);
       performance.mark(`translator: ${pair} loaded`);
@@ -123,17 +151,8 @@
     const entry = pairs[pair];
     const weights = entry.weights.map(fromBase64);
     entry.weights = null; // the base64 text is no longer needed
-    setState("loading", `Starting the ${name} model…`);
-    if (worker === undefined) {
-      worker = startWorker();
-      try {
-        await callWorker({ ping: true }); // does it run?
-      } catch {
-        worker?.terminate();
-        worker = null;
-      }
-    }
-    if (worker) {
+    setState("loading", `Starting the ${describe(pair)}…`);
+    if (await workerReady()) {
       // the weights move to the worker (transferred, not copied)
       await callWorker(
         { load: entry.data, weights },
@@ -143,6 +162,7 @@
       await pause(); // let the status show before the page is busy
       local.set(pair, new (translatorCore(null).LanguagePair)(entry.data, weights));
     }
+    ready.add(pair);
     performance.mark(`translator: ${pair} ready`);
     return entry;
   }
@@ -169,6 +189,9 @@
     const pair = $("pair").value;
     const text = $("text").value;
     const beamSize = selectedBeam();
+    if (!ready.has(pair)) {
+      setState("loading", `Loading the ${describe(pair)}…`);
+    }
     const entry = await loadPair(pair);
     const search = beamSize === 1 ? "greedy decoding" : `beam search, ${beamSize} beams`;
     setState("translating", `Translating (${search})…`);
@@ -430,6 +453,11 @@
     }
     translateNow();
   }
+
+  // Start at once, while the rest of the page loads: the worker, and the data of the
+  // pair that the link names (or the first). A failure shows when the page translates.
+  const asked = new URLSearchParams(window.location.search).get("pair");
+  loadPair(shipped.includes(asked) ? asked : shipped[0]).catch(() => null);
 
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", start);

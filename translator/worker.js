@@ -1,5 +1,5 @@
 "use strict";
-/* global Tokenizer, Transformer, readSafetensors, translate */
+/* global Tokenizer, Transformer, readSafetensors, translate, greedyDecode, beamSearch */
 /* exported LanguagePair, serve */
 
 // The page's computing side: one language pair's tokenizer and model, translating a
@@ -65,6 +65,42 @@ class LanguagePair {
 }
 
 /**
+ * Decode with a tiny model of random weights, so that the JavaScript engine compiles the
+ * forward pass and the searches to fast machine code while the page is still loading the
+ * real weights: the first translation then runs at full speed. (Its result is discarded.)
+ */
+function warmUp() {
+  const config = {
+    src_vocab_size: 16,
+    tgt_vocab_size: null,
+    d_model: 16,
+    n_heads: 2,
+    n_layers: 2,
+    d_ff: 32,
+    max_len: 32,
+    norm_first: false,
+    positional: "sinusoidal",
+    share_embeddings: true,
+    tie_output: true,
+  };
+  let seed = 1;
+  const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647 - 0.5;
+  const tensors = new Map();
+  for (const [name, shape] of Transformer.tensorShapes(config)) {
+    const data = new Float32Array(shape.reduce((a, b) => a * b, 1)).map(random);
+    tensors.set(name, { shape, data });
+  }
+  const model = new Transformer(config, tensors);
+  const ids = { bosId: 2, eosId: 3, padId: 0 };
+  const source = [4, 5, 6, 7, 8, 9, 10, 3];
+  for (let i = 0; i < 5; i++) {
+    greedyDecode(model, source, ids, { maxLen: 24 });
+    beamSearch(model, source, ids, { maxLen: 24 });
+    model.attentionWeights(source, [2, 4, 5, 6]);
+  }
+}
+
+/**
  * Answer the page's messages in a worker: {ping}, {load: data, weights}, and for a pair,
  * {pair, translate: text, beamSize} and {pair, attention: {source, target}}.
  */
@@ -73,6 +109,7 @@ function serve(scope) {
   scope.onmessage = ({ data: message }) => {
     try {
       if (message.ping) {
+        warmUp();
         scope.postMessage({ id: message.id, ready: true });
       } else if (message.load) {
         const translator = new LanguagePair(message.load, message.weights);
