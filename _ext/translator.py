@@ -48,22 +48,53 @@ def shipped_pairs() -> list[str]:
 
 @functools.cache
 def language_name(code: str) -> str:
-    """ "German" for "de": the name of spaCy's class for the language."""
+    """The name of spaCy's class for a language: German for de."""
     import spacy
 
     return type(spacy.blank(code)).__name__
 
 
+def package_spacy_tokenizer(language: str):
+    """The spaCy tokenizer that the package's `pretokenize` applies to `language`."""
+    # The package's own, whatever it is built from (spaCy's blank tokenizer, or a faster
+    # build of the same rules): transformer.tokenizer keeps it under a private name.
+    from transformer.tokenizer import _spacy_tokenizer
+
+    return _spacy_tokenizer(language)
+
+
+def spacy_fingerprint(language: str) -> bytes:
+    """What the rules of `language` are made from: spaCy's version, the special cases and
+    the patterns (their text), cheap to read where converting them is not."""
+    import spacy
+
+    tokenizer = package_spacy_tokenizer(language)
+    searches = (
+        "prefix_search",
+        "suffix_search",
+        "infix_finditer",
+        "token_match",
+        "url_match",
+    )
+    patterns = [
+        None
+        if (f := getattr(tokenizer, name)) is None
+        else (f.__self__.pattern, f.__self__.flags)
+        for name in searches
+    ]
+    rules = sorted((text, repr(tokens)) for text, tokens in tokenizer.rules.items())
+    parts = [spacy.__version__, tokenizer.faster_heuristics, patterns, rules]
+    return json.dumps(parts, ensure_ascii=False).encode()
+
+
 @functools.cache
 def spacy_rules(language: str) -> dict:
-    """spaCy's tokenizer for `language` (`spacy.blank(language).tokenizer`, which the
-    package's `pretokenize` uses) as data for translator/spacy.js."""
-    import spacy
+    """The package's spaCy tokenizer for `language` as data for translator/spacy.js."""
     from js_regex import to_javascript
     from spacy.symbols import ORTH
     from spacy.tokenizer import Tokenizer as SpacyTokenizer
 
-    tokenizer = spacy.blank(language).tokenizer
+    tokenizer = package_spacy_tokenizer(language)
     rules = tokenizer.rules
     # The special cases that the final matching pass looks for are matched by the tokens
     # that the affix rules alone cut them into: a tokenizer without special cases gives
@@ -113,8 +144,7 @@ def _weight_files(folder: Path, config: dict) -> list[Path]:
 
 def _inputs_digest(pair: str) -> str:
     """What the data of `pair` is made from: a change to any of it rewrites it."""
-    import spacy
-
+    from transformer.data import PAIRS
     from transformer.decode import CHECKPOINTS_DIR
 
     folder = CHECKPOINTS_DIR / pair
@@ -122,7 +152,7 @@ def _inputs_digest(pair: str) -> str:
     digest = hashlib.sha256()
     for part in (
         DATA_FORMAT.encode(),
-        spacy.__version__.encode(),
+        spacy_fingerprint(PAIRS[pair][0]),
         Path(__file__).read_bytes(),
         (Path(__file__).parent / "js_regex.py").read_bytes(),
         (folder / "config.json").read_bytes(),
