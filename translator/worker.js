@@ -65,18 +65,20 @@ class LanguagePair {
 }
 
 /**
- * Decode with a tiny model of random weights, so that the JavaScript engine compiles the
+ * Decode with a small model of random weights, so that the JavaScript engine compiles the
  * forward pass and the searches to fast machine code while the page is still loading the
- * real weights: the first translation then runs at full speed. (Its result is discarded.)
+ * real weights: a cold first translation takes about twice as long as the next. The
+ * vocabulary is large enough that the loops over V get compiled too. A generator: each
+ * step is one decoding, so that a message from the page can stop it between two.
  */
-function warmUp() {
+function* warmUp() {
   const config = {
-    src_vocab_size: 16,
+    src_vocab_size: 1000,
     tgt_vocab_size: null,
-    d_model: 16,
+    d_model: 32,
     n_heads: 2,
     n_layers: 2,
-    d_ff: 32,
+    d_ff: 64,
     max_len: 32,
     norm_first: false,
     positional: "sinusoidal",
@@ -93,23 +95,32 @@ function warmUp() {
   const model = new Transformer(config, tensors);
   const ids = { bosId: 2, eosId: 3, padId: 0 };
   const source = [4, 5, 6, 7, 8, 9, 10, 3];
-  for (let i = 0; i < 5; i++) {
-    greedyDecode(model, source, ids, { maxLen: 24 });
-    beamSearch(model, source, ids, { maxLen: 24 });
-    model.attentionWeights(source, [2, 4, 5, 6]);
+  for (let i = 0; i < 3; i++) {
+    yield greedyDecode(model, source, ids, { maxLen: 24 });
+    yield beamSearch(model, source, ids, { maxLen: 24 });
+    yield model.attentionWeights(source, [2, 4, 5, 6]);
   }
 }
 
 /**
  * Answer the page's messages in a worker: {ping}, {load: data, weights}, and for a pair,
- * {pair, translate: text, beamSize} and {pair, attention: {source, target}}.
+ * {pair, translate: text, beamSize} and {pair, attention: {source, target}}. Until the
+ * first message that is not a ping, it warms up, one step at a time.
  */
 function serve(scope) {
   const translators = new Map(); // pair -> LanguagePair
+  const warming = warmUp();
+  let idle = true;
+  const warmer = () => {
+    if (idle && !warming.next().done) {
+      setTimeout(warmer, 0); // after the messages that have come in
+    }
+  };
+  setTimeout(warmer, 0);
   scope.onmessage = ({ data: message }) => {
+    idle &&= Boolean(message.ping);
     try {
       if (message.ping) {
-        warmUp();
         scope.postMessage({ id: message.id, ready: true });
       } else if (message.load) {
         const translator = new LanguagePair(message.load, message.weights);
