@@ -228,7 +228,8 @@ def core_source() -> str:
         '"use strict";\n'
         f"{body}\n"
         "if (scope) {\n  serve(scope);\n}\n"
-        "return { LanguagePair, Tokenizer, Transformer, readSafetensors, translate };\n"
+        "return { LanguagePair, Tokenizer, Transformer, readSafetensors, translate,"
+        " SpacyTokenizer, compileRegExp };\n"
         "}\n"
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +98,63 @@ def run_node(folder: Path, pair: str, request: dict) -> dict:
 def sentences(pair: str) -> list[str]:
     language = PAIRS[pair]
     return load_split("val", language) + load_split("test_2016_flickr", language)
+
+
+# Python patterns with what JavaScript reads otherwise (\b, \d, \w, \s, ., case, lazy
+# repeats, look-behind, empty matches), and strings that tell them apart.
+PATTERNS = [
+    r"\bcat\b",
+    r"\d+(?:\.\d+)?",
+    r"(?i)stra(?:ß|ss)e",
+    r"a.*?b",
+    r"[^\W\d_]+",
+    r"(?<=[a-z])(?=[A-Z])|-",
+    r"\s+",
+    r"^\$|€$",
+    r"x{2,3}",
+    r"[\w.-]+@[\w-]+\.\w+",
+    r"(?<!\d)\.(?!\d)",
+    r"\S+",
+]
+STRINGS = [
+    "the cat sat",
+    "catalog cat. cat_",
+    "12.5 and 7 and ٣٤",
+    "STRASSE Straße straße STRAẞE",
+    "aXbYb a\nb",
+    "camelCaseWord-split",
+    "naïve café ½ ² ٣ ǅ",
+    "x xx xxx xxxx",
+    "e-mail@example.org",
+    "3.14 end. ok",
+    "a\u00a0b\u2003c\u1680d\x1ce\x85f\ufeffg",
+    "$5 and 5€",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 🐕 x",
+]
+
+
+def test_converted_patterns_match_as_python(static: Path):
+    """_ext/js_regex.py's patterns find what Python's do: re.search, re.match and
+    re.finditer (as translator/spacy.js emulates it), over the same spans."""
+    from js_regex import to_javascript
+
+    compiled = [re.compile(p) for p in PATTERNS]
+    request = {
+        "regex": [
+            {"pattern": to_javascript(p, non_empty=True), "strings": STRINGS}
+            for p in compiled
+        ]
+    }
+    got = run_node(static, "-", request)["regex"]
+    for pattern, answers in zip(compiled, got, strict=True):
+        for string, answer in zip(STRINGS, answers, strict=True):
+            search, match = pattern.search(string), pattern.match(string)
+            expected = {
+                "search": search and list(search.span()),
+                "match": match and list(match.span()),
+                "finditer": [list(m.span()) for m in pattern.finditer(string)],
+            }
+            assert answer == expected, (pattern.pattern, string)
 
 
 @pytest.mark.slow

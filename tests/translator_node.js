@@ -4,7 +4,10 @@
 //
 //   node tests/translator_node.js FOLDER PAIR < request.json > answer.json
 //
-// The request is one JSON object; each key present asks for one thing:
+// The request is one JSON object; each key present asks for one thing (PAIR "-" for
+// regex alone):
+//   regex: [{pattern, strings}]
+//                            -> per pattern, per string: {search, match, finditer} spans
 //   words: [sentence]        -> words: [[marked spaCy word]]  (pretokenize)
 //   segment: [word]          -> ids: [[id]]                   (Tokenizer.segment)
 //   translate: [sentence], beamSize, maxLen
@@ -18,21 +21,28 @@ const path = require("path");
 const vm = require("vm");
 
 const [folder, pair] = process.argv.slice(2);
+vm.runInThisContext(fs.readFileSync(path.join(folder, "core.js"), "utf8"));
+// eslint-disable-next-line no-undef
+const core = translatorCore(null);
+const request = JSON.parse(fs.readFileSync(0, "utf8"));
+const answer = {};
+const started = process.hrtime.bigint();
+
+if (request.regex) {
+  answer.regex = request.regex.map(({ pattern, strings }) => regexAnswers(pattern, strings));
+}
+if (pair === "-") {
+  finish();
+}
 let loaded = null;
 globalThis.translatorData = (data, weights) => {
   loaded = { data, weights };
 };
-vm.runInThisContext(fs.readFileSync(path.join(folder, "core.js"), "utf8"));
 vm.runInThisContext(fs.readFileSync(path.join(folder, `${pair}.js`), "utf8"));
-// eslint-disable-next-line no-undef
-const core = translatorCore(null);
 const weights = loaded.weights.map((text) => new Uint8Array(Buffer.from(text, "base64")));
 const translator = new core.LanguagePair(loaded.data, weights);
 const { tokenizer, model } = translator;
 
-const request = JSON.parse(fs.readFileSync(0, "utf8"));
-const answer = {};
-const started = process.hrtime.bigint();
 if (request.words) {
   answer.words = request.words.map((sentence) => tokenizer.words(sentence));
 }
@@ -74,5 +84,36 @@ if (request.attention) {
     };
   });
 }
-answer.seconds = Number(process.hrtime.bigint() - started) / 1e9;
-process.stdout.write(JSON.stringify(answer));
+finish();
+
+/**
+ * A pattern converted by _ext/js_regex.py, used as spacy.js uses the tokenizer's: for each
+ * string, the span of re.search, of re.match, and those of re.finditer ([start, end] in
+ * code points, as Python counts; null for no match).
+ */
+function regexAnswers(pattern, strings) {
+  const search = core.compileRegExp(pattern);
+  const match = core.compileRegExp(pattern, "y");
+  const finder = {
+    infix: core.compileRegExp(pattern, "g"),
+    infixNonEmpty: new RegExp(pattern.non_empty, pattern.flags + "y"),
+  };
+  const points = (string, unit) => [...string.slice(0, unit)].length;
+  const span = (string, m) => m && [points(string, m.index), points(string, m.index + m[0].length)];
+  return strings.map((string) => {
+    match.lastIndex = 0;
+    return {
+      search: span(string, search.exec(string)),
+      match: span(string, match.exec(string)),
+      finditer: core.SpacyTokenizer.prototype.findInfixes
+        .call(finder, string)
+        .map(([a, b]) => [points(string, a), points(string, b)]),
+    };
+  });
+}
+
+function finish() {
+  answer.seconds = Number(process.hrtime.bigint() - started) / 1e9;
+  process.stdout.write(JSON.stringify(answer));
+  process.exit(0);
+}
