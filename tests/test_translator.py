@@ -252,8 +252,9 @@ def test_attention_weights_are_the_packages(static: Path, pair: str):
     assert worst < 1e-4, worst
 
 
-def tiny_model(folder: Path, **options) -> Path:
-    """A tiny random de-en model in the shipped form, of 40 positions, with `options`."""
+def tiny_model(folder: Path, shipped: bool = True, **options) -> Path:
+    """A tiny random de-en model of 40 positions, with `options`: in the shipped form
+    (float16), or as a training run leaves it (float32)."""
     from helpers import tiny_tokenizer
 
     from transformer.train_config import TrainConfig, run_record
@@ -269,13 +270,13 @@ def tiny_model(folder: Path, **options) -> Path:
         max_len=40,
         **options,
     )
-    checkpoint = folder.parent / f".{folder.name}-run"
+    checkpoint = folder.parent / f".{folder.name}-run" if shipped else folder
     checkpoint.mkdir(parents=True)
     save_weights(Transformer(config), checkpoint / "model.safetensors")
     record = run_record(TrainConfig(pair="de-en"), config, tokenizer)
     (checkpoint / "config.json").write_text(json.dumps(record))
     tokenizer.save(checkpoint / "tokenizer.json")
-    return export_model(checkpoint, folder)
+    return export_model(checkpoint, folder) if shipped else folder
 
 
 # A sentence of more than the tiny model's 40 positions, and two short ones.
@@ -296,8 +297,15 @@ TINY_TEXTS = [
         {"norm_first": True},
         {"positional": "learned"},
         {"share_embeddings": False, "tie_output": False},
+        {"shipped": False},
     ],
-    ids=["paper", "pre-norm", "learned-positions", "separate-embeddings"],
+    ids=[
+        "paper",
+        "pre-norm",
+        "learned-positions",
+        "separate-embeddings",
+        "float32-checkpoint",
+    ],
 )
 def test_a_retrained_model_translates_and_warns_as_the_package(
     tmp_path: Path, monkeypatch, options: dict

@@ -47,20 +47,22 @@ function readSafetensors(bytes) {
       continue;
     }
     const at = start + offsets[0];
-    const read = {
-      F16: (i) => HALF_TO_FLOAT[view.getUint16(at + 2 * i, true)],
-      BF16: (i) => {
-        BITS[0] = view.getUint16(at + 2 * i, true) << 16; // the top half of a float32
-        return BITS_AS_FLOAT[0];
-      },
-      F32: (i) => view.getFloat32(at + 4 * i, true),
-    }[dtype];
-    if (!read) {
-      throw new Error(`weight ${name} has dtype ${dtype}: F16, BF16 or F32 expected`);
-    }
     const data = new Float32Array(shape.reduce((a, b) => a * b, 1));
-    for (let i = 0; i < data.length; i++) {
-      data[i] = read(i);
+    if (dtype === "F16") {
+      for (let i = 0; i < data.length; i++) {
+        data[i] = HALF_TO_FLOAT[view.getUint16(at + 2 * i, true)];
+      }
+    } else if (dtype === "BF16") {
+      for (let i = 0; i < data.length; i++) {
+        BITS[0] = view.getUint16(at + 2 * i, true) << 16; // the top half of a float32
+        data[i] = BITS_AS_FLOAT[0];
+      }
+    } else if (dtype === "F32") {
+      for (let i = 0; i < data.length; i++) {
+        data[i] = view.getFloat32(at + 4 * i, true);
+      }
+    } else {
+      throw new Error(`weight ${name} has dtype ${dtype}: F16, BF16 or F32 expected`);
     }
     tensors.set(name, { shape, data });
   }
