@@ -8,7 +8,7 @@ At `make book` this extension writes into the build, under `_static/translator/`
   to JavaScript by `js_regex`), and its safetensors weights as they are, in base64. The page
   loads it with a `<script>` element, which works from `file://` where `fetch` does not.
   Writing it takes seconds; it is kept in the build folder and written again only when one
-  of its inputs changes (a retrained model, another spaCy, this code).
+  of its inputs changes (a retrained model, other spaCy rules, this code).
 - `core.js`: `translator/*.js` (tokenizer, model, decoding, worker) inside one function,
   whose source the page also starts its Web Worker from;
 - `page.js` and `translator.css`: the widget.

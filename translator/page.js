@@ -188,6 +188,7 @@
   async function run() {
     const pair = $("pair").value;
     const text = $("text").value;
+    $("text").lang = pair.split("-")[0]; // the source language, for spelling and speech
     const beamSize = selectedBeam();
     if (!ready.has(pair)) {
       setState("loading", `Loading the ${describe(pair)}…`);
@@ -404,7 +405,7 @@
 
   // ---- Starting: the controls, and the sentence of the address or the pair's example
 
-  function examples(pair) {
+  function example(pair) {
     return pairs[pair]?.data.example ?? "";
   }
 
@@ -419,6 +420,9 @@
       document.querySelector("input[name=translator-search][value='1']").checked = true;
     }
     $("text").value = params.get("text") ?? ""; // a form field's value: text, not HTML
+    if (!ready.has(pairSelect.value)) {
+      setState("loading", `Loading the ${describe(pairSelect.value)}…`);
+    }
     $("go").addEventListener("click", translateNow);
     $("text").addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
@@ -429,11 +433,11 @@
     let previous = pairSelect.value;
     pairSelect.addEventListener("change", async () => {
       // an untouched example follows the pair
-      const untouched = !$("text").value || $("text").value === examples(previous);
+      const untouched = !$("text").value || $("text").value === example(previous);
       previous = pairSelect.value;
       if (untouched) {
         await loadPair(pairSelect.value).catch(() => null);
-        $("text").value = examples(pairSelect.value);
+        $("text").value = example(pairSelect.value);
       }
       translateNow();
     });
@@ -446,7 +450,7 @@
     if (!params.has("text")) {
       try {
         await loadPair(pairSelect.value);
-        $("text").value = examples(pairSelect.value);
+        $("text").value = example(pairSelect.value);
       } catch {
         // translateNow reports it
       }
