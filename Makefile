@@ -15,7 +15,8 @@ help:
 	@echo "make book     build the HTML book into _build/html (creates .venv first)"
 	@echo "make test     pytest over tests/ and nbval over every chapter"
 	@echo "make test-other-cpu  nbval again with other CPU kernels (CI runs it too)"
-	@echo "make check    fast static checks: ruff, export in sync, notebooks clean"
+	@echo "make check    fast static checks: ruff, export in sync, notebooks clean, and"
+	@echo "              prettier and eslint over the page translator's JavaScript (npm ci)"
 	@echo "make export   regenerate transformer/ from the chapters' #| export cells"
 	@echo "make sync     sync each chapter's .ipynb with its py:percent twin (jupytext)"
 	@echo "make execute  re-run chapters in place (NB=chapters/01_attention.ipynb for one)"
@@ -30,6 +31,12 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 venv: $(BIN)/.installed
+
+# The JavaScript's formatter and linter (package.json), for `make check`; the book and the
+# tests need Node itself only.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
 
 book: $(BIN)/.installed
 	$(BIN)/jupyter-book build --warningiserror --keep-going --path-output . .
@@ -49,10 +56,11 @@ test: $(BIN)/.installed
 test-other-cpu: $(BIN)/.installed
 	$(OTHER_CPU) $(NBVAL) $(CHAPTERS)
 
-check: $(BIN)/.installed
+check: $(BIN)/.installed node_modules/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/nb.py check
+	npm run --silent check
 
 export: $(BIN)/.installed
 	$(BIN)/python tools/nb.py export

@@ -45,6 +45,7 @@ def test_every_script_with_options_is_covered():
         "gpu_sweep.py",
         "model_card.py",
         "train_bench.py",
+        "translator_bench.py",
         "word_level_report.py",
         "cli_latency.py",
     }
