@@ -27,8 +27,7 @@
 # Nothing here trains. Each run's training configuration and metrics are kept in
 # `experiments/runs/<pair>/<run>/`, beside the scripts that trained and scored the runs
 # (`experiments/README.md` lists them); `experiments.comparison` reads the runs for the cells
-# below. The folder `experiments/` sits next to the package, not in it: it serves this book's
-# analysis, not a user of `transformer`.
+# below. The folder `experiments/` sits next to the package, not in it.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -73,22 +72,22 @@ use_book_renderer()
 # %% [markdown]
 # ## How the runs were made and measured
 #
-# Two kinds of machine trained them. The runs whose names end in `cpu` trained on a 2-core CPU in
-# float32, one or two at a time, for 10 to 60 epochs. The others trained on one NVIDIA H100,
-# several sharing the GPU, each stopped by a time limit of about seven minutes if it had not
-# finished by then, which is why some of them end after 14 to 33 epochs; eight of them trained
-# under bfloat16 autocast, the others in float32. The shipped models are two of those GPU runs,
-# and their records in `checkpoints/<pair>/metrics.jsonl` are read here as the run `shipped`.
+# The runs whose names end in `cpu` trained on a 2-core CPU in float32, one or two at a time, for
+# 10 to 60 epochs. The others trained on one NVIDIA H100, several sharing the GPU, each stopped
+# by a time limit of about seven minutes if it had not finished by then, which is why some of
+# them end after 14 to 33 epochs; eight of them trained under bfloat16 autocast, the others in
+# float32. The shipped models are two of those GPU runs, and their records in
+# `checkpoints/<pair>/metrics.jsonl` are read here as the run `shipped`.
 #
 # Every run is measured as the training loop measures it (the training chapter, "What validation
 # measures"): after each epoch, the perplexity on the validation split, the negative
 # log-likelihood summed over every target token and divided by the whitespace-separated words of
-# the references. Per word rather than per token, because the number of words does not depend on
-# the vocabulary: runs with 4,000 or 12,000 BPE entries compare with the rest. At its end a run
-# averages the weights of its last five epochs and validates the average, the model a run ships.
-# The test split is kept for the shipped models, which the results chapter scores with BLEU.
-# Only the records of the comparison runs were kept, not their weights; for seven of them, the
-# validation sacreBLEU of the averaged model (beam 4, $\alpha = 0.6$) was measured first.
+# the references. Per word, because words do not depend on the vocabulary: runs with 4,000 or
+# 12,000 BPE entries compare with the rest. At its end a run averages the weights of its last
+# five epochs and validates the average, the model a run ships. The test split is kept for the
+# shipped models, which the results chapter scores with BLEU. Only the records of the comparison
+# runs were kept, not their weights; for seven of them, the validation sacreBLEU of the averaged
+# model (beam 4, $\alpha = 0.6$) was measured first.
 #
 # Each run is compared with one other, its *reference*. A run of at most 20 epochs on the CPU is
 # compared with the **CPU baseline** `dropout-0.2-cpu` (the recipe's model with dropout 0.2
