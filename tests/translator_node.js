@@ -31,60 +31,64 @@ const started = process.hrtime.bigint();
 if (request.regex) {
   answer.regex = request.regex.map(({ pattern, strings }) => regexAnswers(pattern, strings));
 }
-if (pair === "-") {
-  finish();
-}
-let loaded = null;
-globalThis.translatorData = (data, weights) => {
-  loaded = { data, weights };
-};
-vm.runInThisContext(fs.readFileSync(path.join(folder, `${pair}.js`), "utf8"));
-const weights = loaded.weights.map((text) => new Uint8Array(Buffer.from(text, "base64")));
-const translator = new core.LanguagePair(loaded.data, weights);
-const { tokenizer, model } = translator;
-
-if (request.words) {
-  answer.words = request.words.map((sentence) => tokenizer.words(sentence));
-}
-if (request.segment) {
-  answer.ids = request.segment.map((word) => tokenizer.segment(word));
-}
-if (request.translate) {
-  const warnings = [];
-  const results = core.translate(model, tokenizer, request.translate, {
-    beamSize: request.beamSize ?? 4,
-    maxLen: request.maxLen ?? null,
-    warn: (message) => warnings.push(message),
-  });
-  answer.texts = results.map((r) => r.text);
-  answer.hypotheses = results.map((r) => r.hypothesis);
-  answer.warnings = warnings;
-}
-if (request.attention) {
-  const nested = (flat, ...shape) => {
-    const build = (offset, dims) =>
-      dims.length === 1
-        ? Array.from(flat.subarray(offset, offset + dims[0]))
-        : Array.from({ length: dims[0] }, (_, i) =>
-            build(offset + i * dims.slice(1).reduce((a, b) => a * b, 1), dims.slice(1)),
-          );
-    return build(0, shape);
-  };
-  answer.attention = request.attention.map((sentence) => {
-    const result = translator.translate(sentence, { beamSize: request.beamSize ?? 4 });
-    const { source, target } = result;
-    const [S, T, H] = [source.length, target.length, model.H];
-    const { encoder, decoderSelf, decoderCross } = translator.attention(source, target);
-    return {
-      source,
-      target,
-      encoder: encoder.map((w) => nested(w, H, S, S)),
-      decoderSelf: decoderSelf.map((w) => nested(w, H, T, T)),
-      decoderCross: decoderCross.map((w) => nested(w, H, T, S)),
-    };
-  });
+if (pair !== "-") {
+  answerPair();
 }
 finish();
+
+/** Loads the pair's data and answers the requests that need a model. */
+function answerPair() {
+  let loaded = null;
+  globalThis.translatorData = (data, weights) => {
+    loaded = { data, weights };
+  };
+  vm.runInThisContext(fs.readFileSync(path.join(folder, `${pair}.js`), "utf8"));
+  const weights = loaded.weights.map((text) => new Uint8Array(Buffer.from(text, "base64")));
+  const translator = new core.LanguagePair(loaded.data, weights);
+  const { tokenizer, model } = translator;
+
+  if (request.words) {
+    answer.words = request.words.map((sentence) => tokenizer.words(sentence));
+  }
+  if (request.segment) {
+    answer.ids = request.segment.map((word) => tokenizer.segment(word));
+  }
+  if (request.translate) {
+    const warnings = [];
+    const results = core.translate(model, tokenizer, request.translate, {
+      beamSize: request.beamSize ?? 4,
+      maxLen: request.maxLen ?? null,
+      warn: (message) => warnings.push(message),
+    });
+    answer.texts = results.map((r) => r.text);
+    answer.hypotheses = results.map((r) => r.hypothesis);
+    answer.warnings = warnings;
+  }
+  if (request.attention) {
+    const nested = (flat, ...shape) => {
+      const build = (offset, dims) =>
+        dims.length === 1
+          ? Array.from(flat.subarray(offset, offset + dims[0]))
+          : Array.from({ length: dims[0] }, (_, i) =>
+              build(offset + i * dims.slice(1).reduce((a, b) => a * b, 1), dims.slice(1)),
+            );
+      return build(0, shape);
+    };
+    answer.attention = request.attention.map((sentence) => {
+      const result = translator.translate(sentence, { beamSize: request.beamSize ?? 4 });
+      const { source, target } = result;
+      const [S, T, H] = [source.length, target.length, model.H];
+      const { encoder, decoderSelf, decoderCross } = translator.attention(source, target);
+      return {
+        source,
+        target,
+        encoder: encoder.map((w) => nested(w, H, S, S)),
+        decoderSelf: decoderSelf.map((w) => nested(w, H, T, T)),
+        decoderCross: decoderCross.map((w) => nested(w, H, T, S)),
+      };
+    });
+  }
+}
 
 /**
  * A pattern converted by _ext/js_regex.py, used as spacy.js uses the tokenizer's: for each
@@ -114,6 +118,7 @@ function regexAnswers(pattern, strings) {
 
 function finish() {
   answer.seconds = Number(process.hrtime.bigint() - started) / 1e9;
+  // Node exits once the answer is written: stdout to a pipe is asynchronous, and
+  // process.exit straight after the write would cut a long answer short.
   process.stdout.write(JSON.stringify(answer));
-  process.exit(0);
 }
