@@ -23,7 +23,7 @@
 # that make the update of one, and a small folder in which to ship the trained model. This
 # appendix builds them on the chapter's code: its `Trainer` calls the chapter's `train_step`.
 # It exports `transformer.train` (the `Trainer` and `train`), `transformer.train_config`,
-# `transformer.epochs`, `transformer.validation`, `transformer.logs`,
+# `transformer.training_data`, `transformer.validation`, `transformer.logs`,
 # `transformer.distributed`, `transformer.checkpoint` and `transformer.files`.
 
 # %% tags=["colab-setup", "hide-input"]
@@ -66,24 +66,29 @@ torch.set_printoptions(precision=4)
 # except the vocabulary size, which comes from the tokenizer. The defaults follow the paper where
 # it has a value (warm-up 4,000, label smoothing 0.1, the average of the last 5 checkpoints);
 # `bpe_dropout` samples a new segmentation of the training words each epoch (the data chapter).
-# Every field is checked when the config is made, from one table of (field, check, message), so
-# that a bad value is refused with its field's name before anything runs. The run stores the
+# Each field is defined once, by `option`: its default, its help on the command line, its check
+# (a test and the message a failing value gets) and whether a resumed run may change it. The
+# command line builds its options from the fields, and the config checks every field when it is
+# made, so that a bad value is refused with its field's name before anything runs. The model's
+# own configuration is built then too, once, and the run reads it from there. The run stores the
 # config twice: as `train_config.json` in its output folder, which `--resume` reads back so that
 # the same command can be repeated after a stop, and inside each checkpoint's `config.json`,
 # with the model's `TransformerConfig` and the vocabulary's SHA-256.
 
 # %%
 #| export train_config
-"""The configuration of a training run: `TrainConfig`, each field checked by a
-table, the named recipes, and what a checkpoint records of the run."""
+"""The configuration of a training run: `TrainConfig`, whose fields carry their
+own help, check and resume rule, the named recipes, and what a checkpoint
+records of the run."""
 
 import dataclasses
 import math
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -105,6 +110,10 @@ BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
 # measured bf16 matrix-multiply rate of an H100 or H200
 PEAK_BF16_FLOPS = 790e12
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
+# Earlier names of fields, as stored runs and checkpoints may hold them.
+RENAMED_FIELDS = {"model": "preset"}
+# A check: a test of the value, and what a value that fails it is told.
+Check = tuple[Callable[[Any], bool], str]
 
 
 def _integer(value: object) -> bool:
@@ -127,55 +136,76 @@ def _share(value: object) -> bool:
     return isinstance(value, int | float) and 0 <= value < 1
 
 
-_POSITIVE = (_positive, "must be a positive integer")
-_RATE = (_rate, "must be a finite positive number")
-_TEXT = (lambda v: v is None or isinstance(v, str), "must be a string or None")
-# Each field's check, in the order they are made; a value that fails is refused
-# as "<field> <message>, got <value>".
-_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "vocab_size": _POSITIVE,
-    "epochs": _POSITIVE,
-    "max_tokens": _POSITIVE,
-    "accumulation": _POSITIVE,
-    "warmup": _POSITIVE,
-    "max_steps": (
-        lambda v: v is None or _positive(v),
-        "must be a positive integer or None",
-    ),
-    "log_every": _POSITIVE,
-    "seed": (
-        lambda v: _integer(v) and v >= 0,
-        "must be a non-negative integer",
-    ),
-    "average_last": (
-        lambda v: isinstance(v, int) and v >= 0,
-        "must be an integer >= 0",
-    ),
-    "lr_factor": _RATE,
-    "peak_flops": _RATE,
-    "label_smoothing": (_share, "must be in [0, 1)"),
-    "bpe_dropout": (
-        lambda v: _share(v) and not isinstance(v, bool),
-        "must be in [0, 1)",
-    ),
-    "bpe_dropout_sides": (
-        lambda v: isinstance(v, str) and v in BPE_DROPOUT_SIDES,
-        f"must be one of {', '.join(BPE_DROPOUT_SIDES)}",
-    ),
-    "time_limit": (
-        lambda v: v is None or _rate(v),
-        "must be finite positive minutes or None",
-    ),
-    "bf16": (
-        lambda v: v in (None, True, False),
-        "must be True, False or None",
-    ),
-    "compile": (lambda v: isinstance(v, bool), "must be True or False"),
-    "out_dir": _TEXT,
-    "cache_dir": _TEXT,
-    "data_dir": _TEXT,
-    "device": _TEXT,
-}
+def _device(value: object) -> bool:
+    if value is None:
+        return True
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+POSITIVE: Check = (_positive, "must be a positive integer")
+RATE: Check = (_rate, "must be a finite positive number")
+TEXT: Check = (
+    lambda v: v is None or isinstance(v, str),
+    "must be a string or None",
+)
+FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+SHARE: Check = (
+    lambda v: _share(v) and not isinstance(v, bool),
+    "must be in [0, 1)",
+)
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    on_resume: Literal["fixed", "free"],
+    check: Check | None = None,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = "",
+    **field_args: Any,
+) -> Any:
+    """A TrainConfig field and everything about it: its command-line `help`,
+    whether a resumed run must keep it ("fixed": it decides the updates) or
+    may change it ("free"), its `check`, or the `choices` it is one of, and
+    its option's `flag` ("": --field-name; None: no option)."""
+    if choices is not None and check is None:
+        check = (
+            lambda v: v in choices,
+            f"must be one of {', '.join(choices)}",
+        )
+    metadata = dict(
+        help=help, on_resume=on_resume, check=check, choices=choices, flag=flag
+    )
+    return dataclasses.field(default=default, metadata=metadata, **field_args)
+
+
+def flag_of(field: dataclasses.Field) -> str | None:
+    """The command-line option that sets a TrainConfig field, if any."""
+    flag = field.metadata.get("flag", None)
+    return "--" + field.name.replace("_", "-") if flag == "" else flag
+
+
+def value_type(field: dataclasses.Field) -> type:
+    """The type of a field's values, None aside: `int | None` gives int."""
+    kinds = [t for t in typing.get_args(field.type) if t is not type(None)]
+    return kinds[0] if kinds else field.type
+
+
+def fixed_on_resume(cls: type) -> tuple[str, ...]:
+    """The fields of a TrainConfig class that a resumed run must keep."""
+    fields = dataclasses.fields(cls)
+    return tuple(f.name for f in fields if f.metadata["on_resume"] == "fixed")
+
+
+def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
+    """Stored TrainConfig fields under today's names (RENAMED_FIELDS); a field
+    stored under both names keeps its later value."""
+    return {RENAMED_FIELDS.get(k, k): v for k, v in fields.items()}
 
 
 # %% [markdown]
@@ -189,49 +219,157 @@ class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
     where it says."""
 
-    pair: str
-    model: str = "small"  # a TransformerConfig preset
-    model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-    vocab_size: int = VOCAB_SIZE  # of the joint BPE vocabulary (data chapter)
-    epochs: int = 10
-    max_steps: int | None = None
-    # padded tokens per batch and side, per process
-    max_tokens: int = MAX_TOKENS
-    accumulation: int = 1  # batches per process and update
-    warmup: int = 4000
-    lr_factor: float = 1.0
-    label_smoothing: float = 0.1
-    # on the training words (data chapter); 0: off (the paper)
-    bpe_dropout: float = 0.0
-    # or "source": targets keep BPE's own spelling
-    bpe_dropout_sides: str = "both"
-    seed: int = 0
-    bf16: bool | None = None  # None: on with CUDA
-    compile: bool = False
-    average_last: int = 5  # checkpoints averaged at the end; 0 or 1: none
-    time_limit: float | None = None  # minutes
-    out_dir: str | None = None  # None: runs/<pair>
-    cache_dir: str | None = None  # None: the data chapter's cache
-    data_dir: str | None = None  # None: data/multi30k
-    device: str | None = None  # None: cuda when available, else cpu
-    log_every: int = 50  # updates between progress lines in steps.jsonl
-    peak_flops: float = PEAK_BF16_FLOPS  # per device, for MFU
+    pair: str = option(
+        help="the language pair: de-en or fr-en",
+        on_resume="fixed",
+        check=(lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}"),
+    )
+    preset: str = option(
+        "small",
+        help="the model: a preset of TransformerConfig",
+        on_resume="fixed",
+        choices=MODEL_PRESETS,
+    )
+    model_overrides: dict[str, Any] = option(
+        help="fields of the model's config that differ from the preset",
+        on_resume="fixed",
+        check=(lambda v: isinstance(v, dict), "must be a dict"),
+        flag=None,  # --set FIELD=VALUE
+        default_factory=dict,
+    )
+    vocab_size: int = option(
+        VOCAB_SIZE,
+        help="entries of the joint BPE vocabulary",
+        on_resume="fixed",
+        check=POSITIVE,
+    )
+    epochs: int = option(
+        10, help="epochs to train", on_resume="free", check=POSITIVE
+    )
+    max_steps: int | None = option(
+        None,
+        help="updates after which to stop (default: no limit)",
+        on_resume="free",
+        check=(
+            lambda v: v is None or _positive(v),
+            "must be a positive integer or None",
+        ),
+    )
+    max_tokens: int = option(
+        MAX_TOKENS,
+        help="padded tokens per batch and side, per process",
+        on_resume="fixed",
+        check=POSITIVE,
+    )
+    accumulation: int = option(
+        1,
+        help="batches per process and update",
+        on_resume="fixed",
+        check=POSITIVE,
+    )
+    warmup: int = option(
+        4000,
+        help="updates of rising learning rate (equation 3)",
+        on_resume="fixed",
+        check=POSITIVE,
+    )
+    lr_factor: float = option(
+        1.0,
+        help="a factor on equation 3's learning rate",
+        on_resume="fixed",
+        check=RATE,
+    )
+    label_smoothing: float = option(
+        0.1,
+        help="in [0, 1)",
+        on_resume="fixed",
+        check=(_share, "must be in [0, 1)"),
+    )
+    bpe_dropout: float = option(
+        0.0, help="in [0, 1); default 0: off", on_resume="fixed", check=SHARE
+    )
+    bpe_dropout_sides: str = option(
+        "both",
+        help="source: the targets keep BPE's own spelling",
+        on_resume="fixed",
+        choices=tuple(BPE_DROPOUT_SIDES),
+    )
+    seed: int = option(
+        0,
+        help="of the weights, the batches' order and dropout",
+        on_resume="fixed",
+        check=(
+            lambda v: _integer(v) and v >= 0,
+            "must be a non-negative integer",
+        ),
+    )
+    bf16: bool | None = option(
+        None,
+        help="bfloat16 autocast (default: on with CUDA)",
+        on_resume="free",
+        check=(
+            lambda v: v in (None, True, False),
+            "must be True, False or None",
+        ),
+    )
+    compile: bool = option(
+        False, help="torch.compile the model", on_resume="free", check=FLAG
+    )
+    average_last: int = option(
+        5,
+        help="epoch checkpoints averaged at the end; 0 or 1: none",
+        on_resume="free",
+        check=(lambda v: _integer(v) and v >= 0, "must be an integer >= 0"),
+    )
+    time_limit: float | None = option(
+        None,
+        help="minutes",
+        on_resume="free",
+        check=(
+            lambda v: v is None or _rate(v),
+            "must be finite positive minutes or None",
+        ),
+    )
+    out_dir: str | None = option(
+        None,
+        help="output folder (default runs/<pair>)",
+        on_resume="free",
+        check=TEXT,
+        flag="--out",
+    )
+    cache_dir: str | None = option(
+        None,
+        help="default: the data chapter's cache",
+        on_resume="free",
+        check=TEXT,
+    )
+    data_dir: str | None = option(
+        None, help="default: data/multi30k", on_resume="free", check=TEXT
+    )
+    device: str | None = option(
+        None,
+        help="default: cuda when available, else cpu",
+        on_resume="free",
+        check=(_device, "must be a torch device such as cpu, cuda or cuda:1"),
+    )
+    log_every: int = option(
+        50,
+        help="updates between progress lines in steps.jsonl",
+        on_resume="free",
+        check=POSITIVE,
+    )
+    peak_flops: float = option(
+        PEAK_BF16_FLOPS,
+        help="a device's peak FLOP rate, for MFU",
+        on_resume="free",
+        check=RATE,
+    )
 
     def __post_init__(self) -> None:
-        if self.pair not in PAIRS:
-            raise ValueError(
-                f"pair: unknown language pair {self.pair!r}, choose one of"
-                f" {', '.join(PAIRS)}"
-            )
-        if self.model not in MODEL_PRESETS:
-            raise ValueError(
-                f"model: unknown preset {self.model!r}, choose one of"
-                f" {', '.join(MODEL_PRESETS)}"
-            )
-        if not isinstance(self.model_overrides, dict):
-            raise ValueError(
-                f"model_overrides must be a dict, got {self.model_overrides!r}"
-            )
+        for field in dataclasses.fields(self):
+            valid, message = field.metadata["check"] or (lambda v: True, "")
+            if not valid(value := getattr(self, field.name)):
+                raise ValueError(f"{field.name} {message}, got {value!r}")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))
         fields = {f.name for f in dataclasses.fields(TransformerConfig)}
         known = fields - set(_VOCAB_FIELDS)
@@ -242,26 +380,21 @@ class TrainConfig:
                 " (the vocabulary size comes from the tokenizer); known:"
                 f" {', '.join(sorted(known))}"
             )
-        for name, (valid, message) in _CHECKS.items():
-            if not valid(value := getattr(self, name)):
-                raise ValueError(f"{name} {message}, got {value!r}")
-        if self.device is not None:
-            try:
-                torch.device(self.device)
-            except RuntimeError:
-                raise ValueError(
-                    "device must be a torch device such as cpu, cuda or"
-                    f" cuda:1, got {self.device!r}"
-                ) from None
+        preset = getattr(TransformerConfig, self.preset)
         try:  # the overrides' values, e.g. d_model % n_heads
-            self.model_config(self.vocab_size)
+            model = preset(self.vocab_size, **self.model_overrides)
         except (ValueError, TypeError) as err:
             raise ValueError(f"model_overrides: {err}") from err
+        # Built once: the run's model, its optimiser and its schedule read it.
+        object.__setattr__(self, "_model_config", model)
 
-    def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The model's config for a tokenizer of `vocab_size` entries."""
-        preset = getattr(TransformerConfig, self.model)
-        return preset(vocab_size, **self.model_overrides)
+    def model_config(self, vocab_size: int | None = None) -> TransformerConfig:
+        """The model's config, for a tokenizer of `vocab_size` entries
+        (default: the config's own `vocab_size`)."""
+        model = self._model_config
+        if vocab_size is None or vocab_size == model.src_vocab_size:
+            return model
+        return dataclasses.replace(model, src_vocab_size=vocab_size)
 
     def uses_bf16(self, device_type: str) -> bool:
         """Whether to train and validate under bfloat16 autocast on a
@@ -290,7 +423,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """A config from `to_dict()`'s output; unknown keys are errors."""
+        """A config from `to_dict()`'s output, or a stored one of earlier
+        names (RENAMED_FIELDS); unknown keys are errors."""
+        d = with_current_names(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -329,7 +464,7 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     CPU."""
     fields = dict(
         pair=pair,
-        model="small",
+        preset="small",
         model_overrides=dict(n_layers=2, d_model=64, n_heads=4, d_ff=256),
         epochs=1,
         max_steps=60,
@@ -346,7 +481,7 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     as a TrainConfig."""
     fields = dict(
         pair=pair,
-        model="small",
+        preset="small",
         model_overrides=dict(
             n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
         ),
@@ -371,7 +506,7 @@ from transformer.model import Transformer
 from transformer.train_config import TrainConfig, multi30k_recipe
 
 config = TrainConfig(
-    pair="de-en", model="small", model_overrides={"dropout": 0.3}, warmup=2000
+    pair="de-en", preset="small", model_overrides={"dropout": 0.3}, warmup=2000
 )
 assert (
     TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
@@ -600,9 +735,9 @@ from typing import Any
 import safetensors.torch
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TransformerConfig
+from transformer.distributed import unwrap
 from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -675,19 +810,11 @@ def load_state(folder: Path, name: str) -> object:
         ) from err
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DDP's wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    return (
-        model.module if isinstance(model, DistributedDataParallel) else model
-    )
-
-
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     """The weights and persistent buffers, each shared tensor once under its
     first name."""
     tensors, seen = {}, set()
-    for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
+    for name, tensor in unwrap(model).state_dict(keep_vars=True).items():
         # tied parameters are one object under several names
         if id(tensor) not in seen:
             seen.add(id(tensor))
@@ -749,7 +876,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """Load a safetensors file written by `save_weights` into a model of the
     same config."""
     tensors = read_tensors(path)
-    load_tensors_into(_unwrap(model), tensors, path)
+    load_tensors_into(unwrap(model), tensors, path)
 
 
 # %% [markdown]
@@ -1044,9 +1171,10 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 # %% [markdown]
 # ## Resuming a run
 #
-# Some fields of the configuration decide the updates themselves: the pair, the model and its
+# Some fields of the configuration decide the updates themselves: the pair, the preset and its
 # overrides, the vocabulary, the batch size, accumulation, warm-up, learning-rate factor, label
-# smoothing, BPE-dropout and the seed (`RESUME_FIXED`). A resumed run must keep them, and
+# smoothing, BPE-dropout and the seed. Each says so where it is defined (`on_resume="fixed"`),
+# and `RESUME_FIXED` lists them. A resumed run must keep them, and
 # `check_recipe` refuses one that does not, naming the field. The others may change on resume:
 # more `epochs` continue a finished run, and a new `time_limit` or `max_steps` fits the next
 # stretch of machine time. `resume_point` makes these checks, and those that need no data,
@@ -1073,28 +1201,15 @@ def run_record(
 
 # The fields a resumed run must share with its checkpoint: they decide the
 # updates themselves.
-RESUME_FIXED = (
-    "pair",
-    "model",
-    "model_overrides",
-    "vocab_size",
-    "max_tokens",
-    "accumulation",
-    "warmup",
-    "lr_factor",
-    "label_smoothing",
-    "bpe_dropout",
-    "bpe_dropout_sides",
-    "seed",
-)
+RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 def check_recipe(folder: Path, config: TrainConfig) -> None:
     """Raise CheckpointError, naming the folder and the field, if the
     checkpoint in `folder` was trained with another value of a field that
-    decides the updates (RESUME_FIXED)."""
-    stored = read_record(folder).get("train", {})
-    for name in RESUME_FIXED:
+    decides the updates (one that is fixed on resume)."""
+    stored = with_current_names(read_record(folder).get("train", {}))
+    for name in fixed_on_resume(type(config)):
         theirs, ours = stored.get(name), getattr(config, name)
         # name the field of the model that differs
         if name == "model_overrides":
@@ -1278,6 +1393,14 @@ def ddp_of(model: nn.Module) -> DistributedDataParallel | None:
     return inner if isinstance(inner, DistributedDataParallel) else None
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside torch.compile's and DDP's wrappers."""
+    ddp = ddp_of(model)
+    return (
+        ddp.module if ddp is not None else getattr(model, "_orig_mod", model)
+    )
+
+
 def ddp_processes(model: nn.Module) -> int:
     """How many processes' gradients DistributedDataParallel averages for
     `model`, 1 without it: a loss scaled by it turns their mean into a sum."""
@@ -1306,7 +1429,7 @@ def sync_gradients(
 # batch and the model's table of positions, and an epoch holds at least one update.
 
 # %%
-#| export epochs
+#| export training_data
 """What a training run trains on, epoch by epoch: the splits from the encoded
 cache, the checks that every sentence and every epoch fit the run's batches,
 each epoch's batches and, under BPE-dropout, each epoch's spelling."""
@@ -1386,7 +1509,7 @@ def epoch_batches(
 
 
 # %%
-#| export epochs
+#| export training_data
 def check_lengths(
     config: TrainConfig,
     data: TrainingData,
@@ -1458,8 +1581,9 @@ def dropped_warning(
 # next epoch while this one trains; a sentence counts in its longest possible spelling in the
 # checks above.
 
+
 # %%
-#| export epochs
+#| export training_data
 def prepare_epochs(
     config: TrainConfig,
     data: TrainingData,
@@ -1685,7 +1809,7 @@ class Validation:
 
 
 @torch.no_grad()
-def evaluate(
+def validate(
     model: nn.Module,
     batches: Iterable[Batch],
     *,
@@ -1794,14 +1918,6 @@ from transformer.distributed import (
     device_for,
     seed_update,
 )
-from transformer.epochs import (
-    TrainingData,
-    dropped_warning,
-    epoch_batches,
-    load_training_data,
-    prepare_epochs,
-    updates_per_epoch,
-)
 from transformer.files import (
     append_jsonl,
     atomic_write,
@@ -1821,10 +1937,18 @@ from transformer.logs import (
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
-from transformer.schedule import make_optimizer, noam_lr
+from transformer.schedule import make_optimizer
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import TrainConfig, resume_point, run_record
-from transformer.validation import Validation, count_words, evaluate
+from transformer.training_data import (
+    TrainingData,
+    dropped_warning,
+    epoch_batches,
+    load_training_data,
+    prepare_epochs,
+    updates_per_epoch,
+)
+from transformer.validation import Validation, count_words, validate
 
 
 # %% [markdown]
@@ -1965,6 +2089,7 @@ def _collate_share(
 # end, and the stretch until the next check, whose longest length it keeps measuring. With
 # several processes every one must stop at the same update, so the first process decides and
 # broadcasts its answer; a broadcast waits for every process, so it is asked every 10 updates.
+
 
 # %%
 #| export
@@ -2159,6 +2284,7 @@ def epoch_line(r: dict[str, Any], epochs: int) -> str:
 # The trainer's own helpers: where a run starts, what it returns, and its checkpoints and their
 # average:
 
+
 # %%
 #| export
 def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
@@ -2183,7 +2309,7 @@ def _start_line(
     arithmetic."""
     n = sum(p.numel() for p in model.parameters())
     return (
-        f"{where}: {config.pair}, model {config.model}"
+        f"{where}: {config.pair}, model {config.preset}"
         f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
         f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
     )
@@ -2299,6 +2425,7 @@ class Trainer:
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
+        self.lr = 0.0  # the learning rate of the last update
         steps = self.out / "steps.jsonl" if env.is_main else None
         self.steps = StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
@@ -2369,7 +2496,7 @@ class Trainer:
             updates += 1
             bar.update(1)
             if p.step % c.log_every == 0:
-                r = self.steps.write(p, len(batches), self._lr(), clock.start)
+                r = self.steps.write(p, len(batches), self.lr, clock.start)
                 show_step(bar, r)
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
@@ -2385,6 +2512,7 @@ class Trainer:
         every = np.concatenate(update)
         tokens = int(self.tgt_lengths[every].sum())
         seed_update(c.seed, p.step, env.rank)
+        self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
         loss = train_step(
             self.step_model,
             mine,
@@ -2400,12 +2528,6 @@ class Trainer:
         p.epoch_flops += float(self.pair_flops[every].sum())
         self.loss_acc += loss
         self.steps.add(loss, tokens)
-
-    def _lr(self) -> float:
-        """The learning rate of the last update (equation 3)."""
-        c, d = self.config, self.model_config.d_model
-        step = self.progress.step
-        return noam_lr(step, d_model=d, warmup=c.warmup, factor=c.lr_factor)
 
     # -- the end of an epoch, and of the run
 
@@ -2426,9 +2548,7 @@ class Trainer:
         wall = self._wall_time()
         peak = c.peak_flops * self.env.world_size
         peak = peak if self.device.type == "cuda" else None
-        record = epoch_record(
-            kind, epoch, p, validation, self._lr(), wall, peak
-        )
+        record = epoch_record(kind, epoch, p, validation, self.lr, wall, peak)
         self.log(epoch_line(record, c.epochs))
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
@@ -2458,7 +2578,7 @@ class Trainer:
         return self.progress.wall_time + time.perf_counter() - self.clock.start
 
     def _validate(self, model: nn.Module) -> Validation:
-        return evaluate(
+        return validate(
             model,
             self.val_batches,
             pad_id=self.data.tokenizer.pad_id,
@@ -2561,10 +2681,10 @@ import numpy as np
 
 from transformer.checkpoint import read_tensors
 from transformer.data import EncodedSplit
-from transformer.epochs import TrainingData
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train import train
 from transformer.train_config import TrainConfig
+from transformer.training_data import TrainingData
 
 rng = np.random.default_rng(0)
 words = [

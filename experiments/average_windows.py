@@ -36,7 +36,7 @@ from transformer.data import DataError, EncodedSplit, iterate_batches, load_enco
 from transformer.splits import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
 from transformer.train_config import TrainConfig
-from transformer.validation import count_words, evaluate
+from transformer.validation import count_words, validate
 
 
 def epoch_folders(folder: Path) -> dict[int, Path]:
@@ -103,7 +103,7 @@ def report(
         load_tensors_into(
             model, average_checkpoints(chosen), f"{folder} {first}-{last}"
         )
-        validation = evaluate(
+        validation = validate(
             model,
             batches,
             pad_id=tokenizer.pad_id,

@@ -28,7 +28,6 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.data import collate
-from transformer.epochs import TrainingData
 from transformer.files import atomic_folder, atomic_write
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
@@ -36,6 +35,7 @@ from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer
 from transformer.train import train
+from transformer.training_data import TrainingData
 
 # The module: `transformer.train` as an attribute of the package is the function train.
 train_module = importlib.import_module("transformer.train")

@@ -44,9 +44,9 @@ from typing import Any
 import safetensors.torch
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TransformerConfig
+from transformer.distributed import unwrap
 from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -119,19 +119,11 @@ def load_state(folder: Path, name: str) -> object:
         ) from err
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DDP's wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    return (
-        model.module if isinstance(model, DistributedDataParallel) else model
-    )
-
-
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     """The weights and persistent buffers, each shared tensor once under its
     first name."""
     tensors, seen = {}, set()
-    for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
+    for name, tensor in unwrap(model).state_dict(keep_vars=True).items():
         # tied parameters are one object under several names
         if id(tensor) not in seen:
             seen.add(id(tensor))
@@ -193,7 +185,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """Load a safetensors file written by `save_weights` into a model of the
     same config."""
     tensors = read_tensors(path)
-    load_tensors_into(_unwrap(model), tensors, path)
+    load_tensors_into(unwrap(model), tensors, path)
 
 
 # %% ../chapters/91_engineering.ipynb #911fd5e8

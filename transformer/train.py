@@ -47,14 +47,6 @@ from transformer.distributed import (
     device_for,
     seed_update,
 )
-from transformer.epochs import (
-    TrainingData,
-    dropped_warning,
-    epoch_batches,
-    load_training_data,
-    prepare_epochs,
-    updates_per_epoch,
-)
 from transformer.files import (
     append_jsonl,
     atomic_write,
@@ -74,10 +66,18 @@ from transformer.logs import (
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
-from transformer.schedule import make_optimizer, noam_lr
+from transformer.schedule import make_optimizer
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import TrainConfig, resume_point, run_record
-from transformer.validation import Validation, count_words, evaluate
+from transformer.training_data import (
+    TrainingData,
+    dropped_warning,
+    epoch_batches,
+    load_training_data,
+    prepare_epochs,
+    updates_per_epoch,
+)
+from transformer.validation import Validation, count_words, validate
 
 
 # %% ../chapters/91_engineering.ipynb #d1615313
@@ -265,7 +265,7 @@ def _start_line(
     arithmetic."""
     n = sum(p.numel() for p in model.parameters())
     return (
-        f"{where}: {config.pair}, model {config.model}"
+        f"{where}: {config.pair}, model {config.preset}"
         f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
         f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
     )
@@ -376,6 +376,7 @@ class Trainer:
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
+        self.lr = 0.0  # the learning rate of the last update
         steps = self.out / "steps.jsonl" if env.is_main else None
         self.steps = StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
@@ -446,7 +447,7 @@ class Trainer:
             updates += 1
             bar.update(1)
             if p.step % c.log_every == 0:
-                r = self.steps.write(p, len(batches), self._lr(), clock.start)
+                r = self.steps.write(p, len(batches), self.lr, clock.start)
                 show_step(bar, r)
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
@@ -462,6 +463,7 @@ class Trainer:
         every = np.concatenate(update)
         tokens = int(self.tgt_lengths[every].sum())
         seed_update(c.seed, p.step, env.rank)
+        self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
         loss = train_step(
             self.step_model,
             mine,
@@ -477,12 +479,6 @@ class Trainer:
         p.epoch_flops += float(self.pair_flops[every].sum())
         self.loss_acc += loss
         self.steps.add(loss, tokens)
-
-    def _lr(self) -> float:
-        """The learning rate of the last update (equation 3)."""
-        c, d = self.config, self.model_config.d_model
-        step = self.progress.step
-        return noam_lr(step, d_model=d, warmup=c.warmup, factor=c.lr_factor)
 
     # -- the end of an epoch, and of the run
 
@@ -503,9 +499,7 @@ class Trainer:
         wall = self._wall_time()
         peak = c.peak_flops * self.env.world_size
         peak = peak if self.device.type == "cuda" else None
-        record = epoch_record(
-            kind, epoch, p, validation, self._lr(), wall, peak
-        )
+        record = epoch_record(kind, epoch, p, validation, self.lr, wall, peak)
         self.log(epoch_line(record, c.epochs))
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
@@ -535,7 +529,7 @@ class Trainer:
         return self.progress.wall_time + time.perf_counter() - self.clock.start
 
     def _validate(self, model: nn.Module) -> Validation:
-        return evaluate(
+        return validate(
             model,
             self.val_batches,
             pad_id=self.data.tokenizer.pad_id,
