@@ -78,8 +78,7 @@ torch.set_printoptions(precision=4)
 # %%
 #| export train_config
 """The configuration of a training run: `TrainConfig`, whose fields carry their
-own help, check and resume rule, the named recipes, and what a checkpoint
-records of the run."""
+own help, check and resume rule, and the named recipes."""
 
 import dataclasses
 import math
@@ -92,18 +91,9 @@ from typing import Any, Literal
 
 import torch
 
-from transformer.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-    Progress,
-    latest_checkpoint,
-    read_record,
-    tokenizer_digest,
-)
 from transformer.config import TransformerConfig
 from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
-from transformer.distributed import Distributed, barrier
-from transformer.tokenizer import VOCAB_SIZE, Tokenizer
+from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
@@ -146,13 +136,31 @@ def _device(value: object) -> bool:
     return True
 
 
+PAIR: Check = (lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}")
 POSITIVE: Check = (_positive, "must be a positive integer")
+SOME_POSITIVE: Check = (
+    lambda v: v is None or _positive(v),
+    "must be a positive integer or None",
+)
+NATURAL: Check = (
+    lambda v: _integer(v) and v >= 0,
+    "must be a non-negative integer",
+)
+MINUTES: Check = (
+    lambda v: v is None or _rate(v),
+    "must be finite positive minutes or None",
+)
+DEVICE: Check = (_device, "must be a torch device such as cpu, cuda or cuda:1")
 RATE: Check = (_rate, "must be a finite positive number")
 TEXT: Check = (
     lambda v: v is None or isinstance(v, str),
     "must be a string or None",
 )
 FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+SOME_FLAG: Check = (
+    lambda v: v in (None, True, False),
+    "must be True, False or None",
+)
 SHARE: Check = (
     lambda v: _share(v) and not isinstance(v, bool),
     "must be in [0, 1)",
@@ -162,8 +170,8 @@ SHARE: Check = (
 def option(
     default: Any = dataclasses.MISSING,
     *,
-    help: str,
     on_resume: Literal["fixed", "free"],
+    help: str | None = None,
     check: Check | None = None,
     choices: tuple[str, ...] | None = None,
     flag: str | None = "",
@@ -219,149 +227,124 @@ class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
     where it says."""
 
-    pair: str = option(
-        help="the language pair: de-en or fr-en",
-        on_resume="fixed",
-        check=(lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}"),
-    )
+    pair: str = option(on_resume="fixed", help="de-en or fr-en", check=PAIR)
     preset: str = option(
         "small",
-        help="the model: a preset of TransformerConfig",
         on_resume="fixed",
+        help="a TransformerConfig preset",
         choices=MODEL_PRESETS,
     )
-    model_overrides: dict[str, Any] = option(
-        help="fields of the model's config that differ from the preset",
+    model_overrides: dict[str, Any] = option(  # --set FIELD=VALUE
         on_resume="fixed",
+        help="fields of the model's config that differ from the preset",
         check=(lambda v: isinstance(v, dict), "must be a dict"),
-        flag=None,  # --set FIELD=VALUE
+        flag=None,
         default_factory=dict,
     )
     vocab_size: int = option(
         VOCAB_SIZE,
-        help="entries of the joint BPE vocabulary",
         on_resume="fixed",
+        help="entries of the joint BPE",
         check=POSITIVE,
     )
     epochs: int = option(
-        10, help="epochs to train", on_resume="free", check=POSITIVE
+        10, on_resume="free", help="epochs to train", check=POSITIVE
     )
     max_steps: int | None = option(
         None,
-        help="updates after which to stop (default: no limit)",
         on_resume="free",
-        check=(
-            lambda v: v is None or _positive(v),
-            "must be a positive integer or None",
-        ),
+        help="stop after this many updates",
+        check=SOME_POSITIVE,
     )
     max_tokens: int = option(
         MAX_TOKENS,
-        help="padded tokens per batch and side, per process",
         on_resume="fixed",
+        help="padded tokens per batch and side",
         check=POSITIVE,
     )
     accumulation: int = option(
         1,
-        help="batches per process and update",
         on_resume="fixed",
+        help="batches per process and update",
         check=POSITIVE,
     )
     warmup: int = option(
         4000,
-        help="updates of rising learning rate (equation 3)",
         on_resume="fixed",
+        help="updates of rising learning rate",
         check=POSITIVE,
     )
     lr_factor: float = option(
         1.0,
-        help="a factor on equation 3's learning rate",
         on_resume="fixed",
+        help="a factor on equation 3's rate",
         check=RATE,
     )
     label_smoothing: float = option(
-        0.1,
-        help="in [0, 1)",
-        on_resume="fixed",
-        check=(_share, "must be in [0, 1)"),
+        0.1, on_resume="fixed", help="in [0, 1)", check=SHARE
     )
     bpe_dropout: float = option(
-        0.0, help="in [0, 1); default 0: off", on_resume="fixed", check=SHARE
+        0.0, on_resume="fixed", help="in [0, 1); default 0: off", check=SHARE
     )
     bpe_dropout_sides: str = option(
         "both",
-        help="source: the targets keep BPE's own spelling",
         on_resume="fixed",
+        help="source: targets keep BPE's spelling",
         choices=tuple(BPE_DROPOUT_SIDES),
     )
     seed: int = option(
         0,
-        help="of the weights, the batches' order and dropout",
         on_resume="fixed",
-        check=(
-            lambda v: _integer(v) and v >= 0,
-            "must be a non-negative integer",
-        ),
+        help="of weights, order and dropout",
+        check=NATURAL,
     )
     bf16: bool | None = option(
         None,
-        help="bfloat16 autocast (default: on with CUDA)",
         on_resume="free",
-        check=(
-            lambda v: v in (None, True, False),
-            "must be True, False or None",
-        ),
+        help="bfloat16 autocast (default: with CUDA)",
+        check=SOME_FLAG,
     )
     compile: bool = option(
-        False, help="torch.compile the model", on_resume="free", check=FLAG
+        False, on_resume="free", help="torch.compile the model", check=FLAG
     )
     average_last: int = option(
         5,
-        help="epoch checkpoints averaged at the end; 0 or 1: none",
         on_resume="free",
-        check=(lambda v: _integer(v) and v >= 0, "must be an integer >= 0"),
+        help="checkpoints averaged at the end",
+        check=NATURAL,
     )
     time_limit: float | None = option(
-        None,
-        help="minutes",
-        on_resume="free",
-        check=(
-            lambda v: v is None or _rate(v),
-            "must be finite positive minutes or None",
-        ),
+        None, on_resume="free", help="minutes", check=MINUTES
     )
     out_dir: str | None = option(
         None,
-        help="output folder (default runs/<pair>)",
         on_resume="free",
+        help="default: runs/<pair>",
         check=TEXT,
         flag="--out",
     )
     cache_dir: str | None = option(
-        None,
-        help="default: the data chapter's cache",
-        on_resume="free",
-        check=TEXT,
+        None, on_resume="free", help="default: the data chapter's", check=TEXT
     )
     data_dir: str | None = option(
-        None, help="default: data/multi30k", on_resume="free", check=TEXT
+        None, on_resume="free", help="default: data/multi30k", check=TEXT
     )
     device: str | None = option(
         None,
-        help="default: cuda when available, else cpu",
         on_resume="free",
-        check=(_device, "must be a torch device such as cpu, cuda or cuda:1"),
+        help="default: cuda if available, else cpu",
+        check=DEVICE,
     )
     log_every: int = option(
         50,
-        help="updates between progress lines in steps.jsonl",
         on_resume="free",
+        help="updates per line of steps.jsonl",
         check=POSITIVE,
     )
     peak_flops: float = option(
         PEAK_BF16_FLOPS,
-        help="a device's peak FLOP rate, for MFU",
         on_resume="free",
+        help="per device, for MFU",
         check=RATE,
     )
 
@@ -433,6 +416,11 @@ class TrainConfig:
                 f"unknown TrainConfig field(s) {', '.join(unknown)}"
             )
         return cls(**d)
+
+
+# The fields a resumed run must share with its checkpoint: they decide the
+# updates themselves.
+RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 # %% [markdown]
@@ -720,15 +708,13 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 # %%
 #| export checkpoint
 """Checkpoints and shipped models: the formats, saving and loading without
-pickle, averaging, the records of a run's checkpoints, export, and
-`load_model`."""
+pickle, a checkpoint's record and progress, export, and `load_model`."""
 
 import hashlib
 import json
 import re
 import shutil
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -946,7 +932,54 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 
 
 # %%
-#| export checkpoint
+#| export run_checkpoints
+"""A training run's checkpoints: averaging them, writing and pruning them,
+what they record of the run, and the checks and chores of resuming from one."""
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LRScheduler
+
+from transformer.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    Progress,
+    check_compatible,
+    list_checkpoints,
+    load_state,
+    load_tensors_into,
+    load_weights,
+    read_record,
+    read_tensors,
+    save_state,
+    save_weights,
+    tokenizer_digest,
+)
+from transformer.config import TransformerConfig
+from transformer.distributed import Distributed, barrier
+from transformer.files import (
+    append_jsonl,
+    atomic_folder,
+    atomic_write,
+    remove_stale,
+    truncate_jsonl,
+)
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import (
+    TrainConfig,
+    fixed_on_resume,
+    with_current_names,
+)
+
+
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     """The element-wise mean of the weights of several checkpoints (folders or
     files).
@@ -990,7 +1023,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
 # %%
 from safetensors.torch import save_file
 
-from transformer.checkpoint import average_checkpoints
+from transformer.run_checkpoints import average_checkpoints
 
 for i, (w, b) in enumerate(
     [([1.0, 2.0], [0.0]), ([3.0, 4.0], [1.0]), ([5.0, 9.0], [2.0])]
@@ -1120,6 +1153,8 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+# %%
+#| export run_checkpoints
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint folder of the run in `out`, or None."""
     found = list_checkpoints(out)
@@ -1182,7 +1217,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 
 
 # %%
-#| export train_config
+#| export run_checkpoints
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
@@ -1197,11 +1232,6 @@ def run_record(
             "sha256": tokenizer_digest(tokenizer),
         },
     }
-
-
-# The fields a resumed run must share with its checkpoint: they decide the
-# updates themselves.
-RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 def check_recipe(folder: Path, config: TrainConfig) -> None:
@@ -1254,6 +1284,151 @@ def resume_point(
                 f" updates, so resume with {processes}"
             )
     return checkpoint
+
+
+# %% [markdown]
+# The trainer's chores around its checkpoints: continue from one, make and clean the run's
+# folder, store its settings, average the last epochs, and, in `RunFolder`, write the records
+# and checkpoints from the first process while the others wait.
+
+
+# %%
+#| export run_checkpoints
+def resume_from(
+    checkpoint: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+) -> Progress:
+    """Continue from a checkpoint: load the weights, the optimiser and the
+    schedule; return where the run stands."""
+    load_weights(model, checkpoint / "model.safetensors")
+    state = load_state(checkpoint, "trainer")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Progress.read(checkpoint)
+
+
+def prepare_folder(out: Path) -> None:
+    """Make the run's folders; delete what a killed run left (see
+    atomic_folder)."""
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    remove_stale(out)
+    remove_stale(out / "checkpoints")
+
+
+def store_settings(
+    out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
+) -> None:
+    """Drop the records after update `step`, which a resumed run writes again,
+    and store the settings (both atomically: --resume reads them back)."""
+    for name in ("metrics.jsonl", "steps.jsonl"):
+        truncate_jsonl(out / name, step)
+    settings = json.dumps(config.to_dict(), indent=2) + "\n"
+    atomic_write(out / "train_config.json", settings.encode())
+    tokenizer.save(out / "tokenizer.json")
+
+
+def last_epochs(out: Path, average_last: int) -> list[Path]:
+    """The epoch checkpoints to average: the last `average_last`, from 2."""
+    found = list_checkpoints(out)
+    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    return epochs[-average_last:] if average_last >= 2 else []
+
+
+def averaged_model(
+    chosen: list[Path], model_config: TransformerConfig, device: torch.device
+) -> Transformer:
+    """A model of the mean weights of the checkpoints `chosen`."""
+    averaged = Transformer(model_config).to(device)
+    load_tensors_into(
+        averaged, average_checkpoints(chosen), "averaged checkpoints"
+    )
+    return averaged
+
+
+class RunFolder:
+    """A run's output folder as one process sees it: the first process writes
+    the records and checkpoints, and every process waits until it has."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env: Distributed,
+        record: dict[str, Any],
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.config, self.out, self.env = config, config.output_dir, env
+        self.record, self.tokenizer = record, tokenizer  # of each checkpoint
+
+    def open(
+        self,
+        checkpoint: Path | None,
+        model: Transformer,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LRScheduler,
+    ) -> Progress:
+        """Check that `checkpoint`, if any, fits the model and the tokenizer,
+        make the folder, continue from the checkpoint, and store the settings;
+        return where the run stands."""
+        if checkpoint is not None:
+            check_compatible(
+                checkpoint, model_config=model.config, tokenizer=self.tokenizer
+            )
+        if self.env.is_main:
+            prepare_folder(self.out)
+        barrier()
+        progress = Progress()
+        if checkpoint is not None:
+            progress = resume_from(checkpoint, model, optimizer, scheduler)
+        if self.env.is_main:
+            store_settings(
+                self.out, self.config, self.tokenizer, progress.step
+            )
+        return progress
+
+    def save(
+        self,
+        name: str,
+        line: dict[str, Any],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LRScheduler,
+        progress: Progress,
+    ) -> None:
+        """Append `line` to metrics.jsonl, write the checkpoint `name`, and
+        prune the older ones."""
+        if self.env.is_main:
+            # The record first: a resumed run drops records newer than its
+            # checkpoint.
+            append_jsonl(self.out / "metrics.jsonl", line)
+            folder = self.out / "checkpoints" / name
+            state = {"optimizer": optimizer.state_dict()}
+            state["scheduler"] = scheduler.state_dict()
+            write_checkpoint(
+                folder,
+                model,
+                record=self.record,
+                tokenizer=self.tokenizer,
+                trainer_state=state,
+                progress=progress,
+            )
+            prune_checkpoints(self.out, self.config.average_last)
+        barrier()
+
+    def save_average(self, line: dict[str, Any], model: nn.Module) -> None:
+        """Append `line` to metrics.jsonl and write the averaged `model` into
+        out/average."""
+        if self.env.is_main:
+            append_jsonl(self.out / "metrics.jsonl", line)
+            record = self.record | {"averaged": line["averaged"]}
+            write_checkpoint(
+                self.out / "average",
+                model,
+                record=record,
+                tokenizer=self.tokenizer,
+            )
+        barrier()
 
 
 # %% [markdown]
@@ -1884,8 +2059,10 @@ cache.
 """
 
 import dataclasses
+import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1897,37 +2074,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
-from transformer.checkpoint import (
-    Progress,
-    average_checkpoints,
-    check_compatible,
-    list_checkpoints,
-    load_state,
-    load_tensors_into,
-    load_weights,
-    prune_checkpoints,
-    write_checkpoint,
-)
+from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
 from transformer.counts import training_flops
 from transformer.data import Batch, EncodedSplit, collate, iterate_batches
 from transformer.distributed import (
     Distributed,
     all_sum,
-    barrier,
     device_for,
     seed_update,
 )
-from transformer.files import (
-    append_jsonl,
-    atomic_write,
-    read_jsonl,
-    remove_stale,
-    truncate_jsonl,
-)
+from transformer.files import read_jsonl
 from transformer.logs import (
     Log,
     StepLog,
+    average_record,
     epoch_line,
     epoch_record,
     metrics_text,
@@ -1937,9 +2098,16 @@ from transformer.logs import (
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.run_checkpoints import (
+    RunFolder,
+    averaged_model,
+    last_epochs,
+    resume_point,
+    run_record,
+)
 from transformer.schedule import make_optimizer
 from transformer.tokenizer import Tokenizer
-from transformer.train_config import TrainConfig, resume_point, run_record
+from transformer.train_config import TrainConfig
 from transformer.training_data import (
     TrainingData,
     dropped_warning,
@@ -1990,21 +2158,6 @@ def _build(
     return model, optimizer, scheduler, criterion
 
 
-def _resume(
-    checkpoint: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-) -> Progress:
-    """Continue from a checkpoint: load the weights, the optimiser and the
-    schedule; return where the run stands."""
-    load_weights(model, checkpoint / "model.safetensors")
-    state = load_state(checkpoint, "trainer")
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return Progress.read(checkpoint)
-
-
 def _wrap(
     model: nn.Module,
     config: TrainConfig,
@@ -2019,31 +2172,15 @@ def _wrap(
     return torch.compile(model) if config.compile else model
 
 
-def _prepare_folder(out: Path) -> None:
-    """Make the run's folders; delete what a killed run left (see
-    atomic_folder)."""
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    remove_stale(out)
-    remove_stale(out / "checkpoints")
-
-
-def _store_settings(
-    out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
-) -> None:
-    """Drop the records after update `step`, which a resumed run writes again,
-    and store the settings (both atomically: --resume reads them back)."""
-    for name in ("metrics.jsonl", "steps.jsonl"):
-        truncate_jsonl(out / name, step)
-    settings = json.dumps(config.to_dict(), indent=2) + "\n"
-    atomic_write(out / "train_config.json", settings.encode())
-    tokenizer.save(out / "tokenizer.json")
-
-
-def _validation_set(
-    data: TrainingData, config: TrainConfig, max_len: int, env: Distributed
-) -> tuple[int, list[Batch]]:
-    """The words of the validation references, and this process's share of the
-    batches."""
+def _validator(
+    data: TrainingData,
+    config: TrainConfig,
+    max_len: int,
+    env: Distributed,
+    bf16: bool,
+) -> Callable[[nn.Module], Validation]:
+    """Validation of a model on this process's share of the batches, the
+    words of all the references counted."""
     val = iterate_batches(
         data.val,
         data.tokenizer,
@@ -2051,9 +2188,13 @@ def _validation_set(
         shuffle=False,
         max_len=max_len,
     )
-    return (
-        count_words(data.tokenizer, data.val),
-        list(val)[env.rank :: env.world_size],
+    return functools.partial(
+        validate,
+        batches=list(val)[env.rank :: env.world_size],
+        pad_id=data.tokenizer.pad_id,
+        smoothing=config.label_smoothing,
+        words=count_words(data.tokenizer, data.val),
+        bf16=bf16,
     )
 
 
@@ -2263,6 +2404,21 @@ def epoch_record(
     }
 
 
+def average_record(
+    p: Progress, names: list[str], validation: Validation, wall_time: float
+) -> dict[str, Any]:
+    """The line of metrics.jsonl for the average of the checkpoints
+    `names`."""
+    return {
+        "kind": "average",
+        "epoch": float(p.epoch),
+        "step": p.step,
+        "averaged": names,
+        **validation.metrics(),
+        "wall_time": wall_time,
+    }
+
+
 def metrics_text(r: dict[str, Any]) -> str:
     return (
         f"val loss {r['val_loss']:.3f}, ppl/word {r['val_ppl_word']:.2f}, "
@@ -2281,8 +2437,7 @@ def epoch_line(r: dict[str, Any], epochs: int) -> str:
 
 
 # %% [markdown]
-# The trainer's own helpers: where a run starts, what it returns, and its checkpoints and their
-# average:
+# The trainer's own helpers: where a run starts, and what it returns:
 
 
 # %%
@@ -2323,47 +2478,6 @@ class TrainResult:
     metrics: list[dict[str, Any]]
 
 
-def _save(
-    folder: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-    progress: Progress,
-    record: dict[str, Any],
-    tokenizer: Tokenizer,
-) -> None:
-    """Write a checkpoint that the run resumes from exactly: the weights, the
-    optimiser's and the schedule's states, and where the run stands."""
-    state = {"optimizer": optimizer.state_dict()}
-    state["scheduler"] = scheduler.state_dict()
-    write_checkpoint(
-        folder,
-        model,
-        record=record,
-        tokenizer=tokenizer,
-        trainer_state=state,
-        progress=progress,
-    )
-
-
-def _last_epochs(out: Path, average_last: int) -> list[Path]:
-    """The epoch checkpoints to average: the last `average_last`, from 2."""
-    found = list_checkpoints(out)
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
-    return epochs[-average_last:] if average_last >= 2 else []
-
-
-def _averaged(
-    chosen: list[Path], model_config: TransformerConfig, device: torch.device
-) -> Transformer:
-    """A model of the mean weights of the checkpoints `chosen`."""
-    averaged = Transformer(model_config).to(device)
-    load_tensors_into(
-        averaged, average_checkpoints(chosen), "averaged checkpoints"
-    )
-    return averaged
-
-
 # %% [markdown]
 # The trainer itself, its set-up first, then the epochs:
 
@@ -2391,10 +2505,6 @@ class Trainer:
         self.data = data if data is not None else load_training_data(c)
         tokenizer = self.data.tokenizer
         self.model_config = c.model_config(tokenizer.vocab_size)
-        if checkpoint is not None:
-            check_compatible(
-                checkpoint, model_config=self.model_config, tokenizer=tokenizer
-            )
         max_len = self.model_config.max_len
         epoch = Progress.read(checkpoint).epoch if checkpoint else 0
         self.spellings, first = prepare_epochs(
@@ -2406,22 +2516,14 @@ class Trainer:
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
-        self.progress = Progress()
-        if env.is_main:
-            _prepare_folder(self.out)
-        barrier()
-        if checkpoint is not None:
-            self.progress = _resume(
-                checkpoint, self.model, self.optimizer, self.scheduler
-            )
-        if env.is_main:
-            _store_settings(self.out, c, tokenizer, self.progress.step)
-        self.record = run_record(c, self.model_config, tokenizer)
+        record = run_record(c, self.model_config, tokenizer)
+        self.folder = RunFolder(c, env, record, tokenizer)
+        self.progress = self.folder.open(
+            checkpoint, self.model, self.optimizer, self.scheduler
+        )
         self.step_model = _wrap(self.model, c, env, self.device)
         self.bf16 = c.uses_bf16(self.device.type)
-        self.words, self.val_batches = _validation_set(
-            self.data, c, max_len, env
-        )
+        self.validate = _validator(self.data, c, max_len, env, self.bf16)
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
@@ -2538,7 +2640,7 @@ class Trainer:
         started = time.perf_counter()
         p.epoch_loss_sum += all_sum([self.loss_acc.item()], self.device)[0]
         self.loss_acc.zero_()
-        validation = self._validate(self.model)
+        validation = self.validate(self.model)
         if kind == "epoch":
             p.epoch += 1
             epoch, name = float(p.epoch), f"epoch-{p.epoch:03d}"
@@ -2553,66 +2655,32 @@ class Trainer:
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
             p.epoch_seconds, p.epoch_flops = 0.0, 0.0
-        if self.env.is_main:
-            # The record first: a resumed run drops records newer than its
-            # checkpoint.
-            append_jsonl(self.out / "metrics.jsonl", record)
-            saved = dataclasses.replace(
-                p, wall_time=self._wall_time(), processes=self.env.world_size
-            )
-            _save(
-                self.out / "checkpoints" / name,
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                saved,
-                self.record,
-                self.data.tokenizer,
-            )
-            prune_checkpoints(self.out, c.average_last)
-        barrier()
+        saved = dataclasses.replace(
+            p, wall_time=self._wall_time(), processes=self.env.world_size
+        )
+        self.folder.save(
+            name, record, self.model, self.optimizer, self.scheduler, saved
+        )
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
 
     def _wall_time(self) -> float:
         """Seconds of the run so far, this process's and earlier ones'."""
         return self.progress.wall_time + time.perf_counter() - self.clock.start
 
-    def _validate(self, model: nn.Module) -> Validation:
-        return validate(
-            model,
-            self.val_batches,
-            pad_id=self.data.tokenizer.pad_id,
-            smoothing=self.config.label_smoothing,
-            words=self.words,
-            bf16=self.bf16,
-        )
-
     def _average(self) -> None:
         """Average the last `average_last` epoch checkpoints into out/average
         and validate it."""
-        p, tokenizer = self.progress, self.data.tokenizer
-        chosen = _last_epochs(self.out, self.config.average_last)
+        chosen = last_epochs(self.out, self.config.average_last)
         if len(chosen) < 2:
             return
-        averaged = _averaged(chosen, self.model_config, self.device)
-        validation = self._validate(averaged)
+        averaged = averaged_model(chosen, self.model_config, self.device)
+        validation = self.validate(averaged)
         names = [path.name for path in chosen]
-        record = {
-            "kind": "average",
-            "epoch": float(p.epoch),
-            "step": p.step,
-            "averaged": names,
-            **validation.metrics(),
-            "wall_time": self._wall_time(),
-        }
+        record = average_record(
+            self.progress, names, validation, self._wall_time()
+        )
         self.log(f"average of {', '.join(names)}: " + metrics_text(record))
-        if self.env.is_main:
-            append_jsonl(self.out / "metrics.jsonl", record)
-            run = self.record | {"averaged": names}
-            write_checkpoint(
-                self.out / "average", averaged, record=run, tokenizer=tokenizer
-            )
-        barrier()
+        self.folder.save_average(record, averaged)
 
 
 # %% [markdown]

@@ -26,13 +26,13 @@ import torch
 
 from transformer.checkpoint import (
     CheckpointError,
-    average_checkpoints,
     check_compatible,
     load_model,
     load_tensors_into,
     read_record,
 )
 from transformer.data import DataError, EncodedSplit, iterate_batches, load_encoded
+from transformer.run_checkpoints import average_checkpoints
 from transformer.splits import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
 from transformer.train_config import TrainConfig

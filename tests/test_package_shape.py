@@ -25,7 +25,10 @@ LAYERS = [
         "encoded", "cache", "bpe_dropout", "data", "checkpoint", "distributed",
         "french", "counts",
     },
-    {"train_config", "loop", "validation", "training_data", "logs", "train"},
+    {
+        "train_config", "loop", "validation", "training_data", "logs",
+        "run_checkpoints", "train",
+    },
     {"search_setup", "decode", "translation", "splits", "evaluate", "export"},
     {"cli", "deploy", "__main__", "__init__"},
 ]  # fmt: skip

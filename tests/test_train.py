@@ -26,8 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 from transformer.__main__ import main
 from transformer.checkpoint import (
     CheckpointError,
-    average_checkpoints,
-    latest_checkpoint,
     load_model,
     load_state,
 )
@@ -45,6 +43,11 @@ from transformer.files import read_jsonl
 from transformer.loop import batch_log_probs, train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.run_checkpoints import (
+    average_checkpoints,
+    check_recipe,
+    latest_checkpoint,
+)
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train import Trainer, TrainResult, train
@@ -52,7 +55,6 @@ from transformer.train_config import (
     RATE,
     RESUME_FIXED,
     TrainConfig,
-    check_recipe,
     fixed_on_resume,
     multi30k_recipe,
     option,

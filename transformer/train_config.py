@@ -1,7 +1,6 @@
 # Generated from chapters/91_engineering.ipynb: edit it, not this file.
 """The configuration of a training run: `TrainConfig`, whose fields carry their
-own help, check and resume rule, the named recipes, and what a checkpoint
-records of the run."""
+own help, check and resume rule, and the named recipes."""
 
 # %% auto #0
 __all__ = [
@@ -10,13 +9,19 @@ __all__ = [
     "PEAK_BF16_FLOPS",
     "RENAMED_FIELDS",
     "Check",
+    "PAIR",
     "POSITIVE",
+    "SOME_POSITIVE",
+    "NATURAL",
+    "MINUTES",
+    "DEVICE",
     "RATE",
     "TEXT",
     "FLAG",
+    "SOME_FLAG",
     "SHARE",
-    "RECIPES",
     "RESUME_FIXED",
+    "RECIPES",
     "option",
     "flag_of",
     "value_type",
@@ -26,9 +31,6 @@ __all__ = [
     "quick_mode",
     "quick_config",
     "multi30k_recipe",
-    "run_record",
-    "check_recipe",
-    "resume_point",
 ]
 
 # %% ../chapters/91_engineering.ipynb #e3b07755
@@ -44,18 +46,9 @@ from typing import Any, Literal
 
 import torch
 
-from transformer.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-    Progress,
-    latest_checkpoint,
-    read_record,
-    tokenizer_digest,
-)
 from transformer.config import TransformerConfig
 from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
-from transformer.distributed import Distributed, barrier
-from transformer.tokenizer import VOCAB_SIZE, Tokenizer
+from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
@@ -98,13 +91,31 @@ def _device(value: object) -> bool:
     return True
 
 
+PAIR: Check = (lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}")
 POSITIVE: Check = (_positive, "must be a positive integer")
+SOME_POSITIVE: Check = (
+    lambda v: v is None or _positive(v),
+    "must be a positive integer or None",
+)
+NATURAL: Check = (
+    lambda v: _integer(v) and v >= 0,
+    "must be a non-negative integer",
+)
+MINUTES: Check = (
+    lambda v: v is None or _rate(v),
+    "must be finite positive minutes or None",
+)
+DEVICE: Check = (_device, "must be a torch device such as cpu, cuda or cuda:1")
 RATE: Check = (_rate, "must be a finite positive number")
 TEXT: Check = (
     lambda v: v is None or isinstance(v, str),
     "must be a string or None",
 )
 FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+SOME_FLAG: Check = (
+    lambda v: v in (None, True, False),
+    "must be True, False or None",
+)
 SHARE: Check = (
     lambda v: _share(v) and not isinstance(v, bool),
     "must be in [0, 1)",
@@ -114,8 +125,8 @@ SHARE: Check = (
 def option(
     default: Any = dataclasses.MISSING,
     *,
-    help: str,
     on_resume: Literal["fixed", "free"],
+    help: str | None = None,
     check: Check | None = None,
     choices: tuple[str, ...] | None = None,
     flag: str | None = "",
@@ -166,149 +177,124 @@ class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
     where it says."""
 
-    pair: str = option(
-        help="the language pair: de-en or fr-en",
-        on_resume="fixed",
-        check=(lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}"),
-    )
+    pair: str = option(on_resume="fixed", help="de-en or fr-en", check=PAIR)
     preset: str = option(
         "small",
-        help="the model: a preset of TransformerConfig",
         on_resume="fixed",
+        help="a TransformerConfig preset",
         choices=MODEL_PRESETS,
     )
-    model_overrides: dict[str, Any] = option(
-        help="fields of the model's config that differ from the preset",
+    model_overrides: dict[str, Any] = option(  # --set FIELD=VALUE
         on_resume="fixed",
+        help="fields of the model's config that differ from the preset",
         check=(lambda v: isinstance(v, dict), "must be a dict"),
-        flag=None,  # --set FIELD=VALUE
+        flag=None,
         default_factory=dict,
     )
     vocab_size: int = option(
         VOCAB_SIZE,
-        help="entries of the joint BPE vocabulary",
         on_resume="fixed",
+        help="entries of the joint BPE",
         check=POSITIVE,
     )
     epochs: int = option(
-        10, help="epochs to train", on_resume="free", check=POSITIVE
+        10, on_resume="free", help="epochs to train", check=POSITIVE
     )
     max_steps: int | None = option(
         None,
-        help="updates after which to stop (default: no limit)",
         on_resume="free",
-        check=(
-            lambda v: v is None or _positive(v),
-            "must be a positive integer or None",
-        ),
+        help="stop after this many updates",
+        check=SOME_POSITIVE,
     )
     max_tokens: int = option(
         MAX_TOKENS,
-        help="padded tokens per batch and side, per process",
         on_resume="fixed",
+        help="padded tokens per batch and side",
         check=POSITIVE,
     )
     accumulation: int = option(
         1,
-        help="batches per process and update",
         on_resume="fixed",
+        help="batches per process and update",
         check=POSITIVE,
     )
     warmup: int = option(
         4000,
-        help="updates of rising learning rate (equation 3)",
         on_resume="fixed",
+        help="updates of rising learning rate",
         check=POSITIVE,
     )
     lr_factor: float = option(
         1.0,
-        help="a factor on equation 3's learning rate",
         on_resume="fixed",
+        help="a factor on equation 3's rate",
         check=RATE,
     )
     label_smoothing: float = option(
-        0.1,
-        help="in [0, 1)",
-        on_resume="fixed",
-        check=(_share, "must be in [0, 1)"),
+        0.1, on_resume="fixed", help="in [0, 1)", check=SHARE
     )
     bpe_dropout: float = option(
-        0.0, help="in [0, 1); default 0: off", on_resume="fixed", check=SHARE
+        0.0, on_resume="fixed", help="in [0, 1); default 0: off", check=SHARE
     )
     bpe_dropout_sides: str = option(
         "both",
-        help="source: the targets keep BPE's own spelling",
         on_resume="fixed",
+        help="source: targets keep BPE's spelling",
         choices=tuple(BPE_DROPOUT_SIDES),
     )
     seed: int = option(
         0,
-        help="of the weights, the batches' order and dropout",
         on_resume="fixed",
-        check=(
-            lambda v: _integer(v) and v >= 0,
-            "must be a non-negative integer",
-        ),
+        help="of weights, order and dropout",
+        check=NATURAL,
     )
     bf16: bool | None = option(
         None,
-        help="bfloat16 autocast (default: on with CUDA)",
         on_resume="free",
-        check=(
-            lambda v: v in (None, True, False),
-            "must be True, False or None",
-        ),
+        help="bfloat16 autocast (default: with CUDA)",
+        check=SOME_FLAG,
     )
     compile: bool = option(
-        False, help="torch.compile the model", on_resume="free", check=FLAG
+        False, on_resume="free", help="torch.compile the model", check=FLAG
     )
     average_last: int = option(
         5,
-        help="epoch checkpoints averaged at the end; 0 or 1: none",
         on_resume="free",
-        check=(lambda v: _integer(v) and v >= 0, "must be an integer >= 0"),
+        help="checkpoints averaged at the end",
+        check=NATURAL,
     )
     time_limit: float | None = option(
-        None,
-        help="minutes",
-        on_resume="free",
-        check=(
-            lambda v: v is None or _rate(v),
-            "must be finite positive minutes or None",
-        ),
+        None, on_resume="free", help="minutes", check=MINUTES
     )
     out_dir: str | None = option(
         None,
-        help="output folder (default runs/<pair>)",
         on_resume="free",
+        help="default: runs/<pair>",
         check=TEXT,
         flag="--out",
     )
     cache_dir: str | None = option(
-        None,
-        help="default: the data chapter's cache",
-        on_resume="free",
-        check=TEXT,
+        None, on_resume="free", help="default: the data chapter's", check=TEXT
     )
     data_dir: str | None = option(
-        None, help="default: data/multi30k", on_resume="free", check=TEXT
+        None, on_resume="free", help="default: data/multi30k", check=TEXT
     )
     device: str | None = option(
         None,
-        help="default: cuda when available, else cpu",
         on_resume="free",
-        check=(_device, "must be a torch device such as cpu, cuda or cuda:1"),
+        help="default: cuda if available, else cpu",
+        check=DEVICE,
     )
     log_every: int = option(
         50,
-        help="updates between progress lines in steps.jsonl",
         on_resume="free",
+        help="updates per line of steps.jsonl",
         check=POSITIVE,
     )
     peak_flops: float = option(
         PEAK_BF16_FLOPS,
-        help="a device's peak FLOP rate, for MFU",
         on_resume="free",
+        help="per device, for MFU",
         check=RATE,
     )
 
@@ -382,6 +368,11 @@ class TrainConfig:
         return cls(**d)
 
 
+# The fields a resumed run must share with its checkpoint: they decide the
+# updates themselves.
+RESUME_FIXED = fixed_on_resume(TrainConfig)
+
+
 # %% ../chapters/91_engineering.ipynb #85a23221
 def quick_mode() -> bool:
     """Whether heavy cells run their small CPU version: without a CUDA GPU, or
@@ -432,77 +423,3 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
 
 
 RECIPES = {"multi30k": multi30k_recipe, "quick": quick_config}
-
-
-# %% ../chapters/91_engineering.ipynb #c9bd3cd4
-def run_record(
-    config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
-) -> dict[str, Any]:
-    """What config.json holds: the model, the run, and the vocabulary's
-    fingerprint."""
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "model": model_config.to_dict(),
-        "train": config.to_dict(),
-        "vocab": {
-            "size": tokenizer.vocab_size,
-            "sha256": tokenizer_digest(tokenizer),
-        },
-    }
-
-
-# The fields a resumed run must share with its checkpoint: they decide the
-# updates themselves.
-RESUME_FIXED = fixed_on_resume(TrainConfig)
-
-
-def check_recipe(folder: Path, config: TrainConfig) -> None:
-    """Raise CheckpointError, naming the folder and the field, if the
-    checkpoint in `folder` was trained with another value of a field that
-    decides the updates (one that is fixed on resume)."""
-    stored = with_current_names(read_record(folder).get("train", {}))
-    for name in fixed_on_resume(type(config)):
-        theirs, ours = stored.get(name), getattr(config, name)
-        # name the field of the model that differs
-        if name == "model_overrides":
-            theirs, ours = theirs or {}, ours or {}
-            for key in sorted(theirs.keys() | ours.keys()):
-                if theirs.get(key) != ours.get(key):
-                    raise CheckpointError(
-                        f"{folder}: the checkpoint was trained with"
-                        f" {name}.{key}={theirs.get(key)!r}, this run asks for"
-                        f" {name}.{key}={ours.get(key)!r}"
-                    )
-        elif name in stored and theirs != ours:
-            raise CheckpointError(
-                f"{folder}: the checkpoint was trained with {name}={theirs!r},"
-                f" this run asks for {name}={ours!r}"
-            )
-
-
-def resume_point(
-    out: Path, config: TrainConfig, env: Distributed, *, resume: bool
-) -> Path | None:
-    """The checkpoint a run in `out` resumes from, if any, after the checks
-    that need no data: the folder holds no other run unless resuming, and the
-    checkpoint was trained with this recipe by as many processes."""
-    checkpoint = latest_checkpoint(out)
-    occupied = out.is_dir() and any(out.iterdir())
-    # Every process looks at the folder before the first one writes into it, so
-    # that all of them see the same thing, and refuse (or go on) together.
-    barrier()
-    if occupied and not resume:
-        raise CheckpointError(
-            f"output folder {out} is not empty: pass --resume to continue the"
-            " run in it, or choose another --out"
-        )
-    if checkpoint is not None:
-        check_recipe(checkpoint, config)
-        processes = Progress.read(checkpoint).processes
-        if processes != env.world_size:
-            raise CheckpointError(
-                f"{checkpoint}: the run was trained by {processes}"
-                f" process(es), this one has {env.world_size}: they decide the"
-                f" updates, so resume with {processes}"
-            )
-    return checkpoint
