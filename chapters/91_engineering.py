@@ -24,7 +24,8 @@
 # appendix builds them on the chapter's code: its `Trainer` calls the chapter's `train_step`.
 # It exports `transformer.train` (the `Trainer` and `train`), `transformer.train_config`,
 # `transformer.training_data`, `transformer.validation`, `transformer.logs`,
-# `transformer.distributed`, `transformer.checkpoint` and `transformer.files`.
+# `transformer.distributed`, `transformer.checkpoint`, `transformer.run_checkpoints` and
+# `transformer.files`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
