@@ -320,7 +320,7 @@ class TrainConfig:
     out_dir: str | None = option(
         None,
         on_resume="free",
-        help="default: runs/<pair>",
+        help="output folder (default: runs/<pair>)",
         check=TEXT,
         flag="--out",
     )
