@@ -126,6 +126,7 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 # and do nothing in one: `ddp_processes` and `sync_gradients` (the appendix
 # [Training runs](91_engineering.ipynb) explains them).
 
+
 # %%
 #| export
 def train_step(
@@ -221,6 +222,7 @@ print(f"{one.numel():,} gradient entries, the largest {one.abs().max():.2f}")
 # A loop repeats the update over a stream of batches. `train_loop` makes one update per batch,
 # records its training loss, and every `validate_every` updates measures the label-smoothed loss
 # on the validation batches, in `eval` mode (no dropout) and without gradients.
+
 
 # %%
 #| export
@@ -355,13 +357,13 @@ print(
 #
 # None of these is the translation quality itself, which needs the model to generate without
 # the reference prefix; the decoding and results chapters measure that with BLEU. For the quick
-# model, with the appendix's `evaluate`:
+# model, with the appendix's `validate`:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.validation import count_words, evaluate
+from transformer.validation import count_words, validate
 
 words = count_words(tokenizer, val_split)
-result = evaluate(model, val_batches, pad_id=tokenizer.pad_id, words=words)
+result = validate(model, val_batches, pad_id=tokenizer.pad_id, words=words)
 print(", ".join(f"{k} {v:.3f}" for k, v in result.metrics().items()))
 
 # %% [markdown]

@@ -23,8 +23,9 @@
 # that make the update of one, and a small folder in which to ship the trained model. This
 # appendix builds them on the chapter's code: its `Trainer` calls the chapter's `train_step`.
 # It exports `transformer.train` (the `Trainer` and `train`), `transformer.train_config`,
-# `transformer.epochs`, `transformer.validation`, `transformer.logs`,
-# `transformer.distributed`, `transformer.checkpoint` and `transformer.files`.
+# `transformer.training_data`, `transformer.validation`, `transformer.logs`,
+# `transformer.distributed`, `transformer.checkpoint`, `transformer.run_checkpoints` and
+# `transformer.files`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -66,45 +67,44 @@ torch.set_printoptions(precision=4)
 # except the vocabulary size, which comes from the tokenizer. The defaults follow the paper where
 # it has a value (warm-up 4,000, label smoothing 0.1, the average of the last 5 checkpoints);
 # `bpe_dropout` samples a new segmentation of the training words each epoch (the data chapter).
-# Every field is checked when the config is made, from one table of (field, check, message), so
-# that a bad value is refused with its field's name before anything runs. The run stores the
+# Each field is defined once, by `option`: its default, its help on the command line, its check
+# (a test and the message a failing value gets) and whether a resumed run may change it. The
+# command line builds its options from the fields, and the config checks every field when it is
+# made, so that a bad value is refused with its field's name before anything runs. The model's
+# own configuration is built then too, once, and the run reads it from there. The run stores the
 # config twice: as `train_config.json` in its output folder, which `--resume` reads back so that
 # the same command can be repeated after a stop, and inside each checkpoint's `config.json`,
 # with the model's `TransformerConfig` and the vocabulary's SHA-256.
 
 # %%
 #| export train_config
-"""The configuration of a training run: `TrainConfig`, each field checked by a
-table, the named recipes, and what a checkpoint records of the run."""
+"""The configuration of a training run: `TrainConfig`, whose fields carry their
+own help, check and resume rule, and the named recipes."""
 
 import dataclasses
 import math
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from transformer.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-    Progress,
-    latest_checkpoint,
-    read_record,
-    tokenizer_digest,
-)
 from transformer.config import TransformerConfig
 from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
-from transformer.distributed import Distributed, barrier
-from transformer.tokenizer import VOCAB_SIZE, Tokenizer
+from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
 # measured bf16 matrix-multiply rate of an H100 or H200
 PEAK_BF16_FLOPS = 790e12
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
+# Earlier names of fields, as stored runs and checkpoints may hold them.
+RENAMED_FIELDS = {"model": "preset"}
+# A check: a test of the value, and what a value that fails it is told.
+Check = tuple[Callable[[Any], bool], str]
 
 
 def _integer(value: object) -> bool:
@@ -127,55 +127,94 @@ def _share(value: object) -> bool:
     return isinstance(value, int | float) and 0 <= value < 1
 
 
-_POSITIVE = (_positive, "must be a positive integer")
-_RATE = (_rate, "must be a finite positive number")
-_TEXT = (lambda v: v is None or isinstance(v, str), "must be a string or None")
-# Each field's check, in the order they are made; a value that fails is refused
-# as "<field> <message>, got <value>".
-_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "vocab_size": _POSITIVE,
-    "epochs": _POSITIVE,
-    "max_tokens": _POSITIVE,
-    "accumulation": _POSITIVE,
-    "warmup": _POSITIVE,
-    "max_steps": (
-        lambda v: v is None or _positive(v),
-        "must be a positive integer or None",
-    ),
-    "log_every": _POSITIVE,
-    "seed": (
-        lambda v: _integer(v) and v >= 0,
-        "must be a non-negative integer",
-    ),
-    "average_last": (
-        lambda v: isinstance(v, int) and v >= 0,
-        "must be an integer >= 0",
-    ),
-    "lr_factor": _RATE,
-    "peak_flops": _RATE,
-    "label_smoothing": (_share, "must be in [0, 1)"),
-    "bpe_dropout": (
-        lambda v: _share(v) and not isinstance(v, bool),
-        "must be in [0, 1)",
-    ),
-    "bpe_dropout_sides": (
-        lambda v: isinstance(v, str) and v in BPE_DROPOUT_SIDES,
-        f"must be one of {', '.join(BPE_DROPOUT_SIDES)}",
-    ),
-    "time_limit": (
-        lambda v: v is None or _rate(v),
-        "must be finite positive minutes or None",
-    ),
-    "bf16": (
-        lambda v: v in (None, True, False),
-        "must be True, False or None",
-    ),
-    "compile": (lambda v: isinstance(v, bool), "must be True or False"),
-    "out_dir": _TEXT,
-    "cache_dir": _TEXT,
-    "data_dir": _TEXT,
-    "device": _TEXT,
-}
+def _device(value: object) -> bool:
+    if value is None:
+        return True
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+PAIR: Check = (lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}")
+POSITIVE: Check = (_positive, "must be a positive integer")
+SOME_POSITIVE: Check = (
+    lambda v: v is None or _positive(v),
+    "must be a positive integer or None",
+)
+NATURAL: Check = (
+    lambda v: _integer(v) and v >= 0,
+    "must be a non-negative integer",
+)
+MINUTES: Check = (
+    lambda v: v is None or _rate(v),
+    "must be finite positive minutes or None",
+)
+DEVICE: Check = (_device, "must be a torch device such as cpu, cuda or cuda:1")
+RATE: Check = (_rate, "must be a finite positive number")
+TEXT: Check = (
+    lambda v: v is None or isinstance(v, str),
+    "must be a string or None",
+)
+FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+SOME_FLAG: Check = (
+    lambda v: v in (None, True, False),
+    "must be True, False or None",
+)
+SHARE: Check = (
+    lambda v: _share(v) and not isinstance(v, bool),
+    "must be in [0, 1)",
+)
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    on_resume: Literal["fixed", "free"],
+    help: str | None = None,
+    check: Check | None = None,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = "",
+    **field_args: Any,
+) -> Any:
+    """A TrainConfig field and everything about it: its command-line `help`,
+    whether a resumed run must keep it ("fixed": it decides the updates) or
+    may change it ("free"), its `check`, or the `choices` it is one of, and
+    its option's `flag` ("": --field-name; None: no option)."""
+    if choices is not None and check is None:
+        check = (
+            lambda v: v in choices,
+            f"must be one of {', '.join(choices)}",
+        )
+    metadata = dict(
+        help=help, on_resume=on_resume, check=check, choices=choices, flag=flag
+    )
+    return dataclasses.field(default=default, metadata=metadata, **field_args)
+
+
+def flag_of(field: dataclasses.Field) -> str | None:
+    """The command-line option that sets a TrainConfig field, if any."""
+    flag = field.metadata.get("flag", None)
+    return "--" + field.name.replace("_", "-") if flag == "" else flag
+
+
+def value_type(field: dataclasses.Field) -> type:
+    """The type of a field's values, None aside: `int | None` gives int."""
+    kinds = [t for t in typing.get_args(field.type) if t is not type(None)]
+    return kinds[0] if kinds else field.type
+
+
+def fixed_on_resume(cls: type) -> tuple[str, ...]:
+    """The fields of a TrainConfig class that a resumed run must keep."""
+    fields = dataclasses.fields(cls)
+    return tuple(f.name for f in fields if f.metadata["on_resume"] == "fixed")
+
+
+def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
+    """Stored TrainConfig fields under today's names (RENAMED_FIELDS); a field
+    stored under both names keeps its later value."""
+    return {RENAMED_FIELDS.get(k, k): v for k, v in fields.items()}
 
 
 # %% [markdown]
@@ -189,49 +228,132 @@ class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
     where it says."""
 
-    pair: str
-    model: str = "small"  # a TransformerConfig preset
-    model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-    vocab_size: int = VOCAB_SIZE  # of the joint BPE vocabulary (data chapter)
-    epochs: int = 10
-    max_steps: int | None = None
-    # padded tokens per batch and side, per process
-    max_tokens: int = MAX_TOKENS
-    accumulation: int = 1  # batches per process and update
-    warmup: int = 4000
-    lr_factor: float = 1.0
-    label_smoothing: float = 0.1
-    # on the training words (data chapter); 0: off (the paper)
-    bpe_dropout: float = 0.0
-    # or "source": targets keep BPE's own spelling
-    bpe_dropout_sides: str = "both"
-    seed: int = 0
-    bf16: bool | None = None  # None: on with CUDA
-    compile: bool = False
-    average_last: int = 5  # checkpoints averaged at the end; 0 or 1: none
-    time_limit: float | None = None  # minutes
-    out_dir: str | None = None  # None: runs/<pair>
-    cache_dir: str | None = None  # None: the data chapter's cache
-    data_dir: str | None = None  # None: data/multi30k
-    device: str | None = None  # None: cuda when available, else cpu
-    log_every: int = 50  # updates between progress lines in steps.jsonl
-    peak_flops: float = PEAK_BF16_FLOPS  # per device, for MFU
+    pair: str = option(on_resume="fixed", help="de-en or fr-en", check=PAIR)
+    preset: str = option(
+        "small",
+        on_resume="fixed",
+        help="a TransformerConfig preset",
+        choices=MODEL_PRESETS,
+    )
+    model_overrides: dict[str, Any] = option(  # --set FIELD=VALUE
+        on_resume="fixed",
+        help="fields of the model's config that differ from the preset",
+        check=(lambda v: isinstance(v, dict), "must be a dict"),
+        flag=None,
+        default_factory=dict,
+    )
+    vocab_size: int = option(
+        VOCAB_SIZE,
+        on_resume="fixed",
+        help="entries of the joint BPE",
+        check=POSITIVE,
+    )
+    epochs: int = option(
+        10, on_resume="free", help="epochs to train", check=POSITIVE
+    )
+    max_steps: int | None = option(
+        None,
+        on_resume="free",
+        help="stop after this many updates",
+        check=SOME_POSITIVE,
+    )
+    max_tokens: int = option(
+        MAX_TOKENS,
+        on_resume="fixed",
+        help="padded tokens per batch and side",
+        check=POSITIVE,
+    )
+    accumulation: int = option(
+        1,
+        on_resume="fixed",
+        help="batches per process and update",
+        check=POSITIVE,
+    )
+    warmup: int = option(
+        4000,
+        on_resume="fixed",
+        help="updates of rising learning rate",
+        check=POSITIVE,
+    )
+    lr_factor: float = option(
+        1.0,
+        on_resume="fixed",
+        help="a factor on equation 3's rate",
+        check=RATE,
+    )
+    label_smoothing: float = option(
+        0.1, on_resume="fixed", help="in [0, 1)", check=SHARE
+    )
+    bpe_dropout: float = option(
+        0.0, on_resume="fixed", help="in [0, 1); default 0: off", check=SHARE
+    )
+    bpe_dropout_sides: str = option(
+        "both",
+        on_resume="fixed",
+        help="source: targets keep BPE's spelling",
+        choices=tuple(BPE_DROPOUT_SIDES),
+    )
+    seed: int = option(
+        0,
+        on_resume="fixed",
+        help="of weights, order and dropout",
+        check=NATURAL,
+    )
+    bf16: bool | None = option(
+        None,
+        on_resume="free",
+        help="bfloat16 autocast (default: with CUDA)",
+        check=SOME_FLAG,
+    )
+    compile: bool = option(
+        False, on_resume="free", help="torch.compile the model", check=FLAG
+    )
+    average_last: int = option(
+        5,
+        on_resume="free",
+        help="checkpoints averaged at the end",
+        check=NATURAL,
+    )
+    time_limit: float | None = option(
+        None, on_resume="free", help="minutes", check=MINUTES
+    )
+    out_dir: str | None = option(
+        None,
+        on_resume="free",
+        help="output folder (default: runs/<pair>)",
+        check=TEXT,
+        flag="--out",
+    )
+    cache_dir: str | None = option(
+        None, on_resume="free", help="default: the data chapter's", check=TEXT
+    )
+    data_dir: str | None = option(
+        None, on_resume="free", help="default: data/multi30k", check=TEXT
+    )
+    device: str | None = option(
+        None,
+        on_resume="free",
+        help="default: cuda if available, else cpu",
+        check=DEVICE,
+    )
+    log_every: int = option(
+        50,
+        on_resume="free",
+        help="updates per line of steps.jsonl",
+        check=POSITIVE,
+    )
+    peak_flops: float = option(
+        PEAK_BF16_FLOPS,
+        on_resume="free",
+        help="per device, for MFU",
+        check=RATE,
+    )
 
     def __post_init__(self) -> None:
-        if self.pair not in PAIRS:
-            raise ValueError(
-                f"pair: unknown language pair {self.pair!r}, choose one of"
-                f" {', '.join(PAIRS)}"
-            )
-        if self.model not in MODEL_PRESETS:
-            raise ValueError(
-                f"model: unknown preset {self.model!r}, choose one of"
-                f" {', '.join(MODEL_PRESETS)}"
-            )
-        if not isinstance(self.model_overrides, dict):
-            raise ValueError(
-                f"model_overrides must be a dict, got {self.model_overrides!r}"
-            )
+        for field in dataclasses.fields(self):
+            valid, message = field.metadata["check"] or (lambda v: True, "")
+            if not valid(value := getattr(self, field.name)):
+                raise ValueError(f"{field.name} {message}, got {value!r}")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))
         fields = {f.name for f in dataclasses.fields(TransformerConfig)}
         known = fields - set(_VOCAB_FIELDS)
@@ -242,26 +364,21 @@ class TrainConfig:
                 " (the vocabulary size comes from the tokenizer); known:"
                 f" {', '.join(sorted(known))}"
             )
-        for name, (valid, message) in _CHECKS.items():
-            if not valid(value := getattr(self, name)):
-                raise ValueError(f"{name} {message}, got {value!r}")
-        if self.device is not None:
-            try:
-                torch.device(self.device)
-            except RuntimeError:
-                raise ValueError(
-                    "device must be a torch device such as cpu, cuda or"
-                    f" cuda:1, got {self.device!r}"
-                ) from None
+        preset = getattr(TransformerConfig, self.preset)
         try:  # the overrides' values, e.g. d_model % n_heads
-            self.model_config(self.vocab_size)
+            model = preset(self.vocab_size, **self.model_overrides)
         except (ValueError, TypeError) as err:
             raise ValueError(f"model_overrides: {err}") from err
+        # Built once: the run's model, its optimiser and its schedule read it.
+        object.__setattr__(self, "_model_config", model)
 
-    def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The model's config for a tokenizer of `vocab_size` entries."""
-        preset = getattr(TransformerConfig, self.model)
-        return preset(vocab_size, **self.model_overrides)
+    def model_config(self, vocab_size: int | None = None) -> TransformerConfig:
+        """The model's config, for a tokenizer of `vocab_size` entries
+        (default: the config's own `vocab_size`)."""
+        model = self._model_config
+        if vocab_size is None or vocab_size == model.src_vocab_size:
+            return model
+        return dataclasses.replace(model, src_vocab_size=vocab_size)
 
     def uses_bf16(self, device_type: str) -> bool:
         """Whether to train and validate under bfloat16 autocast on a
@@ -290,7 +407,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """A config from `to_dict()`'s output; unknown keys are errors."""
+        """A config from `to_dict()`'s output, or a stored one of earlier
+        names (RENAMED_FIELDS); unknown keys are errors."""
+        d = with_current_names(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -298,6 +417,11 @@ class TrainConfig:
                 f"unknown TrainConfig field(s) {', '.join(unknown)}"
             )
         return cls(**d)
+
+
+# The fields a resumed run must share with its checkpoint: they decide the
+# updates themselves.
+RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 # %% [markdown]
@@ -329,7 +453,7 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     CPU."""
     fields = dict(
         pair=pair,
-        model="small",
+        preset="small",
         model_overrides=dict(n_layers=2, d_model=64, n_heads=4, d_ff=256),
         epochs=1,
         max_steps=60,
@@ -346,7 +470,7 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     as a TrainConfig."""
     fields = dict(
         pair=pair,
-        model="small",
+        preset="small",
         model_overrides=dict(
             n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
         ),
@@ -371,7 +495,7 @@ from transformer.model import Transformer
 from transformer.train_config import TrainConfig, multi30k_recipe
 
 config = TrainConfig(
-    pair="de-en", model="small", model_overrides={"dropout": 0.3}, warmup=2000
+    pair="de-en", preset="small", model_overrides={"dropout": 0.3}, warmup=2000
 )
 assert (
     TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
@@ -585,24 +709,22 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 # %%
 #| export checkpoint
 """Checkpoints and shipped models: the formats, saving and loading without
-pickle, averaging, the records of a run's checkpoints, export, and
-`load_model`."""
+pickle, a checkpoint's record and progress, export, and `load_model`."""
 
 import hashlib
 import json
 import re
 import shutil
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TransformerConfig
+from transformer.distributed import unwrap
 from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -675,19 +797,11 @@ def load_state(folder: Path, name: str) -> object:
         ) from err
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DDP's wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    return (
-        model.module if isinstance(model, DistributedDataParallel) else model
-    )
-
-
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     """The weights and persistent buffers, each shared tensor once under its
     first name."""
     tensors, seen = {}, set()
-    for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
+    for name, tensor in unwrap(model).state_dict(keep_vars=True).items():
         # tied parameters are one object under several names
         if id(tensor) not in seen:
             seen.add(id(tensor))
@@ -749,7 +863,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """Load a safetensors file written by `save_weights` into a model of the
     same config."""
     tensors = read_tensors(path)
-    load_tensors_into(_unwrap(model), tensors, path)
+    load_tensors_into(unwrap(model), tensors, path)
 
 
 # %% [markdown]
@@ -819,7 +933,54 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 
 
 # %%
-#| export checkpoint
+#| export run_checkpoints
+"""A training run's checkpoints: averaging them, writing and pruning them,
+what they record of the run, and the checks and chores of resuming from one."""
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LRScheduler
+
+from transformer.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    Progress,
+    check_compatible,
+    list_checkpoints,
+    load_state,
+    load_tensors_into,
+    load_weights,
+    read_record,
+    read_tensors,
+    save_state,
+    save_weights,
+    tokenizer_digest,
+)
+from transformer.config import TransformerConfig
+from transformer.distributed import Distributed, barrier
+from transformer.files import (
+    append_jsonl,
+    atomic_folder,
+    atomic_write,
+    remove_stale,
+    truncate_jsonl,
+)
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import (
+    TrainConfig,
+    fixed_on_resume,
+    with_current_names,
+)
+
+
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     """The element-wise mean of the weights of several checkpoints (folders or
     files).
@@ -863,7 +1024,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
 # %%
 from safetensors.torch import save_file
 
-from transformer.checkpoint import average_checkpoints
+from transformer.run_checkpoints import average_checkpoints
 
 for i, (w, b) in enumerate(
     [([1.0, 2.0], [0.0]), ([3.0, 4.0], [1.0]), ([5.0, 9.0], [2.0])]
@@ -993,6 +1154,8 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+# %%
+#| export run_checkpoints
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint folder of the run in `out`, or None."""
     found = list_checkpoints(out)
@@ -1044,9 +1207,10 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 # %% [markdown]
 # ## Resuming a run
 #
-# Some fields of the configuration decide the updates themselves: the pair, the model and its
+# Some fields of the configuration decide the updates themselves: the pair, the preset and its
 # overrides, the vocabulary, the batch size, accumulation, warm-up, learning-rate factor, label
-# smoothing, BPE-dropout and the seed (`RESUME_FIXED`). A resumed run must keep them, and
+# smoothing, BPE-dropout and the seed. Each says so where it is defined (`on_resume="fixed"`),
+# and `RESUME_FIXED` lists them. A resumed run must keep them, and
 # `check_recipe` refuses one that does not, naming the field. The others may change on resume:
 # more `epochs` continue a finished run, and a new `time_limit` or `max_steps` fits the next
 # stretch of machine time. `resume_point` makes these checks, and those that need no data,
@@ -1054,7 +1218,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 
 
 # %%
-#| export train_config
+#| export run_checkpoints
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
@@ -1071,30 +1235,12 @@ def run_record(
     }
 
 
-# The fields a resumed run must share with its checkpoint: they decide the
-# updates themselves.
-RESUME_FIXED = (
-    "pair",
-    "model",
-    "model_overrides",
-    "vocab_size",
-    "max_tokens",
-    "accumulation",
-    "warmup",
-    "lr_factor",
-    "label_smoothing",
-    "bpe_dropout",
-    "bpe_dropout_sides",
-    "seed",
-)
-
-
 def check_recipe(folder: Path, config: TrainConfig) -> None:
     """Raise CheckpointError, naming the folder and the field, if the
     checkpoint in `folder` was trained with another value of a field that
-    decides the updates (RESUME_FIXED)."""
-    stored = read_record(folder).get("train", {})
-    for name in RESUME_FIXED:
+    decides the updates (one that is fixed on resume)."""
+    stored = with_current_names(read_record(folder).get("train", {}))
+    for name in fixed_on_resume(type(config)):
         theirs, ours = stored.get(name), getattr(config, name)
         # name the field of the model that differs
         if name == "model_overrides":
@@ -1139,6 +1285,151 @@ def resume_point(
                 f" updates, so resume with {processes}"
             )
     return checkpoint
+
+
+# %% [markdown]
+# The trainer's chores around its checkpoints: continue from one, make and clean the run's
+# folder, store its settings, average the last epochs, and, in `RunFolder`, write the records
+# and checkpoints from the first process while the others wait.
+
+
+# %%
+#| export run_checkpoints
+def resume_from(
+    checkpoint: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+) -> Progress:
+    """Continue from a checkpoint: load the weights, the optimiser and the
+    schedule; return where the run stands."""
+    load_weights(model, checkpoint / "model.safetensors")
+    state = load_state(checkpoint, "trainer")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Progress.read(checkpoint)
+
+
+def prepare_folder(out: Path) -> None:
+    """Make the run's folders; delete what a killed run left (see
+    atomic_folder)."""
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    remove_stale(out)
+    remove_stale(out / "checkpoints")
+
+
+def store_settings(
+    out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
+) -> None:
+    """Drop the records after update `step`, which a resumed run writes again,
+    and store the settings (both atomically: --resume reads them back)."""
+    for name in ("metrics.jsonl", "steps.jsonl"):
+        truncate_jsonl(out / name, step)
+    settings = json.dumps(config.to_dict(), indent=2) + "\n"
+    atomic_write(out / "train_config.json", settings.encode())
+    tokenizer.save(out / "tokenizer.json")
+
+
+def last_epochs(out: Path, average_last: int) -> list[Path]:
+    """The epoch checkpoints to average: the last `average_last`, from 2."""
+    found = list_checkpoints(out)
+    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    return epochs[-average_last:] if average_last >= 2 else []
+
+
+def averaged_model(
+    chosen: list[Path], model_config: TransformerConfig, device: torch.device
+) -> Transformer:
+    """A model of the mean weights of the checkpoints `chosen`."""
+    averaged = Transformer(model_config).to(device)
+    load_tensors_into(
+        averaged, average_checkpoints(chosen), "averaged checkpoints"
+    )
+    return averaged
+
+
+class RunFolder:
+    """A run's output folder as one process sees it: the first process writes
+    the records and checkpoints, and every process waits until it has."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env: Distributed,
+        record: dict[str, Any],
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.config, self.out, self.env = config, config.output_dir, env
+        self.record, self.tokenizer = record, tokenizer  # of each checkpoint
+
+    def open(
+        self,
+        checkpoint: Path | None,
+        model: Transformer,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LRScheduler,
+    ) -> Progress:
+        """Check that `checkpoint`, if any, fits the model and the tokenizer,
+        make the folder, continue from the checkpoint, and store the settings;
+        return where the run stands."""
+        if checkpoint is not None:
+            check_compatible(
+                checkpoint, model_config=model.config, tokenizer=self.tokenizer
+            )
+        if self.env.is_main:
+            prepare_folder(self.out)
+        barrier()
+        progress = Progress()
+        if checkpoint is not None:
+            progress = resume_from(checkpoint, model, optimizer, scheduler)
+        if self.env.is_main:
+            store_settings(
+                self.out, self.config, self.tokenizer, progress.step
+            )
+        return progress
+
+    def save(
+        self,
+        name: str,
+        line: dict[str, Any],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LRScheduler,
+        progress: Progress,
+    ) -> None:
+        """Append `line` to metrics.jsonl, write the checkpoint `name`, and
+        prune the older ones."""
+        if self.env.is_main:
+            # The record first: a resumed run drops records newer than its
+            # checkpoint.
+            append_jsonl(self.out / "metrics.jsonl", line)
+            folder = self.out / "checkpoints" / name
+            state = {"optimizer": optimizer.state_dict()}
+            state["scheduler"] = scheduler.state_dict()
+            write_checkpoint(
+                folder,
+                model,
+                record=self.record,
+                tokenizer=self.tokenizer,
+                trainer_state=state,
+                progress=progress,
+            )
+            prune_checkpoints(self.out, self.config.average_last)
+        barrier()
+
+    def save_average(self, line: dict[str, Any], model: nn.Module) -> None:
+        """Append `line` to metrics.jsonl and write the averaged `model` into
+        out/average."""
+        if self.env.is_main:
+            append_jsonl(self.out / "metrics.jsonl", line)
+            record = self.record | {"averaged": line["averaged"]}
+            write_checkpoint(
+                self.out / "average",
+                model,
+                record=record,
+                tokenizer=self.tokenizer,
+            )
+        barrier()
 
 
 # %% [markdown]
@@ -1278,6 +1569,14 @@ def ddp_of(model: nn.Module) -> DistributedDataParallel | None:
     return inner if isinstance(inner, DistributedDataParallel) else None
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside torch.compile's and DDP's wrappers."""
+    ddp = ddp_of(model)
+    return (
+        ddp.module if ddp is not None else getattr(model, "_orig_mod", model)
+    )
+
+
 def ddp_processes(model: nn.Module) -> int:
     """How many processes' gradients DistributedDataParallel averages for
     `model`, 1 without it: a loss scaled by it turns their mean into a sum."""
@@ -1306,7 +1605,7 @@ def sync_gradients(
 # batch and the model's table of positions, and an epoch holds at least one update.
 
 # %%
-#| export epochs
+#| export training_data
 """What a training run trains on, epoch by epoch: the splits from the encoded
 cache, the checks that every sentence and every epoch fit the run's batches,
 each epoch's batches and, under BPE-dropout, each epoch's spelling."""
@@ -1386,7 +1685,7 @@ def epoch_batches(
 
 
 # %%
-#| export epochs
+#| export training_data
 def check_lengths(
     config: TrainConfig,
     data: TrainingData,
@@ -1458,8 +1757,9 @@ def dropped_warning(
 # next epoch while this one trains; a sentence counts in its longest possible spelling in the
 # checks above.
 
+
 # %%
-#| export epochs
+#| export training_data
 def prepare_epochs(
     config: TrainConfig,
     data: TrainingData,
@@ -1685,7 +1985,7 @@ class Validation:
 
 
 @torch.no_grad()
-def evaluate(
+def validate(
     model: nn.Module,
     batches: Iterable[Batch],
     *,
@@ -1760,8 +2060,10 @@ cache.
 """
 
 import dataclasses
+import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1773,45 +2075,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
-from transformer.checkpoint import (
-    Progress,
-    average_checkpoints,
-    check_compatible,
-    list_checkpoints,
-    load_state,
-    load_tensors_into,
-    load_weights,
-    prune_checkpoints,
-    write_checkpoint,
-)
+from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
 from transformer.counts import training_flops
 from transformer.data import Batch, EncodedSplit, collate, iterate_batches
 from transformer.distributed import (
     Distributed,
     all_sum,
-    barrier,
     device_for,
     seed_update,
 )
-from transformer.epochs import (
-    TrainingData,
-    dropped_warning,
-    epoch_batches,
-    load_training_data,
-    prepare_epochs,
-    updates_per_epoch,
-)
-from transformer.files import (
-    append_jsonl,
-    atomic_write,
-    read_jsonl,
-    remove_stale,
-    truncate_jsonl,
-)
+from transformer.files import read_jsonl
 from transformer.logs import (
     Log,
     StepLog,
+    average_record,
     epoch_line,
     epoch_record,
     metrics_text,
@@ -1821,10 +2099,25 @@ from transformer.logs import (
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
-from transformer.schedule import make_optimizer, noam_lr
+from transformer.run_checkpoints import (
+    RunFolder,
+    averaged_model,
+    last_epochs,
+    resume_point,
+    run_record,
+)
+from transformer.schedule import make_optimizer
 from transformer.tokenizer import Tokenizer
-from transformer.train_config import TrainConfig, resume_point, run_record
-from transformer.validation import Validation, count_words, evaluate
+from transformer.train_config import TrainConfig
+from transformer.training_data import (
+    TrainingData,
+    dropped_warning,
+    epoch_batches,
+    load_training_data,
+    prepare_epochs,
+    updates_per_epoch,
+)
+from transformer.validation import Validation, count_words, validate
 
 
 # %% [markdown]
@@ -1866,21 +2159,6 @@ def _build(
     return model, optimizer, scheduler, criterion
 
 
-def _resume(
-    checkpoint: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-) -> Progress:
-    """Continue from a checkpoint: load the weights, the optimiser and the
-    schedule; return where the run stands."""
-    load_weights(model, checkpoint / "model.safetensors")
-    state = load_state(checkpoint, "trainer")
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return Progress.read(checkpoint)
-
-
 def _wrap(
     model: nn.Module,
     config: TrainConfig,
@@ -1895,31 +2173,15 @@ def _wrap(
     return torch.compile(model) if config.compile else model
 
 
-def _prepare_folder(out: Path) -> None:
-    """Make the run's folders; delete what a killed run left (see
-    atomic_folder)."""
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    remove_stale(out)
-    remove_stale(out / "checkpoints")
-
-
-def _store_settings(
-    out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
-) -> None:
-    """Drop the records after update `step`, which a resumed run writes again,
-    and store the settings (both atomically: --resume reads them back)."""
-    for name in ("metrics.jsonl", "steps.jsonl"):
-        truncate_jsonl(out / name, step)
-    settings = json.dumps(config.to_dict(), indent=2) + "\n"
-    atomic_write(out / "train_config.json", settings.encode())
-    tokenizer.save(out / "tokenizer.json")
-
-
-def _validation_set(
-    data: TrainingData, config: TrainConfig, max_len: int, env: Distributed
-) -> tuple[int, list[Batch]]:
-    """The words of the validation references, and this process's share of the
-    batches."""
+def _validator(
+    data: TrainingData,
+    config: TrainConfig,
+    max_len: int,
+    env: Distributed,
+    bf16: bool,
+) -> Callable[[nn.Module], Validation]:
+    """Validation of a model on this process's share of the batches, the
+    words of all the references counted."""
     val = iterate_batches(
         data.val,
         data.tokenizer,
@@ -1927,9 +2189,13 @@ def _validation_set(
         shuffle=False,
         max_len=max_len,
     )
-    return (
-        count_words(data.tokenizer, data.val),
-        list(val)[env.rank :: env.world_size],
+    return functools.partial(
+        validate,
+        batches=list(val)[env.rank :: env.world_size],
+        pad_id=data.tokenizer.pad_id,
+        smoothing=config.label_smoothing,
+        words=count_words(data.tokenizer, data.val),
+        bf16=bf16,
     )
 
 
@@ -1965,6 +2231,7 @@ def _collate_share(
 # end, and the stretch until the next check, whose longest length it keeps measuring. With
 # several processes every one must stop at the same update, so the first process decides and
 # broadcasts its answer; a broadcast waits for every process, so it is asked every 10 updates.
+
 
 # %%
 #| export
@@ -2138,6 +2405,21 @@ def epoch_record(
     }
 
 
+def average_record(
+    p: Progress, names: list[str], validation: Validation, wall_time: float
+) -> dict[str, Any]:
+    """The line of metrics.jsonl for the average of the checkpoints
+    `names`."""
+    return {
+        "kind": "average",
+        "epoch": float(p.epoch),
+        "step": p.step,
+        "averaged": names,
+        **validation.metrics(),
+        "wall_time": wall_time,
+    }
+
+
 def metrics_text(r: dict[str, Any]) -> str:
     return (
         f"val loss {r['val_loss']:.3f}, ppl/word {r['val_ppl_word']:.2f}, "
@@ -2156,8 +2438,8 @@ def epoch_line(r: dict[str, Any], epochs: int) -> str:
 
 
 # %% [markdown]
-# The trainer's own helpers: where a run starts, what it returns, and its checkpoints and their
-# average:
+# The trainer's own helpers: where a run starts, and what it returns:
+
 
 # %%
 #| export
@@ -2183,7 +2465,7 @@ def _start_line(
     arithmetic."""
     n = sum(p.numel() for p in model.parameters())
     return (
-        f"{where}: {config.pair}, model {config.model}"
+        f"{where}: {config.pair}, model {config.preset}"
         f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
         f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
     )
@@ -2195,47 +2477,6 @@ class TrainResult:
     stopped: str  # "completed", "max_steps" or "time_limit"
     step: int
     metrics: list[dict[str, Any]]
-
-
-def _save(
-    folder: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-    progress: Progress,
-    record: dict[str, Any],
-    tokenizer: Tokenizer,
-) -> None:
-    """Write a checkpoint that the run resumes from exactly: the weights, the
-    optimiser's and the schedule's states, and where the run stands."""
-    state = {"optimizer": optimizer.state_dict()}
-    state["scheduler"] = scheduler.state_dict()
-    write_checkpoint(
-        folder,
-        model,
-        record=record,
-        tokenizer=tokenizer,
-        trainer_state=state,
-        progress=progress,
-    )
-
-
-def _last_epochs(out: Path, average_last: int) -> list[Path]:
-    """The epoch checkpoints to average: the last `average_last`, from 2."""
-    found = list_checkpoints(out)
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
-    return epochs[-average_last:] if average_last >= 2 else []
-
-
-def _averaged(
-    chosen: list[Path], model_config: TransformerConfig, device: torch.device
-) -> Transformer:
-    """A model of the mean weights of the checkpoints `chosen`."""
-    averaged = Transformer(model_config).to(device)
-    load_tensors_into(
-        averaged, average_checkpoints(chosen), "averaged checkpoints"
-    )
-    return averaged
 
 
 # %% [markdown]
@@ -2265,10 +2506,6 @@ class Trainer:
         self.data = data if data is not None else load_training_data(c)
         tokenizer = self.data.tokenizer
         self.model_config = c.model_config(tokenizer.vocab_size)
-        if checkpoint is not None:
-            check_compatible(
-                checkpoint, model_config=self.model_config, tokenizer=tokenizer
-            )
         max_len = self.model_config.max_len
         epoch = Progress.read(checkpoint).epoch if checkpoint else 0
         self.spellings, first = prepare_epochs(
@@ -2280,25 +2517,18 @@ class Trainer:
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
-        self.progress = Progress()
-        if env.is_main:
-            _prepare_folder(self.out)
-        barrier()
-        if checkpoint is not None:
-            self.progress = _resume(
-                checkpoint, self.model, self.optimizer, self.scheduler
-            )
-        if env.is_main:
-            _store_settings(self.out, c, tokenizer, self.progress.step)
-        self.record = run_record(c, self.model_config, tokenizer)
+        record = run_record(c, self.model_config, tokenizer)
+        self.folder = RunFolder(c, env, record, tokenizer)
+        self.progress = self.folder.open(
+            checkpoint, self.model, self.optimizer, self.scheduler
+        )
         self.step_model = _wrap(self.model, c, env, self.device)
         self.bf16 = c.uses_bf16(self.device.type)
-        self.words, self.val_batches = _validation_set(
-            self.data, c, max_len, env
-        )
+        self.validate = _validator(self.data, c, max_len, env, self.bf16)
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
+        self.lr = 0.0  # the learning rate of the last update
         steps = self.out / "steps.jsonl" if env.is_main else None
         self.steps = StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
@@ -2369,7 +2599,7 @@ class Trainer:
             updates += 1
             bar.update(1)
             if p.step % c.log_every == 0:
-                r = self.steps.write(p, len(batches), self._lr(), clock.start)
+                r = self.steps.write(p, len(batches), self.lr, clock.start)
                 show_step(bar, r)
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
@@ -2385,6 +2615,7 @@ class Trainer:
         every = np.concatenate(update)
         tokens = int(self.tgt_lengths[every].sum())
         seed_update(c.seed, p.step, env.rank)
+        self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
         loss = train_step(
             self.step_model,
             mine,
@@ -2401,12 +2632,6 @@ class Trainer:
         self.loss_acc += loss
         self.steps.add(loss, tokens)
 
-    def _lr(self) -> float:
-        """The learning rate of the last update (equation 3)."""
-        c, d = self.config, self.model_config.d_model
-        step = self.progress.step
-        return noam_lr(step, d_model=d, warmup=c.warmup, factor=c.lr_factor)
-
     # -- the end of an epoch, and of the run
 
     def _end_period(self, *, kind: str) -> None:
@@ -2416,7 +2641,7 @@ class Trainer:
         started = time.perf_counter()
         p.epoch_loss_sum += all_sum([self.loss_acc.item()], self.device)[0]
         self.loss_acc.zero_()
-        validation = self._validate(self.model)
+        validation = self.validate(self.model)
         if kind == "epoch":
             p.epoch += 1
             epoch, name = float(p.epoch), f"epoch-{p.epoch:03d}"
@@ -2426,73 +2651,37 @@ class Trainer:
         wall = self._wall_time()
         peak = c.peak_flops * self.env.world_size
         peak = peak if self.device.type == "cuda" else None
-        record = epoch_record(
-            kind, epoch, p, validation, self._lr(), wall, peak
-        )
+        record = epoch_record(kind, epoch, p, validation, self.lr, wall, peak)
         self.log(epoch_line(record, c.epochs))
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
             p.epoch_seconds, p.epoch_flops = 0.0, 0.0
-        if self.env.is_main:
-            # The record first: a resumed run drops records newer than its
-            # checkpoint.
-            append_jsonl(self.out / "metrics.jsonl", record)
-            saved = dataclasses.replace(
-                p, wall_time=self._wall_time(), processes=self.env.world_size
-            )
-            _save(
-                self.out / "checkpoints" / name,
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                saved,
-                self.record,
-                self.data.tokenizer,
-            )
-            prune_checkpoints(self.out, c.average_last)
-        barrier()
+        saved = dataclasses.replace(
+            p, wall_time=self._wall_time(), processes=self.env.world_size
+        )
+        self.folder.save(
+            name, record, self.model, self.optimizer, self.scheduler, saved
+        )
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
 
     def _wall_time(self) -> float:
         """Seconds of the run so far, this process's and earlier ones'."""
         return self.progress.wall_time + time.perf_counter() - self.clock.start
 
-    def _validate(self, model: nn.Module) -> Validation:
-        return evaluate(
-            model,
-            self.val_batches,
-            pad_id=self.data.tokenizer.pad_id,
-            smoothing=self.config.label_smoothing,
-            words=self.words,
-            bf16=self.bf16,
-        )
-
     def _average(self) -> None:
         """Average the last `average_last` epoch checkpoints into out/average
         and validate it."""
-        p, tokenizer = self.progress, self.data.tokenizer
-        chosen = _last_epochs(self.out, self.config.average_last)
+        chosen = last_epochs(self.out, self.config.average_last)
         if len(chosen) < 2:
             return
-        averaged = _averaged(chosen, self.model_config, self.device)
-        validation = self._validate(averaged)
+        averaged = averaged_model(chosen, self.model_config, self.device)
+        validation = self.validate(averaged)
         names = [path.name for path in chosen]
-        record = {
-            "kind": "average",
-            "epoch": float(p.epoch),
-            "step": p.step,
-            "averaged": names,
-            **validation.metrics(),
-            "wall_time": self._wall_time(),
-        }
+        record = average_record(
+            self.progress, names, validation, self._wall_time()
+        )
         self.log(f"average of {', '.join(names)}: " + metrics_text(record))
-        if self.env.is_main:
-            append_jsonl(self.out / "metrics.jsonl", record)
-            run = self.record | {"averaged": names}
-            write_checkpoint(
-                self.out / "average", averaged, record=run, tokenizer=tokenizer
-            )
-        barrier()
+        self.folder.save_average(record, averaged)
 
 
 # %% [markdown]
@@ -2561,10 +2750,10 @@ import numpy as np
 
 from transformer.checkpoint import read_tensors
 from transformer.data import EncodedSplit
-from transformer.epochs import TrainingData
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train import train
 from transformer.train_config import TrainConfig
+from transformer.training_data import TrainingData
 
 rng = np.random.default_rng(0)
 words = [

@@ -237,6 +237,8 @@ def prepare_command(argv: Sequence[str]) -> None:
 
 # %%
 #| export
+import dataclasses
+
 from transformer.checkpoint import (
     CheckpointError,
     check_export_destination,
@@ -245,20 +247,59 @@ from transformer.checkpoint import (
 from transformer.distributed import Distributed
 from transformer.train import train
 from transformer.train_config import (
-    BPE_DROPOUT_SIDES,
     MODEL_PRESETS,
     RECIPES,
     TrainConfig,
+    flag_of,
     quick_config,
+    value_type,
 )
 
 
-def train_parser() -> argparse.ArgumentParser:
+class _Renamed(argparse.Action):
+    """An option's earlier name: it still works, with a one-line notice."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(
+            f"{parser.prog}: notice: {option_string} is now {new}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def train_parser(
+    config: type[TrainConfig] = TrainConfig,
+) -> argparse.ArgumentParser:
+    """The options of `train`: one per field of `config` that has a flag, with
+    the field's help, type and choices, then the command's own."""
     p = Parser(
         prog=f"{PROG} train",
         description="Train a translation model on Multi30k.",
     )
-    p.add_argument("--pair", required=True, help="de-en or fr-en")
+    for field in dataclasses.fields(config):
+        if (flag := flag_of(field)) is None:
+            continue
+        if value_type(field) is bool:
+            how = {"action": argparse.BooleanOptionalAction}
+        else:
+            how = {"type": value_type(field)}
+            how["choices"] = field.metadata["choices"]
+        required = (
+            field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+        )
+        p.add_argument(
+            flag,
+            dest=field.name,
+            default=None,
+            required=required,
+            help=field.metadata["help"],
+            **how,
+        )
+    p.add_argument(
+        "--model", dest="preset", action=_Renamed, help=argparse.SUPPRESS
+    )
     p.add_argument(
         "--config",
         default=None,
@@ -269,41 +310,11 @@ def train_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
-        "--out", default=None, help="output folder (default runs/<pair>)"
-    )
-    p.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out (where there is none yet, start it)",
     )
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument(
-        "--max-tokens", type=int, help="padded tokens per batch and side"
-    )
-    p.add_argument(
-        "--accumulation", type=int, help="batches per process and update"
-    )
-    p.add_argument("--warmup", type=int)
-    p.add_argument("--lr-factor", type=float)
-    p.add_argument("--dropout", type=float)
-    p.add_argument("--label-smoothing", type=float)
-    p.add_argument(
-        "--bpe-dropout", type=float, help="in [0, 1); default 0: off"
-    )
-    p.add_argument("--bpe-dropout-sides", choices=list(BPE_DROPOUT_SIDES))
-    p.add_argument("--seed", type=int)
-    p.add_argument("--time-limit", type=float, help="minutes")
-    p.add_argument("--average-last", type=int)
-    p.add_argument("--vocab-size", type=int)
-    p.add_argument("--cache-dir")
-    p.add_argument("--data-dir")
-    p.add_argument("--device")
-    p.add_argument("--log-every", type=int)
-    p.add_argument("--compile", action="store_true", default=None)
-    p.add_argument(
-        "--bf16", action=argparse.BooleanOptionalAction, default=None
-    )
+    p.add_argument("--dropout", type=float, help="the model's dropout")
     p.add_argument(
         "--set",
         action="append",
@@ -324,30 +335,6 @@ def train_parser() -> argparse.ArgumentParser:
         ),
     )
     return p
-
-
-# Options that set the TrainConfig field of the same name.
-FIELD_OPTIONS = (
-    "epochs",
-    "max_steps",
-    "max_tokens",
-    "accumulation",
-    "warmup",
-    "lr_factor",
-    "label_smoothing",
-    "bpe_dropout",
-    "bpe_dropout_sides",
-    "seed",
-    "time_limit",
-    "average_last",
-    "vocab_size",
-    "cache_dir",
-    "data_dir",
-    "device",
-    "log_every",
-    "compile",
-    "bf16",
-)
 
 
 def parse_value(text: str) -> Any:
@@ -398,17 +385,20 @@ def _starting_fields(args: argparse.Namespace, out: str) -> dict[str, Any]:
         )
     if args.config in RECIPES:  # on resume, the stored run must agree with it
         return fields | RECIPES[args.config](args.pair).to_dict()
-    return fields | {"model": args.config}
+    return fields | {"preset": args.config}
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig that command-line arguments ask for (on resume, over the
+def config_from_args(
+    args: argparse.Namespace, config: type[TrainConfig] = TrainConfig
+) -> TrainConfig:
+    """The `config` that command-line arguments ask for (on resume, over the
     stored one)."""
-    out = args.out if args.out is not None else f"runs/{args.pair}"
+    out = args.out_dir if args.out_dir is not None else f"runs/{args.pair}"
     fields = _starting_fields(args, out) | {"pair": args.pair, "out_dir": out}
-    for name in FIELD_OPTIONS:
-        if getattr(args, name) is not None:
-            fields[name] = getattr(args, name)
+    for field in dataclasses.fields(config):
+        given = getattr(args, field.name, None)
+        if flag_of(field) is not None and given is not None:
+            fields[field.name] = given
     overrides = fields.get("model_overrides", {})
     if not isinstance(overrides, dict):
         raise ValueError(
@@ -424,7 +414,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
         overrides[key.strip()] = parse_value(value)
     fields["model_overrides"] = overrides
-    return TrainConfig.from_dict(fields)
+    return config.from_dict(fields)
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:

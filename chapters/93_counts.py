@@ -179,20 +179,13 @@ from collections.abc import Sequence
 
 import numpy as np
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DDP's wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    return (
-        model.module if isinstance(model, DistributedDataParallel) else model
-    )
+from transformer.distributed import unwrap
 
 
 def non_embedding_parameters(model: nn.Module) -> tuple[int, int]:
     """N_enc and N_dec: the parameters of the encoder and decoder stacks."""
-    model = _unwrap(model)
+    model = unwrap(model)
     return (
         sum(p.numel() for p in model.encoder.parameters()),
         sum(p.numel() for p in model.decoder.parameters()),
@@ -204,7 +197,7 @@ def cross_attention_kv_parameters(model: nn.Module) -> int:
     projections, which are applied to the source positions."""
     return sum(
         p.numel()
-        for layer in _unwrap(model).decoder.layers
+        for layer in unwrap(model).decoder.layers
         for projection in (layer.cross_attn.w_k, layer.cross_attn.w_v)
         for p in projection.parameters()
     )
@@ -222,7 +215,7 @@ def training_flops(
     """
     n_enc, n_dec = non_embedding_parameters(model)
     n_kv = cross_attention_kv_parameters(model)
-    config = _unwrap(model).config
+    config = unwrap(model).config
     d, layers, vocab = (
         config.d_model,
         config.n_layers,

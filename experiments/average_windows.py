@@ -26,17 +26,17 @@ import torch
 
 from transformer.checkpoint import (
     CheckpointError,
-    average_checkpoints,
     check_compatible,
     load_model,
     load_tensors_into,
     read_record,
 )
 from transformer.data import DataError, EncodedSplit, iterate_batches, load_encoded
+from transformer.run_checkpoints import average_checkpoints
 from transformer.splits import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
 from transformer.train_config import TrainConfig
-from transformer.validation import count_words, evaluate
+from transformer.validation import count_words, validate
 
 
 def epoch_folders(folder: Path) -> dict[int, Path]:
@@ -103,7 +103,7 @@ def report(
         load_tensors_into(
             model, average_checkpoints(chosen), f"{folder} {first}-{last}"
         )
-        validation = evaluate(
+        validation = validate(
             model,
             batches,
             pad_id=tokenizer.pad_id,

@@ -26,7 +26,7 @@ from transformer.splits import write_lines
 from transformer.train import train
 from transformer.train_config import TrainConfig, multi30k_recipe
 
-BASE = dict(model="base", max_tokens=25_000, warmup=4000)
+BASE = dict(preset="base", max_tokens=25_000, warmup=4000)
 VARIANTS = {
     "recipe fp32": dict(bf16=False),
     "recipe bf16": dict(bf16=True),
@@ -40,7 +40,7 @@ VARIANTS = {
 def measure(name: str, fields: dict, cache_dir: str, pair: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         overrides = dict(epochs=2, average_last=0, cache_dir=cache_dir, out_dir=tmp)
-        if fields.get("model") == "base":  # the paper's base model, not the recipe's
+        if fields.get("preset") == "base":  # the paper's base model, not the recipe's
             config = TrainConfig(pair=pair, **(overrides | fields))
         else:
             config = multi30k_recipe(pair, **(overrides | fields))

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from transformer.data import DATA_DIR, Batch, collate, load_split
-from transformer.masking import padding_mask, target_mask
+from transformer.data import DATA_DIR, collate, load_split
+from transformer.loop import batch_log_probs
 from transformer.tokenizer import Tokenizer, normalize, pretokenize
 
 
@@ -104,21 +104,6 @@ class WordLevel:
         return math.exp(self.nll_sum / self.units)
 
 
-def log_probs_of(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
-    """The model's log-probabilities of each next target token, fed the reference prefix.
-
-    Shapes:
-        batch.src: (B, S); batch.tgt_in: (B, T)
-        returns (B, T, V)
-    """
-    return model(
-        batch.src,
-        batch.tgt_in,
-        src_mask=padding_mask(batch.src, pad_id),
-        tgt_mask=target_mask(batch.tgt_in, pad_id),
-    )
-
-
 @torch.no_grad()
 def word_level_evaluation(
     model: nn.Module,
@@ -158,7 +143,7 @@ def word_level_evaluation(
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,
         ).to(device)
-        log_probs = log_probs_of(model, batch, pad_id=tokenizer.pad_id).float()
+        log_probs = batch_log_probs(model, batch, pad_id=tokenizer.pad_id).float()
         target = batch.tgt_out.unsqueeze(-1)
         nll = (-log_probs.gather(-1, target).squeeze(-1)).tolist()
         right = (log_probs.argmax(-1) == batch.tgt_out).tolist()

@@ -16,9 +16,7 @@ from test_train import copy_pairs, tiny_config, tiny_data, tiny_model, weights_o
 
 from transformer.checkpoint import (
     CheckpointError,
-    average_checkpoints,
     export_model,
-    latest_checkpoint,
     load_model,
     load_state,
     load_weights,
@@ -28,14 +26,15 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.data import collate
-from transformer.epochs import TrainingData
 from transformer.files import atomic_folder, atomic_write
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
+from transformer.run_checkpoints import average_checkpoints, latest_checkpoint
 from transformer.schedule import make_optimizer
 from transformer.train import train
+from transformer.training_data import TrainingData
 
 # The module: `transformer.train` as an attribute of the package is the function train.
 train_module = importlib.import_module("transformer.train")

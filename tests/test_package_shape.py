@@ -17,15 +17,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "transformer"
 LAYERS = [
     {
         "attention", "masking", "multihead", "embedding", "sublayers", "encoder",
-        "decoder", "config", "model", "loss", "schedule", "plots", "counts",
+        "decoder", "config", "model", "loss", "schedule", "plots",
         "config_checks", "decoder_cache", "attention_maps",
     },
     {
         "files", "multi30k", "vocabulary", "tokenizer", "batch_checks", "batches",
         "encoded", "cache", "bpe_dropout", "data", "checkpoint", "distributed",
-        "french",
+        "french", "counts",
     },
-    {"train_config", "loop", "validation", "epochs", "logs", "train"},
+    {
+        "train_config", "loop", "validation", "training_data", "logs",
+        "run_checkpoints", "train",
+    },
     {"search_setup", "decode", "translation", "splits", "evaluate", "export"},
     {"cli", "deploy", "__main__", "__init__"},
 ]  # fmt: skip

@@ -4,6 +4,7 @@ that resume exactly, two processes against one, and `python -m transformer train
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import io
@@ -25,11 +26,10 @@ from torch.nn.parallel import DistributedDataParallel
 from transformer.__main__ import main
 from transformer.checkpoint import (
     CheckpointError,
-    average_checkpoints,
-    latest_checkpoint,
     load_model,
     load_state,
 )
+from transformer.cli import config_from_args, train_parser
 from transformer.config import TransformerConfig
 from transformer.data import (
     DATA_DIR,
@@ -39,16 +39,29 @@ from transformer.data import (
     collate,
     token_batches,
 )
-from transformer.epochs import TrainingData
 from transformer.files import read_jsonl
 from transformer.loop import batch_log_probs, train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.run_checkpoints import (
+    average_checkpoints,
+    check_recipe,
+    latest_checkpoint,
+)
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train import Trainer, TrainResult, train
-from transformer.train_config import TrainConfig, multi30k_recipe, quick_mode
-from transformer.validation import count_words, evaluate
+from transformer.train_config import (
+    RATE,
+    RESUME_FIXED,
+    TrainConfig,
+    fixed_on_resume,
+    multi30k_recipe,
+    option,
+    quick_mode,
+)
+from transformer.training_data import TrainingData
+from transformer.validation import count_words, validate
 
 # The module: `transformer.train` as an attribute of the package is the function train.
 train_module = importlib.import_module("transformer.train")
@@ -224,13 +237,13 @@ def test_word_perplexity_divides_the_total_nll_by_the_words():
         bos_id=tok.bos_id,
         eos_id=tok.eos_id,
     )
-    result = evaluate(model, [batch], pad_id=tok.pad_id, words=words)
+    result = validate(model, [batch], pad_id=tok.pad_id, words=words)
     assert result.stats.tokens == int((data.val.tgt_lengths + 1).sum())
     assert math.isclose(result.word_perplexity, math.exp(result.stats.nll_sum / words))
     metrics = result.metrics()
     assert metrics["val_ppl_token"] == pytest.approx(math.exp(metrics["val_nll"]))
     assert 0 <= metrics["val_accuracy"] <= 1
-    assert model.training  # evaluate restores the mode it found
+    assert model.training  # validate restores the mode it found
 
 
 def test_the_validation_loss_is_label_smoothed_and_the_nll_is_not():
@@ -256,11 +269,11 @@ def test_the_validation_loss_is_label_smoothed_and_the_nll_is_not():
             picked = log_probs.gather(-1, b.tgt_out.unsqueeze(-1)).squeeze(-1)
             nll -= picked[b.tgt_out != tok.pad_id].sum().item()
     model.train()
-    metrics = evaluate(model, batches, pad_id=tok.pad_id, smoothing=0.1).metrics()
+    metrics = validate(model, batches, pad_id=tok.pad_id, smoothing=0.1).metrics()
     assert metrics["val_loss"] == pytest.approx(smoothed / tokens, rel=1e-5)
     assert metrics["val_nll"] == pytest.approx(nll / tokens, rel=1e-5)
     assert abs(metrics["val_loss"] - metrics["val_nll"]) > 0.05
-    plain = evaluate(model, batches, pad_id=tok.pad_id, smoothing=0.0).metrics()
+    plain = validate(model, batches, pad_id=tok.pad_id, smoothing=0.0).metrics()
     assert plain["val_loss"] == pytest.approx(metrics["val_nll"], rel=1e-5)
 
 
@@ -270,7 +283,7 @@ def test_the_validation_loss_is_label_smoothed_and_the_nll_is_not():
 def test_train_config_round_trips_through_json():
     config = TrainConfig(
         pair="fr-en",
-        model="base",
+        preset="base",
         model_overrides={"dropout": 0.3},
         epochs=3,
         bf16=False,
@@ -288,7 +301,7 @@ def test_train_config_round_trips_through_json():
     ("fields", "named"),
     [
         (dict(pair="en-de"), "pair"),
-        (dict(model="huge"), "model"),
+        (dict(preset="huge"), "preset"),
         (dict(model_overrides={"src_vocab_size": 9}), "model_overrides"),
         (dict(model_overrides={"d_model": 100}), "model_overrides"),
         (dict(epochs=0), "epochs"),
@@ -317,6 +330,73 @@ def test_train_config_errors_name_the_field(fields, named):
         TrainConfig(**({"pair": "de-en"} | fields))
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         TrainConfig.from_dict({"pair": "de-en", "learning_rate": 1})
+
+
+def test_a_field_brings_its_option_check_and_resume_rule(tmp_path: Path):
+    """One field added to a copy of TrainConfig: the command line offers it, with its help,
+    the config checks it, and a resumed run must keep it."""
+    grad_clip = option(1.0, help="largest gradient norm", on_resume="fixed", check=RATE)
+    Clipped = dataclasses.make_dataclass(
+        "Clipped", [("grad_clip", float, grad_clip)], bases=(TrainConfig,), frozen=True
+    )
+    parser = train_parser(Clipped)
+    assert "--grad-clip" in parser.format_help() and "largest gradient norm" in (
+        parser.format_help()
+    )
+    args = parser.parse_args(["--pair", "de-en", "--grad-clip", "0.5"])
+    config = config_from_args(args, Clipped)
+    assert isinstance(config, Clipped) and config.grad_clip == 0.5
+    assert Clipped.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="grad_clip must be a finite positive number"):
+        Clipped(pair="de-en", grad_clip=0.0)
+    assert "grad_clip" in fixed_on_resume(Clipped)
+    assert "grad_clip" not in RESUME_FIXED and "epochs" not in RESUME_FIXED
+    folder = tmp_path / "epoch-001"
+    folder.mkdir()
+    record = {"model": config.model_config().to_dict(), "vocab": {}}
+    record["train"] = config.to_dict() | {"epochs": 99}  # a free field may change
+    (folder / "config.json").write_text(json.dumps(record))
+    check_recipe(folder, config)
+    with pytest.raises(
+        CheckpointError, match="grad_clip=0.5, this run asks for grad_clip=1"
+    ):
+        check_recipe(folder, dataclasses.replace(config, grad_clip=1.0))
+
+
+def test_the_preset_field_reads_its_earlier_name_model(tmp_path: Path):
+    """A run stored with `model`, the preset field's earlier name, still loads and resumes,
+    and `--model` still works, with a one-line notice."""
+    config = TrainConfig(pair="de-en", preset="base")
+    stored = config.to_dict()
+    stored["model"] = stored.pop("preset")
+    assert TrainConfig.from_dict(stored) == config
+    folder = tmp_path / "epoch-001"
+    folder.mkdir()
+    record = {"model": config.model_config().to_dict(), "vocab": {}, "train": stored}
+    (folder / "config.json").write_text(json.dumps(record))
+    check_recipe(folder, config)
+    with pytest.raises(
+        CheckpointError, match="preset='base', this run asks for preset="
+    ):
+        check_recipe(folder, TrainConfig(pair="de-en"))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        args = train_parser().parse_args(["--pair", "de-en", "--model", "big"])
+    assert config_from_args(args).preset == "big"
+    assert (
+        err.getvalue()
+        == "python -m transformer train: notice: --model is now --preset\n"
+    )
+    args = train_parser().parse_args(["--pair", "de-en", "--preset", "big"])
+    assert config_from_args(args).preset == "big"
+
+
+def test_the_model_config_is_built_once():
+    config = TrainConfig(pair="de-en", model_overrides={"d_model": 64, "n_heads": 4})
+    assert config.model_config() is config.model_config(config.vocab_size)
+    assert config.model_config().d_model == 64
+    other = config.model_config(100)  # a tokenizer of another size: only that differs
+    assert other == dataclasses.replace(config.model_config(), src_vocab_size=100)
 
 
 def test_quick_mode_follows_the_environment(monkeypatch):
@@ -382,8 +462,8 @@ def test_every_update_uses_the_learning_rate_of_equation_3(
     tmp_path: Path, data, monkeypatch
 ):
     """Update n (from 1) runs with noam_lr(n): across an epoch's end, into the checkpoint (the
-    scheduler's count of updates, the optimizer's next rate) and across a resume. The lr in
-    the logs is computed from the step number, so it cannot show this: Adam's step is watched.
+    scheduler's count of updates, the optimizer's next rate) and across a resume: Adam's step
+    is watched. The lr in the logs is the rate the scheduler gave the update of that step.
     """
     rates = []
     adam_step = torch.optim.Adam.step
@@ -408,6 +488,9 @@ def test_every_update_uses_the_learning_rate_of_equation_3(
     result = train(tiny_config(run, average_last=0), resume=True, data=data, echo=False)
     assert result.step == 2 * epoch > k
     assert rates == [lr(n) for n in range(1, result.step + 1)]
+    for name in ("steps.jsonl", "metrics.jsonl"):
+        logged = [r for r in read_jsonl(run / name) if "lr" in r]
+        assert logged and all(r["lr"] == lr(r["step"]) for r in logged)
 
 
 def _comparable(records):

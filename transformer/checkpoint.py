@@ -1,7 +1,6 @@
 # Generated from chapters/91_engineering.ipynb: edit it, not this file.
 """Checkpoints and shipped models: the formats, saving and loading without
-pickle, averaging, the records of a run's checkpoints, export, and
-`load_model`."""
+pickle, a checkpoint's record and progress, export, and `load_model`."""
 
 # %% auto #0
 __all__ = [
@@ -16,15 +15,11 @@ __all__ = [
     "read_tensors",
     "load_tensors_into",
     "load_weights",
-    "average_checkpoints",
     "tokenizer_digest",
     "read_record",
     "check_compatible",
     "Progress",
     "list_checkpoints",
-    "latest_checkpoint",
-    "write_checkpoint",
-    "prune_checkpoints",
     "check_export_destination",
     "export_model",
     "load_model",
@@ -36,17 +31,16 @@ import hashlib
 import json
 import re
 import shutil
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from transformer.config import TransformerConfig
+from transformer.distributed import unwrap
 from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -119,19 +113,11 @@ def load_state(folder: Path, name: str) -> object:
         ) from err
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside torch.compile's and DDP's wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    return (
-        model.module if isinstance(model, DistributedDataParallel) else model
-    )
-
-
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     """The weights and persistent buffers, each shared tensor once under its
     first name."""
     tensors, seen = {}, set()
-    for name, tensor in _unwrap(model).state_dict(keep_vars=True).items():
+    for name, tensor in unwrap(model).state_dict(keep_vars=True).items():
         # tied parameters are one object under several names
         if id(tensor) not in seen:
             seen.add(id(tensor))
@@ -193,45 +179,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """Load a safetensors file written by `save_weights` into a model of the
     same config."""
     tensors = read_tensors(path)
-    load_tensors_into(_unwrap(model), tensors, path)
-
-
-# %% ../chapters/91_engineering.ipynb #911fd5e8
-def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
-    """The element-wise mean of the weights of several checkpoints (folders or
-    files).
-
-    The paper's final models average the last 5 (base) or 20 (big) checkpoints
-    (section 6.1).
-    """
-    if not paths:
-        raise ValueError("average_checkpoints needs at least one checkpoint")
-    total: dict[str, Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    for path in paths:
-        file = (
-            Path(path) / "model.safetensors"
-            if Path(path).is_dir()
-            else Path(path)
-        )
-        tensors = read_tensors(file)
-        if not total:
-            total = {k: v.double() for k, v in tensors.items()}
-            dtypes = {k: v.dtype for k, v in tensors.items()}
-            first = file
-            continue
-        if tensors.keys() != total.keys():
-            raise CheckpointError(f"{file} holds other weights than {first}")
-        for name, value in tensors.items():
-            if value.shape != total[name].shape:
-                raise CheckpointError(
-                    f"{file}: weight {name} has shape {tuple(value.shape)}, "
-                    f"{first} has {tuple(total[name].shape)}"
-                )
-            total[name] += (
-                value.double()
-            )  # float64 sums: the order of files does not matter
-    return {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
+    load_tensors_into(unwrap(model), tensors, path)
 
 
 # %% ../chapters/91_engineering.ipynb #a84b1306
@@ -333,54 +281,6 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
             continue  # not a checkpoint (or a damaged one): never resumed from
         found.append((int(step), path))
     return sorted(found)
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    """The newest checkpoint folder of the run in `out`, or None."""
-    found = list_checkpoints(out)
-    return found[-1][1] if found else None
-
-
-def write_checkpoint(
-    folder: Path,
-    model: nn.Module,
-    *,
-    record: dict[str, Any],
-    tokenizer: Tokenizer,
-    trainer_state: dict[str, Any] | None = None,
-    progress: Progress | None = None,
-) -> None:
-    """Write a checkpoint folder atomically: the weights, config.json
-    (`record`) and tokenizer.json, and when given the optimiser's state and
-    progress.json. Without them the folder is a model (a run's average), not a
-    checkpoint to resume from."""
-    with atomic_folder(folder) as tmp:
-        save_weights(model, tmp / "model.safetensors")
-        if trainer_state is not None:
-            save_state(tmp, "trainer", trainer_state)
-        (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-        tokenizer.save(tmp / "tokenizer.json")
-        if progress is not None:
-            # Written last: a folder with progress.json is a complete
-            # checkpoint.
-            (tmp / "progress.json").write_text(
-                json.dumps(asdict(progress), indent=2) + "\n"
-            )
-
-
-def prune_checkpoints(out: Path, average_last: int) -> None:
-    """Keep the newest checkpoint whole, and the weights of the last
-    `average_last` epochs."""
-    found = list_checkpoints(out)
-    newest = found[-1][1]
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
-    keep = set(epochs[-max(average_last, 1) :]) | {newest}
-    for _, path in found:
-        if path not in keep:
-            shutil.rmtree(path)
-        elif path != newest:
-            for name in ("trainer.safetensors", "trainer.json"):
-                (path / name).unlink(missing_ok=True)
 
 
 # %% ../chapters/91_engineering.ipynb #f12c4acc

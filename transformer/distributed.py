@@ -12,6 +12,7 @@ __all__ = [
     "all_sum",
     "seed_update",
     "ddp_of",
+    "unwrap",
     "ddp_processes",
     "sync_gradients",
 ]
@@ -114,6 +115,14 @@ def ddp_of(model: nn.Module) -> DistributedDataParallel | None:
     torch.compile's."""
     inner = getattr(model, "_orig_mod", model)
     return inner if isinstance(inner, DistributedDataParallel) else None
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside torch.compile's and DDP's wrappers."""
+    ddp = ddp_of(model)
+    return (
+        ddp.module if ddp is not None else getattr(model, "_orig_mod", model)
+    )
 
 
 def ddp_processes(model: nn.Module) -> int:

@@ -9,6 +9,7 @@ __all__ = [
     "Log",
     "StepLog",
     "epoch_record",
+    "average_record",
     "metrics_text",
     "epoch_line",
 ]
@@ -132,6 +133,21 @@ def epoch_record(
         "lr": lr,
         "wall_time": wall_time,
         "mfu": p.epoch_flops / seconds / peak if peak is not None else None,
+    }
+
+
+def average_record(
+    p: Progress, names: list[str], validation: Validation, wall_time: float
+) -> dict[str, Any]:
+    """The line of metrics.jsonl for the average of the checkpoints
+    `names`."""
+    return {
+        "kind": "average",
+        "epoch": float(p.epoch),
+        "step": p.step,
+        "averaged": names,
+        **validation.metrics(),
+        "wall_time": wall_time,
     }
 
 

@@ -13,8 +13,10 @@ __all__ = ["TrainResult", "Trainer", "train"]
 # %% ../chapters/91_engineering.ipynb #91deaaf6
 
 import dataclasses
+import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,45 +28,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
-from transformer.checkpoint import (
-    Progress,
-    average_checkpoints,
-    check_compatible,
-    list_checkpoints,
-    load_state,
-    load_tensors_into,
-    load_weights,
-    prune_checkpoints,
-    write_checkpoint,
-)
+from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
 from transformer.counts import training_flops
 from transformer.data import Batch, EncodedSplit, collate, iterate_batches
 from transformer.distributed import (
     Distributed,
     all_sum,
-    barrier,
     device_for,
     seed_update,
 )
-from transformer.epochs import (
-    TrainingData,
-    dropped_warning,
-    epoch_batches,
-    load_training_data,
-    prepare_epochs,
-    updates_per_epoch,
-)
-from transformer.files import (
-    append_jsonl,
-    atomic_write,
-    read_jsonl,
-    remove_stale,
-    truncate_jsonl,
-)
+from transformer.files import read_jsonl
 from transformer.logs import (
     Log,
     StepLog,
+    average_record,
     epoch_line,
     epoch_record,
     metrics_text,
@@ -74,10 +52,25 @@ from transformer.logs import (
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
-from transformer.schedule import make_optimizer, noam_lr
+from transformer.run_checkpoints import (
+    RunFolder,
+    averaged_model,
+    last_epochs,
+    resume_point,
+    run_record,
+)
+from transformer.schedule import make_optimizer
 from transformer.tokenizer import Tokenizer
-from transformer.train_config import TrainConfig, resume_point, run_record
-from transformer.validation import Validation, count_words, evaluate
+from transformer.train_config import TrainConfig
+from transformer.training_data import (
+    TrainingData,
+    dropped_warning,
+    epoch_batches,
+    load_training_data,
+    prepare_epochs,
+    updates_per_epoch,
+)
+from transformer.validation import Validation, count_words, validate
 
 
 # %% ../chapters/91_engineering.ipynb #d1615313
@@ -113,21 +106,6 @@ def _build(
     return model, optimizer, scheduler, criterion
 
 
-def _resume(
-    checkpoint: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-) -> Progress:
-    """Continue from a checkpoint: load the weights, the optimiser and the
-    schedule; return where the run stands."""
-    load_weights(model, checkpoint / "model.safetensors")
-    state = load_state(checkpoint, "trainer")
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return Progress.read(checkpoint)
-
-
 def _wrap(
     model: nn.Module,
     config: TrainConfig,
@@ -142,31 +120,15 @@ def _wrap(
     return torch.compile(model) if config.compile else model
 
 
-def _prepare_folder(out: Path) -> None:
-    """Make the run's folders; delete what a killed run left (see
-    atomic_folder)."""
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    remove_stale(out)
-    remove_stale(out / "checkpoints")
-
-
-def _store_settings(
-    out: Path, config: TrainConfig, tokenizer: Tokenizer, step: int
-) -> None:
-    """Drop the records after update `step`, which a resumed run writes again,
-    and store the settings (both atomically: --resume reads them back)."""
-    for name in ("metrics.jsonl", "steps.jsonl"):
-        truncate_jsonl(out / name, step)
-    settings = json.dumps(config.to_dict(), indent=2) + "\n"
-    atomic_write(out / "train_config.json", settings.encode())
-    tokenizer.save(out / "tokenizer.json")
-
-
-def _validation_set(
-    data: TrainingData, config: TrainConfig, max_len: int, env: Distributed
-) -> tuple[int, list[Batch]]:
-    """The words of the validation references, and this process's share of the
-    batches."""
+def _validator(
+    data: TrainingData,
+    config: TrainConfig,
+    max_len: int,
+    env: Distributed,
+    bf16: bool,
+) -> Callable[[nn.Module], Validation]:
+    """Validation of a model on this process's share of the batches, the
+    words of all the references counted."""
     val = iterate_batches(
         data.val,
         data.tokenizer,
@@ -174,9 +136,13 @@ def _validation_set(
         shuffle=False,
         max_len=max_len,
     )
-    return (
-        count_words(data.tokenizer, data.val),
-        list(val)[env.rank :: env.world_size],
+    return functools.partial(
+        validate,
+        batches=list(val)[env.rank :: env.world_size],
+        pad_id=data.tokenizer.pad_id,
+        smoothing=config.label_smoothing,
+        words=count_words(data.tokenizer, data.val),
+        bf16=bf16,
     )
 
 
@@ -265,7 +231,7 @@ def _start_line(
     arithmetic."""
     n = sum(p.numel() for p in model.parameters())
     return (
-        f"{where}: {config.pair}, model {config.model}"
+        f"{where}: {config.pair}, model {config.preset}"
         f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
         f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
     )
@@ -277,47 +243,6 @@ class TrainResult:
     stopped: str  # "completed", "max_steps" or "time_limit"
     step: int
     metrics: list[dict[str, Any]]
-
-
-def _save(
-    folder: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: LRScheduler,
-    progress: Progress,
-    record: dict[str, Any],
-    tokenizer: Tokenizer,
-) -> None:
-    """Write a checkpoint that the run resumes from exactly: the weights, the
-    optimiser's and the schedule's states, and where the run stands."""
-    state = {"optimizer": optimizer.state_dict()}
-    state["scheduler"] = scheduler.state_dict()
-    write_checkpoint(
-        folder,
-        model,
-        record=record,
-        tokenizer=tokenizer,
-        trainer_state=state,
-        progress=progress,
-    )
-
-
-def _last_epochs(out: Path, average_last: int) -> list[Path]:
-    """The epoch checkpoints to average: the last `average_last`, from 2."""
-    found = list_checkpoints(out)
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
-    return epochs[-average_last:] if average_last >= 2 else []
-
-
-def _averaged(
-    chosen: list[Path], model_config: TransformerConfig, device: torch.device
-) -> Transformer:
-    """A model of the mean weights of the checkpoints `chosen`."""
-    averaged = Transformer(model_config).to(device)
-    load_tensors_into(
-        averaged, average_checkpoints(chosen), "averaged checkpoints"
-    )
-    return averaged
 
 
 # %% ../chapters/91_engineering.ipynb #d0169201
@@ -342,10 +267,6 @@ class Trainer:
         self.data = data if data is not None else load_training_data(c)
         tokenizer = self.data.tokenizer
         self.model_config = c.model_config(tokenizer.vocab_size)
-        if checkpoint is not None:
-            check_compatible(
-                checkpoint, model_config=self.model_config, tokenizer=tokenizer
-            )
         max_len = self.model_config.max_len
         epoch = Progress.read(checkpoint).epoch if checkpoint else 0
         self.spellings, first = prepare_epochs(
@@ -357,25 +278,18 @@ class Trainer:
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
-        self.progress = Progress()
-        if env.is_main:
-            _prepare_folder(self.out)
-        barrier()
-        if checkpoint is not None:
-            self.progress = _resume(
-                checkpoint, self.model, self.optimizer, self.scheduler
-            )
-        if env.is_main:
-            _store_settings(self.out, c, tokenizer, self.progress.step)
-        self.record = run_record(c, self.model_config, tokenizer)
+        record = run_record(c, self.model_config, tokenizer)
+        self.folder = RunFolder(c, env, record, tokenizer)
+        self.progress = self.folder.open(
+            checkpoint, self.model, self.optimizer, self.scheduler
+        )
         self.step_model = _wrap(self.model, c, env, self.device)
         self.bf16 = c.uses_bf16(self.device.type)
-        self.words, self.val_batches = _validation_set(
-            self.data, c, max_len, env
-        )
+        self.validate = _validator(self.data, c, max_len, env, self.bf16)
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
+        self.lr = 0.0  # the learning rate of the last update
         steps = self.out / "steps.jsonl" if env.is_main else None
         self.steps = StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
@@ -446,7 +360,7 @@ class Trainer:
             updates += 1
             bar.update(1)
             if p.step % c.log_every == 0:
-                r = self.steps.write(p, len(batches), self._lr(), clock.start)
+                r = self.steps.write(p, len(batches), self.lr, clock.start)
                 show_step(bar, r)
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
@@ -462,6 +376,7 @@ class Trainer:
         every = np.concatenate(update)
         tokens = int(self.tgt_lengths[every].sum())
         seed_update(c.seed, p.step, env.rank)
+        self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
         loss = train_step(
             self.step_model,
             mine,
@@ -478,12 +393,6 @@ class Trainer:
         self.loss_acc += loss
         self.steps.add(loss, tokens)
 
-    def _lr(self) -> float:
-        """The learning rate of the last update (equation 3)."""
-        c, d = self.config, self.model_config.d_model
-        step = self.progress.step
-        return noam_lr(step, d_model=d, warmup=c.warmup, factor=c.lr_factor)
-
     # -- the end of an epoch, and of the run
 
     def _end_period(self, *, kind: str) -> None:
@@ -493,7 +402,7 @@ class Trainer:
         started = time.perf_counter()
         p.epoch_loss_sum += all_sum([self.loss_acc.item()], self.device)[0]
         self.loss_acc.zero_()
-        validation = self._validate(self.model)
+        validation = self.validate(self.model)
         if kind == "epoch":
             p.epoch += 1
             epoch, name = float(p.epoch), f"epoch-{p.epoch:03d}"
@@ -503,73 +412,37 @@ class Trainer:
         wall = self._wall_time()
         peak = c.peak_flops * self.env.world_size
         peak = peak if self.device.type == "cuda" else None
-        record = epoch_record(
-            kind, epoch, p, validation, self._lr(), wall, peak
-        )
+        record = epoch_record(kind, epoch, p, validation, self.lr, wall, peak)
         self.log(epoch_line(record, c.epochs))
         if kind == "epoch":  # the next epoch starts from zero
             p.batch, p.epoch_loss_sum, p.epoch_tokens = 0, 0.0, 0
             p.epoch_seconds, p.epoch_flops = 0.0, 0.0
-        if self.env.is_main:
-            # The record first: a resumed run drops records newer than its
-            # checkpoint.
-            append_jsonl(self.out / "metrics.jsonl", record)
-            saved = dataclasses.replace(
-                p, wall_time=self._wall_time(), processes=self.env.world_size
-            )
-            _save(
-                self.out / "checkpoints" / name,
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                saved,
-                self.record,
-                self.data.tokenizer,
-            )
-            prune_checkpoints(self.out, c.average_last)
-        barrier()
+        saved = dataclasses.replace(
+            p, wall_time=self._wall_time(), processes=self.env.world_size
+        )
+        self.folder.save(
+            name, record, self.model, self.optimizer, self.scheduler, saved
+        )
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
 
     def _wall_time(self) -> float:
         """Seconds of the run so far, this process's and earlier ones'."""
         return self.progress.wall_time + time.perf_counter() - self.clock.start
 
-    def _validate(self, model: nn.Module) -> Validation:
-        return evaluate(
-            model,
-            self.val_batches,
-            pad_id=self.data.tokenizer.pad_id,
-            smoothing=self.config.label_smoothing,
-            words=self.words,
-            bf16=self.bf16,
-        )
-
     def _average(self) -> None:
         """Average the last `average_last` epoch checkpoints into out/average
         and validate it."""
-        p, tokenizer = self.progress, self.data.tokenizer
-        chosen = _last_epochs(self.out, self.config.average_last)
+        chosen = last_epochs(self.out, self.config.average_last)
         if len(chosen) < 2:
             return
-        averaged = _averaged(chosen, self.model_config, self.device)
-        validation = self._validate(averaged)
+        averaged = averaged_model(chosen, self.model_config, self.device)
+        validation = self.validate(averaged)
         names = [path.name for path in chosen]
-        record = {
-            "kind": "average",
-            "epoch": float(p.epoch),
-            "step": p.step,
-            "averaged": names,
-            **validation.metrics(),
-            "wall_time": self._wall_time(),
-        }
+        record = average_record(
+            self.progress, names, validation, self._wall_time()
+        )
         self.log(f"average of {', '.join(names)}: " + metrics_text(record))
-        if self.env.is_main:
-            append_jsonl(self.out / "metrics.jsonl", record)
-            run = self.record | {"averaged": names}
-            write_checkpoint(
-                self.out / "average", averaged, record=run, tokenizer=tokenizer
-            )
-        barrier()
+        self.folder.save_average(record, averaged)
 
 
 # %% ../chapters/91_engineering.ipynb #0613e860

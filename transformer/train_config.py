@@ -1,21 +1,36 @@
 # Generated from chapters/91_engineering.ipynb: edit it, not this file.
-"""The configuration of a training run: `TrainConfig`, each field checked by a
-table, the named recipes, and what a checkpoint records of the run."""
+"""The configuration of a training run: `TrainConfig`, whose fields carry their
+own help, check and resume rule, and the named recipes."""
 
 # %% auto #0
 __all__ = [
     "MODEL_PRESETS",
     "BPE_DROPOUT_SIDES",
     "PEAK_BF16_FLOPS",
-    "RECIPES",
+    "RENAMED_FIELDS",
+    "Check",
+    "PAIR",
+    "POSITIVE",
+    "SOME_POSITIVE",
+    "NATURAL",
+    "MINUTES",
+    "DEVICE",
+    "RATE",
+    "TEXT",
+    "FLAG",
+    "SOME_FLAG",
+    "SHARE",
     "RESUME_FIXED",
+    "RECIPES",
+    "option",
+    "flag_of",
+    "value_type",
+    "fixed_on_resume",
+    "with_current_names",
     "TrainConfig",
     "quick_mode",
     "quick_config",
     "multi30k_recipe",
-    "run_record",
-    "check_recipe",
-    "resume_point",
 ]
 
 # %% ../chapters/91_engineering.ipynb #e3b07755
@@ -23,31 +38,27 @@ __all__ = [
 import dataclasses
 import math
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from transformer.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-    Progress,
-    latest_checkpoint,
-    read_record,
-    tokenizer_digest,
-)
 from transformer.config import TransformerConfig
 from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
-from transformer.distributed import Distributed, barrier
-from transformer.tokenizer import VOCAB_SIZE, Tokenizer
+from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
 # measured bf16 matrix-multiply rate of an H100 or H200
 PEAK_BF16_FLOPS = 790e12
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
+# Earlier names of fields, as stored runs and checkpoints may hold them.
+RENAMED_FIELDS = {"model": "preset"}
+# A check: a test of the value, and what a value that fails it is told.
+Check = tuple[Callable[[Any], bool], str]
 
 
 def _integer(value: object) -> bool:
@@ -70,55 +81,94 @@ def _share(value: object) -> bool:
     return isinstance(value, int | float) and 0 <= value < 1
 
 
-_POSITIVE = (_positive, "must be a positive integer")
-_RATE = (_rate, "must be a finite positive number")
-_TEXT = (lambda v: v is None or isinstance(v, str), "must be a string or None")
-# Each field's check, in the order they are made; a value that fails is refused
-# as "<field> <message>, got <value>".
-_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "vocab_size": _POSITIVE,
-    "epochs": _POSITIVE,
-    "max_tokens": _POSITIVE,
-    "accumulation": _POSITIVE,
-    "warmup": _POSITIVE,
-    "max_steps": (
-        lambda v: v is None or _positive(v),
-        "must be a positive integer or None",
-    ),
-    "log_every": _POSITIVE,
-    "seed": (
-        lambda v: _integer(v) and v >= 0,
-        "must be a non-negative integer",
-    ),
-    "average_last": (
-        lambda v: isinstance(v, int) and v >= 0,
-        "must be an integer >= 0",
-    ),
-    "lr_factor": _RATE,
-    "peak_flops": _RATE,
-    "label_smoothing": (_share, "must be in [0, 1)"),
-    "bpe_dropout": (
-        lambda v: _share(v) and not isinstance(v, bool),
-        "must be in [0, 1)",
-    ),
-    "bpe_dropout_sides": (
-        lambda v: isinstance(v, str) and v in BPE_DROPOUT_SIDES,
-        f"must be one of {', '.join(BPE_DROPOUT_SIDES)}",
-    ),
-    "time_limit": (
-        lambda v: v is None or _rate(v),
-        "must be finite positive minutes or None",
-    ),
-    "bf16": (
-        lambda v: v in (None, True, False),
-        "must be True, False or None",
-    ),
-    "compile": (lambda v: isinstance(v, bool), "must be True or False"),
-    "out_dir": _TEXT,
-    "cache_dir": _TEXT,
-    "data_dir": _TEXT,
-    "device": _TEXT,
-}
+def _device(value: object) -> bool:
+    if value is None:
+        return True
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+PAIR: Check = (lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}")
+POSITIVE: Check = (_positive, "must be a positive integer")
+SOME_POSITIVE: Check = (
+    lambda v: v is None or _positive(v),
+    "must be a positive integer or None",
+)
+NATURAL: Check = (
+    lambda v: _integer(v) and v >= 0,
+    "must be a non-negative integer",
+)
+MINUTES: Check = (
+    lambda v: v is None or _rate(v),
+    "must be finite positive minutes or None",
+)
+DEVICE: Check = (_device, "must be a torch device such as cpu, cuda or cuda:1")
+RATE: Check = (_rate, "must be a finite positive number")
+TEXT: Check = (
+    lambda v: v is None or isinstance(v, str),
+    "must be a string or None",
+)
+FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+SOME_FLAG: Check = (
+    lambda v: v in (None, True, False),
+    "must be True, False or None",
+)
+SHARE: Check = (
+    lambda v: _share(v) and not isinstance(v, bool),
+    "must be in [0, 1)",
+)
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    on_resume: Literal["fixed", "free"],
+    help: str | None = None,
+    check: Check | None = None,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = "",
+    **field_args: Any,
+) -> Any:
+    """A TrainConfig field and everything about it: its command-line `help`,
+    whether a resumed run must keep it ("fixed": it decides the updates) or
+    may change it ("free"), its `check`, or the `choices` it is one of, and
+    its option's `flag` ("": --field-name; None: no option)."""
+    if choices is not None and check is None:
+        check = (
+            lambda v: v in choices,
+            f"must be one of {', '.join(choices)}",
+        )
+    metadata = dict(
+        help=help, on_resume=on_resume, check=check, choices=choices, flag=flag
+    )
+    return dataclasses.field(default=default, metadata=metadata, **field_args)
+
+
+def flag_of(field: dataclasses.Field) -> str | None:
+    """The command-line option that sets a TrainConfig field, if any."""
+    flag = field.metadata.get("flag", None)
+    return "--" + field.name.replace("_", "-") if flag == "" else flag
+
+
+def value_type(field: dataclasses.Field) -> type:
+    """The type of a field's values, None aside: `int | None` gives int."""
+    kinds = [t for t in typing.get_args(field.type) if t is not type(None)]
+    return kinds[0] if kinds else field.type
+
+
+def fixed_on_resume(cls: type) -> tuple[str, ...]:
+    """The fields of a TrainConfig class that a resumed run must keep."""
+    fields = dataclasses.fields(cls)
+    return tuple(f.name for f in fields if f.metadata["on_resume"] == "fixed")
+
+
+def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
+    """Stored TrainConfig fields under today's names (RENAMED_FIELDS); a field
+    stored under both names keeps its later value."""
+    return {RENAMED_FIELDS.get(k, k): v for k, v in fields.items()}
 
 
 # %% ../chapters/91_engineering.ipynb #49a756bd
@@ -127,49 +177,132 @@ class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
     where it says."""
 
-    pair: str
-    model: str = "small"  # a TransformerConfig preset
-    model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-    vocab_size: int = VOCAB_SIZE  # of the joint BPE vocabulary (data chapter)
-    epochs: int = 10
-    max_steps: int | None = None
-    # padded tokens per batch and side, per process
-    max_tokens: int = MAX_TOKENS
-    accumulation: int = 1  # batches per process and update
-    warmup: int = 4000
-    lr_factor: float = 1.0
-    label_smoothing: float = 0.1
-    # on the training words (data chapter); 0: off (the paper)
-    bpe_dropout: float = 0.0
-    # or "source": targets keep BPE's own spelling
-    bpe_dropout_sides: str = "both"
-    seed: int = 0
-    bf16: bool | None = None  # None: on with CUDA
-    compile: bool = False
-    average_last: int = 5  # checkpoints averaged at the end; 0 or 1: none
-    time_limit: float | None = None  # minutes
-    out_dir: str | None = None  # None: runs/<pair>
-    cache_dir: str | None = None  # None: the data chapter's cache
-    data_dir: str | None = None  # None: data/multi30k
-    device: str | None = None  # None: cuda when available, else cpu
-    log_every: int = 50  # updates between progress lines in steps.jsonl
-    peak_flops: float = PEAK_BF16_FLOPS  # per device, for MFU
+    pair: str = option(on_resume="fixed", help="de-en or fr-en", check=PAIR)
+    preset: str = option(
+        "small",
+        on_resume="fixed",
+        help="a TransformerConfig preset",
+        choices=MODEL_PRESETS,
+    )
+    model_overrides: dict[str, Any] = option(  # --set FIELD=VALUE
+        on_resume="fixed",
+        help="fields of the model's config that differ from the preset",
+        check=(lambda v: isinstance(v, dict), "must be a dict"),
+        flag=None,
+        default_factory=dict,
+    )
+    vocab_size: int = option(
+        VOCAB_SIZE,
+        on_resume="fixed",
+        help="entries of the joint BPE",
+        check=POSITIVE,
+    )
+    epochs: int = option(
+        10, on_resume="free", help="epochs to train", check=POSITIVE
+    )
+    max_steps: int | None = option(
+        None,
+        on_resume="free",
+        help="stop after this many updates",
+        check=SOME_POSITIVE,
+    )
+    max_tokens: int = option(
+        MAX_TOKENS,
+        on_resume="fixed",
+        help="padded tokens per batch and side",
+        check=POSITIVE,
+    )
+    accumulation: int = option(
+        1,
+        on_resume="fixed",
+        help="batches per process and update",
+        check=POSITIVE,
+    )
+    warmup: int = option(
+        4000,
+        on_resume="fixed",
+        help="updates of rising learning rate",
+        check=POSITIVE,
+    )
+    lr_factor: float = option(
+        1.0,
+        on_resume="fixed",
+        help="a factor on equation 3's rate",
+        check=RATE,
+    )
+    label_smoothing: float = option(
+        0.1, on_resume="fixed", help="in [0, 1)", check=SHARE
+    )
+    bpe_dropout: float = option(
+        0.0, on_resume="fixed", help="in [0, 1); default 0: off", check=SHARE
+    )
+    bpe_dropout_sides: str = option(
+        "both",
+        on_resume="fixed",
+        help="source: targets keep BPE's spelling",
+        choices=tuple(BPE_DROPOUT_SIDES),
+    )
+    seed: int = option(
+        0,
+        on_resume="fixed",
+        help="of weights, order and dropout",
+        check=NATURAL,
+    )
+    bf16: bool | None = option(
+        None,
+        on_resume="free",
+        help="bfloat16 autocast (default: with CUDA)",
+        check=SOME_FLAG,
+    )
+    compile: bool = option(
+        False, on_resume="free", help="torch.compile the model", check=FLAG
+    )
+    average_last: int = option(
+        5,
+        on_resume="free",
+        help="checkpoints averaged at the end",
+        check=NATURAL,
+    )
+    time_limit: float | None = option(
+        None, on_resume="free", help="minutes", check=MINUTES
+    )
+    out_dir: str | None = option(
+        None,
+        on_resume="free",
+        help="output folder (default: runs/<pair>)",
+        check=TEXT,
+        flag="--out",
+    )
+    cache_dir: str | None = option(
+        None, on_resume="free", help="default: the data chapter's", check=TEXT
+    )
+    data_dir: str | None = option(
+        None, on_resume="free", help="default: data/multi30k", check=TEXT
+    )
+    device: str | None = option(
+        None,
+        on_resume="free",
+        help="default: cuda if available, else cpu",
+        check=DEVICE,
+    )
+    log_every: int = option(
+        50,
+        on_resume="free",
+        help="updates per line of steps.jsonl",
+        check=POSITIVE,
+    )
+    peak_flops: float = option(
+        PEAK_BF16_FLOPS,
+        on_resume="free",
+        help="per device, for MFU",
+        check=RATE,
+    )
 
     def __post_init__(self) -> None:
-        if self.pair not in PAIRS:
-            raise ValueError(
-                f"pair: unknown language pair {self.pair!r}, choose one of"
-                f" {', '.join(PAIRS)}"
-            )
-        if self.model not in MODEL_PRESETS:
-            raise ValueError(
-                f"model: unknown preset {self.model!r}, choose one of"
-                f" {', '.join(MODEL_PRESETS)}"
-            )
-        if not isinstance(self.model_overrides, dict):
-            raise ValueError(
-                f"model_overrides must be a dict, got {self.model_overrides!r}"
-            )
+        for field in dataclasses.fields(self):
+            valid, message = field.metadata["check"] or (lambda v: True, "")
+            if not valid(value := getattr(self, field.name)):
+                raise ValueError(f"{field.name} {message}, got {value!r}")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))
         fields = {f.name for f in dataclasses.fields(TransformerConfig)}
         known = fields - set(_VOCAB_FIELDS)
@@ -180,26 +313,21 @@ class TrainConfig:
                 " (the vocabulary size comes from the tokenizer); known:"
                 f" {', '.join(sorted(known))}"
             )
-        for name, (valid, message) in _CHECKS.items():
-            if not valid(value := getattr(self, name)):
-                raise ValueError(f"{name} {message}, got {value!r}")
-        if self.device is not None:
-            try:
-                torch.device(self.device)
-            except RuntimeError:
-                raise ValueError(
-                    "device must be a torch device such as cpu, cuda or"
-                    f" cuda:1, got {self.device!r}"
-                ) from None
+        preset = getattr(TransformerConfig, self.preset)
         try:  # the overrides' values, e.g. d_model % n_heads
-            self.model_config(self.vocab_size)
+            model = preset(self.vocab_size, **self.model_overrides)
         except (ValueError, TypeError) as err:
             raise ValueError(f"model_overrides: {err}") from err
+        # Built once: the run's model, its optimiser and its schedule read it.
+        object.__setattr__(self, "_model_config", model)
 
-    def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The model's config for a tokenizer of `vocab_size` entries."""
-        preset = getattr(TransformerConfig, self.model)
-        return preset(vocab_size, **self.model_overrides)
+    def model_config(self, vocab_size: int | None = None) -> TransformerConfig:
+        """The model's config, for a tokenizer of `vocab_size` entries
+        (default: the config's own `vocab_size`)."""
+        model = self._model_config
+        if vocab_size is None or vocab_size == model.src_vocab_size:
+            return model
+        return dataclasses.replace(model, src_vocab_size=vocab_size)
 
     def uses_bf16(self, device_type: str) -> bool:
         """Whether to train and validate under bfloat16 autocast on a
@@ -228,7 +356,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """A config from `to_dict()`'s output; unknown keys are errors."""
+        """A config from `to_dict()`'s output, or a stored one of earlier
+        names (RENAMED_FIELDS); unknown keys are errors."""
+        d = with_current_names(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -236,6 +366,11 @@ class TrainConfig:
                 f"unknown TrainConfig field(s) {', '.join(unknown)}"
             )
         return cls(**d)
+
+
+# The fields a resumed run must share with its checkpoint: they decide the
+# updates themselves.
+RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 # %% ../chapters/91_engineering.ipynb #85a23221
@@ -256,7 +391,7 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     CPU."""
     fields = dict(
         pair=pair,
-        model="small",
+        preset="small",
         model_overrides=dict(n_layers=2, d_model=64, n_heads=4, d_ff=256),
         epochs=1,
         max_steps=60,
@@ -273,7 +408,7 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     as a TrainConfig."""
     fields = dict(
         pair=pair,
-        model="small",
+        preset="small",
         model_overrides=dict(
             n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
         ),
@@ -288,90 +423,3 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
 
 
 RECIPES = {"multi30k": multi30k_recipe, "quick": quick_config}
-
-
-# %% ../chapters/91_engineering.ipynb #c9bd3cd4
-def run_record(
-    config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
-) -> dict[str, Any]:
-    """What config.json holds: the model, the run, and the vocabulary's
-    fingerprint."""
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "model": model_config.to_dict(),
-        "train": config.to_dict(),
-        "vocab": {
-            "size": tokenizer.vocab_size,
-            "sha256": tokenizer_digest(tokenizer),
-        },
-    }
-
-
-# The fields a resumed run must share with its checkpoint: they decide the
-# updates themselves.
-RESUME_FIXED = (
-    "pair",
-    "model",
-    "model_overrides",
-    "vocab_size",
-    "max_tokens",
-    "accumulation",
-    "warmup",
-    "lr_factor",
-    "label_smoothing",
-    "bpe_dropout",
-    "bpe_dropout_sides",
-    "seed",
-)
-
-
-def check_recipe(folder: Path, config: TrainConfig) -> None:
-    """Raise CheckpointError, naming the folder and the field, if the
-    checkpoint in `folder` was trained with another value of a field that
-    decides the updates (RESUME_FIXED)."""
-    stored = read_record(folder).get("train", {})
-    for name in RESUME_FIXED:
-        theirs, ours = stored.get(name), getattr(config, name)
-        # name the field of the model that differs
-        if name == "model_overrides":
-            theirs, ours = theirs or {}, ours or {}
-            for key in sorted(theirs.keys() | ours.keys()):
-                if theirs.get(key) != ours.get(key):
-                    raise CheckpointError(
-                        f"{folder}: the checkpoint was trained with"
-                        f" {name}.{key}={theirs.get(key)!r}, this run asks for"
-                        f" {name}.{key}={ours.get(key)!r}"
-                    )
-        elif name in stored and theirs != ours:
-            raise CheckpointError(
-                f"{folder}: the checkpoint was trained with {name}={theirs!r},"
-                f" this run asks for {name}={ours!r}"
-            )
-
-
-def resume_point(
-    out: Path, config: TrainConfig, env: Distributed, *, resume: bool
-) -> Path | None:
-    """The checkpoint a run in `out` resumes from, if any, after the checks
-    that need no data: the folder holds no other run unless resuming, and the
-    checkpoint was trained with this recipe by as many processes."""
-    checkpoint = latest_checkpoint(out)
-    occupied = out.is_dir() and any(out.iterdir())
-    # Every process looks at the folder before the first one writes into it, so
-    # that all of them see the same thing, and refuse (or go on) together.
-    barrier()
-    if occupied and not resume:
-        raise CheckpointError(
-            f"output folder {out} is not empty: pass --resume to continue the"
-            " run in it, or choose another --out"
-        )
-    if checkpoint is not None:
-        check_recipe(checkpoint, config)
-        processes = Progress.read(checkpoint).processes
-        if processes != env.world_size:
-            raise CheckpointError(
-                f"{checkpoint}: the run was trained by {processes}"
-                f" process(es), this one has {env.world_size}: they decide the"
-                f" updates, so resume with {processes}"
-            )
-    return checkpoint

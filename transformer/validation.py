@@ -9,7 +9,7 @@ __all__ = [
     "token_stats",
     "count_words",
     "Validation",
-    "evaluate",
+    "validate",
 ]
 
 # %% ../chapters/91_engineering.ipynb #0c0ee33f
@@ -131,7 +131,7 @@ class Validation:
 
 
 @torch.no_grad()
-def evaluate(
+def validate(
     model: nn.Module,
     batches: Iterable[Batch],
     *,

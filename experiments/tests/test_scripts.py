@@ -24,8 +24,8 @@ from test_train import tiny_config, tiny_data
 
 from transformer.checkpoint import CheckpointError
 from transformer.data import DataError
-from transformer.epochs import TrainingData
 from transformer.train import train
+from transformer.training_data import TrainingData
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(

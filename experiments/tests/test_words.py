@@ -22,7 +22,7 @@ from transformer.config import TransformerConfig
 from transformer.data import collate, load_pairs
 from transformer.model import Transformer
 from transformer.tokenizer import pretokenize, train_bpe
-from transformer.validation import evaluate
+from transformer.validation import validate
 
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
 
@@ -138,7 +138,7 @@ def test_word_level_evaluation_agrees_with_the_training_loop():
     ids = dict(
         pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
     )
-    loop = evaluate(
+    loop = validate(
         model,
         [collate(list(zip(src, tgt, strict=True)), **ids)],
         pad_id=tokenizer.pad_id,
