@@ -142,7 +142,6 @@ heatmap(
 import math
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
 

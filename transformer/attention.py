@@ -9,7 +9,6 @@ __all__ = ["scaled_dot_product_attention"]
 import math
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
 
