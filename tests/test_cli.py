@@ -153,3 +153,55 @@ def test_outside_the_clone_the_models_are_found_through_transformer_home(tmp_pat
     found = run(env | {HOME_VARIABLE: str(ROOT)})
     assert found.returncode == 0, found.stderr
     assert found.stdout == "Two dogs play in the snow.\n"
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"beam_size": 0}, "beam_size must be at least 1, got 0"),
+        ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+        ({"max_len": 0}, "max_len must be at least 1, got 0"),
+        ({"alpha": -0.5}, "alpha must be >= 0 and at most 10, got -0.5"),
+        ({"alpha": float("nan")}, "alpha must be >= 0 and at most 10, got nan"),
+    ],
+)
+def test_decode_options_are_checked_once_when_made(changes, message):
+    from transformer.decode_options import DecodeOptions, OptionError, decode_options
+
+    with pytest.raises(OptionError, match=f"^{message}$") as err:
+        decode_options(**changes)
+    assert err.value.field == next(iter(changes))
+    with pytest.raises(OptionError):
+        DecodeOptions(**changes)
+
+
+def test_decode_options_hold_the_papers_search_and_the_decoders_agree():
+    import inspect
+
+    from transformer.decode import beam_search
+    from transformer.decode_options import DecodeOptions, decode_options
+
+    paper = DecodeOptions()
+    assert (paper.beam_size, paper.alpha, paper.greedy) == (4, 0.6, False)
+    assert decode_options(beam_size=1).greedy
+    assert decode_options(paper, alpha=1.0) == DecodeOptions(alpha=1.0)
+    # beam_search, the decoding chapter's teaching function, states the paper's values too
+    defaults = inspect.signature(beam_search).parameters
+    assert (defaults["beam_size"].default, defaults["alpha"].default) == (4, 0.6)
+    # the overflow within a model's positions: float32's bound, as the search computes lp
+    DecodeOptions(alpha=10.0).check_alpha(40_000)
+    with pytest.raises(ValueError, match="overflow at the model's 50000 positions"):
+        DecodeOptions(alpha=10.0).check_alpha(50_000)
+
+
+def test_translate_takes_options_or_changes_alike(shipped):
+    from transformer.checkpoint import load_model
+    from transformer.decode_options import DecodeOptions
+    from transformer.translation import translate
+
+    model, tokenizer = load_model(shipped)
+    options = DecodeOptions(beam_size=2, alpha=1.0, batch_size=1)
+    by_options = translate(model, tokenizer, LINES, options)
+    assert by_options == translate(model, tokenizer, LINES, beam_size=2, alpha=1.0)
+    short = translate(model, tokenizer, LINES, options, max_len=3)
+    assert all(len(t.split()) <= 3 for t in short)  # at most 3 tokens
