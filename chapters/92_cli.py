@@ -189,6 +189,8 @@ def option_error(err: OptionError) -> UsageError:
     return UsageError(f"{name} {err.problem}")
 
 
+# %%
+#| export
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """The options of every command that decodes with a trained model."""
     paper = DecodeOptions()
@@ -309,6 +311,8 @@ from transformer.tokenizer import SPECIALS, VOCAB_SIZE
 ERRORS = (DataError, ImportError, OSError)  # reported in one line
 
 
+# %%
+#| export cli.prepare
 def prepare_command(argv: Sequence[str]) -> None:
     """`python -m transformer prepare`: build, or check and keep, the encoded
     caches."""
@@ -735,6 +739,8 @@ def read_lines(stream) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+# %%
+#| export cli.translate
 def answer_lines(
     stream, translate_with: Callable[..., list[str]], warn: Callable
 ) -> None:
@@ -883,6 +889,8 @@ missing or corrupt data file, an output file that cannot be written, no spaCy)
 print one line on standard error and exit with status 2."""
 
 
+# %%
+#| export cli.evaluate
 def evaluate_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=f"{PROG} evaluate",

@@ -541,6 +541,8 @@ def ctranslate2_command(argv: Sequence[str]) -> None:
     )
 
 
+# %%
+#| export cli.ctranslate2
 def load_ctranslate2(args: argparse.Namespace, threads: int):
     """`translate --engine ctranslate2`: the exported folder args.model,
     loaded (a `CTranslate2Model`), or a one-line UsageError."""

@@ -81,6 +81,8 @@ class OptionError(ValueError):
         self.field, self.problem = field, problem
 
 
+# %%
+#| export decode_options
 @dataclass(frozen=True)
 class DecodeOptions:
     """Beam search with beam_size and length penalty alpha (beam_size 1:

@@ -27,6 +27,7 @@ class OptionError(ValueError):
         self.field, self.problem = field, problem
 
 
+# %% ../chapters/97_translating.ipynb #db8ec932
 @dataclass(frozen=True)
 class DecodeOptions:
     """Beam search with beam_size and length penalty alpha (beam_size 1:

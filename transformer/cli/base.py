@@ -101,6 +101,7 @@ def option_error(err: OptionError) -> UsageError:
     return UsageError(f"{name} {err.problem}")
 
 
+# %% ../../chapters/92_cli.ipynb #e7882012
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """The options of every command that decodes with a trained model."""
     paper = DecodeOptions()

@@ -68,6 +68,7 @@ def ctranslate2_command(argv: Sequence[str]) -> None:
     )
 
 
+# %% ../../chapters/95_ctranslate2.ipynb #72eba55b
 def load_ctranslate2(args: argparse.Namespace, threads: int):
     """`translate --engine ctranslate2`: the exported folder args.model,
     loaded (a `CTranslate2Model`), or a one-line UsageError."""

@@ -42,6 +42,7 @@ missing or corrupt data file, an output file that cannot be written, no spaCy)
 print one line on standard error and exit with status 2."""
 
 
+# %% ../../chapters/92_cli.ipynb #3d9c935a
 def evaluate_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=f"{PROG} evaluate",

@@ -19,6 +19,7 @@ from transformer.tokenizer import SPECIALS, VOCAB_SIZE
 ERRORS = (DataError, ImportError, OSError)  # reported in one line
 
 
+# %% ../../chapters/92_cli.ipynb #84f5b12c
 def prepare_command(argv: Sequence[str]) -> None:
     """`python -m transformer prepare`: build, or check and keep, the encoded
     caches."""

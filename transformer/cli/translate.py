@@ -69,6 +69,7 @@ def read_lines(stream) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+# %% ../../chapters/92_cli.ipynb #f77a0938
 def answer_lines(
     stream, translate_with: Callable[..., list[str]], warn: Callable
 ) -> None:
