@@ -137,7 +137,6 @@ def _device(value: object) -> bool:
     return True
 
 
-PAIR: Check = (lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}")
 POSITIVE: Check = (_positive, "must be a positive integer")
 SOME_POSITIVE: Check = (
     lambda v: v is None or _positive(v),
@@ -228,7 +227,9 @@ class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
     where it says."""
 
-    pair: str = option(on_resume="fixed", help="de-en or fr-en", check=PAIR)
+    pair: str = option(
+        on_resume="fixed", help="the language pair", choices=tuple(PAIRS)
+    )
     preset: str = option(
         "small",
         on_resume="fixed",

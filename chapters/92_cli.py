@@ -23,16 +23,19 @@
 # | --- | --- | --- |
 # | `prepare` | tokenise Multi30k and cache every split as token ids | `transformer.data.prepare` |
 # | `train` | train a model, with checkpoints, metrics and `--resume` | `transformer.train.train` |
-# | `translate` | translate sentences with a trained model | `transformer.decode.translate` |
-# | `evaluate` | score a model on a split with sacreBLEU and chrF | `transformer.evaluate.translate_split` |
-# | `export` | write a model for the CTranslate2 engine | `transformer.export.export_ctranslate2` |
+# | `translate` | translate sentences with a trained model | `transformer.translation.translate` |
+# | `evaluate` | score a model on a split with sacreBLEU and chrF | `transformer.splits.translate_split` |
+# | `ctranslate2` | write a model for the CTranslate2 engine | `transformer.ctranslate2.export_ctranslate2` |
 #
-# This appendix builds `transformer/cli.py`, the module that knows about argument parsing; the
-# `export` command and `translate --engine ctranslate2` live beside the engine, in
-# `transformer/deploy.py` (appendix [Deploying with CTranslate2](95_ctranslate2.ipynb)).
-# The library functions take Python values and raise exceptions; the command line turns text
-# into those values and those exceptions into one line of text. Keeping the two apart means
-# every module below the command line can be imported, tested and reused without `argparse`.
+# This appendix builds the package `transformer/cli/`, the only code that knows about argument
+# parsing: `cli/base.py` holds the parser, the one error convention and the options that
+# several commands share; each command is a module of its own, `cli/prepare.py`,
+# `cli/train.py`, `cli/translate.py` and `cli/evaluate.py` here, and `cli/ctranslate2.py` in
+# the appendix [Deploying with CTranslate2](95_ctranslate2.ipynb); `cli/main.py` picks the
+# command. The library functions take Python values and raise exceptions; the command line
+# turns text into those values and those exceptions into one line of text. Keeping the two
+# apart means every module below the command line can be imported, tested and reused without
+# `argparse`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -53,7 +56,7 @@ if importlib.util.find_spec("transformer") is None:
     sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
-#| default_exp cli
+#| default_exp cli.base
 
 # %% [markdown]
 # ## One convention for errors
@@ -63,25 +66,22 @@ if importlib.util.find_spec("transformer") is None:
 # prints **one line** on standard error, `python -m transformer COMMAND: error: ...`, and exits
 # with status 2, argparse's status for bad usage. A traceback is kept for what is a bug.
 #
-# Two small pieces make this hold for all four commands. `Parser` is an `ArgumentParser` whose
+# Two small pieces make this hold for every command. `Parser` is an `ArgumentParser` whose
 # `error` raises `UsageError` instead of printing a usage block and exiting, and `run` is the
 # one place that turns the exceptions a command declares into that line.
 
 # %%
 #| export
+"""The command line's common ground: its parser, its one error convention, and
+the options that several commands share."""
 
 import argparse
-import functools
-import importlib
-import json
-import os
-import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import torch
+from transformer.decode_options import MAX_ALPHA, DecodeOptions, OptionError
+from transformer.multi30k import PAIRS, DataError, parse_pair
 
 PROG = "python -m transformer"
 
@@ -123,12 +123,20 @@ def run(
     return 0
 
 
+def warning(command: str) -> Callable[[str], None]:
+    """A function that prints a command's warnings, one line each, on standard
+    error."""
+    return lambda message: print(
+        f"{PROG} {command}: warning: {message}", file=sys.stderr
+    )
+
+
 # %% [markdown]
 # The rule in action: an argument `argparse` would reject, and a value only the command can
 # judge, both end as one line and status 2.
 
 # %%
-from transformer.cli import Parser, UsageError, run
+from transformer.cli.base import PROG, Parser, UsageError, run
 
 
 def demo() -> None:
@@ -145,29 +153,166 @@ assert run("demo", lambda: Parser().parse_args(["--beam", "x"])) == 2
 status
 
 # %% [markdown]
+# ## Options that several commands share
+#
+# A language pair is checked in one place, `parse_pair`: `language_pair` is the type of every
+# `--pair`, and the parser offers the pairs as its choices. The decoding options, `--beam`,
+# `--alpha` and `--batch-size`, become one `DecodeOptions` (appendix
+# [Translating text](97_translating.ipynb)), which checks them and gives their defaults, the
+# paper's; its error names the field, and `option_error` puts the option's name in its place.
+# torch is imported only once the options are known to be good, so that `--help` and a usage
+# error answer at once.
+
+
+# %%
+#| export
+def language_pair(text: str) -> str:
+    """The type of every --pair: a pair the book has, or parse_pair's error."""
+    try:
+        parse_pair(text)
+    except DataError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+# Each decoding option's name on the command line.
+OPTION_NAMES = {
+    "beam_size": "--beam",
+    "alpha": "--alpha",
+    "batch_size": "--batch-size",
+}
+
+
+def option_error(err: OptionError) -> UsageError:
+    """A DecodeOptions error, said with the command line's option name."""
+    name = OPTION_NAMES.get(err.field, err.field)
+    return UsageError(f"{name} {err.problem}")
+
+
+# %%
+#| export
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The options of every command that decodes with a trained model."""
+    paper = DecodeOptions()
+    p.add_argument(
+        "--pair", required=True, type=language_pair, choices=list(PAIRS)
+    )
+    p.add_argument(
+        "--beam",
+        type=int,
+        default=paper.beam_size,
+        metavar="N",
+        help=f"beam size; 1 is greedy decoding (default: {paper.beam_size},"
+        " the paper's)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=paper.alpha,
+        metavar="A",
+        help=f"length penalty α of beam search, from 0 to {MAX_ALPHA:g}"
+        f" (default: {paper.alpha:g}, the paper's)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="a shipped model or a checkpoint folder (default:"
+        " checkpoints/<pair>, see TRANSFORMER_HOME)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        help="default: cuda when available",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=paper.batch_size,
+        metavar="N",
+        help=f"sentences decoded at once (default: {paper.batch_size})",
+    )
+
+
+# %%
+#| export
+def check_model_options(
+    args: argparse.Namespace,
+) -> tuple[DecodeOptions, str]:
+    """The decoding options and the device that `add_model_options`' options
+    ask for, or a one-line UsageError."""
+    try:
+        options = DecodeOptions(
+            beam_size=args.beam, alpha=args.alpha, batch_size=args.batch_size
+        )
+    except OptionError as err:
+        raise option_error(err) from None
+    import torch  # once the options are good: a usage error answers at once
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda, but no CUDA GPU is available")
+    return options, device
+
+
+def check_positions(options: DecodeOptions, positions: int) -> None:
+    """A one-line UsageError if the length penalty would overflow within a
+    model's positions."""
+    try:
+        options.check_alpha(positions)
+    except OptionError as err:
+        raise option_error(err) from None
+
+
+def load_for_command(
+    pair: str,
+    checkpoint: Path | None,
+    device: str,
+    options: DecodeOptions | None = None,
+):
+    """The model and tokenizer to decode with (`load_pair_model`), or a
+    one-line UsageError naming the folder; also one if `options`' length
+    penalty would overflow within the model's positions."""
+    from transformer.checkpoint import CheckpointError
+    from transformer.translation import load_pair_model
+
+    try:
+        model, tokenizer = load_pair_model(pair, checkpoint, device=device)
+    except CheckpointError as err:
+        raise UsageError(str(err)) from err
+    if options is not None:
+        check_positions(options, model.config.max_len)
+    return model, tokenizer
+
+
+# %% [markdown]
 # ## `prepare`
 #
 # `prepare` builds the encoded cache of the data chapter for each pair: spaCy words, the joint
 # BPE vocabulary and every split as token ids, so that training needs neither spaCy nor the
 # text. A cache that is current is checked and kept; `--rebuild` rebuilds it anyway. It prints
-# the size of every split.
+# the size of every split. Each command's module names the errors it reports in one line,
+# `ERRORS`.
 
 # %%
-#| export
-from transformer.data import (
-    CACHE_DIR,
-    DATA_DIR,
-    PAIRS,
-    SPLITS,
-    DataError,
-    load_encoded,
-    load_pairs,
-    parse_pair,
-    prepare,
-)
+#| export cli.prepare
+"""`python -m transformer prepare`: Multi30k tokenised and cached as token
+ids."""
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformer.cli.base import PROG, Parser, UsageError, language_pair
+from transformer.multi30k import PAIRS, SPLITS, DataError
+from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import SPECIALS, VOCAB_SIZE
 
+ERRORS = (DataError, ImportError, OSError)  # reported in one line
 
+
+# %%
+#| export cli.prepare
 def prepare_command(argv: Sequence[str]) -> None:
     """`python -m transformer prepare`: build, or check and keep, the encoded
     caches."""
@@ -181,7 +326,9 @@ def prepare_command(argv: Sequence[str]) -> None:
     parser.add_argument(
         "--pair",
         action="append",
-        help=f"{' or '.join(PAIRS)}; may be repeated (default: all)",
+        type=language_pair,
+        choices=list(PAIRS),
+        help="may be repeated (default: all)",
     )
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR)
@@ -190,14 +337,13 @@ def prepare_command(argv: Sequence[str]) -> None:
         "--rebuild", action="store_true", help="rebuild even a current cache"
     )
     args = parser.parse_args(argv)
-    pairs = args.pair or list(PAIRS)
-    for pair in pairs:  # every value checked before any work
-        parse_pair(pair)
     if args.vocab_size <= len(SPECIALS):
         raise UsageError(
             f"--vocab-size must exceed {len(SPECIALS)}, got {args.vocab_size}"
         )
-    for k, pair in enumerate(pairs):
+    from transformer.cache import load_encoded, prepare  # torch, when needed
+
+    for k, pair in enumerate(args.pair or list(PAIRS)):
         tokenizer = prepare(
             pair,
             args.cache_dir,
@@ -236,14 +382,26 @@ def prepare_command(argv: Sequence[str]) -> None:
 # validated here: `TrainConfig` checks its own fields and its error becomes the one line.
 
 # %%
-#| export
-import dataclasses
+#| export cli.train
+"""`python -m transformer train`: a TrainConfig from the options, trained."""
 
-from transformer.checkpoint import (
-    CheckpointError,
-    check_export_destination,
-    export_model,
-)
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformer.checkpoint import CheckpointError
+from transformer.cli.base import PROG, Parser, UsageError
+from transformer.multi30k import DataError
+
+ERRORS = (DataError, CheckpointError)  # reported in one line
+
+# %%
+#| export cli.train
+from transformer.checkpoint import check_export_destination, export_model
 from transformer.distributed import Distributed
 from transformer.train import train
 from transformer.train_config import (
@@ -369,12 +527,7 @@ def _starting_fields(args: argparse.Namespace, out: str) -> dict[str, Any]:
     stored = Path(out) / "train_config.json"
     fields: dict[str, Any] = {}
     if args.resume and stored.is_file():
-        try:
-            fields = json.loads(stored.read_text())
-        except (OSError, ValueError) as err:
-            raise ValueError(f"cannot read {stored}: {err}") from err
-        if not isinstance(fields, dict):
-            raise ValueError(f"{stored} does not hold a JSON object")
+        fields = _json_fields(stored, str(stored))
     elif args.quick:
         fields = quick_config(args.pair).to_dict()
     if args.config is None:
@@ -440,11 +593,6 @@ def summary_table(records: list[dict[str, Any]]) -> str:
 def train_command(argv: Sequence[str]) -> None:
     """`python -m transformer train ...`: train, then print the epochs."""
     args = train_parser().parse_args(argv)
-    if args.pair not in PAIRS:
-        raise UsageError(
-            f"unknown language pair {args.pair!r}: choose one of"
-            f" {', '.join(PAIRS)}"
-        )
     try:
         config = config_from_args(args)
     except ValueError as err:  # a bad value for a TrainConfig field
@@ -476,7 +624,7 @@ def train_command(argv: Sequence[str]) -> None:
 # overrides, without training anything:
 
 # %%
-from transformer.cli import config_from_args, train_parser
+from transformer.cli.train import config_from_args, train_parser
 
 args = train_parser().parse_args(
     [
@@ -495,112 +643,49 @@ assert config.warmup == 2000 and config.model_overrides["n_layers"] == 4
 config.warmup, config.model_overrides
 
 # %% [markdown]
-# ## `translate` and `evaluate`
+# ## `translate`
 #
-# The two commands that decode share their options (the pair, the search, the model folder,
-# the device and the batch size), their checks and how they load a model: `--checkpoint DIR`
-# names any trained folder, and without it the shipped model of the pair in `checkpoints/` is
-# used. `translate` reads sentences from its arguments or, one per line, from standard input,
-# and writes one translation per line in the same order; `evaluate` translates a split and
-# prints sacreBLEU and chrF with their signatures, as the results chapter reports them.
+# `translate` and `evaluate` share their options (the pair, the search, the model folder, the
+# device and the batch size), their checks and how they load a model: `--checkpoint DIR` names
+# any trained folder, and without it the shipped model of the pair in `checkpoints/` is used.
+# `translate` reads sentences from its arguments or, one per line, from standard input, and
+# writes one translation per line in the same order.
+#
+# Standard input is read in two ways. From a pipe or a file (`< FILE`) every line is read
+# first, and the sentences are decoded in batches of similar lengths, the fast way through many
+# sentences. From a terminal, each line is translated as soon as it is entered, with the model
+# loaded once, until Ctrl-D ends the input: the command becomes a small interactive translator.
 
 # %%
-#| export
-from transformer.evaluate import score
-from transformer.model import Transformer
-from transformer.search_setup import MAX_ALPHA, check_alpha
-from transformer.splits import translate_split, write_lines
-from transformer.tokenizer import Tokenizer
-from transformer.translation import BATCH_SIZE, load_pair_model, translate
+#| export cli.translate
+"""`python -m transformer translate`: sentences from the arguments, a pipe or a
+terminal, one translation per line."""
 
+import argparse
+import functools
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """The options of every command that decodes with a trained model."""
-    p.add_argument("--pair", required=True, help="de-en or fr-en")
-    p.add_argument(
-        "--beam",
-        type=int,
-        default=4,
-        metavar="N",
-        help="beam size; 1 is greedy decoding (default: 4, the paper's)",
-    )
-    p.add_argument(
-        "--alpha",
-        type=float,
-        default=0.6,
-        metavar="A",
-        help=(
-            f"length penalty α of beam search, from 0 to {MAX_ALPHA:g}"
-            " (default: 0.6, the paper's)"
-        ),
-    )
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        metavar="DIR",
-        help=(
-            "a shipped model or a checkpoint folder (default:"
-            " checkpoints/<pair> in the repository)"
-        ),
-    )
-    p.add_argument(
-        "--device",
-        choices=["cpu", "cuda"],
-        help="default: cuda when available",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=BATCH_SIZE,
-        metavar="N",
-        help=f"sentences decoded at once (default: {BATCH_SIZE})",
-    )
+from transformer.cli.base import (
+    PROG,
+    Parser,
+    add_model_options,
+    check_model_options,
+    check_positions,
+    load_for_command,
+    warning,
+)
+from transformer.decode_options import DecodeOptions
 
-
-def check_model_options(args: argparse.Namespace) -> str:
-    """The device to decode on, once the values of `add_model_options`' options
-    are checked."""
-    if args.pair not in PAIRS:
-        raise UsageError(
-            f"unknown language pair {args.pair!r}: choose one of"
-            f" {', '.join(PAIRS)}"
-        )
-    if args.beam < 1:
-        raise UsageError(f"--beam must be at least 1, got {args.beam}")
-    try:
-        check_alpha(args.alpha, name="--alpha")
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if args.batch_size < 1:
-        raise UsageError(
-            f"--batch-size must be at least 1, got {args.batch_size}"
-        )
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda, but no CUDA GPU is available")
-    return device
-
-
-def load_for_command(
-    pair: str, checkpoint: Path | None, device: str, *, alpha: float
-) -> tuple[Transformer, Tokenizer]:
-    """The model and tokenizer to decode with (`load_pair_model`), or a
-    one-line UsageError naming the folder; also one if the length penalty would
-    overflow within the model's positions."""
-    try:
-        model, tokenizer = load_pair_model(pair, checkpoint, device=device)
-    except CheckpointError as err:
-        raise UsageError(str(err)) from err
-    try:
-        check_alpha(alpha, max_len=model.config.max_len, name="--alpha")
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    return model, tokenizer
-
+ERRORS = (ImportError,)  # no spaCy, or no CTranslate2: reported in one line
 
 TRANSLATE_EPILOG = """\
 Input and output: the SENTENCEs given, or else standard input, one sentence per
 line (UTF-8); one translation per line on standard output, in the same order.
+From a terminal, each line is translated as it is entered, up to Ctrl-D.
 An empty line gives an empty line. Characters that the vocabulary lacks become
 <unk>. Put -- before sentences that begin with a dash. A SENTENCE that names an
 existing file is translated as a sentence all the same, with a warning: a file
@@ -622,25 +707,61 @@ def read_lines(stream) -> list[str]:
         text = stream.buffer.read().decode("utf-8", errors="replace")
     else:
         text = stream.read()
-    lines = text.split(
-        "\n"
-    )  # not splitlines(): U+2028 and friends are inside a line
+    # not splitlines(): U+2028 and friends are inside a line
+    lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     return [line.removesuffix("\r") for line in lines]
 
 
-def warning(command: str) -> Callable[[str], None]:
-    """A function that prints a command's warnings, one line each, on standard
-    error."""
-    return lambda message: print(
-        f"{PROG} {command}: warning: {message}", file=sys.stderr
+# %%
+#| export cli.translate
+def answer_lines(
+    stream, translate_with: Callable[..., list[str]], warn: Callable
+) -> None:
+    """Each line of a terminal translated as soon as it is entered, until the
+    end of input; a warning names the line by its number."""
+    readline = getattr(stream, "buffer", stream).readline
+    number = 0
+    while line := readline():
+        number += 1
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", errors="replace")
+        text = line.removesuffix("\n").removesuffix("\r")
+        [translation] = translate_with(
+            [text],
+            warn=lambda message, n=number: warn(
+                message.replace("sentence 1", f"sentence {n}", 1)
+            ),
+        )
+        sys.stdout.write(f"{translation}\n")
+        sys.stdout.flush()
+
+
+# %%
+#| export cli.translate
+def load_translator(
+    args: argparse.Namespace, options: DecodeOptions, device: str
+) -> Callable[..., list[str]]:
+    """The engine that `--engine` names, loaded once: a function of the
+    sentences (and `warn`) that returns their translations."""
+    if args.engine == "ctranslate2":
+        import torch
+
+        from transformer.cli.ctranslate2 import load_ctranslate2
+
+        engine = load_ctranslate2(args, threads=torch.get_num_threads())
+        check_positions(options, engine.max_len)
+        return functools.partial(engine.translate, options=options)
+    from transformer.translation import translate
+
+    model, tokenizer = load_for_command(
+        args.pair, args.checkpoint, device, options
     )
+    return functools.partial(translate, model, tokenizer, options=options)
 
 
-def translate_command(argv: Sequence[str]) -> None:
-    """`python -m transformer translate ...`: one translation per line on
-    standard output."""
+def translate_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=f"{PROG} translate",
         description="Translate sentences with a trained model (Part III).",
@@ -658,34 +779,28 @@ def translate_command(argv: Sequence[str]) -> None:
         "--engine",
         choices=["package", "ctranslate2"],
         default="package",
-        help=(
-            "ctranslate2: decode in CTranslate2 with a model folder written by"
-            " `export` (--model DIR)"
-        ),
+        help="ctranslate2: decode in CTranslate2 with a model folder written"
+        f" by `{PROG} ctranslate2` (--model DIR)",
     )
     p.add_argument(
         "--model", type=Path, metavar="DIR", help="with --engine ctranslate2"
     )
-    argv = list(argv)
-    # After "--" every argument is a sentence (parse_intermixed_args mishandles
-    # "--").
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args = p.parse_intermixed_args(argv[:cut])
-    args.sentences += argv[cut + 1 :]
-    device = check_model_options(args)
-    if args.engine == "ctranslate2":
-        from transformer.deploy import (
-            ctranslate2_translate,
-        )  # it builds on this module
+    return p
 
-        translate_with = ctranslate2_translate(
-            args, threads=torch.get_num_threads()
-        )
-    else:
-        model, tokenizer = load_for_command(
-            args.pair, args.checkpoint, device, alpha=args.alpha
-        )
-        translate_with = functools.partial(translate, model, tokenizer)
+
+# %%
+#| export cli.translate
+def translate_command(argv: Sequence[str]) -> None:
+    """`python -m transformer translate ...`: one translation per line on
+    standard output."""
+    argv = list(argv)
+    # After "--" every argument is a sentence (parse_intermixed_args
+    # mishandles "--").
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = translate_parser().parse_intermixed_args(argv[:cut])
+    args.sentences += argv[cut + 1 :]
+    options, device = check_model_options(args)
+    translate_with = load_translator(args, options, device)
     warn = warning("translate")
     if args.sentences:
         sentences = args.sentences
@@ -698,20 +813,45 @@ def translate_command(argv: Sequence[str]) -> None:
                 " sentence: to translate the file's lines, give it as"
                 f" standard input, < {shlex.quote(name)}"
             )
+    elif sys.stdin.isatty():
+        print("one sentence per line; end with Ctrl-D", file=sys.stderr)
+        answer_lines(sys.stdin, translate_with, warn)
+        return
     else:
-        if sys.stdin.isatty():
-            print("one sentence per line; end with Ctrl-D", file=sys.stderr)
         sentences = read_lines(sys.stdin)
-    translations = translate_with(
-        sentences,
-        beam_size=args.beam,
-        alpha=args.alpha,
-        batch_size=args.batch_size,
-        warn=warn,
-    )
+    translations = translate_with(sentences, warn=warn)
     sys.stdout.write("".join(f"{t}\n" for t in translations))
     sys.stdout.flush()
 
+
+# %% [markdown]
+# ## `evaluate`
+#
+# `evaluate` translates a split with the same options and prints sacreBLEU and chrF with their
+# signatures, as the results chapter reports them.
+
+# %%
+#| export cli.evaluate
+"""`python -m transformer evaluate`: a model's translations of a Multi30k
+split, scored."""
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformer.cli.base import (
+    PROG,
+    Parser,
+    UsageError,
+    add_model_options,
+    check_model_options,
+    load_for_command,
+    warning,
+)
+from transformer.multi30k import SPLITS, DataError, load_pairs, parse_pair
+from transformer.paths import DATA_DIR
+
+ERRORS = (DataError, ImportError)  # reported in one line
 
 EVALUATE_EPILOG = """\
 Prints sacreBLEU (cased, its 13a tokenizer on the detokenised translations
@@ -724,6 +864,8 @@ missing or corrupt data file, an output file that cannot be written, no spaCy)
 print one line on standard error and exit with status 2."""
 
 
+# %%
+#| export cli.evaluate
 def evaluate_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=f"{PROG} evaluate",
@@ -746,10 +888,8 @@ def evaluate_parser() -> argparse.ArgumentParser:
         type=Path,
         default=DATA_DIR,
         metavar="DIR",
-        help=(
-            "the Multi30k files and their SHA256SUMS (default: data/multi30k"
-            " in the repository)"
-        ),
+        help="the Multi30k files and their SHA256SUMS (default: data/multi30k,"
+        " see TRANSFORMER_HOME)",
     )
     p.add_argument(
         "--limit",
@@ -782,28 +922,32 @@ def check_evaluate_options(args: argparse.Namespace) -> None:
         raise UsageError(f"cannot write {args.output}: it is a folder")
 
 
+# %%
+#| export cli.evaluate
 def evaluate_command(argv: Sequence[str]) -> None:
     """`python -m transformer evaluate ...`: translate a split, print its
     scores."""
     args = evaluate_parser().parse_args(argv)
-    device = check_model_options(args)
+    options, device = check_model_options(args)
     check_evaluate_options(args)
-    load_pairs(
-        args.split, args.pair, args.data_dir
-    )  # a data error before the model's
+    # a data error before the model's
+    load_pairs(args.split, args.pair, args.data_dir)
+    import torch
+
+    from transformer.evaluate import score
+    from transformer.splits import translate_split, write_lines
+
     model, tokenizer = load_for_command(
-        args.pair, args.checkpoint, device, alpha=args.alpha
+        args.pair, args.checkpoint, device, options
     )
     result = translate_split(
         model,
         tokenizer,
         args.pair,
         args.split,
-        beam_size=args.beam,
-        alpha=args.alpha,
+        options,
         data_dir=args.data_dir,
         limit=args.limit,
-        batch_size=args.batch_size,
         warn=warning("evaluate"),
     )
     scores = score(
@@ -818,7 +962,9 @@ def evaluate_command(argv: Sequence[str]) -> None:
             ) from err
     folder = args.checkpoint or f"the shipped model, checkpoints/{args.pair}"
     search = (
-        "greedy" if args.beam == 1 else f"beam {args.beam}, α {args.alpha:g}"
+        "greedy"
+        if options.greedy
+        else f"beam {options.beam_size}, α {options.alpha:g}"
     )
     print(
         f"{args.pair} {args.split}: {scores.sentences:,} sentences, {search},"
@@ -838,47 +984,38 @@ def evaluate_command(argv: Sequence[str]) -> None:
 # %% [markdown]
 # ## Dispatching
 #
-# `python -m transformer COMMAND` runs `main`, which picks the command and hands its body to
-# `run` with the errors that command turns into one line: `prepare` also reports a cache folder
-# it cannot write (`OSError`), `train` a bad checkpoint, and the commands that tokenise text
-# report a missing spaCy (`ImportError`) with how to install it. Two more endings are not
-# errors of the user's making and get one line too: Ctrl-C (status 130; every file is written
-# atomically, so what was written is whole, and `train --resume` continues from the last
-# checkpoint) and a reader that stopped reading, as in `... | head`.
+# `python -m transformer COMMAND` runs `main`, which picks the command, imports its module
+# (only then: `--help` loads neither torch nor spaCy) and hands its `<name>_command` to `run`
+# with the errors that module reports in one line: `prepare` also reports a cache folder it
+# cannot write (`OSError`), `train` a bad checkpoint, and the commands that tokenise text report
+# a missing spaCy (`ImportError`) with how to install it. A command's old name, `export` for
+# `ctranslate2`, still works, with a one-line note. Two more endings are not errors of the
+# user's making and get one line too: Ctrl-C (status 130; every file is written atomically, so
+# what was written is whole, and `train --resume` continues from the last checkpoint) and a
+# reader that stopped reading, as in `... | head`.
 
 # %%
-#| export
-COMMANDS: dict[str, tuple[Callable[[Sequence[str]], None], tuple, str]] = {
-    "prepare": (
-        prepare_command,
-        (DataError, ImportError, OSError),
-        "tokenise Multi30k and cache every split as token ids",
-    ),
-    "train": (
-        train_command,
-        (DataError, CheckpointError),
-        "train a translation model (Part II)",
-    ),
-    "translate": (
-        translate_command,
-        (ImportError,),
-        "translate sentences with a trained model (Part III)",
-    ),
-    "evaluate": (
-        evaluate_command,
-        (DataError, ImportError),
-        "score a trained model with sacreBLEU and chrF (Part III)",
-    ),
-    # transformer.deploy builds on this module: it is imported when the command
-    # runs.
-    "export": (
-        lambda argv: importlib.import_module(
-            "transformer.deploy"
-        ).export_command(argv),
-        (ImportError, OSError),
-        "write a model for CTranslate2, the inference engine (appendix)",
-    ),
+#| export cli.main
+"""`python -m transformer COMMAND ...`: the command picked, and its module
+imported only when it runs."""
+
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from transformer.cli.base import PROG, run
+
+# Each command, and what it does; its module transformer.cli.<command> holds
+# <command>_command(argv) and the ERRORS it reports in one line.
+COMMANDS = {
+    "prepare": "tokenise Multi30k and cache every split as token ids",
+    "train": "train a translation model (Part II)",
+    "translate": "translate sentences with a trained model (Part III)",
+    "evaluate": "score a trained model with sacreBLEU and chrF (Part III)",
+    "ctranslate2": "write a model for CTranslate2, the inference engine",
 }
+RENAMED = {"export": "ctranslate2"}  # an old name, and the command's today
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -889,10 +1026,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # an error, so the usage goes to standard error with status 2.
         out = sys.stdout if argv else sys.stderr
         print(f"usage: {PROG} COMMAND [options]\n\ncommands:", file=out)
-        for name, (_, _, summary) in COMMANDS.items():
-            print(f"  {name:<10} {summary}", file=out)
+        for name, summary in COMMANDS.items():
+            print(f"  {name:<12} {summary}", file=out)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command in RENAMED:
+        print(
+            f"{PROG}: note: `{command}` is now `{RENAMED[command]}`",
+            file=sys.stderr,
+        )
+        command = RENAMED[command]
     if command not in COMMANDS:
         print(
             f"{PROG}: error: unknown command {command!r}: choose one of "
@@ -900,9 +1043,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    body, errors, _ = COMMANDS[command]
     try:
-        return run(command, lambda: body(rest), errors)
+        module = importlib.import_module(f"transformer.cli.{command}")
+        body = getattr(module, f"{command}_command")
+        return run(command, lambda: body(rest), module.ERRORS)
     except KeyboardInterrupt:
         print(f"{PROG} {command}: interrupted", file=sys.stderr)
         return 130
@@ -914,12 +1058,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # %% [markdown]
-# With the shipped German→English model, a translation from the command line, as a user types
-# it (`python -m transformer translate --pair de-en "..."`), and a mistake:
+# The commands, then a translation with the shipped German→English model, as a user types it
+# (`python -m transformer translate --pair de-en "..."`), and a mistake:
 
 # %%
-from transformer.cli import main
+from transformer.cli.main import main
 
+assert main(["--help"]) == 0
 assert (
     main(["translate", "--pair", "de-en", "Zwei Hunde spielen im Schnee."])
     == 0
@@ -927,10 +1072,83 @@ assert (
 assert main(["translate", "--pair", "xx-en", "Hallo."]) == 2
 
 # %% [markdown]
+# ## Where the data and the models are
+#
+# The commands read Multi30k from `data/multi30k`, keep the encoded caches in `cache` and find
+# the shipped models in `checkpoints`, all three in the clone of the book's repository that the
+# package was installed from (`pip install -e .`). An installed package, or a notebook run
+# elsewhere, names another folder with the environment variable `TRANSFORMER_HOME`: it holds
+# the same three, `data/multi30k`, `cache` and `checkpoints`. `transformer/paths.py` is the one
+# place that decides these defaults; `--data-dir`, `--cache-dir` and `--checkpoint` still
+# override them one at a time. Without either, a command run outside the clone says in one
+# line which folder it looked in and what to set.
+
+# %%
+#| export paths
+"""Where the book's data, encoded caches and models are: in the clone of its
+repository that holds the package, or under $TRANSFORMER_HOME."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+HOME_VARIABLE = "TRANSFORMER_HOME"
+
+
+def _repository_root() -> Path:
+    # The package is <root>/transformer. In it this file has a __file__; in its
+    # notebook (which may run anywhere, e.g. Colab's /content) the installed
+    # package says.
+    here = (
+        globals().get("__file__")
+        or importlib.util.find_spec("transformer").origin
+    )
+    return Path(here).resolve().parent.parent
+
+
+def home() -> Path:
+    """The folder that holds data/multi30k, cache and checkpoints:
+    $TRANSFORMER_HOME if it is set, else the repository."""
+    value = os.environ.get(HOME_VARIABLE)
+    return Path(value).expanduser().absolute() if value else _repository_root()
+
+
+HOME = home()
+DATA_DIR = HOME / "data" / "multi30k"  # the Multi30k files and SHA256SUMS
+CACHE_DIR = HOME / "cache"  # the encoded splits that `prepare` writes
+CHECKPOINTS_DIR = HOME / "checkpoints"  # the shipped models, one per pair
+
+# %% [markdown]
+# The defaults as a process started with `TRANSFORMER_HOME=/srv/transformer` sees them:
+
+# %%
+import os
+import subprocess
+import sys
+
+from transformer.paths import HOME_VARIABLE
+
+code = "from transformer import paths; print(paths.DATA_DIR, paths.CACHE_DIR)"
+found = subprocess.run(
+    [sys.executable, "-c", code],
+    env=os.environ | {HOME_VARIABLE: "/srv/transformer"},
+    capture_output=True,
+    text=True,
+    check=True,
+).stdout
+print(found)
+assert found.split() == [
+    "/srv/transformer/data/multi30k",
+    "/srv/transformer/cache",
+]
+
+# %% [markdown]
 # ## Summary
 #
-# - `transformer/cli.py` is the only module that parses arguments; the library below it takes
-#   Python values and raises exceptions.
+# - `transformer/cli/` is the only package that parses arguments, one module per command; the
+#   library below it takes Python values and raises exceptions.
 # - Every command fails the same way: one line on standard error and status 2.
 # - `prepare`, `train`, `translate` and `evaluate` follow the data from text to scores; each
-#   command's `--help` lists its options.
+#   command's `--help` lists its options, and answers without loading torch.
+# - On a terminal, `translate` answers line by line; `TRANSFORMER_HOME` says where the data and
+#   the models are when the package is not run from its clone.

@@ -20,7 +20,7 @@
 # run them. [CTranslate2](https://github.com/OpenNMT/CTranslate2) {cite:p}`klein2020efficient` is
 # the C++ engine behind OpenNMT and many deployed translation systems: it reads the weights of a
 # Transformer from one folder and decodes with them greedily or by beam search, on a CPU or a GPU,
-# in float32 or with 8-bit integer weights. This appendix builds `transformer.export`, which
+# in float32 or with 8-bit integer weights. This appendix builds `transformer.ctranslate2`, which
 # writes a trained model into that folder and translates with it, and the command that goes with
 # it. The exported model gives the package's own greedy translations, token for token; the
 # [results chapter](16_results.ipynb) compares the two engines' speed.
@@ -44,7 +44,7 @@ if importlib.util.find_spec("transformer") is None:
     sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
-#| default_exp export
+#| default_exp ctranslate2
 
 # %% [markdown]
 # ## What the engine needs to know
@@ -84,12 +84,13 @@ from torch import Tensor, nn
 
 from transformer.checkpoint import CheckpointError
 from transformer.decode import Hypothesis
+from transformer.decode_options import DecodeOptions, decode_options
 from transformer.embedding import sinusoidal_encoding
 from transformer.files import atomic_folder, atomic_write
 from transformer.model import Transformer
-from transformer.search_setup import EXTRA_LENGTH, check_alpha
+from transformer.search_setup import EXTRA_LENGTH
 from transformer.tokenizer import Tokenizer
-from transformer.translation import BATCH_SIZE, translate_batches
+from transformer.translation import translate_batches
 
 QUANTIZATIONS = ("float32", "int8")
 INSTALL = (  # the package's [ctranslate2] extra
@@ -318,8 +319,8 @@ class CTranslate2Model:
         record_path = folder / EXPORT_RECORD
         if not record_path.is_file():
             raise CheckpointError(
-                f"{folder} is not a model exported by `python -m transformer"
-                f" export`: no {EXPORT_RECORD}"
+                f"{folder} is not a model written by `python -m transformer"
+                f" ctranslate2`: no {EXPORT_RECORD}"
             )
         try:
             self.max_len = int(json.loads(record_path.read_text())["max_len"])
@@ -342,22 +343,21 @@ class CTranslate2Model:
     def decode_batch(
         self,
         sources: Sequence[list[int]],
-        *,
-        beam_size: int = 4,
-        alpha: float = 0.6,
+        options: DecodeOptions | None = None,
     ) -> list[list[int]]:
         """The output ids of sources given as ids with their final <eos>, as
-        the package's decoders take them: one batch, the limit source + 50
-        tokens of its longest."""
+        the package's decoders take them: one batch, searched as `options` say
+        (default: the paper's)."""
+        options = options or DecodeOptions()
         tok = self.tokenizer
         results = self.translator.translate_batch(
             [
                 self.tokenizer.pieces(s[:-1]) for s in sources
             ],  # the engine adds <eos>
-            beam_size=beam_size,
+            beam_size=options.beam_size,
             # the engine divides by |Y|^α, where GNMT's lp is ((5 + |Y|)/6)^α
-            length_penalty=alpha if beam_size > 1 else 1.0,
-            max_decoding_length=self._limit(sources),
+            length_penalty=1.0 if options.greedy else options.alpha,
+            max_decoding_length=self._limit(sources, options),
             min_decoding_length=0,  # <eos> may come first, as in the package
             suppress_sequences=[
                 [self._pieces[tok.pad_id]],
@@ -366,25 +366,29 @@ class CTranslate2Model:
         )
         return [[self._ids[p] for p in r.hypotheses[0]] for r in results]
 
-    def _limit(self, sources: Sequence[list[int]]) -> int:
-        """The most tokens, <eos> included, that a batch's outputs may have."""
-        return min(max(len(s) for s in sources) + EXTRA_LENGTH, self.max_len)
+    def _limit(
+        self, sources: Sequence[list[int]], options: DecodeOptions
+    ) -> int:
+        """The most tokens, <eos> included, that a batch's outputs may have:
+        options.max_len, or the longest source's length + 50."""
+        limit = options.max_len or max(len(s) for s in sources) + EXTRA_LENGTH
+        return min(limit, self.max_len)
 
     def translate(
         self,
         sentences: Sequence[str],
+        options: DecodeOptions | None = None,
         *,
-        beam_size: int = 4,
-        alpha: float = 0.6,
-        batch_size: int = BATCH_SIZE,
         warn: Callable[[str], None] | None = None,
+        **changes,
     ) -> list[str]:
-        """Translations of `sentences`, in their order, as `decode.translate`
-        makes them, with the same warnings."""
-        check_alpha(alpha)
+        """Translations of `sentences`, in their order, as
+        `translation.translate` makes them with the same `options` (and
+        `changes`), with the same warnings."""
+        options = decode_options(options, **changes)
 
         def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
-            limit = self._limit(sources)
+            limit = self._limit(sources, options)
             return [  # the engine's scores are not the package's: not kept
                 Hypothesis(
                     ids,
@@ -392,9 +396,7 @@ class CTranslate2Model:
                     score=math.nan,
                     ended=len(ids) < limit,
                 )
-                for ids in self.decode_batch(
-                    sources, beam_size=beam_size, alpha=alpha
-                )
+                for ids in self.decode_batch(sources, options)
             ]
 
         return translate_batches(
@@ -402,8 +404,7 @@ class CTranslate2Model:
             self.tokenizer,
             sentences,
             max_len=self.max_len,
-            beam_size=beam_size,
-            batch_size=batch_size,
+            batch_size=options.batch_size,
             warn=warn,
         )
 
@@ -469,34 +470,38 @@ assert same[1] >= 0.99 * len(sources)
 # %% [markdown]
 # ## The command line
 #
-# `python -m transformer export` writes the folder; `translate --engine ctranslate2 --model DIR`
-# then translates with it, with the same options and the same tokenizer as the package's engine.
-# The command lives in `transformer/deploy.py`, beside the module it calls:
+# `python -m transformer ctranslate2` writes the folder (`export --format ctranslate2`, its old
+# name, still works); `translate --engine ctranslate2 --model DIR` then translates with it, with
+# the same options and the same tokenizer as the package's engine. The command is the module
+# `transformer/cli/ctranslate2.py`, one of the command line's:
 
 # %%
-#| export deploy
-"""`python -m transformer export`, and `translate --engine ctranslate2`: the
-command line's face of `transformer.export`."""
+#| export cli.ctranslate2
+"""`python -m transformer ctranslate2`, and `translate --engine ctranslate2`:
+the command line's face of `transformer.ctranslate2`."""
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from transformer.checkpoint import CheckpointError
-from transformer.cli import PROG, Parser, UsageError, load_for_command
-from transformer.data import PAIRS
-from transformer.export import (
-    QUANTIZATIONS,
-    CTranslate2Model,
-    export_ctranslate2,
+from transformer.cli.base import (
+    PROG,
+    Parser,
+    UsageError,
+    language_pair,
+    load_for_command,
 )
-from transformer.tokenizer import TokenizerError
+from transformer.multi30k import PAIRS
+
+ERRORS = (ImportError, OSError)  # reported in one line
 
 
-def export_command(argv: Sequence[str]) -> None:
-    """`python -m transformer export --format ctranslate2 --pair P OUT`."""
+def ctranslate2_command(argv: Sequence[str]) -> None:
+    """`python -m transformer ctranslate2 --pair P OUT`."""
+    from transformer.ctranslate2 import QUANTIZATIONS, export_ctranslate2
+
     p = Parser(
-        prog=f"{PROG} export",
+        prog=f"{PROG} ctranslate2",
         description=(
             "Write a trained model as a CTranslate2 model folder, the"
             " package's tokenizer beside it, for `translate --engine"
@@ -504,16 +509,17 @@ def export_command(argv: Sequence[str]) -> None:
         ),
     )
     p.add_argument("out", type=Path, metavar="OUT", help="the folder to write")
-    p.add_argument("--format", choices=["ctranslate2"], required=True)
-    p.add_argument("--pair", required=True, help=" or ".join(PAIRS))
+    # `export --format ctranslate2`, the command's old name, still works
+    p.add_argument("--format", choices=["ctranslate2"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--pair", required=True, type=language_pair, choices=list(PAIRS)
+    )
     p.add_argument(
         "--checkpoint",
         type=Path,
         metavar="DIR",
-        help=(
-            "a shipped model or a checkpoint folder (default:"
-            " checkpoints/<pair>)"
-        ),
+        help="a shipped model or a checkpoint folder (default:"
+        " checkpoints/<pair>, see TRANSFORMER_HOME)",
     )
     p.add_argument(
         "--quantize",
@@ -522,14 +528,7 @@ def export_command(argv: Sequence[str]) -> None:
         help="the weights' type in the engine (default: float32, as trained)",
     )
     args = p.parse_args(argv)
-    if args.pair not in PAIRS:
-        raise UsageError(
-            f"unknown language pair {args.pair!r}: choose one of"
-            f" {', '.join(PAIRS)}"
-        )
-    model, tokenizer = load_for_command(
-        args.pair, args.checkpoint, "cpu", alpha=0.0
-    )
+    model, tokenizer = load_for_command(args.pair, args.checkpoint, "cpu")
     try:
         export_ctranslate2(
             model, tokenizer, args.out, quantization=args.quantize
@@ -542,16 +541,19 @@ def export_command(argv: Sequence[str]) -> None:
     )
 
 
-def ctranslate2_translate(
-    args: argparse.Namespace, threads: int
-) -> Callable[..., list[str]]:
+# %%
+#| export cli.ctranslate2
+def load_ctranslate2(args: argparse.Namespace, threads: int):
     """`translate --engine ctranslate2`: the exported folder args.model,
-    loaded, as a function of the sentences and translate's keyword arguments.
-    """
+    loaded (a `CTranslate2Model`), or a one-line UsageError."""
+    from transformer.checkpoint import CheckpointError
+    from transformer.ctranslate2 import CTranslate2Model
+    from transformer.tokenizer import TokenizerError
+
     if args.model is None:
         raise UsageError(
             "--engine ctranslate2 needs --model DIR, a folder written by "
-            f"`{PROG} export --format ctranslate2`"
+            f"`{PROG} ctranslate2`"
         )
     try:
         engine = CTranslate2Model(args.model, threads=threads)
@@ -562,27 +564,18 @@ def ctranslate2_translate(
             f"{args.model} holds a {engine.tokenizer.pair} model, not a"
             f" {args.pair} one"
         )
-    return engine.translate
+    return engine
 
 
 # %% tags=["nbval-ignore-output"]
 import contextlib
 import io
 
-from transformer.cli import main
+from transformer.cli.main import main
 
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
-    main(
-        [
-            "export",
-            "--format",
-            "ctranslate2",
-            "--pair",
-            "de-en",
-            str(scratch / "cli"),
-        ]
-    )
+    main(["ctranslate2", "--pair", "de-en", str(scratch / "cli")])
     main(["translate", "--pair", "de-en", "--engine", "ctranslate2",
           "--model", str(scratch / "cli"),
           "Ein Hund rennt über eine Wiese."])  # fmt: skip
@@ -614,7 +607,7 @@ assert not (scratch / "pre-norm").exists()
 #   package's own sinusoid table and vocabulary order.
 # - Greedy translations are the package's own; beam search differs in a few sentences because the
 #   engine's length penalty is not the paper's.
-# - `python -m transformer export --format ctranslate2 --pair de-en OUT` writes a folder that
+# - `python -m transformer ctranslate2 --pair de-en OUT` writes a folder that
 #   `translate --engine ctranslate2 --model OUT` uses, in float32 or, with `--quantize int8`, with
 #   8-bit weights.
 

@@ -71,24 +71,12 @@ digest before it is read."""
 
 import gzip
 import hashlib
-import importlib.util
 import string
 import zlib
 from pathlib import Path
 
+from transformer.paths import DATA_DIR
 
-def _repository_root() -> Path:
-    # The package is <root>/transformer. In it this file has a __file__; in its
-    # notebook (which may run anywhere, e.g. Colab's /content) the installed
-    # package says.
-    here = (
-        globals().get("__file__")
-        or importlib.util.find_spec("transformer").origin
-    )
-    return Path(here).resolve().parent.parent
-
-
-DATA_DIR = _repository_root() / "data" / "multi30k"
 PAIRS = {"de-en": ("de", "en"), "fr-en": ("fr", "en")}
 SPLITS = ("train", "val", "test_2016_flickr")
 
@@ -182,6 +170,7 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
 # %% [markdown]
 # A file is read whole, its digest checked, then unzipped. Lines are cut at `"\n"` only: Python's
 # `str.splitlines` would also cut at characters such as U+2028 that may occur inside a caption.
+
 
 # %%
 #| export
@@ -488,6 +477,7 @@ def regroup(pattern: str) -> str:
 # a later spaCy change the files' shape, `french_tokenizer` warns and falls back to
 # `spacy.blank("fr")`: slow, but the same words. The chapter's `pretokenize` takes this tokenizer
 # for French.
+
 
 # %%
 #| export french
@@ -1159,7 +1149,6 @@ from pathlib import Path
 from transformer.encoded import EncodedSplit
 from transformer.files import atomic_write
 from transformer.multi30k import (
-    DATA_DIR,
     SPLITS,
     DataError,
     check_split,
@@ -1167,10 +1156,10 @@ from transformer.multi30k import (
     load_pairs,
     parse_pair,
 )
+from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, pretokenize, train_bpe
 from transformer.vocabulary import TokenizerError
 
-CACHE_DIR = DATA_DIR.parents[1] / "cache"  # next to data/ in the repository
 CACHE_FORMAT = "transformer-book encoded multi30k 2"
 
 
@@ -1215,6 +1204,7 @@ def cache_problems(
 # The manifest is checked first, then every file against its digest. Each file is read once:
 # the bytes that were checked are the bytes the caller gets, even if a rebuild replaces the
 # files in between.
+
 
 # %%
 #| export cache
@@ -1303,6 +1293,7 @@ def _read_cache(
 # A build learns the tokenizer from both sides of the training split with `train_tokenizer`
 # (above: the chapter's `pretokenize` and `train_bpe`), then encodes every split with it.
 # Everything that can fail for want of data or of spaCy fails before the old cache is touched.
+
 
 # %%
 #| export cache
@@ -1837,4 +1828,3 @@ assert all(
     b.src.numel() <= 8_000 and b.tgt_in.numel() <= 8_000 for b in batches
 )
 print(f"{len(batches)} batches of {len(train):,} pairs")
-

@@ -46,6 +46,110 @@ if importlib.util.find_spec("transformer") is None:
 #| default_exp translation
 
 # %% [markdown]
+# ## The options of a translation
+#
+# Four values decide how a sentence is translated: the beam size and the length penalty
+# $\alpha$ of the search (the paper's 4 and 0.6; a beam of 1 is greedy decoding), how many
+# sentences are decoded at once, and the longest output (by default each source's length + 50).
+# `DecodeOptions` holds them, frozen, and checks them once, when it is made: `translate`,
+# `translate_split`, the command line and the CTranslate2 engine all take it. A bad value is a
+# one-line `OptionError` that starts with the field's name, which the command line swaps for
+# its option's.
+
+# %%
+#| export decode_options
+"""The options of a translation, with the paper's values, checked once: the
+search's beam size and length penalty α, the sentences decoded at once and the
+longest output."""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+# The largest α accepted: far beyond any useful one, yet small enough that lp
+# stays finite in float32 for outputs of 40,000 tokens.
+MAX_ALPHA = 10.0
+_FLOAT32_MAX = 3.4028234663852886e38  # the search computes lp in float32
+
+
+class OptionError(ValueError):
+    """A decoding option that cannot be used: one line that starts with the
+    option's name, `field`."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field, self.problem = field, problem
+
+
+# %%
+#| export decode_options
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Beam search with beam_size and length penalty alpha (beam_size 1:
+    greedy decoding), batch_size sentences at a time, outputs of at most
+    max_len tokens with EOS (None: each source's length + 50)."""
+
+    beam_size: int = 4  # Section 6.1: "a beam size of 4
+    alpha: float = 0.6  # and length penalty α = 0.6"
+    batch_size: int = 32
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "batch_size", "max_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise OptionError(name, f"must be at least 1, got {value}")
+        self.check_alpha()
+
+    @property
+    def greedy(self) -> bool:
+        return self.beam_size == 1
+
+    def check_alpha(self, positions: int | None = None) -> None:
+        """α from 0 to MAX_ALPHA: lp grows with length and stays finite (an
+        infinite lp makes scores NaN), up to a model's `positions` if given."""
+        alpha = self.alpha
+        if not 0 <= alpha <= MAX_ALPHA:  # also rejects NaN and infinity
+            raise OptionError(
+                "alpha", f"must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}"
+            )
+        if positions is None:
+            return
+        # lp(positions) = ((5 + positions) / 6)^α must stay a float32
+        if alpha * math.log((5 + positions) / 6) >= math.log(_FLOAT32_MAX):
+            raise OptionError(
+                "alpha",
+                f"{alpha} makes the length penalty overflow at the model's"
+                f" {positions} positions: choose a smaller one",
+            )
+
+
+def decode_options(
+    options: DecodeOptions | None = None, **changes
+) -> DecodeOptions:
+    """`options` (default: the paper's) with `changes`, checked again: how
+    `translate` and its kin take both, e.g. `translate(..., beam_size=1)`."""
+    return dataclasses.replace(options or DecodeOptions(), **changes)
+
+
+# %% [markdown]
+# The paper's options, greedy decoding, and a value refused with its field's name:
+
+# %%
+from transformer.decode_options import (
+    DecodeOptions,
+    OptionError,
+    decode_options,
+)
+
+print(DecodeOptions())
+assert decode_options(beam_size=1).greedy
+try:
+    DecodeOptions(alpha=-1)
+except OptionError as err:
+    print(err)
+
+# %% [markdown]
 # ## Before a search: checks and limits
 #
 # Greedy decoding and beam search start the same way:
@@ -53,9 +157,9 @@ if importlib.util.find_spec("transformer") is None:
 # - **`check_search`** turns an argument that the search cannot use into a one-line
 #   `ValueError`: a `src` that is not a $(B, S)$ tensor of token ids, a row of padding alone (it
 #   would be decoded from a memory that the mask hides entirely), a `pad_id` equal to BOS or EOS
-#   (an ended sentence is recognised by its padding), a beam smaller than 1, or an $\alpha$
-#   outside 0 to 10 (`MAX_ALPHA`): beyond that, $lp$ overflows 32-bit floats, and the $-\infty$
-#   scores of ruled-out candidates would become NaN.
+#   (an ended sentence is recognised by its padding), or a beam size and $\alpha$ that
+#   `DecodeOptions` refuses, among them an $\alpha$ whose $lp$ overflows 32-bit floats within
+#   the model's positions: the $-\infty$ scores of ruled-out candidates would become NaN.
 # - **`output_limits`** gives each sentence the paper's length limit, its source length + 50
 #   tokens, EOS included (or `max_len` if given), never more than the positions of the model's
 #   positional encoding (`config.max_len`).
@@ -73,12 +177,10 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
 
 EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
-# The largest α accepted: far beyond any useful one, yet small enough that lp
-# stays finite in float32 for outputs of 40,000 tokens.
-MAX_ALPHA = 10.0
 
 
 def output_limits(
@@ -99,28 +201,6 @@ def output_limits(
     return limits.clamp(max=model.config.max_len)
 
 
-def check_alpha(
-    alpha: float, *, max_len: int | None = None, name: str = "alpha"
-) -> None:
-    """α must be a number from 0 to MAX_ALPHA: lp must grow with length (α >=
-    0) and stay finite, up to max_len tokens if given (an infinite lp makes
-    scores NaN).
-
-    Raises ValueError whose message names the value as `name`."""
-    if not 0 <= alpha <= MAX_ALPHA:  # also rejects NaN and infinity
-        raise ValueError(
-            f"{name} must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}"
-        )
-    if max_len is None:
-        return
-    # lp(max_len) = ((5 + max_len) / 6)^α, in float32 as the search computes it
-    if (((5.0 + torch.tensor(float(max_len))) / 6.0) ** alpha).isinf():
-        raise ValueError(
-            f"{name} {alpha} makes the length penalty overflow at the model's "
-            f"{max_len} positions: choose a smaller one"
-        )
-
-
 def check_search(
     model: Transformer,
     src: Tensor,
@@ -133,9 +213,8 @@ def check_search(
 ) -> None:
     """Raise ValueError, in one line, for arguments that greedy decoding or
     beam search cannot use."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    check_alpha(alpha, max_len=model.config.max_len)
+    options = DecodeOptions(beam_size=beam_size, alpha=alpha)
+    options.check_alpha(model.config.max_len)
     if pad_id in (bos_id, eos_id):
         raise ValueError(
             f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id"
@@ -220,16 +299,12 @@ from pathlib import Path
 import torch
 
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.data import DATA_DIR, PAIRS
 from transformer.decode import Hypothesis, beam_search, greedy_decode
+from transformer.decode_options import DecodeOptions, decode_options
 from transformer.model import Transformer
-from transformer.search_setup import check_alpha
+from transformer.multi30k import parse_pair
+from transformer.paths import CHECKPOINTS_DIR, HOME_VARIABLE
 from transformer.tokenizer import Tokenizer, normalize
-
-BATCH_SIZE = 32  # sentences decoded at once by `translate`
-# The shipped models, beside data/ in the repository: checkpoints/de-en,
-# checkpoints/fr-en.
-CHECKPOINTS_DIR = DATA_DIR.parents[1] / "checkpoints"
 
 
 def load_pair_model(
@@ -246,18 +321,16 @@ def load_pair_model(
     (for the default folder: how to train a model), does not load, or holds a
     model of another pair.
     """
-    if pair not in PAIRS:
-        raise ValueError(
-            f"unknown language pair {pair!r}: choose one of {', '.join(PAIRS)}"
-        )
+    languages = parse_pair(pair)
     folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
     if not folder.is_dir():
         if checkpoint is None:
             raise CheckpointError(
-                f"no {pair} model in {folder}: none has been shipped yet."
-                f" Train one with `python -m transformer train --pair {pair}"
-                f" --export {folder}`, or name a model folder with"
-                " --checkpoint DIR"
+                f"no {pair} model in {folder}: set {HOME_VARIABLE} to the"
+                f" folder that holds checkpoints/{pair} (a clone of the"
+                " book's repository), name a model folder with --checkpoint"
+                f" DIR, or train one with `python -m transformer train --pair"
+                f" {pair} --export {folder}`"
             )
         raise CheckpointError(f"no model folder {folder}")
     try:
@@ -268,7 +341,7 @@ def load_pair_model(
         if str(folder) not in message:
             message = f"{folder}: {message}"
         raise CheckpointError(f"cannot load the model: {message}") from err
-    if tokenizer.languages != PAIRS[pair]:
+    if tokenizer.languages != languages:
         raise CheckpointError(
             f"{folder} holds a {tokenizer.pair} model, not a {pair} one"
         )
@@ -355,20 +428,22 @@ assert sorted(
     i for b in length_sorted_batches(range(10), 3) for i in b
 ) == list(range(10))
 
+
 # %%
 #| export
 def translate(
     model: Transformer,
     tokenizer: Tokenizer,
     sentences: Sequence[str],
+    options: DecodeOptions | None = None,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
+    **changes,
 ) -> list[str]:
-    """Translations of `sentences`, in their order: beam search (beam_size 1:
-    greedy decoding) over batches of similar lengths, on the model's device.
+    """Translations of `sentences`, in their order: beam search, or greedy
+    decoding, as `options` say (default: the paper's; `changes` such as
+    beam_size=1 change them), over batches of similar lengths, on the model's
+    device.
 
     An empty sentence translates to "". A source longer than the model's
     positions is cut to its first config.max_len - 1 tokens, then <eos>;
@@ -376,7 +451,8 @@ def translate(
     length limit stopped before <eos>. Needs spaCy (to cut the sentences into
     words) unless every sentence is empty.
     """
-    check_alpha(alpha, max_len=model.config.max_len)
+    options = decode_options(options, **changes)
+    options.check_alpha(model.config.max_len)
     special = {
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
@@ -391,10 +467,17 @@ def translate(
         for row, ids in enumerate(sources):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(device)
-        if beam_size == 1:
-            return greedy_decode(model, src, **special)
+        if options.greedy:
+            return greedy_decode(
+                model, src, max_len=options.max_len, **special
+            )
         return beam_search(
-            model, src, beam_size=beam_size, alpha=alpha, **special
+            model,
+            src,
+            beam_size=options.beam_size,
+            alpha=options.alpha,
+            max_len=options.max_len,
+            **special,
         )
 
     return translate_batches(
@@ -402,8 +485,7 @@ def translate(
         tokenizer,
         sentences,
         max_len=model.config.max_len,
-        beam_size=beam_size,
-        batch_size=batch_size,
+        batch_size=options.batch_size,
         warn=warn,
     )
 
@@ -414,20 +496,17 @@ def translate_batches(
     sentences: Sequence[str],
     *,
     max_len: int,
-    beam_size: int,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int,
     warn: Callable[[str], None] | None = None,
 ) -> list[str]:
     """`translate` around any decoder of id batches (the package's, or another
     engine's): `decode_batch` takes sources as ids with their <eos>, longest
     first, and returns their hypotheses; max_len is the model's number of
-    positions."""
+    positions, batch_size the sentences of a batch."""
     if isinstance(sentences, str):
         raise TypeError(
             "translate takes a sequence of sentences, not one string"
         )
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     texts = [normalize(s) for s in sentences]
     todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
     encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
@@ -499,11 +578,13 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU
 
-from transformer.data import DATA_DIR, load_pairs, parse_pair
+from transformer.decode_options import DecodeOptions, decode_options
 from transformer.files import atomic_write
 from transformer.model import Transformer
+from transformer.multi30k import load_pairs, parse_pair
+from transformer.paths import DATA_DIR
 from transformer.tokenizer import MARK, Tokenizer, pretokenize
-from transformer.translation import BATCH_SIZE, translate
+from transformer.translation import translate
 
 
 @dataclass(frozen=True)
@@ -528,16 +609,17 @@ def translate_split(
     tokenizer: Tokenizer,
     pair: str,
     split: str = "test_2016_flickr",
+    options: DecodeOptions | None = None,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
     data_dir: Path = DATA_DIR,
     limit: int | None = None,
-    batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
+    **changes,
 ) -> SplitTranslations:
     """Translate the first `limit` sentences (default: all) of a Multi30k split
-    with `transformer.translation.translate`, and time it."""
+    with `transformer.translation.translate` and `options` (default: the
+    paper's; `changes` such as beam_size=1 change them), and time it."""
+    options = decode_options(options, **changes)
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")
     if limit is not None and limit < 1:
@@ -548,15 +630,7 @@ def translate_split(
         # spaCy loads its rules on first use: not part of the timing
         tokenizer.encode(sources[0])
     started = time.perf_counter()
-    hypotheses = translate(
-        model,
-        tokenizer,
-        sources,
-        beam_size=beam_size,
-        alpha=alpha,
-        batch_size=batch_size,
-        warn=warn,
-    )
+    hypotheses = translate(model, tokenizer, sources, options, warn=warn)
     seconds = time.perf_counter() - started
     return SplitTranslations(
         pair=pair,

@@ -5,7 +5,7 @@ r"""Decoding speed of the package against CTranslate2 on the same weights, in on
 test_2016_flickr of one pair (German→English by default): the sources are tokenised once,
 outside the clock, and both engines decode the same ids (the package's `greedy_decode` and
 `beam_search`; CTranslate2's `translate_batch` on the model exported by
-`transformer.export`, float32 and int8; and the package with PyTorch's dynamic int8
+`transformer.ctranslate2`, float32 and int8; and the package with PyTorch's dynamic int8
 quantisation of its linear layers) in batches of 32 (all 1,000 sentences) and of 1 (the first
 200: a user translating one sentence at a time), longest sources first, with the same number
 of CPU threads. Each variant runs `--repeats` times (3) and reports the
@@ -37,9 +37,10 @@ import sacrebleu
 import torch
 from torch import nn
 
+from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2
 from transformer.data import load_pairs
 from transformer.decode import beam_search, greedy_decode
-from transformer.export import CTranslate2Model, export_ctranslate2
+from transformer.decode_options import DecodeOptions
 from transformer.splits import write_lines
 from transformer.tokenizer import normalize
 from transformer.translation import length_sorted_batches, load_pair_model
@@ -104,7 +105,7 @@ def package_decoder(model, tok):
 
 def ctranslate2_decoder(engine: CTranslate2Model):
     def decode(sources: list[list[int]], beam: int) -> list[list[int]]:
-        return engine.decode_batch(sources, beam_size=beam, alpha=ALPHA)
+        return engine.decode_batch(sources, DecodeOptions(beam_size=beam, alpha=ALPHA))
 
     return decode
 

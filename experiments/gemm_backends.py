@@ -48,7 +48,7 @@ from experiments.decode_bench import (
     publish,
     test_set,
 )
-from transformer.export import CTranslate2Model, export_ctranslate2
+from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2
 from transformer.translation import load_pair_model
 
 ROWS = (1, 4, 32)

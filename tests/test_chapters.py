@@ -82,3 +82,25 @@ def test_a_line_wider_than_the_column_is_caught(scratch_repo: Path):
     problems = nb.wide_code(notebook)
     assert len(problems) == 2, problems
     assert all(f"wider than the column ({nb.CODE_WIDTH})" in p for p in problems)
+
+
+def test_a_subpackages_modules_are_exported_and_checked(scratch_repo: Path):
+    """`#| default_exp cli.translate` writes transformer/cli/translate.py: its imports are
+    absolute, its header names the chapter, and a hand edit of it is caught too."""
+    module = scratch_repo / "transformer" / "cli" / "translate.py"
+    text = module.read_text()
+    assert text.startswith("# Generated from chapters/92_cli.ipynb: edit it")
+    assert "from transformer.cli.base import" in text and "from ." not in text
+    module.write_text(text + "\n# a hand edit\n")
+    (scratch_repo / "transformer" / "cli" / "stale.py").write_text("")
+    assert nb.export_drift(scratch_repo) == [
+        "transformer/cli/stale.py is exported by no chapter: delete it",
+        "transformer/cli/translate.py differs from its chapter: run `make export`",
+    ]
+
+
+def test_absolute_imports_resolve_a_subpackages_relative_ones():
+    text = "from .base import A\nfrom ..multi30k import B\n"
+    assert nb.absolute_imports(text, "transformer.cli") == (
+        "from transformer.cli.base import A\nfrom transformer.multi30k import B\n"
+    )

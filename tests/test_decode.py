@@ -13,9 +13,10 @@ from torch import nn
 import transformer.decode as decode
 from transformer.config import TransformerConfig
 from transformer.decode import BeamStep, beam_search, greedy_decode, length_penalty
+from transformer.decode_options import MAX_ALPHA
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
-from transformer.search_setup import MAX_ALPHA, output_limits
+from transformer.search_setup import output_limits
 
 PAD, BOS, EOS = 0, 1, 2
 IDS = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD}

@@ -19,12 +19,12 @@ import pytest
 import torch
 from helpers import GERMAN, MAX_LEN, ship, tiny_tokenizer
 
-import transformer.cli as cli
 import transformer.data as data
 import transformer.tokenizer as tokenizer_module
 import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.checkpoint import CheckpointError, load_model
+from transformer.data import DataError
 from transformer.decode import beam_search, greedy_decode
 from transformer.tokenizer import MARK, train_bpe
 from transformer.translation import load_pair_model, translate
@@ -63,7 +63,7 @@ def translate_args(shipped: Path, *more: str) -> list[str]:
 def default_checkpoints(monkeypatch, folder: Path) -> None:
     """Point the default model folder, CHECKPOINTS_DIR, at `folder`, wherever a module
     holds it."""
-    for module in (translation, cli):
+    for module in (translation,):
         if hasattr(module, "CHECKPOINTS_DIR"):
             monkeypatch.setattr(module, "CHECKPOINTS_DIR", folder)
 
@@ -279,7 +279,7 @@ def test_load_pair_model_loads_a_model_of_the_pair(
 def test_load_pair_model_names_what_is_wrong_in_one_line(
     shipped, tmp_path, monkeypatch
 ):
-    with pytest.raises(ValueError, match="unknown language pair 'en-de'"):
+    with pytest.raises(DataError, match="unknown language pair 'en-de'"):
         load_pair_model("en-de", shipped)
     nowhere = tmp_path / "nowhere"
     with pytest.raises(
@@ -287,7 +287,10 @@ def test_load_pair_model_names_what_is_wrong_in_one_line(
     ):
         load_pair_model("de-en", nowhere)
     monkeypatch.setattr(translation, "CHECKPOINTS_DIR", tmp_path)
-    with pytest.raises(CheckpointError, match="none has been shipped yet") as err:
+    with pytest.raises(
+        CheckpointError,
+        match="set TRANSFORMER_HOME to the folder that holds checkpoints/fr-en",
+    ) as err:
         load_pair_model("fr-en")
     assert "python -m transformer train --pair fr-en" in str(err.value)
     with pytest.raises(CheckpointError, match="holds a de-en model, not a fr-en one"):
@@ -518,7 +521,7 @@ def test_an_unknown_command_is_one_line_in_the_commands_format(capsys):
     assert status == 2 and out == ""
     assert err == (
         "python -m transformer: error: unknown command 'bogus': choose one of "
-        "prepare, train, translate, evaluate, export\n"
+        "prepare, train, translate, evaluate, ctranslate2\n"
     )
 
 

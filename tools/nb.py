@@ -28,8 +28,9 @@ CHAPTERS = ROOT / "chapters"
 PACKAGE = ROOT / "transformer"
 # The generated modules' lint and format settings (the chapters', whose code they are).
 PACKAGE_RUFF = ROOT / "transformer" / "ruff.toml"
-# Modules of the package written by hand rather than exported from a chapter.
-HAND_WRITTEN = {"__init__.py", "__main__.py"}
+# Modules of the package written by hand rather than exported from a chapter, as paths relative
+# to transformer/ (a subpackage's modules sit in its folder: cli/translate.py).
+HAND_WRITTEN = {"__init__.py", "__main__.py", "cli/__init__.py"}
 SETUP_TAG = "colab-setup"  # the book hides its input: it matters in Colab only
 # The widest code line the book's article column shows without scrolling sideways
 # (14-px monospace in the column at a 1280-px window; chapters/ruff.toml formats to it).
@@ -58,9 +59,10 @@ def export(root: Path = ROOT) -> list[Path]:
     for nb in chapter_paths(root):
         # nbdev writes "File to edit: <chapter relative to lib>", the same in a scratch copy.
         nb_export(str(nb), lib_path=str(lib), mod_maker=written_whole)
-    modules = sorted(p for p in lib.glob("*.py") if p.name not in HAND_WRITTEN)
+    modules = [lib / name for name in sorted(module_names(lib) - HAND_WRITTEN)]
     for module in modules:
-        text = absolute_imports(module.read_text())
+        package = ".".join(module.relative_to(root).parent.parts)
+        text = absolute_imports(module.read_text(), package)
         module.write_text(short_header(docstring_first(text)))
     # Sorted imports and the chapters' formatting, by the package's own ruff settings (named
     # explicitly: a scratch copy of the repository has none of its own).
@@ -74,12 +76,23 @@ def export(root: Path = ROOT) -> list[Path]:
     return modules
 
 
-def absolute_imports(text: str) -> str:
-    """nbdev turns some `from transformer.x import` lines into `from .x import`: the chapters
-    write them absolute, and so does the package."""
-    return re.sub(
-        r"^(\s*)from \.(\w+) import", r"\1from transformer.\2 import", text, flags=re.M
-    )
+def module_names(lib: Path) -> set[str]:
+    """The package's modules, subpackages' included, as paths relative to `lib`."""
+    return {p.relative_to(lib).as_posix() for p in lib.rglob("*.py")}
+
+
+def absolute_imports(text: str, package: str = "transformer") -> str:
+    """nbdev turns some `from transformer.x import` lines into `from .x import` (or, in a
+    subpackage such as `transformer.cli`, `from ..x import`): the chapters write them absolute,
+    and so does the package. `package` is the module's own package."""
+    parts = package.split(".")
+
+    def absolute(match: re.Match) -> str:
+        dots, name = match.group(2), match.group(3)
+        base = parts[: len(parts) - (len(dots) - 1)]
+        return f"{match.group(1)}from {'.'.join([*base, name])} import"
+
+    return re.sub(r"^(\s*)from (\.+)(\w+) import", absolute, text, flags=re.M)
 
 
 def short_header(text: str) -> str:
@@ -87,7 +100,9 @@ def short_header(text: str) -> str:
     the width of the package's lines."""
     first, _, rest = text.partition("\n")
     chapter = first.rsplit(" ", 1)[-1].rstrip(".")
-    return f"# Generated from {chapter.removeprefix('../')}: edit it, not this file.\n{rest}"
+    # "../chapters/x.ipynb", or "../../chapters/x.ipynb" from a subpackage
+    chapter = re.sub(r"^(\.\./)+", "", chapter)
+    return f"# Generated from {chapter}: edit it, not this file.\n{rest}"
 
 
 def docstring_first(text: str) -> str:
@@ -120,8 +135,8 @@ def export_drift(root: Path = ROOT) -> list[str]:
         shutil.copytree(root / "chapters", scratch / "chapters")
         (scratch / "transformer").mkdir()
         export(scratch)
-        fresh = {p.name for p in (scratch / "transformer").glob("*.py")}
-        committed = {p.name for p in (root / "transformer").glob("*.py")} - HAND_WRITTEN
+        fresh = module_names(scratch / "transformer") - HAND_WRITTEN
+        committed = module_names(root / "transformer") - HAND_WRITTEN
         problems = []
         for name in sorted(fresh | committed):
             a, b = root / "transformer" / name, scratch / "transformer" / name

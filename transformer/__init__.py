@@ -20,6 +20,7 @@ _WHERE = {
     "export_model": "checkpoint",
     "load_model": "checkpoint",
     "TransformerConfig": "config",
+    "DecodeOptions": "decode_options",
     "Hypothesis": "decode",
     "beam_search": "decode",
     "greedy_decode": "decode",

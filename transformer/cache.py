@@ -4,7 +4,6 @@
 
 # %% auto #0
 __all__ = [
-    "CACHE_DIR",
     "CACHE_FORMAT",
     "train_tokenizer",
     "cache_problems",
@@ -23,7 +22,6 @@ from pathlib import Path
 from transformer.encoded import EncodedSplit
 from transformer.files import atomic_write
 from transformer.multi30k import (
-    DATA_DIR,
     SPLITS,
     DataError,
     check_split,
@@ -31,10 +29,10 @@ from transformer.multi30k import (
     load_pairs,
     parse_pair,
 )
+from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, pretokenize, train_bpe
 from transformer.vocabulary import TokenizerError
 
-CACHE_DIR = DATA_DIR.parents[1] / "cache"  # next to data/ in the repository
 CACHE_FORMAT = "transformer-book encoded multi30k 2"
 
 

@@ -4,7 +4,6 @@ digest before it is read."""
 
 # %% auto #0
 __all__ = [
-    "DATA_DIR",
     "PAIRS",
     "SPLITS",
     "DataError",
@@ -20,24 +19,12 @@ __all__ = [
 
 import gzip
 import hashlib
-import importlib.util
 import string
 import zlib
 from pathlib import Path
 
+from transformer.paths import DATA_DIR
 
-def _repository_root() -> Path:
-    # The package is <root>/transformer. In it this file has a __file__; in its
-    # notebook (which may run anywhere, e.g. Colab's /content) the installed
-    # package says.
-    here = (
-        globals().get("__file__")
-        or importlib.util.find_spec("transformer").origin
-    )
-    return Path(here).resolve().parent.parent
-
-
-DATA_DIR = _repository_root() / "data" / "multi30k"
 PAIRS = {"de-en": ("de", "en"), "fr-en": ("fr", "en")}
 SPLITS = ("train", "val", "test_2016_flickr")
 

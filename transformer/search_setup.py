@@ -3,16 +3,9 @@
 sentence's output length limit (Section 6.1), and inference mode."""
 
 # %% auto #0
-__all__ = [
-    "EXTRA_LENGTH",
-    "MAX_ALPHA",
-    "output_limits",
-    "check_alpha",
-    "check_search",
-    "inference",
-]
+__all__ = ["EXTRA_LENGTH", "output_limits", "check_search", "inference"]
 
-# %% ../chapters/97_translating.ipynb #b4353e5c
+# %% ../chapters/97_translating.ipynb #50c85587
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,12 +13,10 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
 
 EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
-# The largest α accepted: far beyond any useful one, yet small enough that lp
-# stays finite in float32 for outputs of 40,000 tokens.
-MAX_ALPHA = 10.0
 
 
 def output_limits(
@@ -46,28 +37,6 @@ def output_limits(
     return limits.clamp(max=model.config.max_len)
 
 
-def check_alpha(
-    alpha: float, *, max_len: int | None = None, name: str = "alpha"
-) -> None:
-    """α must be a number from 0 to MAX_ALPHA: lp must grow with length (α >=
-    0) and stay finite, up to max_len tokens if given (an infinite lp makes
-    scores NaN).
-
-    Raises ValueError whose message names the value as `name`."""
-    if not 0 <= alpha <= MAX_ALPHA:  # also rejects NaN and infinity
-        raise ValueError(
-            f"{name} must be >= 0 and at most {MAX_ALPHA:g}, got {alpha}"
-        )
-    if max_len is None:
-        return
-    # lp(max_len) = ((5 + max_len) / 6)^α, in float32 as the search computes it
-    if (((5.0 + torch.tensor(float(max_len))) / 6.0) ** alpha).isinf():
-        raise ValueError(
-            f"{name} {alpha} makes the length penalty overflow at the model's "
-            f"{max_len} positions: choose a smaller one"
-        )
-
-
 def check_search(
     model: Transformer,
     src: Tensor,
@@ -80,9 +49,8 @@ def check_search(
 ) -> None:
     """Raise ValueError, in one line, for arguments that greedy decoding or
     beam search cannot use."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    check_alpha(alpha, max_len=model.config.max_len)
+    options = DecodeOptions(beam_size=beam_size, alpha=alpha)
+    options.check_alpha(model.config.max_len)
     if pad_id in (bos_id, eos_id):
         raise ValueError(
             f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id"

@@ -26,11 +26,13 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU
 
-from transformer.data import DATA_DIR, load_pairs, parse_pair
+from transformer.decode_options import DecodeOptions, decode_options
 from transformer.files import atomic_write
 from transformer.model import Transformer
+from transformer.multi30k import load_pairs, parse_pair
+from transformer.paths import DATA_DIR
 from transformer.tokenizer import MARK, Tokenizer, pretokenize
-from transformer.translation import BATCH_SIZE, translate
+from transformer.translation import translate
 
 
 @dataclass(frozen=True)
@@ -55,16 +57,17 @@ def translate_split(
     tokenizer: Tokenizer,
     pair: str,
     split: str = "test_2016_flickr",
+    options: DecodeOptions | None = None,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
     data_dir: Path = DATA_DIR,
     limit: int | None = None,
-    batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
+    **changes,
 ) -> SplitTranslations:
     """Translate the first `limit` sentences (default: all) of a Multi30k split
-    with `transformer.translation.translate`, and time it."""
+    with `transformer.translation.translate` and `options` (default: the
+    paper's; `changes` such as beam_size=1 change them), and time it."""
+    options = decode_options(options, **changes)
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")
     if limit is not None and limit < 1:
@@ -75,15 +78,7 @@ def translate_split(
         # spaCy loads its rules on first use: not part of the timing
         tokenizer.encode(sources[0])
     started = time.perf_counter()
-    hypotheses = translate(
-        model,
-        tokenizer,
-        sources,
-        beam_size=beam_size,
-        alpha=alpha,
-        batch_size=batch_size,
-        warn=warn,
-    )
+    hypotheses = translate(model, tokenizer, sources, options, warn=warn)
     seconds = time.perf_counter() - started
     return SplitTranslations(
         pair=pair,

@@ -9,7 +9,6 @@ __all__ = [
     "PEAK_BF16_FLOPS",
     "RENAMED_FIELDS",
     "Check",
-    "PAIR",
     "POSITIVE",
     "SOME_POSITIVE",
     "NATURAL",
@@ -91,7 +90,6 @@ def _device(value: object) -> bool:
     return True
 
 
-PAIR: Check = (lambda v: v in PAIRS, f"must be one of {', '.join(PAIRS)}")
 POSITIVE: Check = (_positive, "must be a positive integer")
 SOME_POSITIVE: Check = (
     lambda v: v is None or _positive(v),
@@ -177,7 +175,9 @@ class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
     where it says."""
 
-    pair: str = option(on_resume="fixed", help="de-en or fr-en", check=PAIR)
+    pair: str = option(
+        on_resume="fixed", help="the language pair", choices=tuple(PAIRS)
+    )
     preset: str = option(
         "small",
         on_resume="fixed",

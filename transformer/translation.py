@@ -4,8 +4,6 @@ batches of similar lengths, and the shipped models loaded by language pair."""
 
 # %% auto #0
 __all__ = [
-    "BATCH_SIZE",
-    "CHECKPOINTS_DIR",
     "load_pair_model",
     "length_sorted_batches",
     "translate",
@@ -20,16 +18,12 @@ from pathlib import Path
 import torch
 
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.data import DATA_DIR, PAIRS
 from transformer.decode import Hypothesis, beam_search, greedy_decode
+from transformer.decode_options import DecodeOptions, decode_options
 from transformer.model import Transformer
-from transformer.search_setup import check_alpha
+from transformer.multi30k import parse_pair
+from transformer.paths import CHECKPOINTS_DIR, HOME_VARIABLE
 from transformer.tokenizer import Tokenizer, normalize
-
-BATCH_SIZE = 32  # sentences decoded at once by `translate`
-# The shipped models, beside data/ in the repository: checkpoints/de-en,
-# checkpoints/fr-en.
-CHECKPOINTS_DIR = DATA_DIR.parents[1] / "checkpoints"
 
 
 def load_pair_model(
@@ -46,18 +40,16 @@ def load_pair_model(
     (for the default folder: how to train a model), does not load, or holds a
     model of another pair.
     """
-    if pair not in PAIRS:
-        raise ValueError(
-            f"unknown language pair {pair!r}: choose one of {', '.join(PAIRS)}"
-        )
+    languages = parse_pair(pair)
     folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
     if not folder.is_dir():
         if checkpoint is None:
             raise CheckpointError(
-                f"no {pair} model in {folder}: none has been shipped yet."
-                f" Train one with `python -m transformer train --pair {pair}"
-                f" --export {folder}`, or name a model folder with"
-                " --checkpoint DIR"
+                f"no {pair} model in {folder}: set {HOME_VARIABLE} to the"
+                f" folder that holds checkpoints/{pair} (a clone of the"
+                " book's repository), name a model folder with --checkpoint"
+                f" DIR, or train one with `python -m transformer train --pair"
+                f" {pair} --export {folder}`"
             )
         raise CheckpointError(f"no model folder {folder}")
     try:
@@ -68,7 +60,7 @@ def load_pair_model(
         if str(folder) not in message:
             message = f"{folder}: {message}"
         raise CheckpointError(f"cannot load the model: {message}") from err
-    if tokenizer.languages != PAIRS[pair]:
+    if tokenizer.languages != languages:
         raise CheckpointError(
             f"{folder} holds a {tokenizer.pair} model, not a {pair} one"
         )
@@ -113,14 +105,15 @@ def translate(
     model: Transformer,
     tokenizer: Tokenizer,
     sentences: Sequence[str],
+    options: DecodeOptions | None = None,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    batch_size: int = BATCH_SIZE,
     warn: Callable[[str], None] | None = None,
+    **changes,
 ) -> list[str]:
-    """Translations of `sentences`, in their order: beam search (beam_size 1:
-    greedy decoding) over batches of similar lengths, on the model's device.
+    """Translations of `sentences`, in their order: beam search, or greedy
+    decoding, as `options` say (default: the paper's; `changes` such as
+    beam_size=1 change them), over batches of similar lengths, on the model's
+    device.
 
     An empty sentence translates to "". A source longer than the model's
     positions is cut to its first config.max_len - 1 tokens, then <eos>;
@@ -128,7 +121,8 @@ def translate(
     length limit stopped before <eos>. Needs spaCy (to cut the sentences into
     words) unless every sentence is empty.
     """
-    check_alpha(alpha, max_len=model.config.max_len)
+    options = decode_options(options, **changes)
+    options.check_alpha(model.config.max_len)
     special = {
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
@@ -143,10 +137,17 @@ def translate(
         for row, ids in enumerate(sources):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(device)
-        if beam_size == 1:
-            return greedy_decode(model, src, **special)
+        if options.greedy:
+            return greedy_decode(
+                model, src, max_len=options.max_len, **special
+            )
         return beam_search(
-            model, src, beam_size=beam_size, alpha=alpha, **special
+            model,
+            src,
+            beam_size=options.beam_size,
+            alpha=options.alpha,
+            max_len=options.max_len,
+            **special,
         )
 
     return translate_batches(
@@ -154,8 +155,7 @@ def translate(
         tokenizer,
         sentences,
         max_len=model.config.max_len,
-        beam_size=beam_size,
-        batch_size=batch_size,
+        batch_size=options.batch_size,
         warn=warn,
     )
 
@@ -166,20 +166,17 @@ def translate_batches(
     sentences: Sequence[str],
     *,
     max_len: int,
-    beam_size: int,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int,
     warn: Callable[[str], None] | None = None,
 ) -> list[str]:
     """`translate` around any decoder of id batches (the package's, or another
     engine's): `decode_batch` takes sources as ids with their <eos>, longest
     first, and returns their hypotheses; max_len is the model's number of
-    positions."""
+    positions, batch_size the sentences of a batch."""
     if isinstance(sentences, str):
         raise TypeError(
             "translate takes a sequence of sentences, not one string"
         )
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     texts = [normalize(s) for s in sentences]
     todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
     encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []

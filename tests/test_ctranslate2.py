@@ -1,5 +1,5 @@
-"""transformer.export and the `export` command: a model exported to CTranslate2 translates as
-the package does, and a model the export does not convert is refused."""
+"""transformer.ctranslate2 and the `ctranslate2` command: a model exported to CTranslate2
+translates as the package does, and a model the export does not convert is refused."""
 
 import json
 import subprocess
@@ -14,11 +14,11 @@ pytest.importorskip("ctranslate2")
 
 from helpers import ship, tiny_tokenizer  # noqa: E402
 
-from transformer import export  # noqa: E402
-from transformer.cli import main  # noqa: E402
+import transformer.ctranslate2 as ct2_module  # noqa: E402
+from transformer.cli.main import main  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
+from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2  # noqa: E402
 from transformer.data import load_pairs  # noqa: E402
-from transformer.export import CTranslate2Model, export_ctranslate2  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 from transformer.translation import load_pair_model, translate  # noqa: E402
 
@@ -57,8 +57,13 @@ def test_greedy_translations_are_the_packages_and_beam_search_scores_the_same(ex
 def test_the_folder_holds_the_engines_model_and_the_packages_tokenizer(exported):
     pair, model, _, engine = exported
     names = {p.name for p in engine.folder.iterdir()}
-    assert {"model.bin", "config.json", "tokenizer.json", export.EXPORT_RECORD} <= names
-    record = json.loads((engine.folder / export.EXPORT_RECORD).read_text())
+    assert {
+        "model.bin",
+        "config.json",
+        "tokenizer.json",
+        ct2_module.EXPORT_RECORD,
+    } <= names
+    record = json.loads((engine.folder / ct2_module.EXPORT_RECORD).read_text())
     assert record == {
         "pair": pair,
         "max_len": model.config.max_len,
@@ -118,10 +123,23 @@ def test_without_ctranslate2_the_export_says_how_to_install_it(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_the_export_and_translate_commands(tmp_path, capsys):
+def test_the_ctranslate2_and_translate_commands(tmp_path, capsys):
     out = tmp_path / "de-en-ct2"
-    assert main(["export", "--format", "ctranslate2", "--pair", "de-en", str(out)]) == 0
+    assert main(["ctranslate2", "--pair", "de-en", str(out)]) == 0
     assert "written to" in capsys.readouterr().out
+    # The command's old name still works, with a one-line note.
+    old = [
+        "export",
+        "--format",
+        "ctranslate2",
+        "--pair",
+        "de-en",
+        str(tmp_path / "old"),
+    ]
+    assert main(old) == 0
+    written = capsys.readouterr()
+    assert "written to" in written.out
+    assert written.err == "python -m transformer: note: `export` is now `ctranslate2`\n"
     sentence = "Ein Hund rennt über eine Wiese."
     engine = ["--engine", "ctranslate2", "--model", str(out), "--beam", "1"]
     assert main(["translate", "--pair", "de-en", *engine, sentence]) == 0
@@ -146,17 +164,20 @@ def test_the_export_and_translate_commands(tmp_path, capsys):
                 str(tmp_path),
                 "x",
             ],
-            "not a model exported",
+            "not a model written",
         ),  # fmt: skip
-        (["export", "--format", "onnx", "--pair", "de-en", str(out)], "invalid choice"),
+        (
+            ["ctranslate2", "--format", "onnx", "--pair", "de-en", str(out)],
+            "invalid choice",
+        ),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.splitlines()) == 1, err
 
 
-def test_python_m_transformer_lists_the_export_command():
+def test_python_m_transformer_lists_the_ctranslate2_command():
     result = subprocess.run(
         [sys.executable, "-m", "transformer", "--help"], capture_output=True, text=True
     )
-    assert result.returncode == 0 and "export" in result.stdout
+    assert result.returncode == 0 and "ctranslate2" in result.stdout

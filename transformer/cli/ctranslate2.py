@@ -1,31 +1,34 @@
 # Generated from chapters/95_ctranslate2.ipynb: edit it, not this file.
-"""`python -m transformer export`, and `translate --engine ctranslate2`: the
-command line's face of `transformer.export`."""
+"""`python -m transformer ctranslate2`, and `translate --engine ctranslate2`:
+the command line's face of `transformer.ctranslate2`."""
 
 # %% auto #0
-__all__ = ["export_command", "ctranslate2_translate"]
+__all__ = ["ERRORS", "ctranslate2_command", "load_ctranslate2"]
 
-# %% ../chapters/95_ctranslate2.ipynb #334258dc
+# %% ../../chapters/95_ctranslate2.ipynb #334258dc
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from transformer.checkpoint import CheckpointError
-from transformer.cli import PROG, Parser, UsageError, load_for_command
-from transformer.data import PAIRS
-from transformer.export import (
-    QUANTIZATIONS,
-    CTranslate2Model,
-    export_ctranslate2,
+from transformer.cli.base import (
+    PROG,
+    Parser,
+    UsageError,
+    language_pair,
+    load_for_command,
 )
-from transformer.tokenizer import TokenizerError
+from transformer.multi30k import PAIRS
+
+ERRORS = (ImportError, OSError)  # reported in one line
 
 
-def export_command(argv: Sequence[str]) -> None:
-    """`python -m transformer export --format ctranslate2 --pair P OUT`."""
+def ctranslate2_command(argv: Sequence[str]) -> None:
+    """`python -m transformer ctranslate2 --pair P OUT`."""
+    from transformer.ctranslate2 import QUANTIZATIONS, export_ctranslate2
+
     p = Parser(
-        prog=f"{PROG} export",
+        prog=f"{PROG} ctranslate2",
         description=(
             "Write a trained model as a CTranslate2 model folder, the"
             " package's tokenizer beside it, for `translate --engine"
@@ -33,16 +36,17 @@ def export_command(argv: Sequence[str]) -> None:
         ),
     )
     p.add_argument("out", type=Path, metavar="OUT", help="the folder to write")
-    p.add_argument("--format", choices=["ctranslate2"], required=True)
-    p.add_argument("--pair", required=True, help=" or ".join(PAIRS))
+    # `export --format ctranslate2`, the command's old name, still works
+    p.add_argument("--format", choices=["ctranslate2"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--pair", required=True, type=language_pair, choices=list(PAIRS)
+    )
     p.add_argument(
         "--checkpoint",
         type=Path,
         metavar="DIR",
-        help=(
-            "a shipped model or a checkpoint folder (default:"
-            " checkpoints/<pair>)"
-        ),
+        help="a shipped model or a checkpoint folder (default:"
+        " checkpoints/<pair>, see TRANSFORMER_HOME)",
     )
     p.add_argument(
         "--quantize",
@@ -51,14 +55,7 @@ def export_command(argv: Sequence[str]) -> None:
         help="the weights' type in the engine (default: float32, as trained)",
     )
     args = p.parse_args(argv)
-    if args.pair not in PAIRS:
-        raise UsageError(
-            f"unknown language pair {args.pair!r}: choose one of"
-            f" {', '.join(PAIRS)}"
-        )
-    model, tokenizer = load_for_command(
-        args.pair, args.checkpoint, "cpu", alpha=0.0
-    )
+    model, tokenizer = load_for_command(args.pair, args.checkpoint, "cpu")
     try:
         export_ctranslate2(
             model, tokenizer, args.out, quantization=args.quantize
@@ -71,16 +68,18 @@ def export_command(argv: Sequence[str]) -> None:
     )
 
 
-def ctranslate2_translate(
-    args: argparse.Namespace, threads: int
-) -> Callable[..., list[str]]:
+# %% ../../chapters/95_ctranslate2.ipynb #72eba55b
+def load_ctranslate2(args: argparse.Namespace, threads: int):
     """`translate --engine ctranslate2`: the exported folder args.model,
-    loaded, as a function of the sentences and translate's keyword arguments.
-    """
+    loaded (a `CTranslate2Model`), or a one-line UsageError."""
+    from transformer.checkpoint import CheckpointError
+    from transformer.ctranslate2 import CTranslate2Model
+    from transformer.tokenizer import TokenizerError
+
     if args.model is None:
         raise UsageError(
             "--engine ctranslate2 needs --model DIR, a folder written by "
-            f"`{PROG} export --format ctranslate2`"
+            f"`{PROG} ctranslate2`"
         )
     try:
         engine = CTranslate2Model(args.model, threads=threads)
@@ -91,4 +90,4 @@ def ctranslate2_translate(
             f"{args.model} holds a {engine.tokenizer.pair} model, not a"
             f" {args.pair} one"
         )
-    return engine.translate
+    return engine

@@ -27,12 +27,13 @@ from torch import Tensor, nn
 
 from transformer.checkpoint import CheckpointError
 from transformer.decode import Hypothesis
+from transformer.decode_options import DecodeOptions, decode_options
 from transformer.embedding import sinusoidal_encoding
 from transformer.files import atomic_folder, atomic_write
 from transformer.model import Transformer
-from transformer.search_setup import EXTRA_LENGTH, check_alpha
+from transformer.search_setup import EXTRA_LENGTH
 from transformer.tokenizer import Tokenizer
-from transformer.translation import BATCH_SIZE, translate_batches
+from transformer.translation import translate_batches
 
 QUANTIZATIONS = ("float32", "int8")
 INSTALL = (  # the package's [ctranslate2] extra
@@ -234,8 +235,8 @@ class CTranslate2Model:
         record_path = folder / EXPORT_RECORD
         if not record_path.is_file():
             raise CheckpointError(
-                f"{folder} is not a model exported by `python -m transformer"
-                f" export`: no {EXPORT_RECORD}"
+                f"{folder} is not a model written by `python -m transformer"
+                f" ctranslate2`: no {EXPORT_RECORD}"
             )
         try:
             self.max_len = int(json.loads(record_path.read_text())["max_len"])
@@ -258,22 +259,21 @@ class CTranslate2Model:
     def decode_batch(
         self,
         sources: Sequence[list[int]],
-        *,
-        beam_size: int = 4,
-        alpha: float = 0.6,
+        options: DecodeOptions | None = None,
     ) -> list[list[int]]:
         """The output ids of sources given as ids with their final <eos>, as
-        the package's decoders take them: one batch, the limit source + 50
-        tokens of its longest."""
+        the package's decoders take them: one batch, searched as `options` say
+        (default: the paper's)."""
+        options = options or DecodeOptions()
         tok = self.tokenizer
         results = self.translator.translate_batch(
             [
                 self.tokenizer.pieces(s[:-1]) for s in sources
             ],  # the engine adds <eos>
-            beam_size=beam_size,
+            beam_size=options.beam_size,
             # the engine divides by |Y|^α, where GNMT's lp is ((5 + |Y|)/6)^α
-            length_penalty=alpha if beam_size > 1 else 1.0,
-            max_decoding_length=self._limit(sources),
+            length_penalty=1.0 if options.greedy else options.alpha,
+            max_decoding_length=self._limit(sources, options),
             min_decoding_length=0,  # <eos> may come first, as in the package
             suppress_sequences=[
                 [self._pieces[tok.pad_id]],
@@ -282,25 +282,29 @@ class CTranslate2Model:
         )
         return [[self._ids[p] for p in r.hypotheses[0]] for r in results]
 
-    def _limit(self, sources: Sequence[list[int]]) -> int:
-        """The most tokens, <eos> included, that a batch's outputs may have."""
-        return min(max(len(s) for s in sources) + EXTRA_LENGTH, self.max_len)
+    def _limit(
+        self, sources: Sequence[list[int]], options: DecodeOptions
+    ) -> int:
+        """The most tokens, <eos> included, that a batch's outputs may have:
+        options.max_len, or the longest source's length + 50."""
+        limit = options.max_len or max(len(s) for s in sources) + EXTRA_LENGTH
+        return min(limit, self.max_len)
 
     def translate(
         self,
         sentences: Sequence[str],
+        options: DecodeOptions | None = None,
         *,
-        beam_size: int = 4,
-        alpha: float = 0.6,
-        batch_size: int = BATCH_SIZE,
         warn: Callable[[str], None] | None = None,
+        **changes,
     ) -> list[str]:
-        """Translations of `sentences`, in their order, as `decode.translate`
-        makes them, with the same warnings."""
-        check_alpha(alpha)
+        """Translations of `sentences`, in their order, as
+        `translation.translate` makes them with the same `options` (and
+        `changes`), with the same warnings."""
+        options = decode_options(options, **changes)
 
         def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
-            limit = self._limit(sources)
+            limit = self._limit(sources, options)
             return [  # the engine's scores are not the package's: not kept
                 Hypothesis(
                     ids,
@@ -308,9 +312,7 @@ class CTranslate2Model:
                     score=math.nan,
                     ended=len(ids) < limit,
                 )
-                for ids in self.decode_batch(
-                    sources, beam_size=beam_size, alpha=alpha
-                )
+                for ids in self.decode_batch(sources, options)
             ]
 
         return translate_batches(
@@ -318,7 +320,6 @@ class CTranslate2Model:
             self.tokenizer,
             sentences,
             max_len=self.max_len,
-            beam_size=beam_size,
-            batch_size=batch_size,
+            batch_size=options.batch_size,
             warn=warn,
         )
