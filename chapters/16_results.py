@@ -482,7 +482,7 @@ alt.Chart(
 #
 # The package's decoder is written to be read; [CTranslate2](95_ctranslate2.ipynb), a C++
 # inference engine, runs the same weights exported with
-# `python -m transformer export --format ctranslate2 --pair de-en ct2/de-en`, and translates
+# `python -m transformer ctranslate2 --pair de-en ct2/de-en`, and translates
 # with them through the same command, `translate --engine ctranslate2 --model ct2/de-en`.
 # `python -m experiments.decode_bench` times both on one machine with the same two threads,
 # decoding already tokenised test sentences 32 at a time, or one at a time as a user translating

@@ -380,6 +380,11 @@ def prepare_command(argv: Sequence[str]) -> None:
 # or the small default; every option given on the command line then overrides the field of the
 # same name, and `--set FIELD=VALUE` overrides a field of the model's configuration. Nothing is
 # validated here: `TrainConfig` checks its own fields and its error becomes the one line.
+#
+# The options that set a field are not written out one by one: `train_parser` makes one for
+# each field of `TrainConfig`, with the help, type and choices the field carries, so a new field
+# is a new option. `--preset` picks a model preset (`--model`, its earlier name, still works,
+# with a one-line notice).
 
 # %%
 #| export cli.train
