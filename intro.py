@@ -51,7 +51,7 @@ if importlib.util.find_spec("transformer") is None:
 # paper's beam search (beam size 4, length penalty $\alpha = 0.6$). It runs in seconds on a CPU.
 
 # %%
-from transformer.decode import load_pair_model, translate
+from transformer.translation import load_pair_model, translate
 
 # The shipped model in checkpoints/de-en
 model, tokenizer = load_pair_model("de-en")

@@ -40,8 +40,8 @@ DATA_FORMAT = "transformer-book translator data 1"
 
 def shipped_pairs() -> list[str]:
     """The language pairs with a shipped model, in the package's order."""
-    from transformer.data import PAIRS
-    from transformer.decode import CHECKPOINTS_DIR
+    from transformer.multi30k import PAIRS
+    from transformer.paths import CHECKPOINTS_DIR
 
     return [p for p in PAIRS if (CHECKPOINTS_DIR / p / "config.json").is_file()]
 
@@ -144,8 +144,8 @@ def _weight_files(folder: Path, config: dict) -> list[Path]:
 
 def _inputs_digest(pair: str) -> str:
     """What the data of `pair` is made from: a change to any of it rewrites it."""
-    from transformer.data import PAIRS
-    from transformer.decode import CHECKPOINTS_DIR
+    from transformer.multi30k import PAIRS
+    from transformer.paths import CHECKPOINTS_DIR
 
     folder = CHECKPOINTS_DIR / pair
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -165,8 +165,8 @@ def _inputs_digest(pair: str) -> str:
 
 def pair_data(pair: str) -> dict:
     """All that the page needs of one pair but its weights."""
-    from transformer.data import PAIRS, load_split
-    from transformer.decode import CHECKPOINTS_DIR
+    from transformer.multi30k import PAIRS, load_split
+    from transformer.paths import CHECKPOINTS_DIR
 
     folder = CHECKPOINTS_DIR / pair
     source, target = PAIRS[pair]
@@ -187,7 +187,7 @@ def pair_data(pair: str) -> dict:
 def write_pair_script(pair: str, folder: Path) -> Path:
     """Write `<pair>.js` into `folder` unless it is there already from the same inputs:
     one call of translatorData(data, weights), the weights as base64 strings."""
-    from transformer.decode import CHECKPOINTS_DIR
+    from transformer.paths import CHECKPOINTS_DIR
 
     target = Path(folder) / f"{pair}.js"
     stamp = f"// {DATA_FORMAT}, inputs {_inputs_digest(pair)}\n"
@@ -256,8 +256,8 @@ class translator_widget(nodes.General, nodes.Element):  # noqa: N801 (docutils' 
 
 
 def _widget_html(pairs: list[str]) -> str:
-    from transformer.data import PAIRS
-    from transformer.decode import CHECKPOINTS_DIR
+    from transformer.multi30k import PAIRS
+    from transformer.paths import CHECKPOINTS_DIR
 
     def option(pair: str) -> str:
         source, target = (language_name(code) for code in PAIRS[pair])

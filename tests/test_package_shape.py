@@ -62,6 +62,9 @@ def imports(path: Path) -> list[tuple[str, str]]:
                 module = f"{package}.{node.module}".lstrip(".")
             elif node.module.startswith("transformer."):
                 module = node.module.removeprefix("transformer.")
+            elif node.module == "transformer":  # from transformer import decode
+                found += [(a.name, "") for a in node.names if a.name in LAYER]
+                continue
             else:
                 continue
             found += [(module, alias.name) for alias in node.names]
@@ -89,6 +92,10 @@ def test_no_import_circle():
     """No module reaches itself through the package's imports, those inside
     functions included."""
     graph = {name(p): {m for m, _ in imports(p)} for p in MODULES}
+    # The one exception: decode forwards translation's names (`translate`,
+    # `load_pair_model`) when first asked, for code written against the
+    # earlier package, where they lived in decode.
+    graph["decode"].discard("translation")
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
         for m in graph.get(start, ()):

@@ -20,17 +20,13 @@ import torch
 
 from transformer.checkpoint import export_model, save_weights
 from transformer.config import TransformerConfig
-from transformer.data import load_split
-from transformer.decode import (
-    beam_search,
-    greedy_decode,
-    load_pair_model,
-    translate,
-    translate_batches,
-)
+from transformer.decode import beam_search, greedy_decode
+from transformer.decode_options import DecodeOptions
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
+from transformer.multi30k import load_split
 from transformer.tokenizer import pretokenize
+from transformer.translation import load_pair_model, translate, translate_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "_ext"))
@@ -314,7 +310,7 @@ def test_a_retrained_model_translates_and_warns_as_the_package(
     translations, and its warnings, in the package's words: a source longer than the
     model's positions is cut, a translation stopped by the length limit says so, empty
     text gives nothing, a character the vocabulary lacks is <unk>."""
-    monkeypatch.setattr("transformer.decode.CHECKPOINTS_DIR", tmp_path)
+    monkeypatch.setattr("transformer.paths.CHECKPOINTS_DIR", tmp_path)
     tiny_model(tmp_path / "de-en", **options)
     static = tmp_path / "static"
     extension.write_static(static)
@@ -350,7 +346,7 @@ def test_the_length_limit_warning_names_the_sentences(static: Path):
             tokenizer,
             texts,
             max_len=model.config.max_len,
-            beam_size=beam,
+            batch_size=DecodeOptions().batch_size,
             warn=warnings.append,
         )
         got = run_node(

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS
 
-from transformer.decode import load_pair_model, translate
+from transformer.translation import load_pair_model, translate
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
