@@ -83,7 +83,6 @@ own help, check and resume rule, and the named recipes."""
 
 import dataclasses
 import math
-import os
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -431,24 +430,11 @@ RESUME_FIXED = fixed_on_resume(TrainConfig)
 # A recipe is a function that returns a `TrainConfig`, and `--config NAME` on the command line
 # selects one from `RECIPES`: `multi30k`, the recipe of the book's two models (the training
 # chapter's table), and `quick`, a tiny model trained for a few dozen updates, which shows the
-# whole machinery at work on a CPU. `quick_mode` says whether a heavy computation should run its
-# quick version: without a GPU, unless the environment says otherwise.
+# whole machinery at work on a CPU.
 
 
 # %%
 #| export train_config
-def quick_mode() -> bool:
-    """Whether heavy cells run their small CPU version: without a CUDA GPU, or
-    when the environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for
-    the full version)."""
-    flag = os.environ.get("TRANSFORMER_QUICK", "")
-    if flag not in ("", "0", "1"):
-        raise ValueError(f"TRANSFORMER_QUICK must be 0 or 1, got {flag!r}")
-    if flag:
-        return flag == "1"
-    return not torch.cuda.is_available()
-
-
 def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     """A tiny model trained for a few dozen updates: about a minute on a 2-core
     CPU."""

@@ -58,7 +58,6 @@ from transformer.train_config import (
     fixed_on_resume,
     multi30k_recipe,
     option,
-    quick_mode,
 )
 from transformer.training_data import TrainingData
 from transformer.validation import count_words, validate
@@ -397,18 +396,6 @@ def test_the_model_config_is_built_once():
     assert config.model_config().d_model == 64
     other = config.model_config(100)  # a tokenizer of another size: only that differs
     assert other == dataclasses.replace(config.model_config(), src_vocab_size=100)
-
-
-def test_quick_mode_follows_the_environment(monkeypatch):
-    monkeypatch.setenv("TRANSFORMER_QUICK", "1")
-    assert quick_mode()
-    monkeypatch.setenv("TRANSFORMER_QUICK", "0")
-    assert not quick_mode()
-    monkeypatch.delenv("TRANSFORMER_QUICK")
-    assert quick_mode() == (not torch.cuda.is_available())
-    monkeypatch.setenv("TRANSFORMER_QUICK", "yes")
-    with pytest.raises(ValueError, match="TRANSFORMER_QUICK"):
-        quick_mode()
 
 
 # -- whole runs --------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ __all__ = [
     "fixed_on_resume",
     "with_current_names",
     "TrainConfig",
-    "quick_mode",
     "quick_config",
     "multi30k_recipe",
 ]
@@ -36,7 +35,6 @@ __all__ = [
 
 import dataclasses
 import math
-import os
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -374,18 +372,6 @@ RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 # %% ../chapters/91_engineering.ipynb #85a23221
-def quick_mode() -> bool:
-    """Whether heavy cells run their small CPU version: without a CUDA GPU, or
-    when the environment sets TRANSFORMER_QUICK=1 (TRANSFORMER_QUICK=0 asks for
-    the full version)."""
-    flag = os.environ.get("TRANSFORMER_QUICK", "")
-    if flag not in ("", "0", "1"):
-        raise ValueError(f"TRANSFORMER_QUICK must be 0 or 1, got {flag!r}")
-    if flag:
-        return flag == "1"
-    return not torch.cuda.is_available()
-
-
 def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     """A tiny model trained for a few dozen updates: about a minute on a 2-core
     CPU."""
