@@ -20,6 +20,12 @@ On a GPU, the float engines can also run in half precision, each against the eng
 
     python -m experiments.decode_bench --device cuda --baseline ct2-bfloat16 \
         --engines package,package-bfloat16,ct2-float32,ct2-bfloat16,ct2-int8 --out gpu.json
+
+With --cache-dir, the sources' ids come from the encoded cache that `prepare` wrote (its
+vocabulary must be the model's), so a machine without spaCy, such as a GPU machine, can run
+it. An engine that cannot start on the device (CTranslate2 without the CUDA libraries it was
+built for, say) is left out with its reason, under "unavailable" in the JSON; when that engine
+is the baseline, the speeds are relative to the package's instead.
 """
 
 import argparse
@@ -37,10 +43,12 @@ import sacrebleu
 import torch
 from torch import nn
 
+from transformer.cache import load_encoded
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2
 from transformer.data import load_pairs
 from transformer.decode import beam_search, greedy_decode
 from transformer.decode_options import DecodeOptions
+from transformer.paths import CHECKPOINTS_DIR
 from transformer.splits import write_lines
 from transformer.tokenizer import normalize
 from transformer.translation import length_sorted_batches, load_pair_model
@@ -73,14 +81,27 @@ def machine(device: str = "cpu") -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
-def test_set(model, tok, pair: str, sentences: int | None):
+def test_set(model, tok, pair: str, sentences: int | None, cache: Path | None = None):
     """The first `sentences` (default: all) of test_2016_flickr: the sources as ids with
-    their <eos>, cut to the model's positions, tokenised once outside the clock, and the
-    references."""
+    their <eos>, cut to the model's positions, tokenised once outside the clock (or read
+    from the encoded `cache`), and the references."""
     pairs = load_pairs("test_2016_flickr", pair)[:sentences]
-    encoded = tok.encode_batch([normalize(source) for source, _ in pairs])
+    if cache is None:
+        encoded = tok.encode_batch([normalize(source) for source, _ in pairs])
+    else:
+        split = load_encoded(pair, "test_2016_flickr", cache)
+        encoded = [[int(t) for t in split[i][0]] for i in range(len(pairs))]
     sources = [ids[: model.config.max_len - 1] + [tok.eos_id] for ids in encoded]
     return sources, [target for _, target in pairs]
+
+
+def same_vocabulary(cache: Path, pair: str, checkpoint: str | None) -> bool:
+    """Whether the encoded cache was made with the model folder's tokenizer."""
+    folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
+    theirs, ours = cache / pair / "tokenizer.json", folder / "tokenizer.json"
+    return (
+        theirs.is_file() and ours.is_file() and theirs.read_bytes() == ours.read_bytes()
+    )
 
 
 def package_decoder(model, tok):
@@ -166,8 +187,12 @@ def profile_shares(decode, sources: list[list[int]], beam: int) -> dict[str, flo
     return {name: time / total for name, time in spent.items()}
 
 
-def engine_decoders(engines: list[str], model, tok, tmp: Path, args) -> dict:
-    """{name: decode(sources, beam)} for each engine, the exported models kept in tmp."""
+def engine_decoders(
+    engines: list[str], model, tok, tmp: Path, args, unavailable: dict[str, str]
+) -> dict:
+    """{name: decode(sources, beam)} for each engine, the exported models kept in tmp; an
+    engine that fails to translate a first sentence goes into `unavailable` with its
+    reason."""
     decoders = {}
     for name in engines:
         if name in PACKAGE_DTYPES:
@@ -183,15 +208,21 @@ def engine_decoders(engines: list[str], model, tok, tmp: Path, args) -> dict:
             compute_type = name.removeprefix("ct2-")
             quantization = "int8" if compute_type == "int8" else "float32"
             folder = tmp / quantization
-            if not folder.exists():
-                export_ctranslate2(model, tok, folder, quantization=quantization)
-            engine = CTranslate2Model(
-                folder,
-                threads=args.threads,
-                device=args.device,
-                compute_type=compute_type,
-            )
-            decoders[name] = ctranslate2_decoder(engine)
+            try:
+                if not folder.exists():
+                    export_ctranslate2(model, tok, folder, quantization=quantization)
+                engine = CTranslate2Model(
+                    folder,
+                    threads=args.threads,
+                    device=args.device,
+                    compute_type=compute_type,
+                )
+                decoders[name] = ctranslate2_decoder(engine)
+                decoders[name]([[tok.eos_id]], 1)  # loads what it needs, or fails
+            except Exception as err:  # whatever keeps the engine from starting here
+                decoders.pop(name, None)
+                unavailable[name] = f"{type(err).__name__}: {err}".splitlines()[0]
+                print(f"{name}: unavailable: {unavailable[name]}", file=sys.stderr)
     return decoders
 
 
@@ -250,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also profile the package's decoding of the first 96 sentences",
     )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="read the sources' ids from this encoded cache (needs no spaCy)",
+    )
     p.add_argument("--out", type=Path, help="write the results as JSON")
     args = p.parse_args(argv)
     engines = args.engines.split(",")
@@ -272,11 +308,26 @@ def main(argv: list[str] | None = None) -> int:
             "--profile and package-int8 run on the CPU only: leave them out with cuda"
         )
 
+    if args.cache_dir and not same_vocabulary(
+        args.cache_dir, args.pair, args.checkpoint
+    ):
+        refuse(
+            f"the encoded cache {args.cache_dir / args.pair} was not made with the "
+            "model's tokenizer.json"
+        )
+
     torch.set_num_threads(args.threads)
     model, tok = load_pair_model(args.pair, args.checkpoint, device=args.device)
-    sources, references = test_set(model, tok, args.pair, args.sentences)
+    sources, references = test_set(
+        model, tok, args.pair, args.sentences, args.cache_dir
+    )
+    unavailable: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        decoders = engine_decoders(engines, model, tok, Path(tmp), args)
+        decoders = engine_decoders(engines, model, tok, Path(tmp), args, unavailable)
+        if not decoders:
+            refuse("no engine could run here")
+        if args.baseline in unavailable:
+            args.baseline = "package" if "package" in decoders else next(iter(decoders))
         rows = []
         for batch_size in map(int, args.batch_sizes.split(",")):
             for decoding, beam in DECODINGS.items():
@@ -309,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(args.device),
         "device": args.device,
         "baseline": args.baseline,
+        "unavailable": unavailable,
         "torch": torch.__version__,
         "threads": args.threads,
         "pair": args.pair,
@@ -339,6 +391,7 @@ def table(result: dict) -> str:
     lines = [
         f"{result['machine']}; {result['threads']} threads; {result['pair']}, "
         f"{result['sentences']} sentences; median of {result['repeats']}",
+        *(f"{name}: unavailable: {why}" for name, why in result["unavailable"].items()),
         "",
         f"| engine | decoding | batch | sentences/s | tokens/s | × {result['baseline']} "
         "| same as package | BLEU |",

@@ -9,8 +9,13 @@ excluded) and MFU, the model FLOPs of `transformer.counts.training_flops` (the a
 "Derivations and counts") over the epoch's time and the card's measured bf16 matrix-multiply
 rate (PEAK_BF16_FLOPS). Variants: the book's Multi30k
 recipe (3,000-token batches) and the paper's base model on the paper's 25,000-token batches,
-each in float32, bf16 autocast, and bf16 with torch.compile (`--only` names some of them).
-The rows are rewritten into OUT after each variant, atomically: it always holds whole JSON.
+each in float32, bf16 autocast, and bf16 with torch.compile, and the recipe's model on the
+base model's 25,000-token batches (`--only` names some of them).
+
+OUT holds the card, torch's and CUDA's versions, the bf16 matrix-multiply rate measured on
+this card (`measured_peak`: products of 8,192 × 8,192 matrices) beside the rate that MFU
+divides by, and a row per variant. It is rewritten after each variant, atomically: it
+always holds whole JSON.
 """
 
 import argparse
@@ -24,9 +29,10 @@ import torch
 
 from transformer.splits import write_lines
 from transformer.train import train
-from transformer.train_config import TrainConfig, multi30k_recipe
+from transformer.train_config import PEAK_BF16_FLOPS, TrainConfig, multi30k_recipe
 
 BASE = dict(preset="base", max_tokens=25_000, warmup=4000)
+RECIPE_25K = dict(max_tokens=25_000, warmup=100)  # the recipe's 800 in tokens seen
 VARIANTS = {
     "recipe fp32": dict(bf16=False),
     "recipe bf16": dict(bf16=True),
@@ -34,7 +40,25 @@ VARIANTS = {
     "base-25k fp32": BASE | dict(bf16=False),
     "base-25k bf16": BASE | dict(bf16=True),
     "base-25k bf16 compile": BASE | dict(bf16=True, compile=True),
+    "recipe-25k bf16": RECIPE_25K | dict(bf16=True),
 }
+
+
+def measured_peak(n: int = 8192, repeats: int = 20) -> float:
+    """The card's bf16 matrix-multiply rate in FLOP/s: the median of `repeats` products of
+    two n × n matrices, timed with CUDA events after a warm-up."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return 2 * n**3 / sorted(times)[len(times) // 2]
 
 
 def measure(name: str, fields: dict, cache_dir: str, pair: str) -> dict:
@@ -77,7 +101,15 @@ def main() -> int:
         print("gpu_bench: no CUDA GPU", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name()
-    rows = []
+    result = {
+        "device": device,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "measured_bf16_flops": measured_peak(),
+        "mfu_peak_flops": PEAK_BF16_FLOPS,
+        "rows": [],
+    }
+    rows = result["rows"]
     for name, fields in VARIANTS.items():
         if args.only and name not in args.only:
             continue
@@ -89,8 +121,12 @@ def main() -> int:
             f"({row['updates_per_epoch']} updates/epoch, {row['run_seconds']:.0f} s)",
             flush=True,
         )
-        write_lines(Path(args.out), [json.dumps(rows, indent=2)])
-    print(f"device: {device}, torch {torch.__version__}")
+        write_lines(Path(args.out), [json.dumps(result, indent=2)])
+    print(
+        f"device: {device}, torch {torch.__version__}, measured bf16 rate "
+        f"{result['measured_bf16_flops'] / 1e12:.0f} TFLOP/s (MFU divides by "
+        f"{PEAK_BF16_FLOPS / 1e12:.0f})"
+    )
     return 0
 
 

@@ -11,11 +11,15 @@ minutes (`--time-limit`); a run that the time limit stopped is then closed with 
 ends normally does. Each run's average is then scored on the validation split (sacreBLEU, beam 4,
 α 0.6; the sources come from the encoded cache, so no spaCy is needed on the GPU machine).
 
-The run of each pair with the lowest averaged validation perplexity per word, among those marked
-as candidates (the sizes that can be shipped), is exported in the shipped format with its last
-epoch in last/ (`export_model`), and packed into OUT as <pair>.tar (split into pieces of 15 MiB
-when larger, `cat` joins them). OUT also gets summary.json and runs.tar.gz (every run's metrics,
-config and log). Choosing on the validation split keeps the test split for the book's results.
+The run of each pair with the lowest averaged validation perplexity per word (or, with
+`--choose-by bleu`, the highest validation BLEU), among those marked as candidates (the sizes
+that can be shipped), is exported in the shipped format with its last epoch in last/
+(`export_model`), and packed into OUT as <pair>.tar (split into pieces of 15 MiB when larger,
+`cat` joins them). With `--shipped DIR` it is exported only if its validation BLEU beats that
+of the model in DIR/<pair>, scored the same way, by at least `--margin` (0.5); summary.json
+says which way each pair went. OUT also gets summary.json and runs.tar.gz (every run's
+metrics, config and log). Choosing on the validation split keeps the test split for the book's
+results.
 
 A sweep starts afresh: it refuses to launch anything while a folder of one of its runs is in
 RUNS already (from an earlier sweep; `train` would refuse it, and the old run would be scored
@@ -47,6 +51,12 @@ V12K = ["--vocab-size", "12000"]
 PRENORM = ["--set", "norm_first=true"]  # the pre-norm order of the sublayers chapter
 L4 = ["--set", "n_layers=4"]
 SEED1 = ["--seed", "1"]  # every run is seed 0 unless it says otherwise
+AVG10 = ["--average-last", "10"]
+T6K = ["--max-tokens", "6000", "--warmup", "400"]
+# 4 + 4 layers, d_model 128, d_ff 256, 4 heads; factor 1.13 puts the peak of equation 3
+# with 400 warm-up updates at 5e-3
+D128 = ["--set", "n_layers=4", "--set", "d_model=128", "--set", "d_ff=256"]
+D128 += ["--set", "n_heads=4", "--lr-factor", "1.13"]
 
 
 def both(name: str, options: list[str], candidate: bool = True) -> dict:
@@ -122,6 +132,20 @@ PHASES: dict[str, dict[str, tuple[str, list[str], bool]]] = {
         **both("tokens-1500", ["--max-tokens", "1500", "--warmup", "1600"]),
         **both("tokens-1500-s1", ["--max-tokens", "1500", "--warmup", "1600"] + SEED1),
     },
+    # The quality sweep of the one prepared GPU call (experiments/gpu_call.py), five runs
+    # a pair, chosen by validation BLEU. Every run stops at the time limit, so the recipe
+    # gets as many epochs as fit, with a ten-epoch average. Small models leave the GPU
+    # waiting on each update's launches, so batches twice as large train about twice as
+    # many tokens a second: they carry the other candidates, with half the warm-up, which
+    # raises the peak rate by √2 (equation 3). R-Drop (--r-drop α), six layers of width
+    # 256, and Wu et al. (2021)'s 4 + 4 layers of width 128 with its peak rate of 5e-3.
+    "quality": {
+        **both("recipe-avg10", AVG10),
+        **both("tokens-6k", T6K),
+        **both("tokens-6k-rdrop", T6K + ["--r-drop", "1"]),
+        **both("tokens-6k-6l", T6K + ["--set", "n_layers=6"]),
+        **both("tokens-6k-d128", T6K + D128),
+    },
 }
 PIECE = 15 * 2**20
 
@@ -156,6 +180,11 @@ def problems(runs: dict, args: argparse.Namespace) -> list[str]:
             f"{', '.join(taken)} already exist (an earlier sweep's runs?): move them "
             "aside or choose another --runs"
         )
+    if args.shipped is not None:
+        pairs = sorted({pair for pair, _, _ in runs.values()})
+        absent = [p for p in pairs if not (Path(args.shipped) / p).is_dir()]
+        if absent:
+            found.append(f"no shipped model {Path(args.shipped) / absent[0]}")
     return found
 
 
@@ -340,15 +369,45 @@ def tar_bytes(members: list[tuple[Path, str]], mode: str = "w") -> bytes:
     return buffer.getvalue()
 
 
-def export_best(rows: list[dict], args: argparse.Namespace) -> None:
+def best_run(rows: list[dict], pair: str, by: str) -> dict | None:
+    """The candidate of `pair` with the lowest averaged validation perplexity per word
+    (by="ppl") or the highest validation BLEU (by="bleu"), if any was scored."""
+    key = {"ppl": "avg_ppl_word", "bleu": "avg_val_bleu"}[by]
+    mine = [r for r in rows if r["pair"] == pair and r.get("candidate") and key in r]
+    if not mine:
+        return None
+    return min(mine, key=lambda r: r[key] if by == "ppl" else -r[key])
+
+
+def shipping(best: dict, pair: str, args: argparse.Namespace) -> dict:
+    """Whether `best` replaces the model in args.shipped/<pair>: its validation BLEU must
+    beat that model's, scored the same way, by args.margin."""
+    if args.shipped is None:
+        return {"ship": True}
+    shipped = val_bleu(Path(args.shipped) / pair, pair, args.cache_dir)
+    bleu = best.get("avg_val_bleu", float("-inf"))
+    return {
+        "ship": bleu >= shipped + args.margin,
+        "shipped_val_bleu": shipped,
+        "best_val_bleu": bleu,
+        "margin": args.margin,
+    }
+
+
+def export_best(rows: list[dict], args: argparse.Namespace) -> dict[str, dict]:
+    """Exports the best run of each pair that `shipping` lets through; returns each pair's
+    choice and decision."""
     from transformer.checkpoint import export_model
 
+    decisions = {}
     for pair in sorted({r["pair"] for r in rows}):
-        mine = [r for r in rows if r["pair"] == pair and r.get("candidate")]
-        mine = [r for r in mine if "avg_ppl_word" in r]
-        if not mine:
+        best = best_run(rows, pair, args.choose_by)
+        if best is None:
             continue
-        best = min(mine, key=lambda r: r["avg_ppl_word"])
+        decisions[pair] = {"best": best["name"]} | shipping(best, pair, args)
+        if not decisions[pair]["ship"]:
+            print(f"{pair}: {best['name']} does not beat the shipped model", flush=True)
+            continue
         run = Path(args.runs) / best["name"]
         dest = Path(args.runs) / "export" / pair
         # This script's own folder, from an earlier sweep: export_model refuses to replace
@@ -359,6 +418,7 @@ def export_best(rows: list[dict], args: argparse.Namespace) -> None:
         write_lines(dest / "RUN", [best["name"]])
         write_tar(Path(args.out) / f"{pair}.tar", tar_bytes([(dest, pair)]))
         print(f"{pair}: exported {best['name']}", flush=True)
+    return decisions
 
 
 def run_files(runs: dict, args: argparse.Namespace) -> list[tuple[Path, str]]:
@@ -393,6 +453,22 @@ def main() -> int:
     p.add_argument("--out", default="runs/packed", help="where the packed results go")
     p.add_argument("--minutes", type=float, required=True)
     p.add_argument("--epochs", type=int, default=400)
+    p.add_argument(
+        "--choose-by",
+        choices=("ppl", "bleu"),
+        default="ppl",
+        help="the validation measure that picks each pair's run (default: ppl)",
+    )
+    p.add_argument(
+        "--shipped",
+        help="export a pair's best run only if it beats the model in SHIPPED/<pair>",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.5,
+        help="the validation BLEU by which it must beat it (default: 0.5)",
+    )
     args = p.parse_args()
     runs = PHASES[args.phase]
     found = problems(runs, args)
@@ -407,10 +483,12 @@ def main() -> int:
     rows = summarise(runs, args)
     for row in rows:  # a run that crashed may still have epochs to average and score
         row["exit"] = exits[row["name"]]
-    write_lines(Path(args.out) / "summary.json", [json.dumps(rows, indent=2)])
     packed = tar_bytes(run_files(runs, args), "w:gz")
     atomic_write(Path(args.out) / "runs.tar.gz", packed)
-    export_best(rows, args)
+    summary = {"runs": rows, "choose_by": args.choose_by}
+    write_lines(Path(args.out) / "summary.json", [json.dumps(summary, indent=2)])
+    summary["decisions"] = export_best(rows, args)
+    write_lines(Path(args.out) / "summary.json", [json.dumps(summary, indent=2)])
     head = f"{'run':<20}{'ep':>4}{'best':>5}{'ppl best':>9}{'ppl avg':>8}{'acc avg':>8}"
     print(head + f"{'BLEU':>6}{'tok/s':>9}")
     for r in rows:

@@ -42,6 +42,7 @@ def test_every_script_with_options_is_covered():
         "ensemble_report.py",
         "gemm_backends.py",
         "gpu_bench.py",
+        "gpu_call.py",
         "gpu_sweep.py",
         "model_card.py",
         "train_bench.py",
@@ -370,6 +371,7 @@ def test_gpu_sweep_exports_again_over_its_own_folder(tmp_path: Path, tool, data)
     train(tiny_config(runs / "tiny", epochs=2), data=data, echo=False)
     row = dict(name="tiny", pair="de-en", candidate=True, avg_ppl_word=1.0, epochs=2)
     args = argparse.Namespace(runs=str(runs), out=str(tmp_path / "packed"))
+    args.choose_by, args.shipped = "ppl", None
     (tmp_path / "packed").mkdir()
     for _ in range(2):
         with contextlib.redirect_stdout(io.StringIO()):
@@ -379,6 +381,55 @@ def test_gpu_sweep_exports_again_over_its_own_folder(tmp_path: Path, tool, data)
         assert json.loads((export / "config.json").read_text())["source"] == "average"
         last = json.loads((export / "last" / "config.json").read_text())
         assert last["source"] == "epoch-002"
+
+
+def test_gpu_sweep_ships_a_run_only_when_it_beats_the_shipped_model(
+    tmp_path: Path, tool, monkeypatch
+):
+    """Chosen by validation BLEU among the candidates, a pair's best run is exported only
+    when it beats the shipped model's validation BLEU by the margin."""
+    gpu_sweep = tool("gpu_sweep")
+    rows = [
+        dict(name="de-a", pair="de-en", candidate=True, avg_val_bleu=44.0),
+        dict(name="de-b", pair="de-en", candidate=True, avg_val_bleu=45.0, epochs=7),
+        dict(name="de-big", pair="de-en", candidate=False, avg_val_bleu=47.0),
+        dict(name="fr-a", pair="fr-en", candidate=True, avg_val_bleu=56.2),
+    ]
+    shipped = {"de-en": 44.4, "fr-en": 56.0}
+    monkeypatch.setattr(gpu_sweep, "val_bleu", lambda f, pair, c: shipped[pair])
+    exported = []
+    monkeypatch.setattr(
+        "transformer.checkpoint.export_model", lambda run, dest: exported.append(run)
+    )
+    monkeypatch.setattr(gpu_sweep, "write_tar", lambda *a: None)
+    monkeypatch.setattr(gpu_sweep, "tar_bytes", lambda *a: b"")
+    monkeypatch.setattr(gpu_sweep, "write_lines", lambda *a: None)
+    args = argparse.Namespace(runs=str(tmp_path), out=str(tmp_path), cache_dir="c")
+    args.choose_by, args.shipped, args.margin = "bleu", "checkpoints", 0.5
+    with contextlib.redirect_stdout(io.StringIO()):
+        decisions = gpu_sweep.export_best(rows, args)
+    assert decisions["de-en"]["best"] == "de-b" and decisions["de-en"]["ship"]
+    assert decisions["fr-en"] == {
+        "best": "fr-a",
+        "ship": False,  # 0.2 better: within the margin
+        "shipped_val_bleu": 56.0,
+        "best_val_bleu": 56.2,
+        "margin": 0.5,
+    }
+    assert [run.name for run in exported] == ["de-b", "epoch-007"]
+    assert gpu_sweep.best_run(rows, "de-en", "ppl") is None  # no perplexities scored
+
+
+def test_gpu_sweep_refuses_a_shipped_folder_without_the_pair(
+    tmp_path: Path, tool, monkeypatch, capsys
+):
+    gpu_sweep = tool("gpu_sweep")
+    monkeypatch.setattr(gpu_sweep, "launch", never)
+    (tmp_path / "shipped" / "de-en").mkdir(parents=True)
+    argv = ["quality", "--minutes", "1", "--runs", str(tmp_path / "runs")]
+    argv += ["--shipped", str(tmp_path / "shipped"), "--cache-dir", str(tmp_path)]
+    status, err = run_main(gpu_sweep, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, f"no shipped model {tmp_path / 'shipped'}/fr-en")
 
 
 def test_average_windows_reproduce_the_trainers_own_records(tmp_path: Path, tool, data):
@@ -489,6 +540,72 @@ def test_decode_bench_runs_the_package_in_bfloat16(tmp_path: Path, tool):
     engines = {r["engine"] for r in result["rows"]}
     assert engines == {"package", "package-bfloat16", "ct2-float32"}
     assert all(r["ratio"] > 0 and "same_as_package" in r for r in result["rows"])
+
+
+def test_decode_bench_leaves_out_an_engine_that_cannot_start(
+    tmp_path: Path, tool, monkeypatch
+):
+    """CTranslate2's wheel on a GPU machine without the CUDA libraries it was built for: the
+    package's rows are kept, the engine is named with its reason, and the speeds are
+    relative to the package's."""
+    module = tool("decode_bench")
+
+    def no_cublas(*args, **kwargs):
+        raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(module, "CTranslate2Model", no_cublas)
+    out = tmp_path / "bench.json"
+    argv = [
+        "--sentences",
+        "2",
+        "--batch-sizes",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+    ]
+    argv += ["--engines", "package,ct2-float32", "--baseline", "ct2-float32"]
+    assert module.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["unavailable"] == {
+        "ct2-float32": "RuntimeError: Library libcublas.so.12 is not found or cannot be "
+        "loaded"
+    }
+    assert result["baseline"] == "package"
+    assert {r["engine"] for r in result["rows"]} == {"package"}
+    assert all(r["ratio"] == 1.0 for r in result["rows"])
+
+
+def test_decode_bench_reads_the_sources_from_an_encoded_cache(
+    tmp_path: Path, tool, monkeypatch
+):
+    """With --cache-dir the ids come from the cache (no spaCy), whose vocabulary must be
+    the model's."""
+    module = tool("decode_bench")
+    cache = tmp_path / "cache"
+    (cache / "de-en").mkdir(parents=True)
+    shipped = module.CHECKPOINTS_DIR / "de-en" / "tokenizer.json"
+    shutil.copy(shipped, cache / "de-en" / "tokenizer.json")
+    asked = []
+
+    def load_encoded(pair, split, folder):
+        asked.append((pair, split, folder))
+        return [([5, 6, 7], [8])] * 3
+
+    monkeypatch.setattr(module, "load_encoded", load_encoded)
+    monkeypatch.setattr(module, "normalize", never)  # no tokenising of the text
+    out = tmp_path / "bench.json"
+    argv = ["--sentences", "3", "--batch-sizes", "3", "--repeats", "1"]
+    argv += ["--engines", "package", "--baseline", "package", "--out", str(out)]
+    assert module.main([*argv, "--cache-dir", str(cache)]) == 0
+    assert asked == [("de-en", "test_2016_flickr", cache)]
+    assert json.loads(out.read_text())["sentences"] == 3
+
+    (cache / "de-en" / "tokenizer.json").write_text("{}")  # another vocabulary
+    with pytest.raises(SystemExit) as stop:
+        module.main([*argv, "--cache-dir", str(cache)])
+    assert stop.value.code == 2
 
 
 @pytest.mark.parametrize(

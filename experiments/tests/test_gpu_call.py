@@ -1,0 +1,146 @@
+"""The one prepared GPU call (experiments/gpu_call.py), on the CPU: it names what it lacks
+before running anything, its planned commands are accepted by the scripts they run, and it
+records every step, one that fails or runs out of time included, under OUT."""
+
+import json
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import decode_bench, gpu_bench, gpu_call, gpu_sweep
+from experiments.tests.test_scripts import assert_one_line_error, never, run_main
+
+SHIPPED = gpu_call.ROOT / "checkpoints"
+
+
+def fake_wheel(folder: Path, name: str, module: str = "") -> Path:
+    """A wheel named `name` holding one module, `module`, that sets FOUND = 1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        if module:
+            z.writestr(f"{module}/__init__.py", "FOUND = 1\n")
+    return path
+
+
+@pytest.fixture
+def carried(tmp_path: Path) -> list[str]:
+    """The options of a call whose cache and wheels are all there (the cache holds the
+    shipped models' vocabularies, as `prepare` writes them)."""
+    for pair in gpu_call.PAIRS:
+        (tmp_path / "cache" / pair).mkdir(parents=True)
+        (tmp_path / "cache" / pair / "manifest.json").write_text("{}")
+        shutil.copy(SHIPPED / pair / "tokenizer.json", tmp_path / "cache" / pair)
+    for name in ("ctranslate2", "pytest", "pluggy", "iniconfig"):
+        fake_wheel(tmp_path / "wheels", name)
+    return [
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--wheels",
+        str(tmp_path / "wheels"),
+    ]
+
+
+def plan(tmp_path: Path, carried: list[str]) -> dict[str, list[str]]:
+    out = tmp_path / "out"
+    assert gpu_call.main(["--out", str(out), "--dry-run", *carried]) == 0
+    steps = json.loads((out / "plan.json").read_text())
+    assert all(s["status"] is None for s in steps)  # nothing ran
+    return {s["name"]: s["argv"] for s in steps}
+
+
+def test_the_planned_commands_pass_their_scripts_checks(
+    tmp_path: Path, carried, monkeypatch, capsys
+):
+    """Each script takes its step's options and goes past its checks of them (into the
+    work, stopped here by `never`); the tests step names the files with GPU tests."""
+    steps = plan(tmp_path, carried)
+    assert list(steps) == ["train", "decode", "tests", "sweep"]
+    capsys.readouterr()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a card")
+    for module, name, stop in (
+        (gpu_bench, "train", "measure"),
+        (decode_bench, "decode", "load_pair_model"),
+        (gpu_sweep, "sweep", "launch"),
+    ):
+        argv = steps[name]
+        assert argv[:3] == [sys.executable, "-m", module.__name__]
+        monkeypatch.setattr(module, stop, never)
+        monkeypatch.setattr(gpu_bench, "measured_peak", lambda: 1e15)
+        with pytest.raises(AssertionError, match="reached past the checks"):
+            run_main(module, argv[3:], monkeypatch, capsys)
+        assert capsys.readouterr().err == "", name
+    tests = steps["tests"]
+    assert tests[tests.index("-m", 2) + 1] == "gpu"
+    assert set(tests) >= {"tests/test_schedule.py", "tests/test_translate.py"}
+    sweep = steps["sweep"]
+    assert sweep[sweep.index("--shipped") + 1] == str(SHIPPED)
+    assert sweep[sweep.index("--choose-by") + 1] == "bleu"
+    assert float(sweep[sweep.index("--minutes") + 1]) == gpu_call.SWEEP_MAX_MINUTES
+
+
+def test_the_call_names_what_it_lacks_before_running_anything(
+    tmp_path: Path, monkeypatch, capsys
+):
+    monkeypatch.setattr(gpu_call, "call", never)
+    argv = ["--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "none")]
+    argv += ["--wheels", str(tmp_path / "none"), "--minutes", "5"]
+    status, err = run_main(gpu_call, argv, monkeypatch, capsys)
+    assert status == 2 and "Traceback" not in err
+    lines = err.splitlines()
+    assert sum("no encoded cache" in line for line in lines) == 2
+    assert "no ctranslate2 wheel" in err and "--fetch-wheels" in err
+    assert "--minutes must be at least 7.0, got 5.0" in err
+    assert not (tmp_path / "out").exists()
+    status, err = run_main(gpu_call, [], monkeypatch, capsys)
+    assert_one_line_error(status, err, "--out is required")
+
+
+def test_the_call_records_every_step_and_gives_it_the_carried_wheels(
+    tmp_path: Path, carried, monkeypatch
+):
+    """Steps that succeed, fail and run out of time: each is recorded with its status and
+    log, and the steps after them still run; a carried wheel is importable in every step."""
+    fake_wheel(tmp_path / "wheels", "carried", module="carried_module")
+    out = tmp_path / "out"
+
+    def step(name: str, code: str, limit: float) -> gpu_call.Step:
+        return gpu_call.Step(name, [sys.executable, "-c", code], limit)
+
+    wrote = f"import carried_module; open({str(out / 'train.txt')!r}, 'w').write('x')"
+    monkeypatch.setattr(
+        gpu_call,
+        "fixed_steps",
+        lambda out, cache: [
+            step("train", wrote, 60),
+            step("decode", "import sys; print('no engine'); sys.exit(3)", 60),
+            step("tests", "import carried_module", 60),
+        ],
+    )
+    monkeypatch.setattr(
+        gpu_call,
+        "sweep_step",
+        lambda out, cache, runs, minutes: step(
+            "sweep", "import time; time.sleep(60)", 1
+        ),
+    )
+    monkeypatch.setattr(gpu_call, "card", lambda: "no card")
+    argv = ["--out", str(out), "--minutes", "7", *carried]
+    assert gpu_call.main(argv) == 1  # not every step succeeded
+    record = json.loads((out / "call.json").read_text())
+    assert (
+        record["card"] == "no card"
+        and "carried-1.0-py3-none-any.whl" in record["wheels"]
+    )
+    steps = {s["name"]: s for s in record["steps"]}
+    assert [s["status"] for s in record["steps"][:3]] == [0, 3, 0]
+    assert steps["sweep"]["timed_out"] and steps["sweep"]["status"] != 0
+    assert (out / "train.txt").read_text() == "x"
+    assert "no engine" in (out / "logs" / "decode.log").read_text()
+    assert all((out / "logs" / f"{name}.log").is_file() for name in steps)
+    assert not list(out.glob("**/*.tmp*"))  # every file written whole
