@@ -24,8 +24,8 @@
 # appendix builds them on the chapter's code: its `Trainer` calls the chapter's `train_step`.
 # It exports `transformer.train` (the `Trainer` and `train`), `transformer.train_config`,
 # `transformer.training_data`, `transformer.validation`, `transformer.logs`,
-# `transformer.distributed`, `transformer.checkpoint`, `transformer.run_checkpoints` and
-# `transformer.files`.
+# `transformer.distributed`, `transformer.checkpoint`, `transformer.run_checkpoints`,
+# `transformer.rdrop` and `transformer.files`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -66,7 +66,8 @@ torch.set_printoptions(precision=4)
 # `TransformerConfig` (`small`, `base` or `big`) with optional overrides of any of its fields
 # except the vocabulary size, which comes from the tokenizer. The defaults follow the paper where
 # it has a value (warm-up 4,000, label smoothing 0.1, the average of the last 5 checkpoints);
-# `bpe_dropout` samples a new segmentation of the training words each epoch (the data chapter).
+# `bpe_dropout` samples a new segmentation of the training words each epoch (the data chapter),
+# and `r_drop` turns on R-Drop (below).
 # Each field is defined once, by `option`: its default, its help on the command line, its check
 # (a test and the message a failing value gets) and whether a resumed run may change it. The
 # command line builds its options from the fields, and the config checks every field when it is
@@ -114,12 +115,16 @@ def _positive(value: object) -> bool:
     return _integer(value) and value > 0
 
 
-def _rate(value: object) -> bool:
+def _number(value: object) -> bool:
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
-        and 0 < value < math.inf
+        and -math.inf < value < math.inf
     )
+
+
+def _rate(value: object) -> bool:
+    return _number(value) and value > 0
 
 
 def _share(value: object) -> bool:
@@ -151,6 +156,10 @@ MINUTES: Check = (
 )
 DEVICE: Check = (_device, "must be a torch device such as cpu, cuda or cuda:1")
 RATE: Check = (_rate, "must be a finite positive number")
+NON_NEGATIVE: Check = (
+    lambda v: _number(v) and v >= 0,
+    "must be a finite number, 0 or more",
+)
 TEXT: Check = (
     lambda v: v is None or isinstance(v, str),
     "must be a string or None",
@@ -213,6 +222,26 @@ def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
     """Stored TrainConfig fields under today's names (RENAMED_FIELDS); a field
     stored under both names keeps its later value."""
     return {RENAMED_FIELDS.get(k, k): v for k, v in fields.items()}
+
+
+def preset_model(
+    preset: str, vocab_size: int, overrides: dict[str, Any]
+) -> TransformerConfig:
+    """A preset's model config with `overrides` of any field but the
+    vocabulary sizes; a bad override is a ValueError naming model_overrides."""
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    known = fields - set(_VOCAB_FIELDS)
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ValueError(
+            f"model_overrides: unknown or fixed field(s) {', '.join(bad)}"
+            " (the vocabulary size comes from the tokenizer); known:"
+            f" {', '.join(sorted(known))}"
+        )
+    try:  # the overrides' values, e.g. d_model % n_heads
+        return getattr(TransformerConfig, preset)(vocab_size, **overrides)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"model_overrides: {err}") from err
 
 
 # %% [markdown]
@@ -293,6 +322,13 @@ class TrainConfig:
         help="source: targets keep BPE's spelling",
         choices=tuple(BPE_DROPOUT_SIDES),
     )
+    r_drop: float = option(
+        0.0,
+        on_resume="fixed",
+        help="R-Drop's α, a KL term between two dropout passes"
+        " (default 0: off)",
+        check=NON_NEGATIVE,
+    )
     seed: int = option(
         0,
         on_resume="fixed",
@@ -355,20 +391,8 @@ class TrainConfig:
             if not valid(value := getattr(self, field.name)):
                 raise ValueError(f"{field.name} {message}, got {value!r}")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))
-        fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-        known = fields - set(_VOCAB_FIELDS)
-        bad = sorted(set(self.model_overrides) - known)
-        if bad:
-            raise ValueError(
-                f"model_overrides: unknown or fixed field(s) {', '.join(bad)}"
-                " (the vocabulary size comes from the tokenizer); known:"
-                f" {', '.join(sorted(known))}"
-            )
-        preset = getattr(TransformerConfig, self.preset)
-        try:  # the overrides' values, e.g. d_model % n_heads
-            model = preset(self.vocab_size, **self.model_overrides)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"model_overrides: {err}") from err
+        overrides = self.model_overrides
+        model = preset_model(self.preset, self.vocab_size, overrides)
         # Built once: the run's model, its optimiser and its schedule read it.
         object.__setattr__(self, "_model_config", model)
 
@@ -2009,6 +2033,113 @@ def validate(
 
 
 # %% [markdown]
+# ## R-Drop
+#
+# R-Drop {cite:p}`liang2021rdrop` passes each training sentence through the model twice, with
+# independent dropout masks, and pulls the two predictions $P_1$ and $P_2$ together. `doubled`
+# stacks a batch on itself, so one forward pass makes both, and `RDropLoss` returns
+#
+# $$
+# \sum_t \Big(\tfrac12\big(L(P_1) + L(P_2)\big)
+# + \tfrac{\alpha}{4}\big(\mathrm{KL}(P_1 \| P_2) + \mathrm{KL}(P_2 \| P_1)\big)\Big)
+# $$
+#
+# over the real target tokens $t$, with $L$ the label-smoothed loss: R-Drop's loss halved, so
+# that dividing by one copy's tokens keeps the book's scale. Not in the Transformer paper,
+# `r_drop` ($\alpha$) is 0 by default; above 0, each sentence costs a second pass.
+
+# %%
+#| export rdrop
+"""R-Drop (Liang et al. 2021): a symmetric KL term between two dropout passes
+of each training sentence, added to the label-smoothed loss."""
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer.batches import Batch
+from transformer.loss import LabelSmoothingLoss, check_log_probs
+
+
+def doubled(batch: Batch) -> Batch:
+    """The batch followed by itself: one forward pass, two dropout masks."""
+    tensors = ("src", "tgt_in", "tgt_out", "index")
+    return dataclasses.replace(
+        batch,
+        **{n: torch.cat([getattr(batch, n)] * 2) for n in tensors},
+        n_src_tokens=2 * batch.n_src_tokens,
+        n_tgt_tokens=2 * batch.n_tgt_tokens,
+    )
+
+
+class RDropLoss(nn.Module):
+    """½(L(P1) + L(P2)) + α/4 · Σ (KL(P1 ‖ P2) + KL(P2 ‖ P1)), summed over
+    real target tokens: R-Drop's loss halved, so that `train_step`'s division
+    by the tokens of one copy keeps the per-token scale of `base`.
+
+    Shapes: log_probs (2B, T, V), the two copies of a `doubled` batch; target
+    (2B, T); returns a scalar
+    """
+
+    def __init__(self, base: LabelSmoothingLoss, alpha: float) -> None:
+        super().__init__()
+        if base.reduction != "sum":
+            raise ValueError(
+                f"R-Drop needs a base loss with reduction='sum', got"
+                f" {base.reduction!r}"
+            )
+        if isinstance(alpha, bool) or not (
+            isinstance(alpha, int | float) and 0 <= alpha < math.inf
+        ):
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
+        self.base, self.alpha = base, alpha
+        self.pad_id, self.reduction = base.pad_id, "sum"  # as train_step asks
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+    def forward(self, log_probs: Tensor, target: Tensor) -> Tensor:
+        check_log_probs(log_probs, target)
+        if target.dim() == 0 or target.size(0) % 2:
+            raise ValueError(
+                f"R-Drop needs a doubled batch (an even number of rows),"
+                f" got target {tuple(target.shape)}"
+            )
+        p1, p2 = log_probs.float().chunk(2)  # (B, T, V) each
+        # kl_div(a, b) is KL(b ‖ a) at each position and entry of V
+        kl = F.kl_div(p1, p2, log_target=True, reduction="none").sum(-1)
+        kl = kl + F.kl_div(p2, p1, log_target=True, reduction="none").sum(-1)
+        real = target.chunk(2)[0] != self.pad_id  # (B, T)
+        symmetric = kl.masked_fill(~real, 0.0).sum()
+        return 0.5 * self.base(log_probs, target) + self.alpha / 4 * symmetric
+
+
+# %% [markdown]
+# Without dropout the copies agree: the KL term is 0 and the loss, $\tfrac12(L_1 + L_2)$, is one
+# copy's. With dropout the KL term makes it larger:
+
+# %%
+from transformer.rdrop import RDropLoss, doubled
+
+cfg = TransformerConfig.small(16, n_layers=1, d_model=32, n_heads=2, d_ff=64)
+model = Transformer(cfg)
+pairs = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+batch = doubled(collate(pairs, pad_id=0, bos_id=1, eos_id=2))
+base = LabelSmoothingLoss(pad_id=0, reduction="sum")
+for dropout in (False, True):
+    model.train(dropout)
+    with torch.no_grad():
+        log_probs = batch_log_probs(model, batch, pad_id=0)
+        mean = base(log_probs, batch.tgt_out).item() / 2
+        r_drop = RDropLoss(base, alpha=1.0)(log_probs, batch.tgt_out).item()
+    print(f"dropout {dropout}: ½(L1 + L2) {mean:.3f}, R-Drop {r_drop:.3f}")
+    assert math.isclose(r_drop, mean, rel_tol=1e-5) != dropout
+
+
+# %% [markdown]
 # ## The Trainer
 #
 # `train(config)` does a whole run, and `Trainer` holds its state: the model, the optimiser,
@@ -2086,6 +2217,7 @@ from transformer.logs import (
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.rdrop import RDropLoss, doubled
 from transformer.run_checkpoints import (
     RunFolder,
     averaged_model,
@@ -2127,10 +2259,13 @@ def _build(
     device: torch.device,
     pad_id: int,
 ) -> tuple[
-    Transformer, torch.optim.Optimizer, LRScheduler, LabelSmoothingLoss
+    Transformer,
+    torch.optim.Optimizer,
+    LRScheduler,
+    LabelSmoothingLoss | RDropLoss,
 ]:
     """The model, initialised from the run's seed, Adam with the schedule, and
-    the loss."""
+    the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
     optimizer, scheduler = make_optimizer(
@@ -2143,6 +2278,8 @@ def _build(
     criterion = LabelSmoothingLoss(
         pad_id=pad_id, smoothing=smoothing, reduction="sum"
     )
+    if config.r_drop > 0:
+        criterion = RDropLoss(criterion, config.r_drop)
     return model, optimizer, scheduler, criterion
 
 
@@ -2565,7 +2702,7 @@ class Trainer:
             self.model,
             src_lengths=self.train.src_lengths + 1,
             tgt_lengths=self.tgt_lengths,
-        )
+        ) * (2 if c.r_drop > 0 else 1)  # R-Drop: two passes of each pair
         batches = epoch_batches(self.train, p.epoch, c)
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
@@ -2599,8 +2736,10 @@ class Trainer:
         c, p, env = self.config, self.progress, self.env
         tok, max_len = self.data.tokenizer, self.model_config.max_len
         mine = _collate_share(self.train, update, tok, max_len, env)
+        if c.r_drop > 0:  # both dropout passes in one batch
+            mine = [doubled(batch) for batch in mine]
         every = np.concatenate(update)
-        tokens = int(self.tgt_lengths[every].sum())
+        tokens = int(self.tgt_lengths[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
         loss = train_step(

@@ -52,6 +52,7 @@ from transformer.logs import (
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.rdrop import RDropLoss, doubled
 from transformer.run_checkpoints import (
     RunFolder,
     averaged_model,
@@ -87,10 +88,13 @@ def _build(
     device: torch.device,
     pad_id: int,
 ) -> tuple[
-    Transformer, torch.optim.Optimizer, LRScheduler, LabelSmoothingLoss
+    Transformer,
+    torch.optim.Optimizer,
+    LRScheduler,
+    LabelSmoothingLoss | RDropLoss,
 ]:
     """The model, initialised from the run's seed, Adam with the schedule, and
-    the loss."""
+    the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
     optimizer, scheduler = make_optimizer(
@@ -103,6 +107,8 @@ def _build(
     criterion = LabelSmoothingLoss(
         pad_id=pad_id, smoothing=smoothing, reduction="sum"
     )
+    if config.r_drop > 0:
+        criterion = RDropLoss(criterion, config.r_drop)
     return model, optimizer, scheduler, criterion
 
 
@@ -339,7 +345,7 @@ class Trainer:
             self.model,
             src_lengths=self.train.src_lengths + 1,
             tgt_lengths=self.tgt_lengths,
-        )
+        ) * (2 if c.r_drop > 0 else 1)  # R-Drop: two passes of each pair
         batches = epoch_batches(self.train, p.epoch, c)
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
@@ -373,8 +379,10 @@ class Trainer:
         c, p, env = self.config, self.progress, self.env
         tok, max_len = self.data.tokenizer, self.model_config.max_len
         mine = _collate_share(self.train, update, tok, max_len, env)
+        if c.r_drop > 0:  # both dropout passes in one batch
+            mine = [doubled(batch) for batch in mine]
         every = np.concatenate(update)
-        tokens = int(self.tgt_lengths[every].sum())
+        tokens = int(self.tgt_lengths[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
         loss = train_step(

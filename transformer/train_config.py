@@ -15,6 +15,7 @@ __all__ = [
     "MINUTES",
     "DEVICE",
     "RATE",
+    "NON_NEGATIVE",
     "TEXT",
     "FLAG",
     "SOME_FLAG",
@@ -26,6 +27,7 @@ __all__ = [
     "value_type",
     "fixed_on_resume",
     "with_current_names",
+    "preset_model",
     "TrainConfig",
     "quick_config",
     "multi30k_recipe",
@@ -66,12 +68,16 @@ def _positive(value: object) -> bool:
     return _integer(value) and value > 0
 
 
-def _rate(value: object) -> bool:
+def _number(value: object) -> bool:
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
-        and 0 < value < math.inf
+        and -math.inf < value < math.inf
     )
+
+
+def _rate(value: object) -> bool:
+    return _number(value) and value > 0
 
 
 def _share(value: object) -> bool:
@@ -103,6 +109,10 @@ MINUTES: Check = (
 )
 DEVICE: Check = (_device, "must be a torch device such as cpu, cuda or cuda:1")
 RATE: Check = (_rate, "must be a finite positive number")
+NON_NEGATIVE: Check = (
+    lambda v: _number(v) and v >= 0,
+    "must be a finite number, 0 or more",
+)
 TEXT: Check = (
     lambda v: v is None or isinstance(v, str),
     "must be a string or None",
@@ -165,6 +175,26 @@ def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
     """Stored TrainConfig fields under today's names (RENAMED_FIELDS); a field
     stored under both names keeps its later value."""
     return {RENAMED_FIELDS.get(k, k): v for k, v in fields.items()}
+
+
+def preset_model(
+    preset: str, vocab_size: int, overrides: dict[str, Any]
+) -> TransformerConfig:
+    """A preset's model config with `overrides` of any field but the
+    vocabulary sizes; a bad override is a ValueError naming model_overrides."""
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    known = fields - set(_VOCAB_FIELDS)
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ValueError(
+            f"model_overrides: unknown or fixed field(s) {', '.join(bad)}"
+            " (the vocabulary size comes from the tokenizer); known:"
+            f" {', '.join(sorted(known))}"
+        )
+    try:  # the overrides' values, e.g. d_model % n_heads
+        return getattr(TransformerConfig, preset)(vocab_size, **overrides)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"model_overrides: {err}") from err
 
 
 # %% ../chapters/91_engineering.ipynb #49a756bd
@@ -240,6 +270,13 @@ class TrainConfig:
         help="source: targets keep BPE's spelling",
         choices=tuple(BPE_DROPOUT_SIDES),
     )
+    r_drop: float = option(
+        0.0,
+        on_resume="fixed",
+        help="R-Drop's α, a KL term between two dropout passes"
+        " (default 0: off)",
+        check=NON_NEGATIVE,
+    )
     seed: int = option(
         0,
         on_resume="fixed",
@@ -302,20 +339,8 @@ class TrainConfig:
             if not valid(value := getattr(self, field.name)):
                 raise ValueError(f"{field.name} {message}, got {value!r}")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))
-        fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-        known = fields - set(_VOCAB_FIELDS)
-        bad = sorted(set(self.model_overrides) - known)
-        if bad:
-            raise ValueError(
-                f"model_overrides: unknown or fixed field(s) {', '.join(bad)}"
-                " (the vocabulary size comes from the tokenizer); known:"
-                f" {', '.join(sorted(known))}"
-            )
-        preset = getattr(TransformerConfig, self.preset)
-        try:  # the overrides' values, e.g. d_model % n_heads
-            model = preset(self.vocab_size, **self.model_overrides)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"model_overrides: {err}") from err
+        overrides = self.model_overrides
+        model = preset_model(self.preset, self.vocab_size, overrides)
         # Built once: the run's model, its optimiser and its schedule read it.
         object.__setattr__(self, "_model_config", model)
 
