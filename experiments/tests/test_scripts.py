@@ -420,6 +420,30 @@ def test_gpu_sweep_ships_a_run_only_when_it_beats_the_shipped_model(
     assert gpu_sweep.best_run(rows, "de-en", "ppl") is None  # no perplexities scored
 
 
+@pytest.mark.parametrize("phase", ["quality", "targets-long", "targets-batch"])
+def test_gpu_sweep_asks_train_for_configurations_it_accepts(phase: str, tool):
+    """Every run of the phases not yet run on a GPU parses and builds a valid TrainConfig,
+    so that a misspelt option cannot cost a GPU call; the quality sweep's are its five."""
+    from transformer.cli.train import config_from_args, train_parser
+
+    gpu_sweep = tool("gpu_sweep")
+    runs = gpu_sweep.PHASES[phase]
+    for name, (pair, options, _) in runs.items():
+        argv = gpu_sweep.train_command(pair)[3:] + gpu_sweep.RECIPE
+        argv += ["--epochs", "400", "--time-limit", "6", *options, "--out", "x"]
+        config = config_from_args(train_parser().parse_args(argv[1:]))
+        assert config.pair == pair and config.time_limit == 6, name
+    if phase == "quality":
+        assert len(runs) == 10 and sum(r[0] == "de-en" for r in runs.values()) == 5
+        d128 = config_from_args(
+            train_parser().parse_args(
+                ["--pair", "de-en", *gpu_sweep.RECIPE, *gpu_sweep.T6K, *gpu_sweep.D128]
+            )
+        )
+        peak = d128.lr_factor * 128**-0.5 * d128.warmup**-0.5  # equation 3's peak
+        assert peak == pytest.approx(5e-3, rel=0.01)
+
+
 def test_gpu_sweep_refuses_a_shipped_folder_without_the_pair(
     tmp_path: Path, tool, monkeypatch, capsys
 ):
