@@ -10,6 +10,7 @@ import torch
 from test_train import (
     assert_same_update,
     copy_pairs,
+    one_update,
     tiny_config,
     tiny_data,
     tiny_model,
@@ -22,7 +23,6 @@ from transformer.data import collate
 from transformer.loop import batch_log_probs, train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.rdrop import RDropLoss, doubled
-from transformer.schedule import make_optimizer
 from transformer.train import train
 from transformer.train_config import TrainConfig
 from transformer.validation import validate
@@ -112,24 +112,13 @@ def test_without_dropout_an_r_drop_update_is_the_plain_update():
     """Same tokens, same gradient: the loss on the doubled batch keeps the scale of one copy."""
     batch = collate(copy_pairs(6, seed=2), pad_id=0, bos_id=1, eos_id=2)
 
-    def one_update(criterion, batches):
-        model = tiny_model()  # dropout 0
-        optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
-        train_step(
-            model,
-            batches,
-            criterion=criterion,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            tokens=batch.n_tgt_tokens,
-        )
-        return model
-
-    plain = one_update(base_loss(), [batch])
-    r_drop = one_update(RDropLoss(base_loss(), 1.0), [doubled(batch)])
+    tokens = batch.n_tgt_tokens
+    plain = one_update([batch], tokens, base_loss())
+    r_drop = one_update([doubled(batch)], tokens, RDropLoss(base_loss(), 1.0))
     assert_same_update(plain, r_drop)
     # Dividing by the tokens of both copies would halve the gradient.
-    halved = one_update(RDropLoss(base_loss(), 1.0), [doubled(doubled(batch))])
+    twice = [doubled(doubled(batch))]
+    halved = one_update(twice, tokens, RDropLoss(base_loss(), 1.0))
     w = "encoder.layers.0.feed_forward.w_1.weight"
     assert not torch.allclose(
         plain.get_parameter(w).grad, halved.get_parameter(w).grad, atol=1e-4

@@ -579,17 +579,9 @@ def test_decode_bench_leaves_out_an_engine_that_cannot_start(
 
     monkeypatch.setattr(module, "CTranslate2Model", no_cublas)
     out = tmp_path / "bench.json"
-    argv = [
-        "--sentences",
-        "2",
-        "--batch-sizes",
-        "2",
-        "--repeats",
-        "1",
-        "--out",
-        str(out),
-    ]
-    argv += ["--engines", "package,ct2-float32", "--baseline", "ct2-float32"]
+    argv = ["--engines", "package,ct2-float32", "--baseline", "ct2-float32"]
+    argv += ["--sentences", "2", "--batch-sizes", "2", "--repeats", "1"]
+    argv += ["--out", str(out)]
     assert module.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["unavailable"] == {
