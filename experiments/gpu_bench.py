@@ -14,8 +14,8 @@ base model's 25,000-token batches (`--only` names some of them).
 
 OUT holds the card, torch's and CUDA's versions, the bf16 matrix-multiply rate measured on
 this card (`measured_peak`: products of 8,192 × 8,192 matrices) beside the rate that MFU
-divides by, and a row per variant. It is rewritten after each variant, atomically: it
-always holds whole JSON.
+divides by, and a row per variant (or the error that stopped it, and the next one starts).
+It is rewritten after each variant, atomically: it always holds whole JSON.
 """
 
 import argparse
@@ -37,10 +37,10 @@ VARIANTS = {
     "recipe fp32": dict(bf16=False),
     "recipe bf16": dict(bf16=True),
     "recipe bf16 compile": dict(bf16=True, compile=True),
+    "recipe-25k bf16": RECIPE_25K | dict(bf16=True),
     "base-25k fp32": BASE | dict(bf16=False),
     "base-25k bf16": BASE | dict(bf16=True),
-    "base-25k bf16 compile": BASE | dict(bf16=True, compile=True),
-    "recipe-25k bf16": RECIPE_25K | dict(bf16=True),
+    "base-25k bf16 compile": BASE | dict(bf16=True, compile=True),  # compiles last
 }
 
 
@@ -113,14 +113,21 @@ def main() -> int:
     for name, fields in VARIANTS.items():
         if args.only and name not in args.only:
             continue
-        row = measure(name, fields, args.cache_dir, args.pair)
-        row["device"] = device
-        rows.append(row)
-        print(
-            f"{name:<24} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.2%}  "
-            f"({row['updates_per_epoch']} updates/epoch, {row['run_seconds']:.0f} s)",
-            flush=True,
-        )
+        try:
+            row = measure(name, fields, args.cache_dir, args.pair)
+        except Exception as err:  # torch.compile without a C compiler, say
+            why = f"{type(err).__name__}: {err}".splitlines()[0]
+            rows.append({"variant": name, "error": why})
+            print(f"{name:<24} failed: {why}", flush=True)
+        else:
+            row["device"] = device
+            rows.append(row)
+            print(
+                f"{name:<24} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.2%}"
+                f"  ({row['updates_per_epoch']} updates/epoch, "
+                f"{row['run_seconds']:.0f} s)",
+                flush=True,
+            )
         write_lines(Path(args.out), [json.dumps(result, indent=2)])
     print(
         f"device: {device}, torch {torch.__version__}, measured bf16 rate "

@@ -177,6 +177,36 @@ def test_gpu_bench_refuses_a_variant_it_does_not_have(tool, monkeypatch, capsys)
     assert status == 2 and "invalid choice: 'recipe fp23'" in err, err
 
 
+def test_gpu_bench_records_a_variant_that_fails_and_goes_on(
+    tmp_path: Path, tool, monkeypatch, capsys
+):
+    """A variant that fails (torch.compile without a C compiler, say) gets its error as its
+    row, and the next variant is measured; OUT names the card and both rates."""
+    gpu_bench = tool("gpu_bench")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a card")
+    monkeypatch.setattr(gpu_bench, "measured_peak", lambda: 7e14)
+
+    def measure(name, fields, cache_dir, pair):
+        if name == "recipe-25k bf16":
+            raise RuntimeError("Failed to find C compiler\nmore")
+        row = dict(variant=name, tokens_per_s=1.0, mfu=0.5, updates_per_epoch=2)
+        return row | dict(run_seconds=3.0)
+
+    monkeypatch.setattr(gpu_bench, "measure", measure)
+    out = tmp_path / "bench.json"
+    argv = ["--out", str(out), "--only", "base-25k bf16", "recipe-25k bf16"]
+    assert run_main(gpu_bench, argv, monkeypatch, capsys)[0] == 0
+    result = json.loads(out.read_text())
+    assert result["device"] == "a card" and result["measured_bf16_flops"] == 7e14
+    assert result["rows"][0] == {
+        "variant": "recipe-25k bf16",
+        "error": "RuntimeError: Failed to find C compiler",
+    }
+    assert result["rows"][1]["variant"] == "base-25k bf16"
+    assert result["rows"][1]["device"] == "a card"
+
+
 @pytest.fixture
 def shipped(tmp_path: Path) -> Path:
     """A tiny shipped model as gpu_sweep exports it: no last/ yet."""
