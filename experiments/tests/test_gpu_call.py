@@ -44,8 +44,8 @@ def carried(tmp_path: Path) -> list[str]:
         (tmp_path / "cache" / pair).mkdir(parents=True)
         (tmp_path / "cache" / pair / "manifest.json").write_text("{}")
         shutil.copy(SHIPPED / pair / "tokenizer.json", tmp_path / "cache" / pair)
-    for name in ("ctranslate2", "pytest", "pluggy", "iniconfig"):
-        fake_wheel(tmp_path / "wheels", name)
+    for spec in gpu_call.WHEELS:
+        fake_wheel(tmp_path / "wheels", spec.split("==")[0].lower())
     return [
         "--cache-dir",
         str(tmp_path / "cache"),
