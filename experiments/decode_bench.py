@@ -30,6 +30,7 @@ is the baseline, the speeds are relative to the package's instead.
 
 import argparse
 import copy
+import hashlib
 import json
 import os
 import platform
@@ -44,11 +45,11 @@ import torch
 from torch import nn
 
 from transformer.cache import load_encoded
+from transformer.checkpoint import tokenizer_digest
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2
 from transformer.data import load_pairs
 from transformer.decode import beam_search, greedy_decode
 from transformer.decode_options import DecodeOptions
-from transformer.paths import CHECKPOINTS_DIR
 from transformer.splits import write_lines
 from transformer.tokenizer import normalize
 from transformer.translation import length_sorted_batches, load_pair_model
@@ -95,13 +96,12 @@ def test_set(model, tok, pair: str, sentences: int | None, cache: Path | None = 
     return sources, [target for _, target in pairs]
 
 
-def same_vocabulary(cache: Path, pair: str, checkpoint: str | None) -> bool:
-    """Whether the encoded cache was made with the model folder's tokenizer."""
-    folder = CHECKPOINTS_DIR / pair if checkpoint is None else Path(checkpoint)
-    theirs, ours = cache / pair / "tokenizer.json", folder / "tokenizer.json"
-    return (
-        theirs.is_file() and ours.is_file() and theirs.read_bytes() == ours.read_bytes()
-    )
+def same_vocabulary(cache: Path, pair: str, tok) -> bool:
+    """Whether the encoded cache was made with the model's tokenizer (its fingerprint, as
+    a checkpoint's config.json holds it)."""
+    path = cache / pair / "tokenizer.json"
+    theirs = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return theirs == tokenizer_digest(tok)
 
 
 def package_decoder(model, tok):
@@ -308,16 +308,13 @@ def main(argv: list[str] | None = None) -> int:
             "--profile and package-int8 run on the CPU only: leave them out with cuda"
         )
 
-    if args.cache_dir and not same_vocabulary(
-        args.cache_dir, args.pair, args.checkpoint
-    ):
+    torch.set_num_threads(args.threads)
+    model, tok = load_pair_model(args.pair, args.checkpoint, device=args.device)
+    if args.cache_dir and not same_vocabulary(args.cache_dir, args.pair, tok):
         refuse(
             f"the encoded cache {args.cache_dir / args.pair} was not made with the "
             "model's tokenizer.json"
         )
-
-    torch.set_num_threads(args.threads)
-    model, tok = load_pair_model(args.pair, args.checkpoint, device=args.device)
     sources, references = test_set(
         model, tok, args.pair, args.sentences, args.cache_dir
     )

@@ -631,7 +631,7 @@ def test_decode_bench_reads_the_sources_from_an_encoded_cache(
     module = tool("decode_bench")
     cache = tmp_path / "cache"
     (cache / "de-en").mkdir(parents=True)
-    shipped = module.CHECKPOINTS_DIR / "de-en" / "tokenizer.json"
+    shipped = ROOT / "checkpoints" / "de-en" / "tokenizer.json"
     shutil.copy(shipped, cache / "de-en" / "tokenizer.json")
     asked = []
 
