@@ -486,6 +486,7 @@ def main() -> int:
     packed = tar_bytes(run_files(runs, args), "w:gz")
     atomic_write(Path(args.out) / "runs.tar.gz", packed)
     summary = {"runs": rows, "choose_by": args.choose_by}
+    # written before the export too: the scores survive an export that fails
     write_lines(Path(args.out) / "summary.json", [json.dumps(summary, indent=2)])
     summary["decisions"] = export_best(rows, args)
     write_lines(Path(args.out) / "summary.json", [json.dumps(summary, indent=2)])
