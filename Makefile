@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 # is already satisfied. The default is the CPU build that CI machines hold on disk; from PyPI
 # that pin is the CUDA build, so elsewhere pass pip arguments for a CPU build (README.md).
 TORCH_CPU ?= torch==2.13.0
-CHAPTERS := intro.ipynb $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
+# Part I to III are chapters/NN_*, the appendices chapters/aNN_*: sorted, the book's order.
+CHAPTERS := intro.ipynb $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb chapters/a[0-9][0-9]_*.ipynb))
 
 .PHONY: help book test test-other-cpu check export sync execute venv clean
 
@@ -66,7 +67,7 @@ export: $(BIN)/.installed
 	$(BIN)/python tools/nb.py export
 
 sync: $(BIN)/.installed
-	$(BIN)/jupytext --sync intro.ipynb intro.py chapters/[0-9][0-9]_*.ipynb chapters/[0-9][0-9]_*.py
+	$(BIN)/jupytext --sync intro.ipynb intro.py $(CHAPTERS:intro.ipynb=) $(patsubst %.ipynb,%.py,$(CHAPTERS:intro.ipynb=))
 
 execute: $(BIN)/.installed
 	$(BIN)/python tools/nb.py execute $(or $(NB),$(CHAPTERS))

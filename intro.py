@@ -142,7 +142,7 @@ HTML((Path(transformer.__file__).parents[1] / "images" / "transformer.svg").read
 #   training loop that produced the shipped models.
 # - **Part III, translating**: greedy and beam search, then the results: scores, examples good
 #   and bad, and what the attention heads look at. Its last page,
-#   [Translate and look inside](chapters/17_translate.md), runs the shipped models in your
+#   [Translate and look inside](chapters/16_translate.md), runs the shipped models in your
 #   browser: type a sentence and see its translation and where the model looked.
 # - **Appendices**: the deviations from the paper, engineering the package, the command line,
 #   derivations and counts, and the experiments behind the recipe.

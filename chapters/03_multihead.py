@@ -70,7 +70,7 @@ if importlib.util.find_spec("transformer") is None:
 # $(H, d_k)$ and moves the heads in front of the positions, giving $(B, H, T, d_k)$, on which the
 # attention function runs every head at once; `merge_heads`, the concatenation, is the same
 # reshape backwards. This is also why $H$ heads cost about what one full-width head costs
-# (Section 3.2.2; the appendix [Derivations and counts](93_counts.ipynb) counts it).
+# (Section 3.2.2; the appendix [Derivations and counts](a11_counts.ipynb) counts it).
 
 # %%
 #| export
@@ -115,7 +115,7 @@ assert torch.equal(merge_heads(q), projected)  # concatenation undoes the split
 # `MultiHeadAttention` holds the four $d_\text{model} \times d_\text{model}$ projections `w_q`,
 # `w_k`, `w_v` (each the $H$ per-head matrices side by side) and `w_o` ($W^O$). They carry biases
 # by default, as PyTorch's `nn.MultiheadAttention` does; `bias=False` gives the paper's bias-free
-# layer (see the appendix [Deviations from the paper](90_deviations.ipynb)). Three small pieces
+# layer (see the appendix [Deviations from the paper](a01_deviations.ipynb)). Three small pieces
 # come first.
 #
 # In self-attention $Q$, $K$ and $V$ are projections of the same $x$, so `project` computes

@@ -174,7 +174,7 @@ print(
 # Much later code is pre-norm (the Annotated Transformer, whose text quotes the paper's formula;
 # tensor2tensor {cite:p}`vaswani2018tensor2tensor` after the paper), because it trains stably
 # without a long warm-up {cite:p}`xiong2020layer`. The book follows the paper, `norm_first=False`
-# (the appendix [Deviations from the paper](90_deviations.ipynb) lists every option).
+# (the appendix [Deviations from the paper](a01_deviations.ipynb) lists every option).
 
 
 # %%

@@ -76,7 +76,7 @@ import torch
 #
 # The two masks are keyword-only: when $S = T$ a swapped pair would broadcast without complaint.
 # The caches `self_cache` and `cross_cache` serve translation, one token at a time
-# ([the decoding chapter](15_decoding.ipynb)).
+# ([the decoding chapter](14_decoding.ipynb)).
 
 # %%
 #| export
@@ -161,7 +161,7 @@ class DecoderLayer(nn.Module):
 # Like the encoder, the decoder is `n_layers` layers built one by one, with a final LayerNorm only
 # when pre-norm. Every layer attends to the *same* memory. A `DecoderCache` holds the two caches
 # of every layer for translation, where the stack runs once per output token (the appendix
-# [Engineering the model](98_model_engineering.ipynb)).
+# [Engineering the model](a02_model_engineering.ipynb)).
 
 
 # %%

@@ -73,11 +73,11 @@ import torch.nn.functional as F
 # | `share_embeddings` | `True` | one embedding table for both languages (Section 3.4) |
 # | `tie_output` | `True` | the output layer reuses the target embedding (Section 3.4) |
 #
-# The options are off by default; the appendix [Deviations from the paper](90_deviations.ipynb)
+# The options are off by default; the appendix [Deviations from the paper](a01_deviations.ipynb)
 # lists them. The config is **frozen**: nobody changes `d_model` of a model that exists. It is
 # **validated** when it is made: a width the heads cannot split fails at once, with a
 # `ValueError` that starts with the field's name, not ten modules later with a shape error (the
-# appendix [Engineering the model](98_model_engineering.ipynb) holds the checks, and those of
+# appendix [Engineering the model](a02_model_engineering.ipynb) holds the checks, and those of
 # `from_dict`, which rebuilds a config saved with a checkpoint). The presets `base`, `big` and
 # `small` take the vocabulary size and any field to override.
 
@@ -324,7 +324,7 @@ class Transformer(nn.Module):
 # **Parameters.** Counted on PyTorch's `meta` device, which allocates nothing, the base and big
 # presets with the paper's vocabulary of about 37,000 tokens have 63.1 and 214.2 million
 # parameters against Table 3's 65 and 213 million (the appendix
-# [Derivations and counts](93_counts.ipynb) derives both and locates the difference). With the
+# [Derivations and counts](a11_counts.ipynb) derives both and locates the difference). With the
 # 8,000-token vocabulary of this book's data chapter, the base model has 48.2 million: the same
 # layers, a smaller embedding table.
 

@@ -31,7 +31,7 @@
 # in two modules: `transformer.tokenizer` (spaCy's words and a subword vocabulary shared by both
 # languages) and `transformer.batches` (batches of sentences of similar length). The plumbing
 # around them, the files' checksums, a cache of token ids on disk and the tokenizer's file, is in
-# the appendix [The data pipeline](96_data_pipeline.ipynb).
+# the appendix [The data pipeline](a03_data_pipeline.ipynb).
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -179,7 +179,7 @@ print(pretokenize([messy], "de")[0], pretokenize(["l'homme"], "fr")[0])
 # ends a sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`,
 # `bos_id`, `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id)
 # and the tokenizer's file (`save`, `load`) come from `Vocabulary`, built in the appendix
-# [The data pipeline](96_data_pipeline.ipynb); the tokenizer adds the two directions. Anything
+# [The data pipeline](a03_data_pipeline.ipynb); the tokenizer adds the two directions. Anything
 # outside the vocabulary encodes as `<unk>` and decodes as the text `<unk>`, so encoding never
 # fails; `encode` returns the pieces of the text and nothing else, and never truncates. BPE
 # works inside a word, so `segment` computes each distinct word once.
@@ -301,8 +301,8 @@ assert ids.count(tokenizer.unk_id) == 5 and tokenizer.vocab_size == VOCAB_SIZE
 # entries serve 4.5 million sentence pairs; for Multi30k's 29,000 the book takes 8,000
 # (`VOCAB_SIZE`): small data wants small vocabularies {cite:p}`sennrich2019revisiting`, and an
 # average training word then takes little more than one piece (counted in the appendix
-# [The data pipeline](96_data_pipeline.ipynb); the training runs that compare sizes are in
-# [The experiments behind the recipe](94_experiments.ipynb)).
+# [The data pipeline](a03_data_pipeline.ipynb); the training runs that compare sizes are in
+# [The experiments behind the recipe](a12_experiments.ipynb)).
 
 # %%
 for pair, tokenizer in trained.items():
@@ -545,7 +545,7 @@ for name, groups in (("by length", epoch_0), ("at random", random)):
 #   decode(encode(x)) = normalize(x) holds on every sentence.
 # - `collate` adds `<bos>`, `<eos>` and padding, and `token_batches` groups pairs of similar
 #   length into batches of at most 8,000 padded tokens a side.
-# - The appendix [The data pipeline](96_data_pipeline.ipynb) checks the files, caches every split
+# - The appendix [The data pipeline](a03_data_pipeline.ipynb) checks the files, caches every split
 #   as token ids so that training needs no spaCy, serves an epoch's batches (`iterate_batches`)
 #   and adds BPE-dropout, an option.
 #

@@ -28,7 +28,7 @@
 #
 # It makes the same updates inside a `Trainer` that also validates, writes checkpoints, resumes
 # exactly after a stop and shares the work among several GPUs: the appendix
-# [Training runs](91_engineering.ipynb) builds it on this chapter's code.
+# [Training runs](a05_training_runs.ipynb) builds it on this chapter's code.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -124,7 +124,7 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 # (matrix products in bfloat16, the loss in float32). The step returns the summed loss, left on
 # the device: reading a GPU value waits for the GPU. Two calls serve a run of several processes
 # and do nothing in one: `ddp_processes` and `sync_gradients` (the appendix
-# [Training runs](91_engineering.ipynb) explains them).
+# [Training runs](a05_training_runs.ipynb) explains them).
 
 
 # %%
@@ -402,8 +402,8 @@ print(", ".join(f"{k} {v:.3f}" for k, v in result.metrics().items()))
 #   bfloat16 is slower.
 #
 # The runs behind these choices are in the appendix
-# [The experiments behind the recipe](94_experiments.ipynb); the appendix
-# [Training runs](91_engineering.ipynb) writes the recipe as `multi30k_recipe`, which
+# [The experiments behind the recipe](a12_experiments.ipynb); the appendix
+# [Training runs](a05_training_runs.ipynb) writes the recipe as `multi30k_recipe`, which
 # `--config multi30k` selects.
 
 # %%

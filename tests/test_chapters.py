@@ -89,7 +89,7 @@ def test_a_subpackages_modules_are_exported_and_checked(scratch_repo: Path):
     absolute, its header names the chapter, and a hand edit of it is caught too."""
     module = scratch_repo / "transformer" / "cli" / "translate.py"
     text = module.read_text()
-    assert text.startswith("# Generated from chapters/92_cli.ipynb: edit it")
+    assert text.startswith("# Generated from chapters/a10_cli.ipynb: edit it")
     assert "from transformer.cli.base import" in text and "from ." not in text
     module.write_text(text + "\n# a hand edit\n")
     (scratch_repo / "transformer" / "cli" / "stale.py").write_text("")

@@ -32,7 +32,7 @@ NOTEBOOKS = [
     "intro.ipynb",
     "chapters/01_attention.ipynb",
     "chapters/12_schedule.ipynb",
-    "chapters/15_decoding.ipynb",
+    "chapters/14_decoding.ipynb",
 ]
 # What Colab has installed that the project needs: PyTorch, and a kernel to run notebooks in.
 # TORCH_CPU holds pip arguments, as in the Makefile (on CI machines this pin is a CPU build).

@@ -18,7 +18,7 @@ from transformer.translation import load_pair_model, translate
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-PAGE = "chapters/17_translate.html"
+PAGE = "chapters/16_translate.html"
 SENTENCES = {
     "de-en": "Zwei Hunde spielen im Schnee.",
     "fr-en": "Un homme fait du vélo dans la rue.",

@@ -1,6 +1,6 @@
 """Chapter tooling: export the package, check the notebooks, execute them.
 
-    python tools/nb.py export         # transformer/<module>.py from the #| export cells
+    python tools/nb.py export [NB...] # transformer/<module>.py from the #| export cells
     python tools/nb.py check          # export in sync, twins in sync, notebooks clean
     python tools/nb.py execute NB...  # run chapters in place, storing their outputs
     python tools/nb.py setup-cells    # rewrite each chapter's Colab cell from _config.yml
@@ -42,11 +42,15 @@ def chapter_paths(root: Path = ROOT) -> list[Path]:
     """The book's notebooks: the intro (a notebook with a Colab set-up cell too), then the
     chapters and appendices in order."""
     intro = [root / "intro.ipynb"] if (root / "intro.ipynb").exists() else []
-    return intro + sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    chapters = root / "chapters"
+    # Parts I to III are NN_name, the appendices aNN_name: sorted, the book's order.
+    found = [*chapters.glob("[0-9][0-9]_*.ipynb"), *chapters.glob("a[0-9][0-9]_*.ipynb")]
+    return intro + sorted(found)
 
 
-def export(root: Path = ROOT) -> list[Path]:
-    """Export every chapter into `root/transformer`; return the modules written."""
+def export(root: Path = ROOT, notebooks: list[Path] | None = None) -> list[Path]:
+    """Export every chapter, or only `notebooks`, into `root/transformer`; return the
+    modules written."""
     from nbdev.export import nb_export
     from nbdev.maker import ModuleMaker
 
@@ -56,10 +60,14 @@ def export(root: Path = ROOT) -> list[Path]:
         return ModuleMaker(*args, is_new=True, **kwargs)
 
     lib = root / "transformer"
-    for nb in chapter_paths(root):
+    before = {name: (lib / name).stat().st_mtime_ns for name in module_names(lib)}
+    for nb in notebooks or chapter_paths(root):
         # nbdev writes "File to edit: <chapter relative to lib>", the same in a scratch copy.
         nb_export(str(nb), lib_path=str(lib), mod_maker=written_whole)
-    modules = [lib / name for name in sorted(module_names(lib) - HAND_WRITTEN)]
+    names = module_names(lib) - HAND_WRITTEN
+    if notebooks:  # only what these chapters wrote
+        names = {n for n in names if (lib / n).stat().st_mtime_ns != before.get(n)}
+    modules = [lib / name for name in sorted(names)]
     for module in modules:
         package = ".".join(module.relative_to(root).parent.parts)
         text = absolute_imports(module.read_text(), package)
@@ -319,7 +327,8 @@ def main(argv: list[str]) -> int:
         return 2
     command, args = argv[0], argv[1:]
     if command == "export":
-        for module in export():
+        notebooks = [Path(a).resolve() for a in args] or None
+        for module in export(notebooks=notebooks):
             print(f"exported {module.relative_to(ROOT)}")
     elif command == "setup-cells":
         setup_cells()

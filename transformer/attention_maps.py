@@ -1,10 +1,10 @@
-# Generated from chapters/98_model_engineering.ipynb: edit it, not this file.
+# Generated from chapters/a02_model_engineering.ipynb: edit it, not this file.
 """Every attention weight of a Transformer's forward pass, for figures."""
 
 # %% auto #0
 __all__ = ["attention_weights"]
 
-# %% ../chapters/98_model_engineering.ipynb #8225f522
+# %% ../chapters/a02_model_engineering.ipynb #8225f522
 
 from torch import Tensor, nn
 

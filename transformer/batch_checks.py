@@ -1,11 +1,11 @@
-# Generated from chapters/96_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
 """The checks of collate's and token_batches' arguments: one clear ValueError
 for a batch that cannot be made."""
 
 # %% auto #0
 __all__ = ["check_index", "check_fit", "check_lengths"]
 
-# %% ../chapters/96_data_pipeline.ipynb #af3286a9
+# %% ../chapters/a03_data_pipeline.ipynb #af3286a9
 
 from collections.abc import Sequence
 

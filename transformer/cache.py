@@ -1,4 +1,4 @@
-# Generated from chapters/96_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
 """The encoded cache: every split of a pair as token ids on disk, written by
 `prepare` and read by `load_encoded` without spaCy."""
 
@@ -11,7 +11,7 @@ __all__ = [
     "load_encoded",
 ]
 
-# %% ../chapters/96_data_pipeline.ipynb #efb7c59b
+# %% ../chapters/a03_data_pipeline.ipynb #efb7c59b
 
 import hashlib
 import json
@@ -73,7 +73,7 @@ def cache_problems(
     )[0]
 
 
-# %% ../chapters/96_data_pipeline.ipynb #f1c1c683
+# %% ../chapters/a03_data_pipeline.ipynb #f1c1c683
 def _read_cache(
     pair: str,
     cache_dir: Path,
@@ -155,7 +155,7 @@ def _read_cache(
     return problems, contents
 
 
-# %% ../chapters/96_data_pipeline.ipynb #8ce5b56c
+# %% ../chapters/a03_data_pipeline.ipynb #8ce5b56c
 def _build_cache(
     pair: str, folder: Path, *, vocab_size: int, data_dir: Path
 ) -> None:
@@ -206,7 +206,7 @@ def _build_cache(
     )
 
 
-# %% ../chapters/96_data_pipeline.ipynb #adb60eb4
+# %% ../chapters/a03_data_pipeline.ipynb #adb60eb4
 def prepare(
     pair: str,
     cache_dir: Path = CACHE_DIR,

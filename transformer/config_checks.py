@@ -1,11 +1,11 @@
-# Generated from chapters/98_model_engineering.ipynb: edit it, not this file.
+# Generated from chapters/a02_model_engineering.ipynb: edit it, not this file.
 """The checks of a TransformerConfig and of a saved one: each bad field is a
 ValueError that names it."""
 
 # %% auto #0
 __all__ = ["POSITIONAL_KINDS", "check_sizes", "check_config", "check_record"]
 
-# %% ../chapters/98_model_engineering.ipynb #821aca7f
+# %% ../chapters/a02_model_engineering.ipynb #821aca7f
 
 import dataclasses
 from typing import Any
@@ -36,7 +36,7 @@ def check_sizes(c: Any) -> None:
         )
 
 
-# %% ../chapters/98_model_engineering.ipynb #d3e04b98
+# %% ../chapters/a02_model_engineering.ipynb #d3e04b98
 def check_config(c: Any) -> None:
     """A ValueError, naming the field, if config c cannot build a model."""
     check_sizes(c)
@@ -77,7 +77,7 @@ def check_config(c: Any) -> None:
         )
 
 
-# %% ../chapters/98_model_engineering.ipynb #dae4428f
+# %% ../chapters/a02_model_engineering.ipynb #dae4428f
 def check_record(record: dict[str, Any], cls: type) -> None:
     """A saved config lists every field of dataclass cls, and nothing else.
 

@@ -1,4 +1,4 @@
-# Generated from chapters/95_ctranslate2.ipynb: edit it, not this file.
+# Generated from chapters/a09_ctranslate2.ipynb: edit it, not this file.
 """Export a trained model to CTranslate2, the inference engine of production
 translation systems, and translate with the exported model."""
 
@@ -14,7 +14,7 @@ __all__ = [
     "CTranslate2Model",
 ]
 
-# %% ../chapters/95_ctranslate2.ipynb #4962f2a5
+# %% ../chapters/a09_ctranslate2.ipynb #4962f2a5
 
 import json
 import math
@@ -78,7 +78,7 @@ def check_convertible(model: Transformer) -> None:
         )
 
 
-# %% ../chapters/95_ctranslate2.ipynb #df959a55
+# %% ../chapters/a09_ctranslate2.ipynb #df959a55
 def _array(t: Tensor) -> np.ndarray:
     """A copy: the engine's quantisation works in place, and must not touch the
     model."""
@@ -180,7 +180,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     return spec
 
 
-# %% ../chapters/95_ctranslate2.ipynb #95a27bf5
+# %% ../chapters/a09_ctranslate2.ipynb #95a27bf5
 def export_ctranslate2(
     model: Transformer,
     tokenizer: Tokenizer,
@@ -214,7 +214,7 @@ def export_ctranslate2(
     return out
 
 
-# %% ../chapters/95_ctranslate2.ipynb #a2fdea52
+# %% ../chapters/a09_ctranslate2.ipynb #a2fdea52
 class CTranslate2Model:
     """An exported folder, loaded: the engine's translator and the package's
     tokenizer."""

@@ -1,11 +1,11 @@
-# Generated from chapters/96_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
 """The data pipeline that training reads: the batches of an epoch over an
 encoded split, and the names of the modules it is built from."""
 
 # %% auto #0
 __all__ = ["iterate_batches"]
 
-# %% ../chapters/96_data_pipeline.ipynb #7863b3de
+# %% ../chapters/a03_data_pipeline.ipynb #7863b3de
 
 from collections.abc import Iterator
 

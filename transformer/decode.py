@@ -1,4 +1,4 @@
-# Generated from chapters/15_decoding.ipynb: edit it, not this file.
+# Generated from chapters/14_decoding.ipynb: edit it, not this file.
 """Greedy decoding and beam search with a key/value cache (Section 6.1 of
 Vaswani et al., 2017, with the length penalty of Wu et al., 2016)."""
 
@@ -12,7 +12,7 @@ __all__ = [
     "beam_search",
 ]
 
-# %% ../chapters/15_decoding.ipynb #7cbcfaac
+# %% ../chapters/14_decoding.ipynb #7cbcfaac
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -67,7 +67,7 @@ def _hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
     return Hypothesis(tokens, log_prob, score, ended)
 
 
-# %% ../chapters/15_decoding.ipynb #289d21c0
+# %% ../chapters/14_decoding.ipynb #289d21c0
 def greedy_decode(
     model: Transformer,
     src: Tensor,
@@ -117,7 +117,7 @@ def greedy_decode(
     ]
 
 
-# %% ../chapters/15_decoding.ipynb #33c1c23b
+# %% ../chapters/14_decoding.ipynb #33c1c23b
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
     """lp(Y) = ((5 + |Y|) / 6)^α of Wu et al. (2016), |Y| counting EOS."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -155,7 +155,7 @@ class BeamStep:
         return BeamStep(self.step, *kept)
 
 
-# %% ../chapters/15_decoding.ipynb #e30ae4df
+# %% ../chapters/14_decoding.ipynb #e30ae4df
 def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
     """Step t: the K best extensions of each sentence's K beams, given step
     (n, K, V), the log p of each beam's next token."""
@@ -185,7 +185,7 @@ def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
     )
 
 
-# %% ../chapters/15_decoding.ipynb #5834809a
+# %% ../chapters/14_decoding.ipynb #5834809a
 @dataclass
 class Kept:
     """Each sentence's best ended hypothesis so far, kept outside the beam:
@@ -238,7 +238,7 @@ def _finished(kept_score, beams, limits, alpha) -> Tensor:
     return (kept_score >= reachable) | (best_open == -torch.inf)
 
 
-# %% ../chapters/15_decoding.ipynb #ffffa23e
+# %% ../chapters/14_decoding.ipynb #ffffa23e
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -298,7 +298,7 @@ def beam_search(
     return kept.hypotheses(eos_id=eos_id, pad_id=pad_id)
 
 
-# %% ../chapters/15_decoding.ipynb #ef951f4e
+# %% ../chapters/14_decoding.ipynb #ef951f4e
 def __getattr__(name: str):
     """The names of transformer.translation, which builds on this module
     (`translate`, `load_pair_model`, ...), are importable from it too."""

@@ -1,4 +1,4 @@
-# Generated from chapters/97_translating.ipynb: edit it, not this file.
+# Generated from chapters/a08_translating.ipynb: edit it, not this file.
 """The options of a translation, with the paper's values, checked once: the
 search's beam size and length penalty α, the sentences decoded at once and the
 longest output."""
@@ -6,7 +6,7 @@ longest output."""
 # %% auto #0
 __all__ = ["MAX_ALPHA", "OptionError", "DecodeOptions", "decode_options"]
 
-# %% ../chapters/97_translating.ipynb #b4353e5c
+# %% ../chapters/a08_translating.ipynb #b4353e5c
 
 import dataclasses
 import math
@@ -27,7 +27,7 @@ class OptionError(ValueError):
         self.field, self.problem = field, problem
 
 
-# %% ../chapters/97_translating.ipynb #db8ec932
+# %% ../chapters/a08_translating.ipynb #db8ec932
 @dataclass(frozen=True)
 class DecodeOptions:
     """Beam search with beam_size and length penalty alpha (beam_size 1:

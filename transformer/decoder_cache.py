@@ -1,10 +1,10 @@
-# Generated from chapters/98_model_engineering.ipynb: edit it, not this file.
+# Generated from chapters/a02_model_engineering.ipynb: edit it, not this file.
 """The keys and values of every decoder layer, kept between decoding steps."""
 
 # %% auto #0
 __all__ = ["DecoderCache"]
 
-# %% ../chapters/98_model_engineering.ipynb #60d3c1f7
+# %% ../chapters/a02_model_engineering.ipynb #60d3c1f7
 
 from dataclasses import dataclass
 

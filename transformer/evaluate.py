@@ -1,11 +1,11 @@
-# Generated from chapters/16_results.ipynb: edit it, not this file.
+# Generated from chapters/15_results.ipynb: edit it, not this file.
 """Scoring translations: sacreBLEU's BLEU and chrF with their signatures (Post,
 2018), and the lowercased tokenised BLEU of published Multi30k results."""
 
 # %% auto #0
 __all__ = ["Scores", "score"]
 
-# %% ../chapters/16_results.ipynb #ef74895a
+# %% ../chapters/15_results.ipynb #ef74895a
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ class Scores:
         )
 
 
-# %% ../chapters/16_results.ipynb #c2b90acb
+# %% ../chapters/15_results.ipynb #c2b90acb
 def score(
     hypotheses: Sequence[str],
     references: Sequence[str],

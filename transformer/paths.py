@@ -1,4 +1,4 @@
-# Generated from chapters/92_cli.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """Where the book's data, encoded caches and models are: in the clone of its
 repository that holds the package, or under $TRANSFORMER_HOME."""
 
@@ -12,7 +12,7 @@ __all__ = [
     "home",
 ]
 
-# %% ../chapters/92_cli.ipynb #7701c2a5
+# %% ../chapters/a10_cli.ipynb #7701c2a5
 
 import importlib.util
 import os

@@ -1,4 +1,4 @@
-# Generated from chapters/91_engineering.ipynb: edit it, not this file.
+# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
 """A training run's checkpoints: averaging them, writing and pruning them,
 what they record of the run, and the checks and chores of resuming from one."""
 
@@ -19,7 +19,7 @@ __all__ = [
     "RunFolder",
 ]
 
-# %% ../chapters/91_engineering.ipynb #911fd5e8
+# %% ../chapters/a05_training_runs.ipynb #911fd5e8
 
 import json
 import shutil
@@ -102,7 +102,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     return {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
 
 
-# %% ../chapters/91_engineering.ipynb #31939cd5
+# %% ../chapters/a05_training_runs.ipynb #31939cd5
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint folder of the run in `out`, or None."""
     found = list_checkpoints(out)
@@ -151,7 +151,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
                 (path / name).unlink(missing_ok=True)
 
 
-# %% ../chapters/91_engineering.ipynb #c9bd3cd4
+# %% ../chapters/a05_training_runs.ipynb #c9bd3cd4
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
@@ -220,7 +220,7 @@ def resume_point(
     return checkpoint
 
 
-# %% ../chapters/91_engineering.ipynb #ac9b9acf
+# %% ../chapters/a05_training_runs.ipynb #ac9b9acf
 def resume_from(
     checkpoint: Path,
     model: nn.Module,

@@ -1,11 +1,11 @@
-# Generated from chapters/97_translating.ipynb: edit it, not this file.
+# Generated from chapters/a08_translating.ipynb: edit it, not this file.
 """What a search sets up before it starts: its arguments checked, each
 sentence's output length limit (Section 6.1), and inference mode."""
 
 # %% auto #0
 __all__ = ["EXTRA_LENGTH", "output_limits", "check_search", "inference"]
 
-# %% ../chapters/97_translating.ipynb #50c85587
+# %% ../chapters/a08_translating.ipynb #50c85587
 
 from collections.abc import Iterator
 from contextlib import contextmanager

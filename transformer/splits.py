@@ -1,4 +1,4 @@
-# Generated from chapters/97_translating.ipynb: edit it, not this file.
+# Generated from chapters/a08_translating.ipynb: edit it, not this file.
 """A Multi30k split translated and scored: its translations timed and written
 one per line, its BLEU by source length, and the lowercased spaCy-tokenised
 BLEU that published Multi30k results report."""
@@ -16,7 +16,7 @@ __all__ = [
     "lc_tok_bleu",
 ]
 
-# %% ../chapters/97_translating.ipynb #fa0cecc5
+# %% ../chapters/a08_translating.ipynb #fa0cecc5
 
 import math
 import time
@@ -99,7 +99,7 @@ def write_lines(path: Path, lines: Sequence[str]) -> None:
     )
 
 
-# %% ../chapters/97_translating.ipynb #f9de85fc
+# %% ../chapters/a08_translating.ipynb #f9de85fc
 LENGTH_BOUNDS = (
     1,
     10,
@@ -167,7 +167,7 @@ def bleu_by_length(
     return results
 
 
-# %% ../chapters/97_translating.ipynb #a56dd128
+# %% ../chapters/a08_translating.ipynb #a56dd128
 # The name of the lowercased tokenised BLEU wherever it is printed: not
 # comparable with sacreBLEU.
 LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"

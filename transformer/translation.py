@@ -1,4 +1,4 @@
-# Generated from chapters/97_translating.ipynb: edit it, not this file.
+# Generated from chapters/a08_translating.ipynb: edit it, not this file.
 """Translating text with a trained model: sentences in, translations out, in
 batches of similar lengths, and the shipped models loaded by language pair."""
 
@@ -10,7 +10,7 @@ __all__ = [
     "translate_batches",
 ]
 
-# %% ../chapters/97_translating.ipynb #aa35ad21
+# %% ../chapters/a08_translating.ipynb #aa35ad21
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,7 +67,7 @@ def load_pair_model(
     return model, tokenizer
 
 
-# %% ../chapters/97_translating.ipynb #bbf6ba90
+# %% ../chapters/a08_translating.ipynb #bbf6ba90
 def length_sorted_batches(
     lengths: Sequence[int], batch_size: int
 ) -> list[list[int]]:
@@ -100,7 +100,7 @@ def _sentences(indices: list[int]) -> str:
     return f"{noun} {_listed([str(i + 1) for i in indices])}"
 
 
-# %% ../chapters/97_translating.ipynb #6b3a0281
+# %% ../chapters/a08_translating.ipynb #6b3a0281
 def translate(
     model: Transformer,
     tokenizer: Tokenizer,

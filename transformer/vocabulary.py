@@ -1,4 +1,4 @@
-# Generated from chapters/96_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
 """A BPE vocabulary: its entries, the ids of its special tokens, and the file
 of a tokenizer."""
 
@@ -14,7 +14,7 @@ __all__ = [
     "Vocabulary",
 ]
 
-# %% ../chapters/96_data_pipeline.ipynb #75f0da21
+# %% ../chapters/a03_data_pipeline.ipynb #75f0da21
 
 import json
 from collections.abc import Sequence
@@ -35,7 +35,7 @@ class TokenizerError(Exception):
     special tokens."""
 
 
-# %% ../chapters/96_data_pipeline.ipynb #79c45731
+# %% ../chapters/a03_data_pipeline.ipynb #79c45731
 class Vocabulary:
     """The entries of a language pair's BPE vocabulary (Hugging Face's `bpe`)
     and the ids of its special tokens; `Tokenizer` adds encoding and

@@ -1,4 +1,4 @@
-# Generated from chapters/92_cli.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """The command line's common ground: its parser, its one error convention, and
 the options that several commands share."""
 
@@ -19,7 +19,7 @@ __all__ = [
     "load_for_command",
 ]
 
-# %% ../../chapters/92_cli.ipynb #1ce4f902
+# %% ../../chapters/a10_cli.ipynb #1ce4f902
 
 import argparse
 import sys
@@ -77,7 +77,7 @@ def warning(command: str) -> Callable[[str], None]:
     )
 
 
-# %% ../../chapters/92_cli.ipynb #7ea256f0
+# %% ../../chapters/a10_cli.ipynb #7ea256f0
 def language_pair(text: str) -> str:
     """The type of every --pair: a pair the book has, or parse_pair's error."""
     try:
@@ -101,7 +101,7 @@ def option_error(err: OptionError) -> UsageError:
     return UsageError(f"{name} {err.problem}")
 
 
-# %% ../../chapters/92_cli.ipynb #e7882012
+# %% ../../chapters/a10_cli.ipynb #e7882012
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """The options of every command that decodes with a trained model."""
     paper = DecodeOptions()
@@ -145,7 +145,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-# %% ../../chapters/92_cli.ipynb #efa12e1a
+# %% ../../chapters/a10_cli.ipynb #efa12e1a
 def check_model_options(
     args: argparse.Namespace,
 ) -> tuple[DecodeOptions, str]:

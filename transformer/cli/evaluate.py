@@ -1,4 +1,4 @@
-# Generated from chapters/92_cli.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """`python -m transformer evaluate`: a model's translations of a Multi30k
 split, scored."""
 
@@ -11,7 +11,7 @@ __all__ = [
     "evaluate_command",
 ]
 
-# %% ../../chapters/92_cli.ipynb #ee500307
+# %% ../../chapters/a10_cli.ipynb #ee500307
 
 import argparse
 from collections.abc import Sequence
@@ -42,7 +42,7 @@ missing or corrupt data file, an output file that cannot be written, no spaCy)
 print one line on standard error and exit with status 2."""
 
 
-# %% ../../chapters/92_cli.ipynb #3d9c935a
+# %% ../../chapters/a10_cli.ipynb #3d9c935a
 def evaluate_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=f"{PROG} evaluate",
@@ -99,7 +99,7 @@ def check_evaluate_options(args: argparse.Namespace) -> None:
         raise UsageError(f"cannot write {args.output}: it is a folder")
 
 
-# %% ../../chapters/92_cli.ipynb #6c0480ee
+# %% ../../chapters/a10_cli.ipynb #6c0480ee
 def evaluate_command(argv: Sequence[str]) -> None:
     """`python -m transformer evaluate ...`: translate a split, print its
     scores."""

@@ -1,11 +1,11 @@
-# Generated from chapters/92_cli.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """`python -m transformer COMMAND ...`: the command picked, and its module
 imported only when it runs."""
 
 # %% auto #0
 __all__ = ["COMMANDS", "RENAMED", "main"]
 
-# %% ../../chapters/92_cli.ipynb #34181934
+# %% ../../chapters/a10_cli.ipynb #34181934
 
 import importlib
 import os

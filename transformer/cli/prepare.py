@@ -1,11 +1,11 @@
-# Generated from chapters/92_cli.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """`python -m transformer prepare`: Multi30k tokenised and cached as token
 ids."""
 
 # %% auto #0
 __all__ = ["ERRORS", "prepare_command"]
 
-# %% ../../chapters/92_cli.ipynb #38d6cdb9
+# %% ../../chapters/a10_cli.ipynb #38d6cdb9
 
 import os
 from collections.abc import Sequence
@@ -19,7 +19,7 @@ from transformer.tokenizer import SPECIALS, VOCAB_SIZE
 ERRORS = (DataError, ImportError, OSError)  # reported in one line
 
 
-# %% ../../chapters/92_cli.ipynb #84f5b12c
+# %% ../../chapters/a10_cli.ipynb #84f5b12c
 def prepare_command(argv: Sequence[str]) -> None:
     """`python -m transformer prepare`: build, or check and keep, the encoded
     caches."""

@@ -1,4 +1,4 @@
-# Generated from chapters/92_cli.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """`python -m transformer train`: a TrainConfig from the options, trained."""
 
 # %% auto #0
@@ -11,7 +11,7 @@ __all__ = [
     "train_command",
 ]
 
-# %% ../../chapters/92_cli.ipynb #db37fb5a
+# %% ../../chapters/a10_cli.ipynb #db37fb5a
 
 import argparse
 import dataclasses
@@ -27,7 +27,7 @@ from transformer.multi30k import DataError
 
 ERRORS = (DataError, CheckpointError)  # reported in one line
 
-# %% ../../chapters/92_cli.ipynb #3e031bea
+# %% ../../chapters/a10_cli.ipynb #3e031bea
 from transformer.checkpoint import check_export_destination, export_model
 from transformer.distributed import Distributed
 from transformer.train import train

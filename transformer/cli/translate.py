@@ -1,4 +1,4 @@
-# Generated from chapters/92_cli.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """`python -m transformer translate`: sentences from the arguments, a pipe or a
 terminal, one translation per line."""
 
@@ -13,7 +13,7 @@ __all__ = [
     "translate_command",
 ]
 
-# %% ../../chapters/92_cli.ipynb #100c706b
+# %% ../../chapters/a10_cli.ipynb #100c706b
 
 import argparse
 import functools
@@ -68,7 +68,7 @@ def read_lines(stream) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-# %% ../../chapters/92_cli.ipynb #f77a0938
+# %% ../../chapters/a10_cli.ipynb #f77a0938
 def answer_lines(
     stream, translate_with: Callable[..., list[str]], warn: Callable
 ) -> None:
@@ -91,7 +91,7 @@ def answer_lines(
         sys.stdout.flush()
 
 
-# %% ../../chapters/92_cli.ipynb #37ce2b89
+# %% ../../chapters/a10_cli.ipynb #37ce2b89
 def load_translator(
     args: argparse.Namespace, options: DecodeOptions, device: str
 ) -> Callable[..., list[str]]:
@@ -140,7 +140,7 @@ def translate_parser() -> argparse.ArgumentParser:
     return p
 
 
-# %% ../../chapters/92_cli.ipynb #18bb8ca9
+# %% ../../chapters/a10_cli.ipynb #18bb8ca9
 def translate_command(argv: Sequence[str]) -> None:
     """`python -m transformer translate ...`: one translation per line on
     standard output."""

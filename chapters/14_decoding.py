@@ -34,7 +34,7 @@
 #
 # This chapter writes `transformer.decode`: greedy decoding, a key/value cache, and beam search
 # with the length penalty. We try them on the German→English model that the book ships, trained
-# by Part II's recipe. The appendix [Translating text](97_translating.ipynb) builds on them:
+# by Part II's recipe. The appendix [Translating text](a08_translating.ipynb) builds on them:
 # sentences in, translations out.
 
 # %% tags=["colab-setup", "hide-input"]
@@ -109,7 +109,7 @@ src.shape
 # - **Padding and BOS are never output**: their log-probabilities are set to $-\infty$.
 #
 # The checks of the arguments, the length limits (`output_limits`) and the inference mode (no
-# gradients, no dropout) come from the appendix [Translating text](97_translating.ipynb). Each
+# gradients, no dropout) come from the appendix [Translating text](a08_translating.ipynb). Each
 # step needs the decoder's output at the last position of every row: the decoder can run again
 # over the whole output so far under the causal mask, or read only the newest token and keep
 # what it needs of the others in a cache (`use_cache`, the next section).
@@ -317,7 +317,7 @@ print(
 #
 # tensor2tensor {cite:p}`vaswani2018tensor2tensor` keeps ended hypotheses in a separate set so
 # that $K$ beams always stay open; ours lets them keep their slot, which makes $K = 1$ exactly
-# greedy decoding. The appendix [Deviations from the paper](90_deviations.ipynb) discusses what
+# greedy decoding. The appendix [Deviations from the paper](a01_deviations.ipynb) discusses what
 # this costs.
 #
 # The length penalty, and `BeamStep`, the beams after a step, which the search carries from step
@@ -558,7 +558,7 @@ assert higher > 0.15 and lower < higher / 3
 # %% [markdown]
 # On two sentences in five the search finds an output that the model prefers to greedy
 # decoding's, and it is rarely worse. Whether a higher $s(Y)$ is a better translation is the
-# [results chapter](16_results.ipynb)'s question, in BLEU.
+# [results chapter](15_results.ipynb)'s question, in BLEU.
 #
 # ### What the length penalty does
 #
@@ -651,7 +651,7 @@ text = base.mark_text(dy=-12).encode(text="token:N")
 # ## Translating with the shipped models
 #
 # The functions above take tensors of token ids. The appendix
-# [Translating text](97_translating.ipynb) wraps them: `translate` takes sentences, cuts them into
+# [Translating text](a08_translating.ipynb) wraps them: `translate` takes sentences, cuts them into
 # tokens, decodes them in batches of similar lengths, and returns their translations. Both shipped
 # models, with the paper's search:
 

@@ -23,7 +23,7 @@
 # in float32 or with 8-bit integer weights. This appendix builds `transformer.ctranslate2`, which
 # writes a trained model into that folder and translates with it, and the command that goes with
 # it. The exported model gives the package's own greedy translations, token for token; the
-# [results chapter](16_results.ipynb) compares the two engines' speed.
+# [results chapter](15_results.ipynb) compares the two engines' speed.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -443,7 +443,7 @@ for package, ct2 in zip(
 # On the whole test set, greedy decoding gives the same output in both engines, sentence for
 # sentence. Beam search does not quite: the engine divides a hypothesis's log-probability by
 # $|Y|^\alpha$ where the paper's $lp$ is $((5 + |Y|)/6)^\alpha$ (the [decoding
-# chapter](15_decoding.ipynb)), and it stops a sentence's search by another rule, so a few
+# chapter](14_decoding.ipynb)), and it stops a sentence's search by another rule, so a few
 # sentences end with another of their candidates. The BLEU scores differ by less than 0.3.
 
 # %% tags=["nbval-ignore-output"]

@@ -404,7 +404,7 @@ counts.drop(columns="difference").map("{:,}".format).assign(
 # their biases, $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ for the feed-forward network
 # and $2 \cdot 2 d_\text{model}$ for two LayerNorms; per decoder layer a second attention block
 # and a third LayerNorm. The sinusoidal encodings have no parameters. The attention biases are
-# not in the paper (the appendix [Deviations from the paper](90_deviations.ipynb)): in the base model's 18 attention
+# not in the paper (the appendix [Deviations from the paper](a01_deviations.ipynb)): in the base model's 18 attention
 # blocks they are 36,864 parameters, 0.06% of the total.
 
 
@@ -577,7 +577,7 @@ print(
 # ## Where decoding time goes
 #
 # On a CPU, the package decodes at a little under half the speed of CTranslate2 on the same
-# weights (the results chapter's [speed section](16_results.ipynb)).
+# weights (the results chapter's [speed section](15_results.ipynb)).
 # `python -m experiments.decode_bench --profile` also runs PyTorch's profiler over the package's
 # decoding of 96 test sentences, 32 at a time, and sorts the time of every operation into a few
 # groups. Its stored results, in percent of the time:

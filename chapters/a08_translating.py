@@ -16,12 +16,12 @@
 # %% [markdown]
 # # Translating text
 #
-# The [decoding chapter](15_decoding.ipynb) searches for translations of token ids. This appendix
+# The [decoding chapter](14_decoding.ipynb) searches for translations of token ids. This appendix
 # builds what a user of the package calls on top of it, and what the command line's `translate`
 # and `evaluate` run: the checks and limits that every search starts with, `load_pair_model`,
 # which loads a shipped model, `translate`, which takes sentences and returns their
 # translations, and the translation and scoring of a whole Multi30k split that the
-# [results chapter](16_results.ipynb) reads. It exports `transformer.search_setup`,
+# [results chapter](15_results.ipynb) reads. It exports `transformer.search_setup`,
 # `transformer.translation` and `transformer.splits`.
 
 # %% tags=["colab-setup", "hide-input"]
@@ -376,7 +376,7 @@ for folder in ("no/such/folder", CHECKPOINTS_DIR / "fr-en"):
 #   translations the length limit stopped before EOS.
 #
 # `translate_batches` does all but the search, around any decoder of batches of ids: the
-# appendix [Deploying with CTranslate2](95_ctranslate2.ipynb) hands it another engine's.
+# appendix [Deploying with CTranslate2](a09_ctranslate2.ipynb) hands it another engine's.
 
 # %%
 #| export

@@ -644,7 +644,7 @@ print(
 # description of the normalisation and of the word mark, and Hugging Face's BPE model
 # (vocabulary and merges). A file that cannot be read, is cut short, or is of another format is
 # one `TokenizerError` naming the file; loading needs no spaCy. `save` writes through
-# `atomic_write` (appendix [Training runs](91_engineering.ipynb)): a failed write
+# `atomic_write` (appendix [Training runs](a05_training_runs.ipynb)): a failed write
 # leaves the old file whole.
 
 # %%
@@ -1465,7 +1465,7 @@ assert {p.name: p.read_bytes() for p in (copy / "de-en").iterdir()} == before
 # make long sequences, many make a long tail of rare entries whose embeddings are barely trained.
 # With the book's 8,000 entries (`VOCAB_SIZE`) an average training word takes little more than
 # one piece; the training runs that compare vocabulary sizes are in
-# [The experiments behind the recipe](94_experiments.ipynb).
+# [The experiments behind the recipe](a12_experiments.ipynb).
 
 # %%
 import pandas as pd

@@ -46,7 +46,7 @@
 # them we also print that number, labelled as such everywhere.
 #
 # The chapter exports `transformer.evaluate`, the scores. Translating and scoring a whole split
-# is the appendix [Translating text](97_translating.ipynb).
+# is the appendix [Translating text](a08_translating.ipynb).
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -480,7 +480,7 @@ alt.Chart(
 # %% [markdown]
 # ## Speed
 #
-# The package's decoder is written to be read; [CTranslate2](95_ctranslate2.ipynb), a C++
+# The package's decoder is written to be read; [CTranslate2](a09_ctranslate2.ipynb), a C++
 # inference engine, runs the same weights exported with
 # `python -m transformer ctranslate2 --pair de-en ct2/de-en`, and translates
 # with them through the same command, `translate --engine ctranslate2 --model ct2/de-en`.
@@ -513,7 +513,7 @@ speed.set_index(["decoding", "batch", "engine"])[
 # calls many small PyTorch operations from Python: with one sentence the operations are too
 # small to keep the cores busy and that overhead dominates. Int8 weights speed up both engines
 # and change a few translations (the BLEU column). The appendix
-# [Derivations and counts](93_counts.ipynb) profiles a decoding step.
+# [Derivations and counts](a11_counts.ipynb) profiles a decoding step.
 
 # %% tags=["hide-input"]
 alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(

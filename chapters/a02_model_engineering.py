@@ -226,7 +226,7 @@ for record in (prenorm.to_dict() | {"n_head": 8}, incomplete):
 # again. A `KVCache` ([Multi-head attention](03_multihead.ipynb)) keeps one attention block's keys and
 # values; a `DecoderCache` keeps those of every layer: a growing one for each self-attention and
 # a static one, projected from the memory at the first step, for each encoder–decoder attention.
-# Beam search reorders the cached rows as it follows its beams ([Decoding](15_decoding.ipynb)).
+# Beam search reorders the cached rows as it follows its beams ([Decoding](14_decoding.ipynb)).
 
 # %%
 #| export decoder_cache
@@ -308,7 +308,7 @@ print("positions cached:", cache.length)
 # %% [markdown]
 # ## Every attention weight
 #
-# The figures of [Results](16_results.ipynb) draw what a trained model attends to.
+# The figures of [Results](15_results.ipynb) draw what a trained model attends to.
 # `Transformer.attention_weights` runs one forward pass through both stacks, asking every layer
 # for its weights, which a forward pass otherwise neither returns nor stores.
 

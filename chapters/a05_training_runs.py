@@ -2164,7 +2164,7 @@ for dropout in (False, True):
 # `val_nll`, `val_ppl_token`, `val_ppl_word`, `val_accuracy`) and `wall_time`; an epoch line
 # adds `train_loss`, `train_tokens`, `tokens_per_s` (real target tokens per second of training),
 # `lr` and `mfu`, the share of the GPU's peak arithmetic rate that the model's FLOPs used (the
-# appendix [Derivations and counts](93_counts.ipynb) derives the count).
+# appendix [Derivations and counts](a11_counts.ipynb) derives the count).
 #
 # The module's imports come first: it builds on every module above.
 

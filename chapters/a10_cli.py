@@ -31,7 +31,7 @@
 # parsing: `cli/base.py` holds the parser, the one error convention and the options that
 # several commands share; each command is a module of its own, `cli/prepare.py`,
 # `cli/train.py`, `cli/translate.py` and `cli/evaluate.py` here, and `cli/ctranslate2.py` in
-# the appendix [Deploying with CTranslate2](95_ctranslate2.ipynb); `cli/main.py` picks the
+# the appendix [Deploying with CTranslate2](a09_ctranslate2.ipynb); `cli/main.py` picks the
 # command. The library functions take Python values and raise exceptions; the command line
 # turns text into those values and those exceptions into one line of text. Keeping the two
 # apart means every module below the command line can be imported, tested and reused without
@@ -158,7 +158,7 @@ status
 # A language pair is checked in one place, `parse_pair`: `language_pair` is the type of every
 # `--pair`, and the parser offers the pairs as its choices. The decoding options, `--beam`,
 # `--alpha` and `--batch-size`, become one `DecodeOptions` (appendix
-# [Translating text](97_translating.ipynb)), which checks them and gives their defaults, the
+# [Translating text](a08_translating.ipynb)), which checks them and gives their defaults, the
 # paper's; its error names the field, and `option_error` puts the option's name in its place.
 # torch is imported only once the options are known to be good, so that `--help` and a usage
 # error answer at once.
@@ -374,7 +374,7 @@ def prepare_command(argv: Sequence[str]) -> None:
 # %% [markdown]
 # ## `train`
 #
-# `train` turns its options into a `TrainConfig`, the frozen configuration of the appendix [Training runs](91_engineering.ipynb),
+# `train` turns its options into a `TrainConfig`, the frozen configuration of the appendix [Training runs](a05_training_runs.ipynb),
 # and hands it to `train`. The configuration starts from one of three places: a stored run
 # (with `--resume`), a recipe or model preset named by `--config` (or a JSON file of fields),
 # or the small default; every option given on the command line then overrides the field of the

@@ -763,7 +763,7 @@ assert abs(alone["ppl_word"] - ppl["fr-en", SHIPPED]) < 0.02
 # The recipe's model is small for an H100, and each update launches many small kernels.
 # `experiments/gpu_bench.py` timed the training loop alone on the GPU, two epochs of
 # German→English per variant, the second timed: target tokens per second, and the model FLOPs
-# utilisation against the card's measured bfloat16 rate (the appendix [Derivations and counts](93_counts.ipynb)
+# utilisation against the card's measured bfloat16 rate (the appendix [Derivations and counts](a11_counts.ipynb)
 # defines both). For the recipe's model, bfloat16 autocast is slower than float32, since it adds
 # conversions and the matrix products were not the bottleneck: the recipe trains in float32. The
 # paper's base model on the paper's batches of 25,000 tokens gives the kernels enough work, and
