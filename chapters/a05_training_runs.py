@@ -530,166 +530,6 @@ print(f"the recipe's model: {n_params:,} parameters")
 assert n_params == 6_001_664
 
 # %% [markdown]
-# ## Atomic files
-#
-# A process can be killed at any moment: by a time limit, a full disk, a power cut. A file that
-# is being rewritten when that happens must not be left half old and half new, or a resumed run
-# would read garbage. `atomic_write` writes the new content into a temporary file next to the
-# destination, flushes it to the disk (`fsync`), and renames it over the destination. A rename
-# within a file system is atomic: readers see the old file or the new one, never a mixture.
-#
-# A checkpoint is a folder of several files, and `atomic_folder` does the same for a folder: the
-# block writes into a hidden temporary folder, which replaces the destination only when the block
-# ends without error. Every file is flushed before the rename, and the rename after it, so that a
-# power cut cannot leave a complete-looking folder of empty files. Every writer of the package
-# (the data cache, the tokenizer, checkpoints, exports, translations) goes through these two.
-
-# %%
-#| export files
-"""Atomic writes of files and folders, and the JSON Lines records of a run."""
-
-import contextlib
-import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half
-    of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
-    try:
-        # mkstemp makes the file readable by its owner only; give it the mode
-        # that open() would have, so that a cache or a checkpoint can be shared
-        # like any other file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _fsync(path: Path) -> None:
-    """Ask the disk to hold what `path` (a file or a folder) says before going
-    on."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_folder(path: Path) -> Iterator[Path]:
-    """Yield a temporary folder that replaces `path` when the block ends
-    without error."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        # A rename can reach the disk before the data of the files renamed:
-        # after a power cut the folder would be there with empty files. The
-        # data first, then the names.
-        for folder, _, files in os.walk(tmp):
-            for name in files:
-                _fsync(Path(folder) / name)
-            _fsync(Path(folder))
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        # a rename cannot replace a folder that has files in it
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        _fsync(path.parent)  # the renames themselves
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON Lines file; a last line cut short by a crash is
-    skipped."""
-    records = []
-    if Path(path).is_file():
-        for line in Path(path).read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-    return records
-
-
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one record to a JSON Lines file, on disk when this returns."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the records up to update `step` (a resumed run writes the later
-    ones again)."""
-    if Path(path).exists():
-        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-        atomic_write(
-            path, "".join(json.dumps(r) + "\n" for r in kept).encode()
-        )
-
-
-def remove_stale(folder: Path) -> None:
-    """Delete the temporary files and folders that a writer killed in
-    `atomic_write` or `atomic_folder` left in `folder`."""
-    for stale in [
-        *Path(folder).glob(".*.tmp*"),
-        *Path(folder).glob(".*.old-*"),
-    ]:
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
-
-
-# %% [markdown]
-# A block that fails leaves the old folder as it was, and one that succeeds replaces it whole:
-
-# %%
-from transformer.files import atomic_folder, atomic_write
-
-scratch = Path(tempfile.mkdtemp())
-with atomic_folder(scratch / "run") as tmp:
-    atomic_write(tmp / "a.txt", b"first")
-try:
-    with atomic_folder(scratch / "run") as tmp:
-        (tmp / "a.txt").write_text("second, half writ")
-        raise KeyboardInterrupt  # the process is stopped inside the block
-except KeyboardInterrupt:
-    pass
-assert (scratch / "run" / "a.txt").read_text() == "first"
-assert [p.name for p in scratch.iterdir()] == [
-    "run"
-]  # no temporary folder left
-with atomic_folder(scratch / "run") as tmp:
-    (tmp / "b.txt").write_text("second")
-print(sorted(p.name for p in (scratch / "run").iterdir()))
-
-# %% [markdown]
 # ## Checkpoints
 #
 # A run writes a checkpoint at the end of every epoch, and one where it stops when it must stop
@@ -882,6 +722,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
 # outputs, with the three uses of the matrix still one tensor:
 
 # %%
+import tempfile
+
 from transformer.checkpoint import load_weights, model_tensors, save_weights
 from transformer.config import TransformerConfig
 from transformer.data import collate
@@ -892,6 +734,7 @@ tiny = TransformerConfig(
     src_vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0
 )
 model = Transformer(tiny).eval()
+scratch = Path(tempfile.mkdtemp())
 save_weights(model, scratch / "model.safetensors")
 names, all_names = list(model_tensors(model)), list(model.state_dict())
 print(f"state_dict: {len(all_names)} entries; stored: {len(names)}")

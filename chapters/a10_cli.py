@@ -987,6 +987,125 @@ def evaluate_command(argv: Sequence[str]) -> None:
 
 
 # %% [markdown]
+# ## `ctranslate2`
+#
+# `python -m transformer ctranslate2` writes a model for the CTranslate2 engine (the appendix
+# [Deploying with CTranslate2](a09_ctranslate2.ipynb)); `export --format ctranslate2`, its old
+# name, still works. `translate --engine ctranslate2 --model DIR` then translates with it, with
+# the same options and the same tokenizer as the package's engine:
+
+# %%
+#| export cli.ctranslate2
+"""`python -m transformer ctranslate2`, and `translate --engine ctranslate2`:
+the command line's face of `transformer.ctranslate2`."""
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformer.cli.base import (
+    PROG,
+    Parser,
+    UsageError,
+    language_pair,
+    load_for_command,
+)
+from transformer.multi30k import PAIRS
+
+ERRORS = (ImportError, OSError)  # reported in one line
+
+
+def ctranslate2_command(argv: Sequence[str]) -> None:
+    """`python -m transformer ctranslate2 --pair P OUT`."""
+    from transformer.ctranslate2 import QUANTIZATIONS, export_ctranslate2
+
+    p = Parser(
+        prog=f"{PROG} ctranslate2",
+        description=(
+            "Write a trained model as a CTranslate2 model folder, the"
+            " package's tokenizer beside it, for `translate --engine"
+            " ctranslate2 --model OUT`."
+        ),
+    )
+    p.add_argument("out", type=Path, metavar="OUT", help="the folder to write")
+    # `export --format ctranslate2`, the command's old name, still works
+    p.add_argument("--format", choices=["ctranslate2"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--pair", required=True, type=language_pair, choices=list(PAIRS)
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="a shipped model or a checkpoint folder (default:"
+        " checkpoints/<pair>, see TRANSFORMER_HOME)",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        default="float32",
+        help="the weights' type in the engine (default: float32, as trained)",
+    )
+    args = p.parse_args(argv)
+    model, tokenizer = load_for_command(args.pair, args.checkpoint, "cpu")
+    try:
+        export_ctranslate2(
+            model, tokenizer, args.out, quantization=args.quantize
+        )
+    except ValueError as err:  # a model the export does not convert
+        raise UsageError(str(err)) from None
+    print(
+        f"{args.pair} model written to {args.out} for CTranslate2"
+        f" ({args.quantize})"
+    )
+
+
+# %%
+#| export cli.ctranslate2
+def load_ctranslate2(args: argparse.Namespace, threads: int):
+    """`translate --engine ctranslate2`: the exported folder args.model,
+    loaded (a `CTranslate2Model`), or a one-line UsageError."""
+    from transformer.checkpoint import CheckpointError
+    from transformer.ctranslate2 import CTranslate2Model
+    from transformer.tokenizer import TokenizerError
+
+    if args.model is None:
+        raise UsageError(
+            "--engine ctranslate2 needs --model DIR, a folder written by "
+            f"`{PROG} ctranslate2`"
+        )
+    try:
+        engine = CTranslate2Model(args.model, threads=threads)
+    except (CheckpointError, TokenizerError, OSError, RuntimeError) as err:
+        raise UsageError(f"cannot load {args.model}: {err}") from err
+    if engine.tokenizer.pair != args.pair:
+        raise UsageError(
+            f"{args.model} holds a {engine.tokenizer.pair} model, not a"
+            f" {args.pair} one"
+        )
+    return engine
+
+
+# %% tags=["nbval-ignore-output"]
+import contextlib
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+from transformer.cli.main import main
+
+scratch = Path(tempfile.mkdtemp())
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    main(["ctranslate2", "--pair", "de-en", str(scratch / "cli")])
+    main(["translate", "--pair", "de-en", "--engine", "ctranslate2",
+          "--model", str(scratch / "cli"),
+          "Ein Hund rennt über eine Wiese."])  # fmt: skip
+print(out.getvalue())
+shutil.rmtree(scratch)
+
+# %% [markdown]
 # ## Dispatching
 #
 # `python -m transformer COMMAND` runs `main`, which picks the command, imports its module
@@ -1075,77 +1194,6 @@ assert (
     == 0
 )
 assert main(["translate", "--pair", "xx-en", "Hallo."]) == 2
-
-# %% [markdown]
-# ## Where the data and the models are
-#
-# The commands read Multi30k from `data/multi30k`, keep the encoded caches in `cache` and find
-# the shipped models in `checkpoints`, all three in the clone of the book's repository that the
-# package was installed from (`pip install -e .`). An installed package, or a notebook run
-# elsewhere, names another folder with the environment variable `TRANSFORMER_HOME`: it holds
-# the same three, `data/multi30k`, `cache` and `checkpoints`. `transformer/paths.py` is the one
-# place that decides these defaults; `--data-dir`, `--cache-dir` and `--checkpoint` still
-# override them one at a time. Without either, a command run outside the clone says in one
-# line which folder it looked in and what to set.
-
-# %%
-#| export paths
-"""Where the book's data, encoded caches and models are: in the clone of its
-repository that holds the package, or under $TRANSFORMER_HOME."""
-
-import importlib.util
-import os
-from pathlib import Path
-
-HOME_VARIABLE = "TRANSFORMER_HOME"
-
-
-def _repository_root() -> Path:
-    # The package is <root>/transformer. In it this file has a __file__; in its
-    # notebook (which may run anywhere, e.g. Colab's /content) the installed
-    # package says.
-    here = (
-        globals().get("__file__")
-        or importlib.util.find_spec("transformer").origin
-    )
-    return Path(here).resolve().parent.parent
-
-
-def home() -> Path:
-    """The folder that holds data/multi30k, cache and checkpoints:
-    $TRANSFORMER_HOME if it is set, else the repository."""
-    value = os.environ.get(HOME_VARIABLE)
-    return Path(value).expanduser().absolute() if value else _repository_root()
-
-
-HOME = home()
-DATA_DIR = HOME / "data" / "multi30k"  # the Multi30k files and SHA256SUMS
-CACHE_DIR = HOME / "cache"  # the encoded splits that `prepare` writes
-CHECKPOINTS_DIR = HOME / "checkpoints"  # the shipped models, one per pair
-
-# %% [markdown]
-# The defaults as a process started with `TRANSFORMER_HOME=/srv/transformer` sees them:
-
-# %%
-import os
-import subprocess
-import sys
-
-from transformer.paths import HOME_VARIABLE
-
-code = "from transformer import paths; print(paths.DATA_DIR, paths.CACHE_DIR)"
-found = subprocess.run(
-    [sys.executable, "-c", code],
-    env=os.environ | {HOME_VARIABLE: "/srv/transformer"},
-    capture_output=True,
-    text=True,
-    check=True,
-).stdout
-print(found)
-assert found.split() == [
-    "/srv/transformer/data/multi30k",
-    "/srv/transformer/cache",
-]
 
 # %% [markdown]
 # ## Summary

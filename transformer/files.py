@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
 """Atomic writes of files and folders, and the JSON Lines records of a run."""
 
 # %% auto #0
@@ -11,7 +11,7 @@ __all__ = [
     "remove_stale",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #4afeb36c
+# %% ../chapters/a03_data_pipeline.ipynb #0f125d18
 
 import contextlib
 import json

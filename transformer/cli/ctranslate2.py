@@ -1,11 +1,11 @@
-# Generated from chapters/a09_ctranslate2.ipynb: edit it, not this file.
+# Generated from chapters/a10_cli.ipynb: edit it, not this file.
 """`python -m transformer ctranslate2`, and `translate --engine ctranslate2`:
 the command line's face of `transformer.ctranslate2`."""
 
 # %% auto #0
 __all__ = ["ERRORS", "ctranslate2_command", "load_ctranslate2"]
 
-# %% ../../chapters/a09_ctranslate2.ipynb #334258dc
+# %% ../../chapters/a10_cli.ipynb #fdc6283d
 
 import argparse
 from collections.abc import Sequence
@@ -68,7 +68,7 @@ def ctranslate2_command(argv: Sequence[str]) -> None:
     )
 
 
-# %% ../../chapters/a09_ctranslate2.ipynb #72eba55b
+# %% ../../chapters/a10_cli.ipynb #a4b0b775
 def load_ctranslate2(args: argparse.Namespace, threads: int):
     """`translate --engine ctranslate2`: the exported folder args.model,
     loaded (a `CTranslate2Model`), or a one-line UsageError."""
