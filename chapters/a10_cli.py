@@ -374,7 +374,7 @@ def prepare_command(argv: Sequence[str]) -> None:
 # %% [markdown]
 # ## `train`
 #
-# `train` turns its options into a `TrainConfig`, the frozen configuration of the appendix [Training runs](a05_training_runs.ipynb),
+# `train` turns its options into a `TrainConfig`, the frozen configuration of the appendix [Setting up a run](a05_run_setup.ipynb),
 # and hands it to `train`. The configuration starts from one of three places: a stored run
 # (with `--resume`), a recipe or model preset named by `--config` (or a JSON file of fields),
 # or the small default; every option given on the command line then overrides the field of the

@@ -20,7 +20,8 @@
 # one training step, the share of a GPU's peak rate that training reaches, and the parameters of
 # the paper's models against its Table 3 {cite:p}`vaswani2017attention`. The three functions that
 # training uses to count, `training_flops`, `non_embedding_parameters` and
-# `cross_attention_kv_parameters`, form the module `transformer.counts`. A floating-point
+# `cross_attention_kv_parameters`, form the module `transformer.counts`, which the appendix
+# [The Trainer](a07_trainer.ipynb) builds; this page derives and checks them. A floating-point
 # operation (FLOP) is one addition or one multiplication, so a multiply-add counts two.
 
 # %% tags=["colab-setup", "hide-input"]
@@ -40,9 +41,6 @@ if importlib.util.find_spec("transformer") is None:
     subprocess.run([*pip, where + "[notebooks]"], check=True)
     # An editable install is seen only after a restart.
     sys.path.insert(0, where)
-
-# %% tags=["remove-cell"]
-#| default_exp counts
 
 # %%
 import json
@@ -169,68 +167,9 @@ for T in (crossover // 2, 2 * crossover):
 # normalisations and masks are left out, as usual, since they are a small share of the arithmetic
 # (the softmax's share is measured above). The count is summed over the pairs of a batch, so
 # padding adds nothing to it.
-
-# %%
-#| export
-"""Parameter and FLOP counts of the Transformer: the cost of a training step,
-for MFU."""
-
-from collections.abc import Sequence
-
-import numpy as np
-from torch import nn
-
-from transformer.distributed import unwrap
-
-
-def non_embedding_parameters(model: nn.Module) -> tuple[int, int]:
-    """N_enc and N_dec: the parameters of the encoder and decoder stacks."""
-    model = unwrap(model)
-    return (
-        sum(p.numel() for p in model.encoder.parameters()),
-        sum(p.numel() for p in model.decoder.parameters()),
-    )
-
-
-def cross_attention_kv_parameters(model: nn.Module) -> int:
-    """N_kv: the parameters of the decoder's cross-attention key and value
-    projections, which are applied to the source positions."""
-    return sum(
-        p.numel()
-        for layer in unwrap(model).decoder.layers
-        for projection in (layer.cross_attn.w_k, layer.cross_attn.w_v)
-        for p in projection.parameters()
-    )
-
-
-def training_flops(
-    model: nn.Module, *, src_lengths: Sequence[int], tgt_lengths: Sequence[int]
-) -> np.ndarray:
-    """FLOPs of a forward and backward pass over each (source, target) pair, by
-    the formula 6·((N_enc + N_kv)·S + (N_dec − N_kv + d_model·V)·T) +
-    12·d_model·(L_e·S² + L_d·T² + L_d·S·T).
-
-    Lengths count real tokens (<eos> of the source, <bos> or <eos> of the
-    target included).
-    """
-    n_enc, n_dec = non_embedding_parameters(model)
-    n_kv = cross_attention_kv_parameters(model)
-    config = unwrap(model).config
-    d, layers, vocab = (
-        config.d_model,
-        config.n_layers,
-        config.target_vocab_size,
-    )
-    s = np.asarray(src_lengths, dtype=np.float64)
-    t = np.asarray(tgt_lengths, dtype=np.float64)
-    linear = 6 * ((n_enc + n_kv) * s + (n_dec - n_kv + d * vocab) * t)
-    attention = 12 * d * (layers * s**2 + layers * t**2 + layers * s * t)
-    return linear + attention
-
-
-# %% [markdown]
-# For the paper's base model with a vocabulary of 37,000, a pair of 25 source and 27 target
-# tokens:
+#
+# `training_flops` computes it. For the paper's base model with a vocabulary of 37,000, a pair of
+# 25 source and 27 target tokens:
 
 # %%
 from transformer.counts import (

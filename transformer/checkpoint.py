@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a06_checkpoints.ipynb: edit it, not this file.
 """Checkpoints and shipped models: the formats, saving and loading without
 pickle, a checkpoint's record and progress, export, and `load_model`."""
 
@@ -25,7 +25,7 @@ __all__ = [
     "load_model",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #59d89aed
+# %% ../chapters/a06_checkpoints.ipynb #be94a1c1
 
 import hashlib
 import json
@@ -182,7 +182,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     load_tensors_into(unwrap(model), tensors, path)
 
 
-# %% ../chapters/a05_training_runs.ipynb #a84b1306
+# %% ../chapters/a06_checkpoints.ipynb #735e7168
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
     """The SHA-256 of a tokenizer's JSON: the vocabulary's fingerprint in
     config.json."""
@@ -283,7 +283,7 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-# %% ../chapters/a05_training_runs.ipynb #f12c4acc
+# %% ../chapters/a06_checkpoints.ipynb #0ba5f1d8
 MAX_FILE_BYTES = 16 * 2**20
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

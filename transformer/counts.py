@@ -1,4 +1,4 @@
-# Generated from chapters/a11_counts.ipynb: edit it, not this file.
+# Generated from chapters/a07_trainer.ipynb: edit it, not this file.
 """Parameter and FLOP counts of the Transformer: the cost of a training step,
 for MFU."""
 
@@ -9,7 +9,7 @@ __all__ = [
     "training_flops",
 ]
 
-# %% ../chapters/a11_counts.ipynb #7c2ea22a
+# %% ../chapters/a07_trainer.ipynb #50585a09
 
 from collections.abc import Sequence
 

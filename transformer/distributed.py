@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a05_run_setup.ipynb: edit it, not this file.
 """One process among several: torchrun's environment, each process's device,
 and the collectives that the processes of a run share (DistributedDataParallel
 adds the gradients)."""
@@ -17,7 +17,7 @@ __all__ = [
     "sync_gradients",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #506ad0d7
+# %% ../chapters/a05_run_setup.ipynb #1ffaa244
 
 import contextlib
 import os

@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a07_trainer.ipynb: edit it, not this file.
 """What a training run writes as it goes: the progress bar, train.log, and
 the lines of steps.jsonl and metrics.jsonl."""
 
@@ -14,7 +14,7 @@ __all__ = [
     "epoch_line",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #f42ad747
+# %% ../chapters/a07_trainer.ipynb #a8abe46a
 
 import sys
 import time

@@ -1,11 +1,11 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a07_trainer.ipynb: edit it, not this file.
 """R-Drop (Liang et al. 2021): a symmetric KL term between two dropout passes
 of each training sentence, added to the label-smoothed loss."""
 
 # %% auto #0
 __all__ = ["doubled", "RDropLoss"]
 
-# %% ../chapters/a05_training_runs.ipynb #4c4349e2
+# %% ../chapters/a07_trainer.ipynb #e65c1b65
 
 import dataclasses
 import math

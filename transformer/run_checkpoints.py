@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a06_checkpoints.ipynb: edit it, not this file.
 """A training run's checkpoints: averaging them, writing and pruning them,
 what they record of the run, and the checks and chores of resuming from one."""
 
@@ -19,7 +19,7 @@ __all__ = [
     "RunFolder",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #911fd5e8
+# %% ../chapters/a06_checkpoints.ipynb #3d67e1d3
 
 import json
 import shutil
@@ -102,7 +102,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     return {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
 
 
-# %% ../chapters/a05_training_runs.ipynb #31939cd5
+# %% ../chapters/a06_checkpoints.ipynb #c0292372
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint folder of the run in `out`, or None."""
     found = list_checkpoints(out)
@@ -151,7 +151,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
                 (path / name).unlink(missing_ok=True)
 
 
-# %% ../chapters/a05_training_runs.ipynb #c9bd3cd4
+# %% ../chapters/a06_checkpoints.ipynb #be99a18a
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
@@ -220,7 +220,7 @@ def resume_point(
     return checkpoint
 
 
-# %% ../chapters/a05_training_runs.ipynb #ac9b9acf
+# %% ../chapters/a06_checkpoints.ipynb #c297513c
 def resume_from(
     checkpoint: Path,
     model: nn.Module,

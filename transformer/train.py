@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a07_trainer.ipynb: edit it, not this file.
 """A training run of Vaswani et al. (2017)'s model: the `Trainer` makes the
 training chapter's updates epoch after epoch, validates, checkpoints and
 resumes exactly, in one process or several (torchrun).
@@ -10,7 +10,7 @@ cache.
 # %% auto #0
 __all__ = ["TrainResult", "Trainer", "train"]
 
-# %% ../chapters/a05_training_runs.ipynb #91deaaf6
+# %% ../chapters/a07_trainer.ipynb #1c5330d5
 
 import dataclasses
 import functools
@@ -74,7 +74,7 @@ from transformer.training_data import (
 from transformer.validation import Validation, count_words, validate
 
 
-# %% ../chapters/a05_training_runs.ipynb #d1615313
+# %% ../chapters/a07_trainer.ipynb #f7d9e74e
 def _sync(device: torch.device) -> float:
     """The time, after the GPU has finished its queued work."""
     if device.type == "cuda":
@@ -174,7 +174,7 @@ def _collate_share(
     ]
 
 
-# %% ../chapters/a05_training_runs.ipynb #af12b746
+# %% ../chapters/a07_trainer.ipynb #7466c11d
 class _Clock:
     """The time limit: the run stops at a check early enough to validate and
     save."""
@@ -214,7 +214,7 @@ class _Clock:
         return late
 
 
-# %% ../chapters/a05_training_runs.ipynb #0648fc92
+# %% ../chapters/a07_trainer.ipynb #45b27491
 def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
     """Where a run starts: from a checkpoint, or from scratch."""
     if checkpoint is not None:
@@ -251,7 +251,7 @@ class TrainResult:
     metrics: list[dict[str, Any]]
 
 
-# %% ../chapters/a05_training_runs.ipynb #d0169201
+# %% ../chapters/a07_trainer.ipynb #b763384a
 class Trainer:
     """One process's part of a training run; `train(config)` builds one and
     calls `run()`."""
@@ -453,7 +453,7 @@ class Trainer:
         self.folder.save_average(record, averaged)
 
 
-# %% ../chapters/a05_training_runs.ipynb #0613e860
+# %% ../chapters/a07_trainer.ipynb #9c67d2df
 def train(
     config: TrainConfig,
     *,

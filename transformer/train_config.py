@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a05_run_setup.ipynb: edit it, not this file.
 """The configuration of a training run: `TrainConfig`, whose fields carry their
 own help, check and resume rule, and the named recipes."""
 
@@ -33,7 +33,7 @@ __all__ = [
     "multi30k_recipe",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #e3b07755
+# %% ../chapters/a05_run_setup.ipynb #38815d93
 
 import dataclasses
 import math
@@ -197,7 +197,7 @@ def preset_model(
         raise ValueError(f"model_overrides: {err}") from err
 
 
-# %% ../chapters/a05_training_runs.ipynb #49a756bd
+# %% ../chapters/a05_run_setup.ipynb #b8925a56
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run; the defaults follow the paper
@@ -396,7 +396,7 @@ class TrainConfig:
 RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
-# %% ../chapters/a05_training_runs.ipynb #85a23221
+# %% ../chapters/a05_run_setup.ipynb #219cbbf5
 def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     """A tiny model trained for a few dozen updates: about a minute on a 2-core
     CPU."""

@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a05_run_setup.ipynb: edit it, not this file.
 """What a training run trains on, epoch by epoch: the splits from the encoded
 cache, the checks that every sentence and every epoch fit the run's batches,
 each epoch's batches and, under BPE-dropout, each epoch's spelling."""
@@ -15,7 +15,7 @@ __all__ = [
     "Spellings",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #6e56f28c
+# %% ../chapters/a05_run_setup.ipynb #57424a89
 
 import functools
 import multiprocessing
@@ -91,7 +91,7 @@ def epoch_batches(
     )
 
 
-# %% ../chapters/a05_training_runs.ipynb #242f0826
+# %% ../chapters/a05_run_setup.ipynb #ac92befc
 def check_lengths(
     config: TrainConfig,
     data: TrainingData,
@@ -157,7 +157,7 @@ def dropped_warning(
     )
 
 
-# %% ../chapters/a05_training_runs.ipynb #ec6c02ae
+# %% ../chapters/a05_run_setup.ipynb #815ee999
 def prepare_epochs(
     config: TrainConfig,
     data: TrainingData,

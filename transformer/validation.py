@@ -1,4 +1,4 @@
-# Generated from chapters/a05_training_runs.ipynb: edit it, not this file.
+# Generated from chapters/a07_trainer.ipynb: edit it, not this file.
 """Teacher-forced validation of Vaswani et al. (2017)'s model: the
 label-smoothed loss, the NLL and perplexities per token and per word, and the
 token accuracy, as sums that add up across batches and processes."""
@@ -12,7 +12,7 @@ __all__ = [
     "validate",
 ]
 
-# %% ../chapters/a05_training_runs.ipynb #0c0ee33f
+# %% ../chapters/a07_trainer.ipynb #d4ededab
 
 import math
 from collections.abc import Iterable
@@ -92,7 +92,7 @@ def token_stats(
     )
 
 
-# %% ../chapters/a05_training_runs.ipynb #73d2170f
+# %% ../chapters/a07_trainer.ipynb #465564cf
 def count_words(tokenizer: Tokenizer, data: EncodedSplit) -> int:
     """Words of the references: whitespace-separated pieces of each decoded
     target sentence."""
