@@ -27,7 +27,7 @@ LAYERS = [
     },
     {
         "train_config", "loop", "validation", "training_data", "logs",
-        "run_checkpoints", "rdrop", "train",
+        "run_checkpoints", "rdrop", "train", "run_optimizer",
     },
     {
         "decode_options", "search_setup", "decode", "translation", "splits",
