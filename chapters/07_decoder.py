@@ -75,8 +75,6 @@ import torch
 # 3. The **feed-forward network**, as in the encoder.
 #
 # The two masks are keyword-only: when $S = T$ a swapped pair would broadcast without complaint.
-# The caches `self_cache` and `cross_cache` serve translation, one token at a time
-# ([the decoding chapter](14_decoding.ipynb)).
 
 # %%
 #| export
@@ -84,8 +82,7 @@ import torch
 
 from torch import Tensor, nn
 
-from transformer.decoder_cache import DecoderCache
-from transformer.multihead import KVCache, MultiHeadAttention
+from transformer.multihead import MultiHeadAttention
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
@@ -127,25 +124,21 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
         need_weights: bool = False,
-        self_cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """Shapes: x (B, T, d_model), and so the result; memory (B, S,
-        d_model); src_mask (B, 1, 1, S); tgt_mask (B, 1, T, T), or (B, 1, T, L)
-        over L cached positions; weights (B, H, T, T) and (B, H, T, S)."""
+        d_model); src_mask (B, 1, 1, S); tgt_mask (B, 1, T, T); weights
+        (B, H, T, T) and (B, H, T, S)."""
         self_w = cross_w = None
 
         def self_attention(h: Tensor) -> Tensor:
             nonlocal self_w
-            out, self_w = self.self_attn(
-                h, h, h, tgt_mask, need_weights, cache=self_cache
-            )
+            out, self_w = self.self_attn(h, h, h, tgt_mask, need_weights)
             return out
 
         def cross_attention(h: Tensor) -> Tensor:
             nonlocal cross_w
             out, cross_w = self.cross_attn(
-                h, memory, memory, src_mask, need_weights, cache=cross_cache
+                h, memory, memory, src_mask, need_weights
             )
             return out
 
@@ -159,9 +152,7 @@ class DecoderLayer(nn.Module):
 # ## The stack
 #
 # Like the encoder, the decoder is `n_layers` layers built one by one, with a final LayerNorm only
-# when pre-norm. Every layer attends to the *same* memory. A `DecoderCache` holds the two caches
-# of every layer for translation, where the stack runs once per output token (the appendix
-# [Engineering the model](a02_model_engineering.ipynb)).
+# when pre-norm. Every layer attends to the *same* memory.
 
 
 # %%
@@ -205,20 +196,17 @@ class Decoder(nn.Module):
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
         need_weights: bool = False,
-        cache: DecoderCache | None = None,
     ) -> tuple[Tensor, list[tuple[Tensor, Tensor]] | None]:
         """Shapes as DecoderLayer's; weights, if asked for, one (self, cross)
-        pair per layer. With a cache, x holds only the new positions."""
+        pair per layer."""
         all_weights = []
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             x, weights = layer(
                 x,
                 memory,
                 src_mask=src_mask,
                 tgt_mask=tgt_mask,
                 need_weights=need_weights,
-                self_cache=cache.self_attn[i] if cache is not None else None,
-                cross_cache=cache.cross_attn[i] if cache is not None else None,
             )
             all_weights.append(weights)
         return self.final_norm(x), (all_weights if need_weights else None)

@@ -32,10 +32,10 @@
 # {cite:p}`wu2016google`, and "we set the maximum output length during inference to input
 # length + 50, but terminate early when possible."
 #
-# This chapter writes `transformer.decode`: greedy decoding, a key/value cache, and beam search
-# with the length penalty. We try them on the German→English model that the book ships, trained
-# by Part II's recipe. The appendix [Translating text](a08_translating.ipynb) builds on them:
-# sentences in, translations out.
+# This chapter writes greedy decoding, the key/value cache that makes each step cheap, and beam
+# search with the length penalty, each for one sentence, and tries them on the German→English
+# model that the book ships, trained by Part II's recipe. The appendix
+# [Translating text](a08_translating.ipynb) runs the same searches over batches of sentences.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -61,9 +61,8 @@ if importlib.util.find_spec("transformer") is None:
 # %% [markdown]
 # ## A model to decode
 #
-# `load_pair_model` loads a shipped model with its tokenizer. The sources to decode: the first 50
-# sentences of the validation split, cut into BPE tokens, each ended with EOS and padded into one
-# batch.
+# The shipped model, loaded as the training chapter saved it, and 50 sentences of the validation
+# split, each cut into BPE tokens and ended with EOS: one sentence is one tensor of $S$ ids.
 
 # %%
 import time
@@ -71,64 +70,50 @@ import time
 import altair as alt
 import pandas as pd
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
-from transformer.data import load_pairs
+from transformer.loop import load_trained
+from transformer.multi30k import load_pairs
+from transformer.paths import CHECKPOINTS_DIR
 from transformer.plots import use_book_renderer
-from transformer.translation import load_pair_model
 
 use_book_renderer()
 pd.set_option("display.max_colwidth", None)
-model, tokenizer = load_pair_model("de-en")
-eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
-ids = dict(bos_id=tokenizer.bos_id, eos_id=eos_id, pad_id=pad_id)
+model, tokenizer = load_trained(CHECKPOINTS_DIR / "de-en")
+model.eval()  # no dropout while decoding
+eos_id = tokenizer.eos_id
+ids = dict(bos_id=tokenizer.bos_id, eos_id=eos_id, pad_id=tokenizer.pad_id)
 pairs = load_pairs("val", "de-en")[:50]
 encoded = tokenizer.encode_batch([source for source, _ in pairs])
-rows = [torch.tensor(tokens + [eos_id]) for tokens in encoded]
-src = pad_sequence(rows, batch_first=True, padding_value=pad_id)  # (B, S)
-src.shape
+sources = [torch.tensor(tokens + [eos_id]) for tokens in encoded]  # (S,)
+sources[0]
 
 # %% [markdown]
-# ## Greedy decoding
+# ## The next token
 #
-# The simplest search takes the most probable token at each step and feeds it back as the next
-# input, until the model outputs EOS:
-#
-# $$
-# y_t = \operatorname*{arg\,max}_{v}\ p(v \mid y_{<t}, X).
-# $$
-#
-# It decodes a batch of $B$ sentences at once, one step for all of them:
-#
-# - **The length limit.** A sentence may output its source length + 50 tokens, EOS included, as
-#   in the paper, and never more than the model's positions. A sentence stopped by the limit has
-#   no EOS: its `Hypothesis` says `ended=False`.
-# - **Ended sentences leave the batch**, with their memory and cached keys and values, so the
-#   later steps compute only the sentences still going. A sentence decodes the same whatever else
-#   is in its batch.
-# - **Padding and BOS are never output**: their log-probabilities are set to $-\infty$.
-#
-# The checks of the arguments, the length limits (`output_limits`) and the inference mode (no
-# gradients, no dropout) come from the appendix [Translating text](a08_translating.ipynb). Each
-# step needs the decoder's output at the last position of every row: the decoder can run again
-# over the whole output so far under the causal mask, or read only the newest token and keep
-# what it needs of the others in a cache (`use_cache`, the next section).
+# Every search needs one thing from the model: the log-probabilities of the next token after an
+# output so far. The decoder reads BOS and the tokens so far, $(N, t)$ for $N$ outputs at once,
+# under the causal mask, and the output layer turns its last position into $(N, V)$
+# log-probabilities. Two tokens are never chosen: padding, and BOS, which only starts an output.
+# A `Hypothesis` is a finished output: its tokens without BOS and EOS, $\log p(Y \mid X)$, the
+# score the search ranked it by, and whether it ended with EOS or was cut by the length limit,
+# the source's length + 50.
 
 # %%
 #| export
-"""Greedy decoding and beam search with a key/value cache (Section 6.1 of
-Vaswani et al., 2017, with the length penalty of Wu et al., 2016)."""
+"""Greedy decoding and beam search for one sentence (Section 6.1 of Vaswani et
+al., 2017, with the length penalty of Wu et al., 2016)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from transformer.decoder import DecoderCache
+from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
-from transformer.search_setup import check_search, inference, output_limits
+
+EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
 
 
 @dataclass(frozen=True)
@@ -142,19 +127,15 @@ class Hypothesis:
     ended: bool
 
 
-def _next_log_probs(model, ys, memory, src_mask, cache) -> Tensor:
-    """log p(next token | ys, source) for every row: ys (N, t) -> (N, V)."""
-    if cache is None:  # the whole output so far, under the causal mask
-        mask = causal_mask(ys.size(1), device=ys.device)  # (1, 1, t, t)
-        out = model.decode(ys, memory, src_mask=src_mask, tgt_mask=mask)
-    else:  # the newest token; the cache holds the others' keys and values
-        out = model.decode(
-            ys[:, -1:], memory, src_mask=src_mask, tgt_mask=None, cache=cache
-        )
+def next_log_probs(model, ys, memory, src_mask) -> Tensor:
+    """log p(next token | ys, source) for every row, ys (N, t) -> (N, V): the
+    decoder over the whole output so far."""
+    tgt_mask = causal_mask(ys.size(1), device=ys.device)  # (1, 1, t, t)
+    out = model.decode(ys, memory, src_mask=src_mask, tgt_mask=tgt_mask)
     return model.generator(out[:, -1])  # (N, V)
 
 
-def _forbid_specials(log_probs: Tensor, *, bos_id, eos_id, pad_id) -> Tensor:
+def forbid_specials(log_probs: Tensor, *, bos_id, eos_id, pad_id) -> Tensor:
     """Never choose padding, nor BOS unless it doubles as EOS."""
     log_probs[..., pad_id] = float("-inf")
     if bos_id != eos_id:
@@ -162,7 +143,7 @@ def _forbid_specials(log_probs: Tensor, *, bos_id, eos_id, pad_id) -> Tensor:
     return log_probs
 
 
-def _hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
+def hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
     """The output of one row after BOS: its tokens before EOS or padding."""
     tokens = row.tolist()
     ended = eos_id in tokens
@@ -170,6 +151,27 @@ def _hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
         if stop in tokens:
             tokens = tokens[: tokens.index(stop)]
     return Hypothesis(tokens, log_prob, score, ended)
+
+
+def output_limit(model: Transformer, src: Tensor, max_len=None) -> int:
+    """The most tokens one sentence src (S,) may output, EOS included: its
+    length + 50, or max_len, within the model's positions."""
+    limit = src.numel() + EXTRA_LENGTH if max_len is None else max_len
+    return min(limit, model.config.max_len)
+
+
+# %% [markdown]
+# ## Greedy decoding
+#
+# The simplest search takes the most probable token at each step and feeds it back as the next
+# input, until the model outputs EOS:
+#
+# $$
+# y_t = \operatorname*{arg\,max}_{v}\ p(v \mid y_{<t}, X).
+# $$
+#
+# The source is encoded once; its memory serves every step. `use_cache` chooses how each step
+# reaches the decoder's last position: the next section explains the cache.
 
 
 # %%
@@ -183,44 +185,31 @@ def greedy_decode(
     pad_id: int,
     max_len: int | None = None,
     use_cache: bool = True,
-) -> list[Hypothesis]:
-    """The most probable next token at each step: src (B, S) token ids,
-    padded with pad_id -> B hypotheses (score: log_prob), in batch order."""
-    specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
-    check_search(model, src, **specials)
-    B, device = src.size(0), src.device
-    if B == 0:
-        return []
-    with inference(model):
-        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
-        memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        layers = len(model.decoder.layers)
-        cache = DecoderCache.empty(layers) if use_cache else None
-        # Row b: BOS, then sentence b's output, then padding once it has ended.
-        ys = torch.full((B, int(limits.max()) + 1), pad_id, device=device)
-        ys[:, 0] = bos_id
-        log_prob = torch.zeros(B, device=device)
-        going = torch.arange(B, device=device)  # the sentences still going
-        for t in range(int(limits.max())):
-            step = _next_log_probs(
-                model, ys[going, : t + 1], memory, src_mask, cache
+) -> Hypothesis:
+    """The most probable next token at each step, for one sentence: src (S,)
+    token ids ending with EOS -> its output (score: log_prob). The model is
+    in eval mode: no dropout."""
+    specials = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    with torch.inference_mode():
+        src = src[None]  # (1, S)
+        src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (1, S, d_model)
+        cache = DecoderCache.empty(len(model.decoder.layers))
+        ys, log_prob = torch.tensor([[bos_id]], device=src.device), 0.0
+        for _ in range(output_limit(model, src[0], max_len)):
+            if use_cache:  # the newest token; the cache holds the others
+                step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
+            else:  # the whole output so far, under the causal mask
+                step = next_log_probs(model, ys, memory, src_mask)
+            best, token = forbid_specials(step[0], **specials).max(dim=-1)
+            ys, log_prob = (
+                torch.cat([ys, token.view(1, 1)], 1),
+                log_prob + best,
             )
-            best, token = _forbid_specials(step, **specials).max(dim=-1)
-            ys[going, t + 1] = token  # (n,): the n sentences still going
-            log_prob[going] += best
-            stays = (token != eos_id) & (t + 1 < limits)  # (n,)
-            if not stays.all():  # the others leave the batch
-                going, limits = going[stays], limits[stays]
-                memory, src_mask = memory[stays], src_mask[stays]
-                if cache is not None:
-                    cache.reorder(stays.nonzero()[:, 0])
-                if going.numel() == 0:
-                    break
-    return [
-        _hypothesis(ys[b, 1:], lp, lp, eos_id=eos_id, pad_id=pad_id)
-        for b, lp in enumerate(log_prob.tolist())
-    ]
+            if token == eos_id:
+                break
+    lp = float(log_prob)
+    return hypothesis(ys[0, 1:], lp, lp, eos_id=eos_id, pad_id=pad_id)
 
 
 # %% [markdown]
@@ -229,7 +218,7 @@ def greedy_decode(
 # %% tags=["nbval-ignore-output"]
 from transformer.decode import greedy_decode
 
-greedy = greedy_decode(model, src, **ids)
+greedy = [greedy_decode(model, src, **ids) for src in sources]
 for (source, reference), h in list(zip(pairs, greedy, strict=True))[:3]:
     print(f"{source}\n  greedy:    {tokenizer.decode(h.tokens)}")
     print(f"  reference: {reference}")
@@ -241,32 +230,158 @@ for (source, reference), h in list(zip(pairs, greedy, strict=True))[:3]:
 # Without a cache, step $t$ runs the decoder over all $t$ positions of the output so far to use
 # the last one's output. The causal mask guarantees that the other $t - 1$ have not changed since
 # earlier steps, and the new position needs only their keys and values in each self-attention
-# layer. So keep those: the multi-head attention chapter's `KVCache` appends the new position's
-# key and value at each step, and the new query attends over all the cached ones. A single query
-# at the end of the sequence may see every earlier position, so no mask is needed; the new token
-# is embedded at position $t$. The encoder–decoder attention's keys and values are projections of
-# the encoder's memory, which does not change while a sentence is decoded, so they are computed
-# once. The decoder chapter's `DecoderCache` holds both caches of every layer, and
-# `Transformer.decode(..., cache=cache)` reads only the new tokens.
+# layer. So keep those: a `KVCache` holds one attention block's keys and values, and each step
+# appends the new position's, so that the new query attends over all of them. A single query at
+# the end of the output may see every earlier position, so no mask is needed. The
+# encoder–decoder attention's keys and values are projections of the encoder's memory, which does
+# not change while a sentence is decoded, so they are projected once, at the first step.
 #
+# Part I's layers take whole sequences; the cache needs a layer to run on its newest position
+# only. `decode_step` walks the decoder's layers itself with the layers' own weights: each
+# self-attention projects the new position's query, key and value with the multi-head chapter's
+# `project` and attends over the cached keys and values and its own, each encoder–decoder
+# attention reads the memory's cached ones, and the sublayer connections and feed-forward
+# networks run as in the decoder chapter. The new token is embedded at position $t$ (the
+# positional encoding's `start`). `reorder` keeps the rows that a search keeps, in its order, as
+# beam search needs below.
+
+# %%
+#| export kv_cache
+"""The key/value cache of incremental decoding: each decoder layer's keys and
+values, kept between steps, so that a step runs on its newest token only."""
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from transformer.model import Transformer
+from transformer.multihead import (
+    MultiHeadAttention,
+    attend,
+    merge_heads,
+    project,
+)
+
+
+@dataclass
+class KVCache:
+    """One attention block's keys and values, (N, H, L, d_k) each."""
+
+    key: Tensor | None = None
+    value: Tensor | None = None
+
+
+@dataclass
+class DecoderCache:
+    """Every decoder layer's caches: each self-attention's grows by one
+    position per step; each encoder-decoder attention's holds the memory's."""
+
+    self_attn: list[KVCache]
+    cross_attn: list[KVCache]
+
+    @classmethod
+    def empty(cls, n_layers: int) -> "DecoderCache":
+        """The cache of an n_layers decoder before the first step."""
+        self_attn = [KVCache() for _ in range(n_layers)]
+        return cls(self_attn, [KVCache() for _ in range(n_layers)])
+
+    @property
+    def length(self) -> int:
+        """The number of target positions decoded so far."""
+        key = self.self_attn[0].key
+        return 0 if key is None else key.size(2)
+
+    def reorder(self, rows: Tensor, *, memory: bool = True) -> None:
+        """Keep rows `rows` (N',), in that order. memory=False leaves the
+        encoder-decoder caches alone, when rows only move among the outputs of
+        one sentence, whose memory is the same."""
+        for kv in self.self_attn + (self.cross_attn if memory else []):
+            if kv.key is not None:
+                kv.key, kv.value = kv.key[rows], kv.value[rows]
+
+
+# %% [markdown]
+# One attention block on the newest position, and one step of the whole decoder:
+
+
+# %%
+#| export kv_cache
+def cached_attention(
+    attn: MultiHeadAttention,
+    x: Tensor,
+    *,
+    cache: KVCache,
+    memory: Tensor | None = None,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """MultiHead for the newest position x (N, 1, d_model): self-attention
+    over the cached positions and x's own, or, given the memory (N, S,
+    d_model), encoder-decoder attention over its keys and values."""
+    n = attn.n_heads
+    if memory is None:  # the new position's key and value join the cache
+        q, k, v = project(x, n, attn.w_q, attn.w_k, attn.w_v)  # (N, H, 1, d_k)
+        if cache.key is not None:
+            k = torch.cat([cache.key, k], dim=2)  # (N, H, L + 1, d_k)
+            v = torch.cat([cache.value, v], dim=2)
+        cache.key, cache.value = k, v
+    else:  # the memory's keys and values, projected at the first step
+        (q,) = project(x, n, attn.w_q)
+        if cache.key is None:
+            cache.key, cache.value = project(memory, n, attn.w_k, attn.w_v)
+    out, _ = attend(q, cache.key, cache.value, mask, attn.attn_dropout, False)
+    return attn.w_o(merge_heads(out))  # (N, 1, d_model)
+
+
+def decode_step(
+    model: Transformer,
+    token: Tensor,
+    memory: Tensor,
+    src_mask: Tensor | None,
+    cache: DecoderCache,
+) -> Tensor:
+    """log p(next token) for every row, given its newest token (N, 1), the
+    earlier ones' keys and values in the cache: -> (N, V)."""
+    x = model.tgt_embed(token)  # (N, 1, d_model), at position cache.length:
+    x = model.tgt_pos(x, start=cache.length)
+    caches = zip(cache.self_attn, cache.cross_attn, strict=True)
+    for layer, (own, cross) in zip(model.decoder.layers, caches, strict=True):
+        self_attention = partial(cached_attention, layer.self_attn, cache=own)
+        cross_attention = partial(
+            cached_attention, layer.cross_attn, cache=cross, memory=memory,
+            mask=src_mask,
+        )  # fmt: skip
+        x = layer.sublayers[0](x, self_attention)
+        x = layer.sublayers[1](x, cross_attention)
+        x = layer.sublayers[2](x, layer.feed_forward)
+    return model.generator(model.decoder.final_norm(x)[:, -1])  # (N, V)
+
+
+# %% [markdown]
 # The saving: to output $T$ tokens, the decoder processes $1 + 2 + \dots + T = T(T+1)/2$
 # positions without a cache and $T$ with one. The projections and feed-forward networks cost the
 # same per position and dominate at sentence lengths, so that work drops from $O(T^2)$ to $O(T)$,
 # for $2\, n_\text{layers} (T + S)\, d_\text{model}$ numbers of memory per sentence. The two ways
-# give the same outputs; a hook on the decoder counts the positions it reads, for the 50
-# sentences at once:
+# give the same outputs; a hook on the output layer counts the positions each way runs through
+# the decoder, over the 50 sentences:
 
 
 # %% tags=["nbval-ignore-output"]
 def greedy_run(use_cache: bool) -> tuple[list, int, float]:
-    """The outputs, the positions the decoder read, and the seconds taken."""
+    """The outputs, the decoder positions computed, and the seconds taken."""
     seen = []
-    hook = model.decoder.register_forward_pre_hook(
+    hook = model.generator.register_forward_pre_hook(
+        lambda module, args: seen.append(args[0].size(0))
+    )  # one row per output, for each position the decoder ran on
+    hook_layer = model.decoder.layers[0].register_forward_pre_hook(
         lambda module, args: seen.append(args[0].shape[:2].numel())
     )
     started = time.perf_counter()
-    outputs = greedy_decode(model, src, **ids, use_cache=use_cache)
-    hook.remove()
+    outputs = [
+        greedy_decode(model, s, **ids, use_cache=use_cache) for s in sources
+    ]
+    hook.remove(), hook_layer.remove()
     return outputs, sum(seen), time.perf_counter() - started
 
 
@@ -281,9 +396,9 @@ print(
 # ## Beam search
 #
 # Greedy decoding commits to one token at each step; a token that looked best may lead only to
-# poor continuations. Beam search keeps $K$ hypotheses, *beams*, per sentence: at each step it
-# extends every beam by every token, $K \cdot V$ candidates, and keeps the $K$ best. With $K = 1$
-# it is greedy decoding.
+# poor continuations. Beam search keeps $K$ partial outputs, *beams*: at each step it extends
+# every beam by every token, $K \cdot V$ candidates, and keeps the $K$ best. With $K = 1$ it is
+# greedy decoding.
 #
 # **The length penalty.** Every token multiplies an output's probability by a number below one,
 # so ranked by $\log p(Y \mid X)$ beam search prefers short outputs. The paper ranks hypotheses
@@ -296,32 +411,22 @@ print(
 # where $|Y|$ counts the output tokens, EOS included. With $\alpha = 0$ there is no penalty; with
 # $\alpha = 1$ the score approaches the average log-probability per token.
 #
-# **How the search runs**, batched over sentences, a step in four parts:
+# **The search**, line by line below:
 #
-# 1. **Extend** (`_extend`). The $K$ beams of sentence $b$ are rows $bK, \dots, bK + K - 1$ of
-#    one batch; at the start only the first is open, so the beams do not begin as $K$ copies of
-#    BOS. Every open beam is extended by every token and scored by $\log p / lp(t + 1)$; an ended
-#    beam is one candidate, itself, its score unchanged. All the extensions of one beam share its
-#    $lp$, so only its $K$ most probable tokens can be among the $K$ best: ranking $K \cdot K$
-#    candidates per sentence selects the same beams as $K \cdot V$.
-# 2. **Follow the parents.** Every surviving beam takes the output so far of the beam it extends,
-#    and `DecoderCache.reorder` does the same with the cached keys and values.
-# 3. **Keep aside** (`Kept`). An open beam's score can *rise* as it grows, since $lp$ grows too,
-#    and push an ended beam out of the $K$. So each sentence keeps its best ended hypothesis
-#    outside the beam; the result is never worse than a hypothesis the search once held.
-# 4. **Stop** (`_finished`). The paper terminates "early when possible". An open beam's
-#    $\log p$ can only fall and $lp$ only grow, up to the length limit, so the best it can still
-#    score is $\log p / lp(\text{limit})$. A sentence is finished when its kept score is at least
-#    that, and leaves the batch with its $K$ rows; the search returns exactly what searching to
-#    the limit would.
-#
-# tensor2tensor {cite:p}`vaswani2018tensor2tensor` keeps ended hypotheses in a separate set so
-# that $K$ beams always stay open; ours lets them keep their slot, which makes $K = 1$ exactly
-# greedy decoding. The appendix [Deviations from the paper](a01_deviations.ipynb) discusses what
-# this costs.
-#
-# The length penalty, and `BeamStep`, the beams after a step, which the search carries from step
-# to step:
+# - The $K$ beams are the rows of `ys`, BOS then their tokens; at the start only the first is
+#   open ($\log p = 0$, the others $-\infty$), so the beams do not begin as $K$ copies of BOS.
+# - Each step scores every extension of every beam by $\log p / lp$, and keeps the $K$ best
+#   (`topk`); each kept beam continues its parent's row, and the cache follows the rows.
+# - A beam that has output EOS is *ended*: it stays in the beam, its one continuation itself
+#   (a padding token, $\log p$ unchanged), so that it competes with the open beams until they
+#   score higher. $K = 1$ is then exactly greedy decoding.
+# - **Keep aside.** An open beam's score can *rise* as it grows, since $lp$ grows too, and push
+#   an ended beam out of the $K$. So the best ended output so far is kept outside the beam; the
+#   result is never worse than an output the search once held.
+# - **Stop.** The paper terminates "early when possible". An open beam's $\log p$ can only fall,
+#   and $lp$ only grow up to the length limit, so the best it can still score is
+#   $\log p / lp(\text{limit})$. When the kept output scores at least that, the search stops,
+#   with exactly the result that searching to the limit would give.
 
 
 # %%
@@ -331,135 +436,6 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-@dataclass(frozen=True)
-class BeamStep:
-    """The K beams of the n sentences still searching after a step, best
-    first: (n, K) each; `sentences` (n,) are their indices in the batch, and
-    a beam's token is pad_id after its EOS."""
-
-    step: int
-    sentences: Tensor
-    tokens: Tensor
-    parents: Tensor
-    log_probs: Tensor
-    scores: Tensor
-    ended: Tensor
-    lengths: Tensor
-
-    @staticmethod
-    def first(B: int, K: int, device: torch.device) -> "BeamStep":
-        """Before step 0: one open beam per sentence, not K copies of BOS."""
-        log_probs = torch.full((B, K), -torch.inf, device=device)
-        log_probs[:, 0] = 0.0
-        zeros = torch.zeros(B, K, dtype=torch.long, device=device)
-        sentences = torch.arange(B, device=device)
-        return BeamStep(
-            -1, sentences, zeros, zeros, log_probs, log_probs, zeros > 0, zeros
-        )
-
-    def select(self, stays: Tensor) -> "BeamStep":
-        """The beams of the sentences that stay, (n,) booleans."""
-        kept = [getattr(self, f.name)[stays] for f in fields(self)[1:]]
-        return BeamStep(self.step, *kept)
-
-
-# %% [markdown]
-# Part 1, `_extend`: the $K$ best of each sentence's $K \cdot K$ candidates.
-
-# %%
-#| export
-def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
-    """Step t: the K best extensions of each sentence's K beams, given step
-    (n, K, V), the log p of each beam's next token."""
-    n, K, V = step.shape
-    C = min(K, V)  # a beam's K most probable tokens are its K best candidates
-    top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
-    # An ended beam has one continuation, padding, which leaves its log p.
-    stay = torch.full((C,), float("-inf"), device=step.device)
-    stay[0] = 0.0
-    top = torch.where(beams.ended[..., None], stay, top)
-    top_tokens = top_tokens.masked_fill(beams.ended[..., None], pad_id)
-    candidate_log_prob = (beams.log_probs[..., None] + top).view(n, K * C)
-    candidate_length = torch.where(beams.ended, beams.lengths, t + 1)  # (n, K)
-    lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
-    scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
-    parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
-    ended = beams.ended.gather(1, parents) | (tokens == eos_id)
-    return BeamStep(
-        step=t,
-        sentences=beams.sentences,
-        tokens=tokens,
-        parents=parents,
-        log_probs=candidate_log_prob.gather(1, best),
-        scores=scores,
-        ended=ended | (t + 1 >= limits[:, None]),  # or stopped by the limit
-        lengths=candidate_length.gather(1, parents),
-    )
-
-
-# %% [markdown]
-# Parts 3 and 4: the best ended hypothesis kept aside, and the test for a finished sentence.
-
-# %%
-#| export
-@dataclass
-class Kept:
-    """Each sentence's best ended hypothesis so far, kept outside the beam:
-    its score and log_prob (B,), and its row ys (B, L): BOS, its tokens, then
-    padding."""
-
-    score: Tensor
-    log_prob: Tensor
-    ys: Tensor
-
-    @staticmethod
-    def empty(B: int, L: int, pad_id: int, device: torch.device) -> "Kept":
-        nothing = torch.full((B,), -torch.inf, device=device)
-        ys = torch.full((B, L), pad_id, dtype=torch.long, device=device)
-        return Kept(nothing, nothing.clone(), ys)
-
-    def update(self, beams: BeamStep, ys: Tensor) -> None:
-        """Keep each sentence's best ended beam if it scores higher than the
-        one kept; ys (n*K, t) holds the beams' rows."""
-        going, (n, K) = beams.sentences, beams.ended.shape
-        ended_scores = torch.where(beams.ended, beams.scores, -torch.inf)
-        best, beam = ended_scores.max(dim=1)  # (n,)
-        better = best > self.score[going]  # (n,)
-        self.score[going] = torch.where(better, best, self.score[going])
-        gained = beams.log_probs.gather(1, beam[:, None])[:, 0]  # (n,)
-        self.log_prob[going] = torch.where(
-            better, gained, self.log_prob[going]
-        )
-        row = ys[torch.arange(n, device=ys.device) * K + beam]  # (n, t)
-        old = self.ys[going, : ys.size(1)]
-        self.ys[going, : ys.size(1)] = torch.where(better[:, None], row, old)
-
-    def hypotheses(self, *, eos_id: int, pad_id: int) -> list[Hypothesis]:
-        return [
-            _hypothesis(row[1:], lp, score, eos_id=eos_id, pad_id=pad_id)
-            for row, lp, score in zip(
-                self.ys,
-                self.log_prob.tolist(),
-                self.score.tolist(),
-                strict=True,
-            )
-        ]
-
-
-def _finished(kept_score, beams, limits, alpha) -> Tensor:
-    """The sentences whose kept score (n,) no open beam can overtake, at best
-    log_prob / lp(limit): -> (n,)."""
-    best_open = torch.where(beams.ended, -torch.inf, beams.log_probs).amax(1)
-    reachable = best_open / length_penalty(limits, alpha)  # (n,)
-    return (kept_score >= reachable) | (best_open == -torch.inf)
-
-
-# %% [markdown]
-# The search puts the parts together:
-
-
-# %%
-#| export
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -470,65 +446,52 @@ def beam_search(
     eos_id: int,
     pad_id: int,
     max_len: int | None = None,
-    use_cache: bool = True,
-    on_step: Callable[[BeamStep], None] | None = None,
-) -> list[Hypothesis]:
-    """Beam search with the length penalty: src (B, S) token ids, padded with
-    pad_id -> each sentence's best hypothesis, in batch order. on_step, if
-    given, sees the beams after every step."""
-    specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
-    check_search(model, src, beam_size=beam_size, alpha=alpha, **specials)
-    B, K, device = src.size(0), beam_size, src.device
-    if B == 0:
-        return []
-    with inference(model):
-        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
-        memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        layers = len(model.decoder.layers)
-        cache = DecoderCache.empty(layers) if use_cache else None
-        # The K beams of sentence b are rows b*K ... b*K + K - 1.
-        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
-        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
-        ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
-        beams = BeamStep.first(B, K, device)
-        kept = Kept.empty(B, int(limits.max()) + 1, pad_id, device)
-        first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
-        for t in range(int(limits.max())):
-            step = _next_log_probs(model, ys, memory, src_mask, cache)
-            step = _forbid_specials(step.view(len(limits), K, -1), **specials)
-            beams = _extend(step, beams, t, limits, alpha, eos_id, pad_id)
-            # Every beam continues the row of its parent: reorder, then append.
-            rows = (first_row[: len(limits)] + beams.parents).view(-1)
-            ys = torch.cat([ys[rows], beams.tokens.view(-1, 1)], dim=1)
-            if cache is not None:
-                cache.reorder(rows, static=False)  # within each sentence
-            kept.update(beams, ys)
+    on_step: Callable[[Tensor, Tensor, Tensor], None] | None = None,
+) -> Hypothesis:
+    """The K best partial outputs by log p / lp, for one sentence src (S,)
+    ending with EOS, until no open one can beat the best ended one. on_step,
+    if given, sees each step's parents, tokens and ended flags, (K,) each."""
+    K, specials = beam_size, dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    limit = output_limit(model, src, max_len)
+    with torch.inference_mode():
+        src = src[None]  # (1, S)
+        src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
+        memory = model.encode(src, src_mask).expand(K, -1, -1)  # (K, S, d)
+        cache = DecoderCache.empty(len(model.decoder.layers))
+        ys = torch.full((K, 1), bos_id, device=src.device)  # (K, t + 1)
+        log_p = torch.full((K,), -torch.inf, device=src.device)
+        log_p[0] = 0.0  # one open beam at first
+        ended = torch.zeros(K, dtype=torch.bool, device=src.device)
+        length = torch.zeros(K, dtype=torch.long, device=src.device)
+        best = Hypothesis([], -torch.inf, -torch.inf, ended=False)
+        for t in range(limit):
+            step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
+            step = forbid_specials(step, **specials)  # (K, V)
+            step[ended] = -torch.inf
+            step[ended, pad_id] = 0.0  # an ended beam stays as it is
+            length = torch.where(ended, length, t + 1)  # (K,): |Y|
+            candidates = (log_p[:, None] + step).flatten()  # (K·V,)
+            lp = length_penalty(length, alpha).repeat_interleave(step.size(1))
+            score, index = (candidates / lp).topk(K)  # the K best, best first
+            parent, token = index // step.size(1), index % step.size(1)
+            ys = torch.cat([ys[parent], token[:, None]], dim=1)
+            cache.reorder(parent, memory=False)  # each beam its parent's keys
+            log_p, length = candidates[index], length[parent]
+            ended = ended[parent] | (token == eos_id) | (t + 1 >= limit)
             if on_step is not None:
-                on_step(beams)
-            kept_score = kept.score[beams.sentences]
-            stays = ~_finished(kept_score, beams, limits, alpha)  # (n,)
-            if not stays.all():  # finished sentences leave, with their K rows
-                beams, limits = beams.select(stays), limits[stays]
-                keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
-                ys, memory, src_mask = ys[keep], memory[keep], src_mask[keep]
-                if cache is not None:
-                    cache.reorder(keep)
-                if not stays.any():
-                    break
-    return kept.hypotheses(eos_id=eos_id, pad_id=pad_id)
-
-
-# %% tags=["remove-cell"]
-#| export
-def __getattr__(name: str):
-    """The names of transformer.translation, which builds on this module
-    (`translate`, `load_pair_model`, ...), are importable from it too."""
-    from transformer import translation
-
-    if name in translation.__all__:
-        return getattr(translation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+                on_step(parent, token, ended)
+            top, k = torch.where(ended, score, -torch.inf).max(dim=0)
+            if top > best.score:  # keep the best ended output aside
+                row, lp_k = ys[k, 1:], log_p[k].item()
+                best = hypothesis(
+                    row, lp_k, top.item(), eos_id=eos_id, pad_id=pad_id
+                )
+            reachable = torch.where(ended, -torch.inf, log_p).max()
+            if best.score >= reachable / length_penalty(
+                torch.tensor(limit), alpha
+            ):
+                break  # no open beam can overtake the kept output
+    return best
 
 
 # %% [markdown]
@@ -539,7 +502,7 @@ def __getattr__(name: str):
 # %% tags=["nbval-ignore-output"]
 from transformer.decode import beam_search, length_penalty
 
-beam = beam_search(model, src, **ids)  # K = 4, α = 0.6
+beam = [beam_search(model, src, **ids) for src in sources]  # K = 4, α = 0.6
 
 
 def s(h) -> float:
@@ -571,7 +534,8 @@ targets = tokenizer.encode_batch([reference for _, reference in pairs], "en")
 by_alpha = pd.Series(
     {
         alpha: sum(
-            len(h.tokens) for h in beam_search(model, src, alpha=alpha, **ids)
+            len(beam_search(model, src, alpha=alpha, **ids).tokens)
+            for src in sources
         )
         / sum(map(len, targets))
         for alpha in (0.0, 0.6, 1.0, 2.0)
@@ -594,36 +558,34 @@ by_alpha.round(3)
 # points have just output EOS; grey ones ended earlier and are carried along. What to see: the
 # orange path is greedy decoding's, the black one leads to beam search's result. Where they part,
 # the black path takes a runner-up token that greedy decoding discarded for good, and it ends
-# ahead.
+# ahead. The page [Translate and look inside](16_translate.md) draws the same for a sentence you
+# type, step by step.
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-from transformer.decode import BeamStep
-
 chosen = min(
     (i for i in range(len(pairs)) if gains[i] > 1e-6),
     key=lambda i: len(beam[i].tokens),
 )
-one = src[chosen : chosen + 1, : int((src[chosen] != pad_id).sum())]
-steps: list[BeamStep] = []
-beam_search(model, one, **ids, on_step=steps.append)
+steps = []
+beam_search(model, sources[chosen], **ids, on_step=lambda *a: steps.append(a))
 paths = {"beam search": beam[chosen], "greedy": greedy[chosen]}
 paths = {name: (*h.tokens, eos_id) for name, h in paths.items()}
 bos = {"step": 0, "rank": 1, "token": "<bos>", "state": "open"}
 nodes, prefixes, was_ended = [bos], [()], [False]
-for step in steps:
-    parents, tokens = step.parents[0].tolist(), step.tokens[0].tolist()
+for t, (parents, tokens, ended) in enumerate(steps, start=1):
+    parents, tokens = parents.tolist(), tokens.tolist()
     now = [prefixes[p] + (w,) for p, w in zip(parents, tokens, strict=True)]
     for k, (p, prefix) in enumerate(zip(parents, now, strict=True)):
         on = [n for n, path in paths.items() if path[: len(prefix)] == prefix]
         nodes.append({
-            "step": step.step + 1, "rank": k + 1, "from": p + 1,
+            "step": t, "rank": k + 1, "from": p + 1,
             "token": "" if was_ended[p] else tokenizer.pieces(prefix[-1:])[0],
             "hypothesis": tokenizer.decode(list(prefix)),
             "state": "ended before" if was_ended[p]
             else "ends here" if prefix[-1] == eos_id else "open",
             "path": on[0] if on and not was_ended[p] else "other",
         })  # fmt: skip
-    prefixes, was_ended = now, step.ended[0].tolist()
+    prefixes, was_ended = now, ended.tolist()
 tree = pd.DataFrame(nodes).assign(before=lambda d: d.step - 1)
 rank = {"scale": alt.Scale(domain=[0.5, 4.5], reverse=True), "title": "rank"}
 rank["axis"] = alt.Axis(values=[1, 2, 3, 4])
@@ -650,14 +612,11 @@ text = base.mark_text(dy=-12).encode(text="token:N")
 # %% [markdown]
 # ## Translating with the shipped models
 #
-# The functions above take tensors of token ids. The appendix
-# [Translating text](a08_translating.ipynb) wraps them: `translate` takes sentences, cuts them into
-# tokens, decodes them in batches of similar lengths, and returns their translations. Both shipped
-# models, with the paper's search:
+# A translation is these steps in a row: normalise and cut the sentence into tokens, add EOS,
+# search, and turn the output's tokens back into text. Both shipped models, with the paper's
+# search:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.translation import translate
-
 examples = {
     "de-en": [
         "Ein Hund mit einem Stock im Maul schwimmt in einem See.",
@@ -666,15 +625,24 @@ examples = {
     "fr-en": ["Un groupe de musiciens joue sur une place animée."],
 }
 for pair, sentences in examples.items():
-    pair_model, pair_tokenizer = load_pair_model(pair)
-    found = translate(pair_model, pair_tokenizer, sentences)
-    for source, translation in zip(sentences, found, strict=True):
-        print(f"{source}\n  {translation}")
+    pair_model, pair_tokenizer = load_trained(CHECKPOINTS_DIR / pair)
+    pair_model.eval()
+    special = dict(bos_id=pair_tokenizer.bos_id, eos_id=pair_tokenizer.eos_id,
+                   pad_id=pair_tokenizer.pad_id)  # fmt: skip
+    for sentence in sentences:
+        src = torch.tensor(
+            pair_tokenizer.encode(sentence) + [special["eos_id"]]
+        )
+        found = beam_search(pair_model, src, **special)
+        print(f"{sentence}\n  {pair_tokenizer.decode(found.tokens)}")
 
 # %% [markdown]
-# The same from a shell: `python -m transformer translate` translates its arguments, or standard
-# input line by line, and prints one translation per line; `--beam`, `--alpha` and
-# `--checkpoint` choose the search and the model.
+# The appendix [Translating text](a08_translating.ipynb) runs the same searches over batches of
+# sentences of similar length, which a computer runs much faster than one sentence at a time,
+# and a test holds its translations identical to this chapter's. From a shell,
+# `python -m transformer translate` translates its arguments, or standard input line by line,
+# and prints one translation per line; `--beam`, `--alpha` and `--checkpoint` choose the search
+# and the model.
 #
 # ```
 # python -m transformer translate --pair de-en "Zwei Hunde spielen im Schnee."
@@ -687,19 +655,17 @@ for pair, sentences in examples.items():
 # ## Summary
 #
 # - Greedy decoding takes the most probable token at each step; beam search keeps the $K$ best
-#   hypotheses, ranked by $\log p(Y \mid X) / lp(Y)$ with the length penalty
+#   partial outputs, ranked by $\log p(Y \mid X) / lp(Y)$ with the length penalty
 #   $lp = ((5 + |Y|)/6)^\alpha$, the paper's $K = 4$ and $\alpha = 0.6$.
 # - The key/value cache feeds the decoder one token per step: $T$ positions instead of
 #   $T(T+1)/2$, with the same outputs.
-# - The search stops when no open beam can overtake a sentence's best ended hypothesis.
-# - `translate`, in the appendix, turns sentences into translations with these searches.
+# - The search stops when no open beam can overtake the best ended output.
 
 # %% [markdown]
 # ## Exercises
 #
-# 1. Translate a few sentences with `--beam 1`, `--beam 4` and `--beam 12`. Where do the outputs
-#    differ?
-# 2. Translate the sentences above with `alpha=0` and `alpha=2` (`translate(..., alpha=...)`).
-#    How do the translations' lengths change?
+# 1. Translate a few sentences with `beam_size=1`, `4` and `12`. Where do the outputs differ?
+# 2. Translate the sentences above with `alpha=0` and `alpha=2`. How do the translations'
+#    lengths change?
 # 3. Translate with a run of your own from the training chapter:
 #    `python -m transformer translate --pair de-en --checkpoint runs/de-en/average`.

@@ -21,9 +21,11 @@
 # adds, where the models fail, and what their attention heads do.
 #
 # **BLEU** {cite:p}`papineni2002bleu` compares a system's output with a reference translation by
-# counting shared word $n$-grams over the whole test set. With $p_n$ the share of the output's
-# $n$-grams ($n = 1, \dots, 4$) that also occur in the reference, $c$ the length of the output and
-# $r$ that of the references, in words,
+# counting shared word $n$-grams over the whole test set. With $p_n$ the *clipped* precision of
+# $n$-grams ($n = 1, \dots, 4$), the share of the output's $n$-grams that also occur in the
+# reference, each counted at most as often as the reference holds it (so that "the the the"
+# does not match one "the" three times), $c$ the length of the output and $r$ that of the
+# references, in words,
 #
 # $$
 # \text{BLEU} = \text{BP} \cdot \exp\Big(\frac{1}{4} \sum_{n=1}^{4} \log p_n\Big), \qquad
@@ -45,8 +47,7 @@
 # Multi30k results mostly score lowercased text cut into words by a tokenizer; to compare with
 # them we also print that number, labelled as such everywhere.
 #
-# The chapter exports `transformer.evaluate`, the scores. Translating and scoring a whole split
-# is the appendix [Translating text](a08_translating.ipynb).
+# The chapter exports `transformer.evaluate`, the scores.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -85,21 +86,53 @@ pd.set_option("display.max_colwidth", None)
 # `score` computes three numbers for a list of translations and their references (one reference
 # per sentence, as Multi30k has): **sacreBLEU** with its defaults (cased, the `13a` tokenizer,
 # exponential smoothing, which matters only for $n$-gram counts of zero), **chrF** with its
-# defaults too, and the **lowercased spaCy-tokenised BLEU** of published results
-# (`lc_tok_bleu`, from the appendix). `Scores` keeps them with their signatures, and BLEU's length
-# ratio $c/r$ and brevity penalty, which tell whether a system's outputs are too short.
+# defaults too, and the **lowercased spaCy-tokenised BLEU** of published results (`lc_tok_bleu`:
+# output and references cut into words by spaCy's English rules and scored with
+# `lowercase=True` and `tokenize="none"`, as torchtext's `bleu_score` scores them; its signature
+# says `case:lc|…|tok:none`). `Scores` keeps them with their signatures, and BLEU's length ratio
+# $c/r$ and brevity penalty, which tell whether a system's outputs are too short.
 
 # %% tags=["hide-input"]
 #| export
 """Scoring translations: sacreBLEU's BLEU and chrF with their signatures (Post,
 2018), and the lowercased tokenised BLEU of published Multi30k results."""
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer.splits import LC_TOK_BLEU, lc_tok_bleu
+from transformer.tokenizer import MARK, pretokenize
+
+# The name of the lowercased tokenised BLEU wherever it is printed: not
+# comparable with sacreBLEU.
+LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
+
+
+def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
+    """Each text cut into words by spaCy's rules for `language`, the words
+    joined by spaces."""
+    return [
+        " ".join(word.removeprefix(MARK) for word in words)
+        for words in pretokenize(texts, language)
+    ]
+
+
+def lc_tok_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], language: str = "en"
+) -> tuple[float, str]:
+    """BLEU of lowercased text cut into words by spaCy (tok:none after that),
+    and its signature: comparable with published Multi30k results that use
+    spaCy's words (torchtext's `bleu_score`), only roughly with
+    Moses-tokenised ones, and not with sacreBLEU's BLEU."""
+    # The text is cut into words already: no second tokenizer, and no warning
+    # about it.
+    bleu = BLEU(lowercase=True, tokenize="none", force=True)
+    found = bleu.corpus_score(
+        spacy_words(hypotheses, language), [spacy_words(references, language)]
+    )
+    return found.score, str(bleu.get_signature())
 
 
 @dataclass(frozen=True)
@@ -190,42 +223,58 @@ assert round(score(toy_refs, toy_refs).bleu, 6) == 100.0
 # ## sacreBLEU on the test set
 #
 # The paper's search, beam search with $K = 4$ and $\alpha = 0.6$, over the 1,000 sentences of
-# `test_2016_flickr`, the Multi30k test set that published results use, for both shipped models
-# (`translate_split`, from the appendix; a minute or so of CPU time per model):
+# `test_2016_flickr`, the Multi30k test set that published results use, for both shipped models.
+# The package's command line does it: `python -m transformer evaluate` translates a split with
+# the batched form of the decoding chapter's beam search (the appendix
+# [Translating text](a08_translating.ipynb); a test holds its translations identical to the
+# chapter's), prints the scores of `score` above, and with `--output` writes the translations,
+# which the rest of this chapter reads.
 
 # %% tags=["nbval-ignore-output"]
-from transformer.splits import translate_split
-from transformer.translation import load_pair_model
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+from transformer.multi30k import load_pairs
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
-models = {pair: load_pair_model(pair) for pair in NAMES}
-warnings = []  # sentences cut to fit, translations stopped by the limit
-test = {
-    pair: translate_split(model, tokenizer, pair, warn=warnings.append)
-    for pair, (model, tokenizer) in models.items()
-}
+outputs = Path(tempfile.mkdtemp())
+
+
+def evaluate(pair: str, beam: int) -> SimpleNamespace:
+    """The test split translated and scored by the command line (which prints
+    its scores), with its sources and references."""
+    path = outputs / f"{pair}.beam-{beam}.txt"
+    command = ["evaluate", "--pair", pair, "--beam", str(beam)]
+    run = [sys.executable, "-m", "transformer", *command, "--output", path]
+    done = subprocess.run(run, capture_output=True, text=True, check=True)
+    sources, references = zip(
+        *load_pairs("test_2016_flickr", pair), strict=True
+    )
+    return SimpleNamespace(
+        sources=sources,
+        references=list(references),
+        hypotheses=path.read_text(encoding="utf-8").splitlines(),
+        report=done.stdout,
+    )
+
+
+test = {pair: evaluate(pair, beam=4) for pair in NAMES}
 scores = {pair: score(t.hypotheses, t.references) for pair, t in test.items()}
-for pair, s in scores.items():
-    print(f"{NAMES[pair]}, {s.sentences:,} sentences, beam 4, α = 0.6")
-    print(s.report(), end="\n\n")
-print("\n".join(warnings) or "no sentence cut, every translation ended")
+for pair, t in test.items():
+    print(f"{NAMES[pair]}\n{t.report}")
 
 # %% [markdown]
 # German→English scores **41.6 sacreBLEU** and 60.7 chrF, French→English **53.1 sacreBLEU** and
 # 68.9 chrF, with the signature
-# `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`. No sentence was cut, and every
-# translation ended with EOS. French→English is the easier direction here: the two languages are
-# closer, and its length ratio is nearly 1. The command-line tool prints the same:
-#
-# ```
-# python -m transformer evaluate --pair de-en
-# python -m transformer evaluate --pair fr-en --split val --beam 1 \
-#     --output val.fr-en.txt
-# ```
+# `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`. French→English is the easier
+# direction here: the two languages are closer, and its length ratio is nearly 1.
 #
 # ## Greedy decoding against beam search
 #
-# The same test sentences decoded greedily (`beam_size=1`), and the $p$-value of beam search's
+# The same test sentences decoded greedily (`--beam 1`), and the $p$-value of beam search's
 # gain by sacreBLEU's paired bootstrap {cite:p}`koehn2004statistical`, which rescores both systems
 # on 1,000 resampled test sets:
 
@@ -233,10 +282,7 @@ print("\n".join(warnings) or "no sentence cut, every translation ended")
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-greedy = {
-    pair: translate_split(model, tokenizer, pair, beam_size=1)
-    for pair, (model, tokenizer) in models.items()
-}
+greedy = {pair: evaluate(pair, beam=1) for pair in NAMES}
 rows = []
 for pair, g in greedy.items():
     systems = [("greedy", g.hypotheses), ("beam", test[pair].hypotheses)]
@@ -307,14 +353,17 @@ pd.DataFrame(example_rows).set_index(["model", "percentile"])
 #
 # Every head of every layer computes its own attention weights, of three kinds: encoder
 # self-attention, decoder self-attention and encoder–decoder attention;
-# `Transformer.attention_weights` ([Putting it together](08_model.ipynb)) returns them all for one
+# `attention_weights` ([Putting it together](08_model.ipynb)) returns them all for one
 # forward pass. We take the German→English model and the first test sentence whose source has 8
 # to 12 words, with the decoder reading the model's own beam-search translation:
 
 # %% tags=["nbval-ignore-output"]
+from transformer.loop import load_trained
 from transformer.masking import padding_mask, target_mask
+from transformer.model import attention_weights
+from transformer.paths import CHECKPOINTS_DIR
 
-de_model, de_tokenizer = models["de-en"]
+de_model, de_tokenizer = load_trained(CHECKPOINTS_DIR / "de-en")
 bos, eos = de_tokenizer.bos_id, de_tokenizer.eos_id
 t = test["de-en"]
 first = next(i for i, s in enumerate(t.sources) if 8 <= len(s.split()) <= 12)
@@ -322,7 +371,8 @@ src = torch.tensor([de_tokenizer.encode(t.sources[first]) + [eos]])  # (1, S)
 out = de_tokenizer.encode(t.hypotheses[first], "en")
 tgt_in = torch.tensor([[bos] + out])  # (1, T)
 with torch.no_grad():
-    weights = de_model.eval().attention_weights(
+    weights = attention_weights(
+        de_model.eval(),
         src,
         tgt_in,
         src_mask=padding_mask(src, de_tokenizer.pad_id),
@@ -433,12 +483,85 @@ explorer(
 # %% [markdown]
 # ## Where the models fail: sentence length
 #
-# BLEU of the beam-4 test translations grouped by the length of the source in words
-# (`bleu_by_length`, from the appendix), with the number of sentences in each group (a group of a
-# few dozen gives a noisy BLEU):
+# Long sentences are harder: more words to get right, and fewer long sentences to learn from.
+# `bleu_by_length` groups the sentences by the length of their *source* in words (separated by
+# spaces) and computes sacreBLEU for each group: 1–9, 10–14, 15–19, and 20 words or more.
+
+# %% tags=["hide-input"]
+#| export
+LENGTH_BOUNDS = (
+    1,
+    10,
+    15,
+    20,
+)  # the first source length, in words, of each group
+
+
+@dataclass(frozen=True)
+class LengthGroup:
+    """The sentences whose source has `words` words: how many, their sacreBLEU
+    and BLEU's output/reference length ratio (both nan for an empty group)."""
+
+    words: str
+    sentences: int
+    bleu: float
+    length_ratio: float
+
+
+def bleu_by_length(
+    sources: Sequence[str],
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    bounds: Sequence[int] = LENGTH_BOUNDS,
+) -> list[LengthGroup]:
+    """sacreBLEU of the sentences grouped by the length of their source in
+    words (separated by spaces): group i holds bounds[i] to bounds[i+1] - 1
+    words, the last bounds[-1] or more, and a source shorter than bounds[0]
+    counts in the first."""
+    if not len(sources) == len(hypotheses) == len(references):
+        raise ValueError(
+            f"{len(sources)} sources, {len(hypotheses)} translations and "
+            f"{len(references)} references"
+        )
+    bounds = list(bounds)
+    if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 0:
+        raise ValueError(f"bounds must increase from 0 or more, got {bounds}")
+    groups: list[list[int]] = [[] for _ in bounds]
+    for i, source in enumerate(sources):
+        n = len(source.split())
+        groups[
+            max((k for k, b in enumerate(bounds) if n >= b), default=0)
+        ].append(i)
+    results = []
+    for k, members in enumerate(groups):
+        last = bounds[k + 1] - 1 if k + 1 < len(bounds) else None
+        words = (
+            f"{bounds[k]}+"
+            if last is None
+            else str(last)
+            if last == bounds[k]
+            else f"{bounds[k]}–{last}"
+        )
+        if not members:
+            results.append(LengthGroup(words, 0, math.nan, math.nan))
+            continue
+        found = BLEU().corpus_score(
+            [hypotheses[i] for i in members],
+            [[references[i] for i in members]],
+        )
+        results.append(
+            LengthGroup(words, len(members), found.score, found.ratio)
+        )
+    return results
+
+
+# %% [markdown]
+# BLEU of the beam-4 test translations grouped so, with the number of sentences in each group (a
+# group of a few dozen gives a noisy BLEU):
 
 # %% tags=["nbval-ignore-output"]
-from transformer.splits import bleu_by_length
+from transformer.evaluate import bleu_by_length
 
 by_length = pd.DataFrame(
     {

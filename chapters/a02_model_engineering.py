@@ -16,13 +16,10 @@
 # %% [markdown]
 # # Engineering the model
 #
-# The chapters of Part I build the model from the paper. Three pieces around it serve the rest of
-# the package rather than the idea: the checks that refuse a configuration which cannot build a
-# model, and a saved one that would rebuild another; the cache that carries each decoder layer's
-# keys and values from one decoding step to the next; and the method that collects every
-# attention weight of a forward pass for the figures. This appendix exports them, as
-# `transformer.config_checks`, `transformer.decoder_cache` and `transformer.attention_maps`;
-# [Putting it together](08_model.ipynb) and [The decoder](07_decoder.ipynb) use them.
+# The chapters of Part I build the model from the paper. Around it, the package needs checks that
+# serve the rest of the package rather than the idea: they refuse a configuration which cannot
+# build a model, and a saved one that would rebuild another. This appendix exports them as
+# `transformer.config_checks`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -219,146 +216,7 @@ for record in (prenorm.to_dict() | {"n_head": 8}, incomplete):
         raise AssertionError("a damaged record was accepted")
 
 # %% [markdown]
-# ## The decoder's cache
-#
-# Translation runs the decoder once per output token. Without a cache each step would recompute
-# the keys and values of every earlier position in every layer, and project the encoder's memory
-# again. A `KVCache` ([Multi-head attention](03_multihead.ipynb)) keeps one attention block's keys and
-# values; a `DecoderCache` keeps those of every layer: a growing one for each self-attention and
-# a static one, projected from the memory at the first step, for each encoder–decoder attention.
-# Beam search reorders the cached rows as it follows its beams ([Decoding](14_decoding.ipynb)).
-
-# %%
-#| export decoder_cache
-"""The keys and values of every decoder layer, kept between decoding steps."""
-
-from dataclasses import dataclass
-
-from torch import Tensor
-
-from transformer.multihead import KVCache
-
-
-@dataclass
-class DecoderCache:
-    """Each decoder layer's keys and values, kept between decoding steps.
-
-    self_attn[i] grows by one position per step; cross_attn[i] is static: the
-    memory's keys and values, projected at the first step.
-    """
-
-    self_attn: list[KVCache]
-    cross_attn: list[KVCache]
-
-    @classmethod
-    def empty(cls, n_layers: int) -> "DecoderCache":
-        """The cache of an n_layers stack before the first step."""
-        return cls(
-            self_attn=[KVCache() for _ in range(n_layers)],
-            cross_attn=[KVCache(static=True) for _ in range(n_layers)],
-        )
-
-    @property
-    def length(self) -> int:
-        """The number of target positions decoded so far."""
-        return self.self_attn[0].length
-
-    def reorder(self, index: Tensor, *, static: bool = True) -> None:
-        """Keep batch rows `index` (B',), in that order: beam search following
-        its beams.
-
-        static=False leaves the encoder-decoder caches alone: when `index` only
-        moves rows among the beams of each sentence, whose memory is the same,
-        they would not change.
-        """
-        for cache in self.self_attn + (self.cross_attn if static else []):
-            cache.reorder(index)
-
-
-# %% [markdown]
-# Decoding a tiny model's target one token at a time through the cache gives the outputs of one
-# pass over the whole target, and the cache then holds every position:
-
-# %%
-from transformer.decoder_cache import DecoderCache
-from transformer.masking import causal_mask
-from transformer.model import Transformer
-
-torch.manual_seed(0)
-config = TransformerConfig(20, d_model=32, n_heads=4, n_layers=2, d_ff=64)
-model = Transformer(config).eval()
-src, tgt = torch.randint(3, 20, (2, 7)), torch.randint(3, 20, (2, 5))
-with torch.no_grad():
-    memory = model.encode(src, None)
-    whole = model.decode(tgt, memory, src_mask=None, tgt_mask=causal_mask(5))
-    cache = DecoderCache.empty(config.n_layers)
-    steps = [
-        model.decode(
-            tgt[:, t : t + 1],
-            memory,
-            src_mask=None,
-            tgt_mask=None,
-            cache=cache,
-        )
-        for t in range(5)
-    ]
-assert torch.allclose(torch.cat(steps, dim=1), whole, atol=1e-5)
-print("positions cached:", cache.length)
-
-# %% [markdown]
-# ## Every attention weight
-#
-# The figures of [Results](15_results.ipynb) draw what a trained model attends to.
-# `Transformer.attention_weights` runs one forward pass through both stacks, asking every layer
-# for its weights, which a forward pass otherwise neither returns nor stores.
-
-# %%
-#| export attention_maps
-"""Every attention weight of a Transformer's forward pass, for figures."""
-
-from torch import Tensor, nn
-
-
-def attention_weights(
-    model: nn.Module,
-    src: Tensor,
-    tgt: Tensor,
-    *,
-    src_mask: Tensor | None,
-    tgt_mask: Tensor | None,
-) -> dict[str, list[Tensor]]:
-    """Every attention weight of one forward pass, one tensor per layer; the
-    method Transformer.attention_weights.
-
-    Shapes:
-        "encoder": n_layers x (B, H, S, S); "decoder_self": n_layers x (B,
-            H, T, T); "decoder_cross": n_layers x (B, H, T, S)
-    """
-    x = model.src_pos(model.src_embed(src))  # (B, S, d_model)
-    memory, encoder_weights = model.encoder(x, src_mask, need_weights=True)
-    y = model.tgt_pos(model.tgt_embed(tgt))  # (B, T, d_model)
-    _, decoder_weights = model.decoder(
-        y, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True
-    )
-    return {
-        "encoder": encoder_weights,
-        "decoder_self": [w for w, _ in decoder_weights],
-        "decoder_cross": [w for _, w in decoder_weights],
-    }
-
-
-# %%
-with torch.no_grad():
-    weights = model.attention_weights(
-        src, tgt, src_mask=None, tgt_mask=causal_mask(5)
-    )
-{name: [tuple(w.shape) for w in ws] for name, ws in weights.items()}
-
-# %% [markdown]
 # ## Summary
 #
 # - `check_config` refuses, by name, a field that cannot build a model; `check_record` refuses a
 #   saved configuration with a key too many or too few.
-# - `DecoderCache` holds every decoder layer's keys and values between decoding steps.
-# - `Transformer.attention_weights` returns the weights of every attention block of one forward
-#   pass.

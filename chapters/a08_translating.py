@@ -177,10 +177,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from transformer.decode import EXTRA_LENGTH
 from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
-
-EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
 
 
 def output_limits(
@@ -210,6 +209,7 @@ def check_search(
     pad_id: int,
     beam_size: int = 1,
     alpha: float = 0.0,
+    prefix: Tensor | None = None,
 ) -> None:
     """Raise ValueError, in one line, for arguments that greedy decoding or
     beam search cannot use."""
@@ -234,6 +234,26 @@ def check_search(
         raise ValueError(
             f"src row {int(empty.nonzero()[0])} is all padding: encode each"
             " source with its <eos>"
+        )
+    if prefix is not None:
+        check_prefix(prefix, src, bos_id=bos_id, eos_id=eos_id)
+
+
+def check_prefix(prefix: Tensor, src: Tensor, *, bos_id, eos_id) -> None:
+    """A forced prefix is a (B, P) tensor of token ids, one row per source,
+    without BOS or EOS (padding marks a position the search chooses)."""
+    if prefix.dim() != 2 or prefix.dtype != torch.long:
+        raise ValueError(
+            "prefix must be a (B, P) tensor of token ids (torch.long), got"
+            f" shape {tuple(prefix.shape)} and {prefix.dtype}"
+        )
+    if prefix.size(0) != src.size(0):
+        raise ValueError(
+            f"prefix has {prefix.size(0)} rows for {src.size(0)} sources"
+        )
+    if ((prefix == bos_id) | (prefix == eos_id)).any():
+        raise ValueError(
+            "prefix must not hold <bos> or <eos>: the search adds them"
         )
 
 
@@ -281,6 +301,312 @@ except ValueError as err:
     print(err)
 
 # %% [markdown]
+# ## Searching a batch of sentences
+#
+# The decoding chapter's `greedy_decode` and `beam_search` decode one sentence. A computer runs a
+# matrix product over many rows at nearly the cost of one, so the package decodes $B$ sentences
+# at once, with the same steps and the same results:
+#
+# - **Padding.** The sources are padded to one length $S$, and the source mask hides the padding.
+# - **Rows.** Greedy decoding gives sentence $b$ row $b$; beam search gives it rows
+#   $bK, \dots, bK + K - 1$, one per beam, and `BeamStep` carries every sentence's $K$ beams from
+#   step to step.
+# - **Top-$K \cdot K$ pruning.** All the extensions of one beam share its $lp$, so only its $K$
+#   most probable tokens can be among the $K$ best: ranking $K \cdot K$ candidates per sentence
+#   selects the beams that ranking $K \cdot V$ would.
+# - **Sentences leave.** A sentence that has ended (greedy), or that no open beam can change
+#   (beam search), leaves the batch with its memory and its cached keys and values, so that the
+#   later steps compute only the sentences still going.
+# - **A forced prefix.** `prefix`, a $(B, P)$ tensor of target ids, makes sentence $b$'s output
+#   start with row $b$'s tokens (padding where the search chooses), as fairseq's `prefix_tokens`
+#   do: at step $t < P$ every other token is ruled out, and the forced tokens' log-probabilities
+#   count in the score. The command line's `translate --prefix` and the page
+#   [Translate and look inside](16_translate.md) use it.
+#
+# A test holds the translations of both functions identical to the chapter's on the first 200
+# test sentences of each pair (`tests/test_batched_search.py`).
+
+# %%
+#| export batched_search
+"""Greedy decoding and beam search over a batch of sentences: the decoding
+chapter's searches, with padding, the finished sentences leaving the batch,
+and a forced prefix."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from transformer.decode import (
+    Hypothesis,
+    forbid_specials,
+    hypothesis,
+    length_penalty,
+)
+from transformer.kv_cache import DecoderCache, decode_step
+from transformer.masking import padding_mask
+from transformer.model import Transformer
+from transformer.search_setup import check_search, inference, output_limits
+
+
+def force_prefix(
+    step: Tensor, prefix: Tensor | None, t: int, pad_id
+) -> Tensor:
+    """At step t, only the prefix's token where a row has one: step (n, ...,
+    V) log-probabilities, prefix (n, P) ids for the n sentences going."""
+    if prefix is None or t >= prefix.size(1):
+        return step
+    forced = prefix[:, t]  # (n,)
+    rows = (forced != pad_id).view(-1, *[1] * (step.dim() - 1))  # (n, 1...)
+    vocab = torch.arange(step.size(-1), device=step.device)
+    chosen = vocab == forced.view(rows.shape)  # (n, ..., V)
+    return torch.where(rows & ~chosen, -torch.inf, step)
+
+
+# %%
+#| export batched_search
+def batched_greedy_decode(
+    model: Transformer,
+    src: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len: int | None = None,
+    prefix: Tensor | None = None,
+) -> list[Hypothesis]:
+    """The most probable next token at each step: src (B, S) token ids,
+    padded with pad_id -> B hypotheses (score: log_prob), in batch order;
+    prefix (B, P), if given, the tokens each output starts with."""
+    specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
+    check_search(model, src, prefix=prefix, **specials)
+    B, device = src.size(0), src.device
+    if B == 0:
+        return []
+    with inference(model):
+        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (B, S, d_model)
+        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
+        cache = DecoderCache.empty(len(model.decoder.layers))
+        # Row b: BOS, then sentence b's output, then padding once it has ended.
+        ys = torch.full((B, int(limits.max()) + 1), pad_id, device=device)
+        ys[:, 0] = bos_id
+        log_prob = torch.zeros(B, device=device)
+        going = torch.arange(B, device=device)  # the sentences still going
+        for t in range(int(limits.max())):
+            token = ys[going, t : t + 1]  # (n, 1): each sentence's newest
+            step = decode_step(model, token, memory, src_mask, cache)
+            step = forbid_specials(step, **specials)
+            if prefix is not None:
+                step = force_prefix(step, prefix[going], t, pad_id)
+            best, token = step.max(dim=-1)
+            ys[going, t + 1] = token  # (n,): the n sentences still going
+            log_prob[going] += best
+            stays = (token != eos_id) & (t + 1 < limits)  # (n,)
+            if not stays.all():  # the others leave the batch
+                going, limits = going[stays], limits[stays]
+                memory, src_mask = memory[stays], src_mask[stays]
+                cache.reorder(stays.nonzero()[:, 0])
+                if going.numel() == 0:
+                    break
+    return [
+        hypothesis(ys[b, 1:], lp, lp, eos_id=eos_id, pad_id=pad_id)
+        for b, lp in enumerate(log_prob.tolist())
+    ]
+
+
+# %% [markdown]
+# `BeamStep` holds the beams of the sentences still searching after a step, and `_extend` makes
+# the next step's from the log-probabilities of each beam's next token, with the pruning above.
+
+
+# %%
+#| export batched_search
+@dataclass(frozen=True)
+class BeamStep:
+    """The K beams of the n sentences still searching after a step, best
+    first: (n, K) each; `sentences` (n,) are their indices in the batch, and
+    a beam's token is pad_id after its EOS."""
+
+    step: int
+    sentences: Tensor
+    tokens: Tensor
+    parents: Tensor
+    log_probs: Tensor
+    scores: Tensor
+    ended: Tensor
+    lengths: Tensor
+
+    @staticmethod
+    def first(B: int, K: int, device: torch.device) -> "BeamStep":
+        """Before step 0: one open beam per sentence, not K copies of BOS."""
+        log_probs = torch.full((B, K), -torch.inf, device=device)
+        log_probs[:, 0] = 0.0
+        zeros = torch.zeros(B, K, dtype=torch.long, device=device)
+        sentences = torch.arange(B, device=device)
+        return BeamStep(
+            -1, sentences, zeros, zeros, log_probs, log_probs, zeros > 0, zeros
+        )
+
+    def select(self, stays: Tensor) -> "BeamStep":
+        """The beams of the sentences that stay, (n,) booleans."""
+        kept = [getattr(self, f.name)[stays] for f in fields(self)[1:]]
+        return BeamStep(self.step, *kept)
+
+
+def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
+    """Step t: the K best extensions of each sentence's K beams, given step
+    (n, K, V), the log p of each beam's next token."""
+    n, K, V = step.shape
+    C = min(K, V)  # a beam's K most probable tokens are its K best candidates
+    top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
+    # An ended beam has one continuation, padding, which leaves its log p.
+    stay = torch.full((C,), float("-inf"), device=step.device)
+    stay[0] = 0.0
+    top = torch.where(beams.ended[..., None], stay, top)
+    top_tokens = top_tokens.masked_fill(beams.ended[..., None], pad_id)
+    candidate_log_prob = (beams.log_probs[..., None] + top).view(n, K * C)
+    candidate_length = torch.where(beams.ended, beams.lengths, t + 1)  # (n, K)
+    lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
+    scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
+    parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
+    ended = beams.ended.gather(1, parents) | (tokens == eos_id)
+    return BeamStep(
+        step=t,
+        sentences=beams.sentences,
+        tokens=tokens,
+        parents=parents,
+        log_probs=candidate_log_prob.gather(1, best),
+        scores=scores,
+        ended=ended | (t + 1 >= limits[:, None]),  # or stopped by the limit
+        lengths=candidate_length.gather(1, parents),
+    )
+
+
+# %% [markdown]
+# `Kept` is each sentence's best ended hypothesis, kept aside, and `_finished` the test for a
+# sentence that no open beam can change.
+
+
+# %%
+#| export batched_search
+@dataclass
+class Kept:
+    """Each sentence's best ended hypothesis so far, kept outside the beam:
+    its score and log_prob (B,), and its row ys (B, L): BOS, its tokens, then
+    padding."""
+
+    score: Tensor
+    log_prob: Tensor
+    ys: Tensor
+
+    @staticmethod
+    def empty(B: int, L: int, pad_id: int, device: torch.device) -> "Kept":
+        nothing = torch.full((B,), -torch.inf, device=device)
+        ys = torch.full((B, L), pad_id, dtype=torch.long, device=device)
+        return Kept(nothing, nothing.clone(), ys)
+
+    def update(self, beams: BeamStep, ys: Tensor) -> None:
+        """Keep each sentence's best ended beam if it scores higher than the
+        one kept; ys (n*K, t) holds the beams' rows."""
+        going, (n, K) = beams.sentences, beams.ended.shape
+        ended_scores = torch.where(beams.ended, beams.scores, -torch.inf)
+        best, beam = ended_scores.max(dim=1)  # (n,)
+        better = best > self.score[going]  # (n,)
+        self.score[going] = torch.where(better, best, self.score[going])
+        gained = beams.log_probs.gather(1, beam[:, None])[:, 0]  # (n,)
+        self.log_prob[going] = torch.where(
+            better, gained, self.log_prob[going]
+        )
+        row = ys[torch.arange(n, device=ys.device) * K + beam]  # (n, t)
+        old = self.ys[going, : ys.size(1)]
+        self.ys[going, : ys.size(1)] = torch.where(better[:, None], row, old)
+
+    def hypotheses(self, *, eos_id: int, pad_id: int) -> list[Hypothesis]:
+        return [
+            hypothesis(row[1:], lp, score, eos_id=eos_id, pad_id=pad_id)
+            for row, lp, score in zip(
+                self.ys,
+                self.log_prob.tolist(),
+                self.score.tolist(),
+                strict=True,
+            )
+        ]
+
+
+def _finished(kept_score, beams, limits, alpha) -> Tensor:
+    """The sentences whose kept score (n,) no open beam can overtake, at best
+    log_prob / lp(limit): -> (n,)."""
+    best_open = torch.where(beams.ended, -torch.inf, beams.log_probs).amax(1)
+    reachable = best_open / length_penalty(limits, alpha)  # (n,)
+    return (kept_score >= reachable) | (best_open == -torch.inf)
+
+
+# %%
+#| export batched_search
+def batched_beam_search(
+    model: Transformer,
+    src: Tensor,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len: int | None = None,
+    prefix: Tensor | None = None,
+    on_step: Callable[[BeamStep], None] | None = None,
+) -> list[Hypothesis]:
+    """Beam search with the length penalty: src (B, S) token ids, padded with
+    pad_id -> each sentence's best hypothesis, in batch order. prefix (B, P),
+    if given, the tokens each output starts with; on_step, if given, sees the
+    beams after every step."""
+    specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
+    check_search(
+        model, src, beam_size=beam_size, alpha=alpha, prefix=prefix, **specials
+    )
+    B, K, device = src.size(0), beam_size, src.device
+    if B == 0:
+        return []
+    with inference(model):
+        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (B, S, d_model)
+        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
+        cache = DecoderCache.empty(len(model.decoder.layers))
+        # The K beams of sentence b are rows b*K ... b*K + K - 1.
+        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
+        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+        ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
+        beams = BeamStep.first(B, K, device)
+        kept = Kept.empty(B, int(limits.max()) + 1, pad_id, device)
+        first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
+        for t in range(int(limits.max())):
+            step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
+            step = forbid_specials(step.view(len(limits), K, -1), **specials)
+            if prefix is not None:
+                step = force_prefix(step, prefix[beams.sentences], t, pad_id)
+            beams = _extend(step, beams, t, limits, alpha, eos_id, pad_id)
+            # Every beam continues the row of its parent: reorder, then append.
+            rows = (first_row[: len(limits)] + beams.parents).view(-1)
+            ys = torch.cat([ys[rows], beams.tokens.view(-1, 1)], dim=1)
+            cache.reorder(rows, memory=False)  # within each sentence
+            kept.update(beams, ys)
+            if on_step is not None:
+                on_step(beams)
+            kept_score = kept.score[beams.sentences]
+            stays = ~_finished(kept_score, beams, limits, alpha)  # (n,)
+            if not stays.all():  # finished sentences leave, with their K rows
+                beams, limits = beams.select(stays), limits[stays]
+                keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
+                ys, memory, src_mask = ys[keep], memory[keep], src_mask[keep]
+                cache.reorder(keep)
+                if not stays.any():
+                    break
+    return kept.hypotheses(eos_id=eos_id, pad_id=pad_id)
+
+
+# %% [markdown]
 # ## Loading a shipped model
 #
 # The book ships two models trained by Part II's recipe, German→English and French→English, in
@@ -298,8 +624,12 @@ from pathlib import Path
 
 import torch
 
+from transformer.batched_search import (
+    batched_beam_search,
+    batched_greedy_decode,
+)
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.decode import Hypothesis, beam_search, greedy_decode
+from transformer.decode import Hypothesis
 from transformer.decode_options import DecodeOptions, decode_options
 from transformer.model import Transformer
 from transformer.multi30k import parse_pair
@@ -437,13 +767,14 @@ def translate(
     sentences: Sequence[str],
     options: DecodeOptions | None = None,
     *,
+    prefix: str = "",
     warn: Callable[[str], None] | None = None,
     **changes,
 ) -> list[str]:
     """Translations of `sentences`, in their order: beam search, or greedy
     decoding, as `options` say (default: the paper's; `changes` such as
     beam_size=1 change them), over batches of similar lengths, on the model's
-    device.
+    device; each starts with `prefix`, text in the target language, if given.
 
     An empty sentence translates to "". A source longer than the model's
     positions is cut to its first config.max_len - 1 tokens, then <eos>;
@@ -459,6 +790,7 @@ def translate(
         "pad_id": tokenizer.pad_id,
     }
     device = next(model.parameters()).device
+    forced = tokenizer.encode(prefix, tokenizer.languages[1]) if prefix else []
 
     def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
         src = torch.full(
@@ -467,17 +799,17 @@ def translate(
         for row, ids in enumerate(sources):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(device)
+        start = torch.tensor([forced] * len(sources), dtype=torch.long)
+        start = start.to(device) if forced else None  # (B, P) or None
+        search = dict(max_len=options.max_len, prefix=start, **special)
         if options.greedy:
-            return greedy_decode(
-                model, src, max_len=options.max_len, **special
-            )
-        return beam_search(
+            return batched_greedy_decode(model, src, **search)
+        return batched_beam_search(
             model,
             src,
             beam_size=options.beam_size,
             alpha=options.alpha,
-            max_len=options.max_len,
-            **special,
+            **search,
         )
 
     return translate_batches(
@@ -525,9 +857,9 @@ def translate_batches(
     cut_off = []
     for batch in length_sorted_batches([len(s) for s in sources], batch_size):
         found = decode_batch([sources[j] for j in batch])
-        for j, hypothesis in zip(batch, found, strict=True):
-            results[todo[j]] = tokenizer.decode(hypothesis.tokens)
-            if not hypothesis.ended:
+        for j, best in zip(batch, found, strict=True):
+            results[todo[j]] = tokenizer.decode(best.tokens)
+            if not best.ended:
                 cut_off.append(todo[j])
     if cut_off and warn is not None:
         warn(
@@ -566,24 +898,20 @@ assert found[1] == "" and "more than the model's 512 positions" in warnings[0]
 
 # %%
 #| export splits
-"""A Multi30k split translated and scored: its translations timed and written
-one per line, its BLEU by source length, and the lowercased spaCy-tokenised
-BLEU that published Multi30k results report."""
+"""A Multi30k split translated: its translations timed, and written one per
+line."""
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from sacrebleu.metrics import BLEU
 
 from transformer.decode_options import DecodeOptions, decode_options
 from transformer.files import atomic_write
 from transformer.model import Transformer
 from transformer.multi30k import load_pairs, parse_pair
 from transformer.paths import DATA_DIR
-from transformer.tokenizer import MARK, Tokenizer, pretokenize
+from transformer.tokenizer import Tokenizer
 from transformer.translation import translate
 
 
@@ -662,188 +990,11 @@ print(f"{len(few.hypotheses)} sentences, {few.seconds:.1f} s")
 print(few.sources[0], "->", few.hypotheses[0])
 
 # %% [markdown]
-# ## BLEU by sentence length
-#
-# Long sentences are harder: more words to get right, and fewer long sentences to learn from.
-# `bleu_by_length` groups the sentences by the length of their *source* in words (separated by
-# spaces) and computes sacreBLEU for each group: 1–9, 10–14, 15–19, and 20 words or more.
-
-# %%
-#| export splits
-LENGTH_BOUNDS = (
-    1,
-    10,
-    15,
-    20,
-)  # the first source length, in words, of each group
-
-
-@dataclass(frozen=True)
-class LengthGroup:
-    """The sentences whose source has `words` words: how many, their sacreBLEU
-    and BLEU's output/reference length ratio (both nan for an empty group)."""
-
-    words: str
-    sentences: int
-    bleu: float
-    length_ratio: float
-
-
-def bleu_by_length(
-    sources: Sequence[str],
-    hypotheses: Sequence[str],
-    references: Sequence[str],
-    *,
-    bounds: Sequence[int] = LENGTH_BOUNDS,
-) -> list[LengthGroup]:
-    """sacreBLEU of the sentences grouped by the length of their source in
-    words (separated by spaces): group i holds bounds[i] to bounds[i+1] - 1
-    words, the last bounds[-1] or more, and a source shorter than bounds[0]
-    counts in the first."""
-    if not len(sources) == len(hypotheses) == len(references):
-        raise ValueError(
-            f"{len(sources)} sources, {len(hypotheses)} translations and "
-            f"{len(references)} references"
-        )
-    bounds = list(bounds)
-    if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 0:
-        raise ValueError(f"bounds must increase from 0 or more, got {bounds}")
-    groups: list[list[int]] = [[] for _ in bounds]
-    for i, source in enumerate(sources):
-        n = len(source.split())
-        groups[
-            max((k for k, b in enumerate(bounds) if n >= b), default=0)
-        ].append(i)
-    results = []
-    for k, members in enumerate(groups):
-        last = bounds[k + 1] - 1 if k + 1 < len(bounds) else None
-        words = (
-            f"{bounds[k]}+"
-            if last is None
-            else str(last)
-            if last == bounds[k]
-            else f"{bounds[k]}–{last}"
-        )
-        if not members:
-            results.append(LengthGroup(words, 0, math.nan, math.nan))
-            continue
-        found = BLEU().corpus_score(
-            [hypotheses[i] for i in members],
-            [[references[i] for i in members]],
-        )
-        results.append(
-            LengthGroup(words, len(members), found.score, found.ratio)
-        )
-    return results
-
-
-# %% [markdown]
-# Five made-up sentences. The last one's translation is perfect and still scores 0: an output of
-# fewer than four tokens has no 4-gram to match, and BLEU multiplies the four precisions.
-
-# %%
-import math
-
-from transformer.splits import bleu_by_length
-
-short = "Ein Hund läuft."
-medium = "Ein Mann mit einem roten Hut sitzt auf einer Bank im Park."
-long = " ".join(["Ein Wort"] * 10)
-groups = bleu_by_length(
-    [short, short, medium, medium, long],
-    [
-        "A dog runs.",
-        "A dog runs.",
-        "A man sits.",
-        "Nothing alike here",
-        "Words.",
-    ],
-    [
-        "A dog runs.",
-        "A dog is running.",
-        "A man sits.",
-        "A man in a red hat",
-        "Words.",
-    ],
-)
-for group in groups:
-    print(group)
-assert [(g.words, g.sentences) for g in groups] == [
-    ("1–9", 2),
-    ("10–14", 2),
-    ("15–19", 0),
-    ("20+", 1),
-]
-assert groups[3].bleu == 0.0 and math.isnan(groups[2].bleu)
-
-# %% [markdown]
-# ## BLEU as published Multi30k results compute it
-#
-# Published Multi30k results mostly score lowercased text cut into words by a tokenizer, not
-# sacreBLEU's detokenised text. `lc_tok_bleu` computes that number: output and references are cut
-# into words by spaCy's English rules (the words the models were trained on) and scored with
-# `lowercase=True` and `tokenize="none"`, as torchtext's `bleu_score` scores them. Its signature
-# says `case:lc|…|tok:none`: the results chapter's `score` reports it next to sacreBLEU, under
-# its own name, `LC_TOK_BLEU`, and never in sacreBLEU's column.
-
-# %%
-#| export splits
-# The name of the lowercased tokenised BLEU wherever it is printed: not
-# comparable with sacreBLEU.
-LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
-
-
-def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
-    """Each text cut into words by spaCy's rules for `language`, the words
-    joined by spaces."""
-    return [
-        " ".join(word.removeprefix(MARK) for word in words)
-        for words in pretokenize(texts, language)
-    ]
-
-
-def lc_tok_bleu(
-    hypotheses: Sequence[str], references: Sequence[str], language: str = "en"
-) -> tuple[float, str]:
-    """BLEU of lowercased text cut into words by spaCy (tok:none after that),
-    and its signature: comparable with published Multi30k results that use
-    spaCy's words (torchtext's `bleu_score`), only roughly with
-    Moses-tokenised ones, and not with sacreBLEU's BLEU."""
-    # The text is cut into words already: no second tokenizer, and no warning
-    # about it.
-    bleu = BLEU(lowercase=True, tokenize="none", force=True)
-    found = bleu.corpus_score(
-        spacy_words(hypotheses, language), [spacy_words(references, language)]
-    )
-    return found.score, str(bleu.get_signature())
-
-
-# %% [markdown]
-# A translation that differs from its reference only in case and in the space before its full
-# stop: sacreBLEU counts "Two" and "two" as different words, this BLEU does not.
-
-# %%
-from sacrebleu.metrics import BLEU
-
-from transformer.splits import lc_tok_bleu, spacy_words
-
-hypothesis, reference = (
-    ["two dogs play in the snow ."],
-    ["Two dogs play in the snow."],
-)
-print(spacy_words(reference))
-print(
-    f"{lc_tok_bleu(hypothesis, reference)[0]:.1f} against sacreBLEU's"
-    f" {BLEU().corpus_score(hypothesis, [reference]).score:.1f}"
-)
-assert round(lc_tok_bleu(hypothesis, reference)[0], 6) == 100
-
-# %% [markdown]
 # ## Summary
 #
 # - Every search checks its arguments in one line, limits each output to its source length + 50
 #   tokens and the model's positions, and runs without gradients or dropout.
 # - `translate` turns sentences into translations: normalised, tokenised, cut to the model's
 #   positions, batched by length, with a warning for what was cut.
-# - `translate_split`, `write_lines`, `bleu_by_length` and `lc_tok_bleu` translate and score a
-#   whole split, for the results chapter and `python -m transformer evaluate`.
+# - `translate_split` and `write_lines` translate a whole split, for
+#   `python -m transformer evaluate`.

@@ -1,6 +1,8 @@
-"""transformer.decode: the cache changes nothing, beam search against greedy decoding and
-against brute force, batching and padding change nothing, ended sentences stay ended, and the
-length limit."""
+"""transformer.decode (the decoding chapter's searches, one sentence at a time) and
+transformer.batched_search (the package's, a batch at a time): the two agree, on toy models and
+on the shipped ones; the cache changes nothing; beam search against greedy decoding and against
+brute force; padding changes nothing; ended sentences stay ended; the length limit; a forced
+prefix."""
 
 import itertools
 import math
@@ -10,9 +12,15 @@ import pytest
 import torch
 from torch import nn
 
+import transformer.batched_search as batched
 import transformer.decode as decode
+from transformer.batched_search import (
+    BeamStep,
+    batched_beam_search,
+    batched_greedy_decode,
+)
 from transformer.config import TransformerConfig
-from transformer.decode import BeamStep, beam_search, greedy_decode, length_penalty
+from transformer.decode import beam_search, greedy_decode, length_penalty
 from transformer.decode_options import MAX_ALPHA
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
@@ -80,36 +88,55 @@ def assert_same(a: list, b: list, atol: float = 1e-4) -> None:
 
 
 def search(kind: str, model, src, **kwargs):
+    """The package's search over the batch src (B, S)."""
     if kind == "greedy":
-        return greedy_decode(model, src, **IDS, **kwargs)
-    return beam_search(model, src, **IDS, **kwargs)
+        return batched_greedy_decode(model, src, **IDS, **kwargs)
+    return batched_beam_search(model, src, **IDS, **kwargs)
+
+
+def one_by_one(kind: str, model, src, **kwargs):
+    """The decoding chapter's search, one sentence (its padding removed) at a time."""
+    fn = greedy_decode if kind == "greedy" else beam_search
+    return [fn(model, row[row != PAD], **IDS, **kwargs) for row in src]
 
 
 @pytest.mark.parametrize("kind", ["greedy", "beam"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cached_and_uncached_decoding_agree(kind, seed):
+def test_the_batched_search_is_the_chapters(kind, seed):
     model = tiny_model(seed=seed)
     src = sources([7, 3, 12, 1], seed=seed)
-    cached = search(kind, model, src, use_cache=True)
-    uncached = search(kind, model, src, use_cache=False)
-    assert_same(cached, uncached)
+    found = search(kind, model, src)
+    assert_same(found, one_by_one(kind, model, src))
     # The random model outputs sentences of several lengths, some cut at the limit.
-    assert len({len(h.tokens) for h in cached}) > 1
+    assert len({len(h.tokens) for h in found}) > 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cached_and_uncached_greedy_decoding_agree(seed):
+    model = tiny_model(seed=seed)
+    src = sources([7, 3, 12, 1], seed=seed)
+    assert_same(
+        one_by_one("greedy", model, src),
+        one_by_one("greedy", model, src, use_cache=False),
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_the_cache_agrees_for_a_pre_norm_model_with_learned_positions(norm_first):
     model = tiny_model(seed=3, norm_first=norm_first, positional="learned")
     src = sources([5, 9], seed=3)
-    for kind in ("greedy", "beam"):
-        assert_same(search(kind, model, src), search(kind, model, src, use_cache=False))
+    uncached = one_by_one("greedy", model, src, use_cache=False)
+    assert_same(search("greedy", model, src), uncached)
+    assert_same(one_by_one("greedy", model, src), uncached)
+    assert_same(search("beam", model, src), one_by_one("beam", model, src))
 
 
 def test_beam_size_1_equals_greedy():
     model = tiny_model(seed=4)
     src = sources([6, 2, 9, 4, 11], seed=4)
-    greedy = greedy_decode(model, src, **IDS)
-    beam = beam_search(model, src, beam_size=1, **IDS)
+    greedy = batched_greedy_decode(model, src, **IDS)
+    beam = batched_beam_search(model, src, beam_size=1, **IDS)
+    assert_same(one_by_one("beam", model, src, beam_size=1), beam)
     assert [h.tokens for h in beam] == [h.tokens for h in greedy]
     for g, b in zip(greedy, beam, strict=True):
         assert b.log_prob == pytest.approx(g.log_prob, abs=1e-5)
@@ -141,7 +168,13 @@ def test_a_wide_beam_finds_the_best_sequence_of_a_brute_force_search(alpha, seed
 
     scores = {tuple(c): score(c) for c in candidates}
     best = max(scores, key=scores.get)
-    [found] = beam_search(model, src, beam_size=31, alpha=alpha, max_len=max_len, **IDS)
+    [found] = batched_beam_search(
+        model, src, beam_size=31, alpha=alpha, max_len=max_len, **IDS
+    )
+    chapter = beam_search(
+        model, src[0], beam_size=31, alpha=alpha, max_len=max_len, **IDS
+    )
+    assert_same([found], [chapter])
     assert found.tokens == [t for t in best if t != EOS]
     assert found.ended == (best[-1] == EOS)
     assert found.score == pytest.approx(scores[best], abs=1e-5)
@@ -156,8 +189,8 @@ def test_a_narrow_beam_can_miss_what_a_wide_one_finds():
     for seed in range(20):
         model = tiny_model(vocab_size=5, seed=seed)
         src = sources([3], vocab_size=5, seed=seed)
-        narrow = beam_search(model, src, beam_size=1, max_len=4, **IDS)[0]
-        wide = beam_search(model, src, beam_size=31, max_len=4, **IDS)[0]
+        narrow = batched_beam_search(model, src, beam_size=1, max_len=4, **IDS)[0]
+        wide = batched_beam_search(model, src, beam_size=31, max_len=4, **IDS)[0]
         assert wide.score >= narrow.score - 1e-6
         missed += wide.score > narrow.score + 1e-6
     assert missed > 0
@@ -217,14 +250,18 @@ def test_a_narrow_beam_is_the_search_the_chapter_describes(beam_size, alpha):
     for seed in range(6):
         model = tiny_model(vocab_size=7, seed=seed)
         src = sources([3 + seed % 4], vocab_size=7, seed=seed)
-        [found] = beam_search(
+        [found] = batched_beam_search(
             model, src, beam_size=beam_size, alpha=alpha, max_len=8, **IDS
+        )
+        chapter = beam_search(
+            model, src[0], beam_size=beam_size, alpha=alpha, max_len=8, **IDS
         )
         tokens, score = reference_beam_search(
             model, src, beam_size=beam_size, alpha=alpha, limit=8
         )
-        assert found.tokens == tokens, seed
-        assert found.score == pytest.approx(score, abs=1e-4), seed
+        for h in (found, chapter):
+            assert h.tokens == tokens, seed
+            assert h.score == pytest.approx(score, abs=1e-4), seed
 
 
 @pytest.mark.parametrize("kind", ["greedy", "beam"])
@@ -232,11 +269,9 @@ def test_batched_decoding_equals_one_by_one(kind):
     model = tiny_model(seed=5)
     lengths = [4, 10, 1, 7, 7, 2]
     src = sources(lengths, seed=5)
-    batched = search(kind, model, src)
-    one_by_one = [
-        search(kind, model, src[b : b + 1, :n])[0] for b, n in enumerate(lengths)
-    ]
-    assert_same(batched, one_by_one)
+    found = search(kind, model, src)
+    alone = [search(kind, model, src[b : b + 1, :n])[0] for b, n in enumerate(lengths)]
+    assert_same(found, alone)
 
 
 @pytest.mark.parametrize("kind", ["greedy", "beam"])
@@ -276,11 +311,12 @@ class ScriptedGenerator(nn.Module):
 
 
 def scripted(script: torch.Tensor) -> Transformer:
-    """A model whose sentence b has the log-probabilities script[b, t] at step t.
+    """A model whose sentence b has the log-probabilities script[b, t] at step t (decode
+    under `scripted_steps()`).
 
     Decoding drops the sentences that have finished from its batch, so a row of the batch
     is not always the same sentence: the encoder writes b into sentence b's memory, the
-    decoder hands it on, and the generator reads it.
+    decoding step hands it on, and the generator reads it.
     """
     model = tiny_model(vocab_size=script.size(-1))
     d_model = model.config.d_model
@@ -289,12 +325,19 @@ def scripted(script: torch.Tensor) -> Transformer:
         b = torch.arange(src.size(0), dtype=torch.float)
         return b[:, None, None].expand(-1, src.size(1), d_model)
 
-    def decode(ys: torch.Tensor, memory: torch.Tensor, **_) -> torch.Tensor:
-        return memory[:, :1]  # (N, 1, d_model): the sentence, for the generator
-
-    model.encode, model.decode = encode, decode
+    model.encode = encode
     model.generator = ScriptedGenerator(script)
     return model
+
+
+def scripted_steps():
+    """Decoding steps that skip the decoder: the generator reads the sentence index that
+    the scripted encoder wrote into the memory."""
+
+    def step(model, token, memory, src_mask, cache) -> torch.Tensor:
+        return model.generator(memory[:, 0])  # (N, V)
+
+    return mock.patch.object(batched, "decode_step", step)
 
 
 def scripted_model(steps: list[list[int]], vocab_size: int = 6) -> Transformer:
@@ -306,12 +349,12 @@ def scripted_model(steps: list[list[int]], vocab_size: int = 6) -> Transformer:
     return scripted(script.log())
 
 
-@pytest.mark.parametrize("use_cache", [True, False])
-def test_a_sentence_that_ends_early_stays_ended(use_cache):
+@scripted_steps()
+def test_a_sentence_that_ends_early_stays_ended():
     # Sentence 0 prefers EOS at its second step, then word 3 for ever; sentence 1 goes on.
     model = scripted_model([[4, EOS, 3, 3, 3, 3], [5, 5, 5, 5, EOS, 3]])
     src = sources([3, 3], vocab_size=6)
-    greedy = greedy_decode(model, src, **IDS, use_cache=use_cache)
+    greedy = batched_greedy_decode(model, src, **IDS)
     assert [h.tokens for h in greedy] == [[4], [5, 5, 5, 5]]
     assert [h.ended for h in greedy] == [True, True]
     log_06 = torch.tensor(0.6).log().item()
@@ -320,14 +363,8 @@ def test_a_sentence_that_ends_early_stays_ended(use_cache):
 
     steps: list[BeamStep] = []
     model.generator.step = 0
-    beam = beam_search(
-        model,
-        src,
-        beam_size=2,
-        max_len=6,
-        **IDS,
-        use_cache=use_cache,
-        on_step=steps.append,
+    beam = batched_beam_search(
+        model, src, beam_size=2, max_len=6, **IDS, on_step=steps.append
     )
     assert [h.tokens for h in beam] == [[4], [5, 5, 5, 5]]
     # From its EOS (step 1) on, sentence 0's best beam outputs padding, its score unchanged,
@@ -341,6 +378,7 @@ def test_a_sentence_that_ends_early_stays_ended(use_cache):
             assert step.tokens[0, 0] == (EOS if step.step == 1 else PAD)
 
 
+@scripted_steps()
 def test_an_ended_hypothesis_pushed_out_of_the_beam_is_not_lost():
     # With α = 2 the score of an open beam rises with lp: at step 1 "a b" and "a c" both
     # outscore the ended "EOS" and take both slots of the beam; at step 2 they can only end
@@ -352,7 +390,7 @@ def test_an_ended_hypothesis_pushed_out_of_the_beam_is_not_lost():
     model = scripted(script.log())
     steps: list[BeamStep] = []
     src = sources([3], vocab_size=6)
-    (best,) = beam_search(
+    (best,) = batched_beam_search(
         model, src, beam_size=2, alpha=2.0, max_len=3, **IDS, on_step=steps.append
     )
     assert not steps[1].ended.any()  # the ended "EOS" was pushed out at step 1 ...
@@ -363,7 +401,7 @@ def test_an_ended_hypothesis_pushed_out_of_the_beam_is_not_lost():
 
 
 def forbid_eos_too(log_probs: torch.Tensor, **ids) -> torch.Tensor:
-    """Stands in for decode._forbid_specials: forbids EOS as well, so no output ends."""
+    """Stands in for decode.forbid_specials: forbids EOS as well, so no output ends."""
     log_probs[..., [PAD, BOS, EOS]] = float("-inf")
     return log_probs
 
@@ -375,21 +413,26 @@ def test_the_output_length_limit_is_the_source_length_plus_50():
     assert output_limits(model, src, pad_id=PAD).tolist() == [n + 50 for n in lengths]
     assert output_limits(model, src, pad_id=PAD, max_len=5).tolist() == [5, 5, 5]
     # Without EOS, every output runs to its own limit, and not one token further.
-    with mock.patch.object(decode, "_forbid_specials", forbid_eos_too):
+    with (
+        mock.patch.object(batched, "forbid_specials", forbid_eos_too),
+        mock.patch.object(decode, "forbid_specials", forbid_eos_too),
+    ):
         for kind in ("greedy", "beam"):
-            outputs = search(kind, model, src)
-            assert [len(h.tokens) for h in outputs] == [n + 50 for n in lengths]
-            assert not any(h.ended for h in outputs)
-            outputs = search(kind, model, src, max_len=4)
-            assert [len(h.tokens) for h in outputs] == [4, 4, 4]
+            for find in (search, one_by_one):
+                outputs = find(kind, model, src)
+                assert [len(h.tokens) for h in outputs] == [n + 50 for n in lengths]
+                assert not any(h.ended for h in outputs)
+                outputs = find(kind, model, src, max_len=4)
+                assert [len(h.tokens) for h in outputs] == [4, 4, 4]
 
 
 def test_the_limit_never_exceeds_the_models_positions():
     model = tiny_model(seed=8, max_len=20)
     src = sources([3, 15], seed=8)
     assert output_limits(model, src, pad_id=PAD).tolist() == [20, 20]
-    outputs = beam_search(model, src, **IDS)
+    outputs = batched_beam_search(model, src, **IDS)
     assert all(len(h.tokens) + h.ended <= 20 for h in outputs)
+    assert_same(outputs, one_by_one("beam", model, src))
 
 
 @pytest.mark.parametrize(
@@ -404,10 +447,14 @@ def test_stopping_early_returns_what_searching_to_the_limit_returns(
     model = tiny_model(vocab_size=vocab_size, seed=seed)
     src = sources([4, 6, 2, 8, 5], vocab_size=vocab_size, seed=seed)
     early_steps, late_steps = [], []
-    early = beam_search(model, src, alpha=alpha, **IDS, on_step=early_steps.append)
+    early = batched_beam_search(
+        model, src, alpha=alpha, **IDS, on_step=early_steps.append
+    )
     never = torch.zeros(src.size(0), dtype=torch.bool)
-    with mock.patch.object(decode, "_finished", return_value=never):
-        late = beam_search(model, src, alpha=alpha, **IDS, on_step=late_steps.append)
+    with mock.patch.object(batched, "_finished", return_value=never):
+        late = batched_beam_search(
+            model, src, alpha=alpha, **IDS, on_step=late_steps.append
+        )
     assert len(late_steps) == 8 + 50  # the longest source's limit
     assert len(early_steps) < len(late_steps)
     assert (~early_steps[-1].ended).any(dim=-1).all() == by_the_bound
@@ -416,7 +463,7 @@ def test_stopping_early_returns_what_searching_to_the_limit_returns(
 
 def test_decoding_restores_the_training_mode_and_checks_its_arguments():
     src = sources([3, 7, 5])
-    for decode_fn in (greedy_decode, beam_search):
+    for decode_fn in (batched_greedy_decode, batched_beam_search):
         # A model in training mode decodes without dropout, as in eval mode ...
         model = tiny_model(dropout=0.5).train()
         torch.manual_seed(0)
@@ -428,12 +475,12 @@ def test_decoding_restores_the_training_mode_and_checks_its_arguments():
     model = tiny_model().train()
     src = sources([3])
     with pytest.raises(ValueError, match="beam_size"):
-        beam_search(model, src, beam_size=0, **IDS)
+        batched_beam_search(model, src, beam_size=0, **IDS)
     with pytest.raises(ValueError, match="alpha"):
-        beam_search(model, src, alpha=-0.1, **IDS)
+        batched_beam_search(model, src, alpha=-0.1, **IDS)
     with pytest.raises(ValueError, match="alpha"):
-        beam_search(model, src, alpha=float("nan"), **IDS)
-    for decode_fn in (greedy_decode, beam_search):
+        batched_beam_search(model, src, alpha=float("nan"), **IDS)
+    for decode_fn in (batched_greedy_decode, batched_beam_search):
         with pytest.raises(ValueError, match=r"\(B, S\) tensor of token ids"):
             decode_fn(model, src[0], **IDS)  # one sentence without its batch dimension
         with pytest.raises(ValueError, match="no positions"):
@@ -443,7 +490,7 @@ def test_decoding_restores_the_training_mode_and_checks_its_arguments():
             decode_fn(model, padding_only, **IDS)
         assert decode_fn(model, src[:0], **IDS) == []  # an empty batch
     with pytest.raises(ValueError, match="pad_id"):
-        greedy_decode(model, src, bos_id=BOS, eos_id=PAD, pad_id=PAD)
+        batched_greedy_decode(model, src, bos_id=BOS, eos_id=PAD, pad_id=PAD)
 
 
 @pytest.mark.parametrize("alpha", [float("inf"), float("-inf"), 1e308, 10.1, -0.1])
@@ -451,7 +498,7 @@ def test_alpha_must_be_a_number_from_0_to_10(alpha):
     # An infinite lp would make every ruled-out candidate -inf / inf = NaN, which topk
     # prefers: the search would return what it had ruled out.
     with pytest.raises(ValueError, match=r"alpha must be >= 0 and at most 10, got"):
-        beam_search(tiny_model(), sources([3]), alpha=alpha, **IDS)
+        batched_beam_search(tiny_model(), sources([3]), alpha=alpha, **IDS)
 
 
 def test_the_length_penalty_cannot_overflow_for_an_accepted_alpha():
@@ -459,12 +506,93 @@ def test_the_length_penalty_cannot_overflow_for_an_accepted_alpha():
     assert length_penalty(torch.arange(1, 40_001), 10.0).isfinite().all()
     src = sources([3, 5])
     steps: list[BeamStep] = []
-    found = beam_search(tiny_model(), src, alpha=10.0, **IDS, on_step=steps.append)
+    found = batched_beam_search(
+        tiny_model(), src, alpha=10.0, **IDS, on_step=steps.append
+    )
     assert not any(step.scores.isnan().any() for step in steps)
     assert all(h.tokens and math.isfinite(h.score) for h in found)
     # ... and for a model with still more positions, the search checks it.
     model = tiny_model(max_len=50_000)
     with pytest.raises(ValueError, match="overflow at the model's 50000 positions"):
-        beam_search(model, src, alpha=10.0, **IDS)
-    assert len(beam_search(model, src, alpha=0.6, max_len=4, **IDS)) == 2
+        batched_beam_search(model, src, alpha=10.0, **IDS)
+    assert len(batched_beam_search(model, src, alpha=0.6, max_len=4, **IDS)) == 2
     assert MAX_ALPHA == 10
+
+
+# -- a forced prefix --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_a_forced_prefix_starts_every_output_and_counts_in_its_log_probability(kind):
+    model = tiny_model(seed=12)
+    src = sources([5, 8, 3], seed=12)
+    prefix = torch.tensor(
+        [[7, 7, 4], [5, PAD, PAD], [9, 3, PAD]]
+    )  # PAD: the search chooses
+    found = search(kind, model, src, prefix=prefix)
+    free = search(kind, model, src)
+    for b, h in enumerate(found):
+        forced = [t for t in prefix[b].tolist() if t != PAD]
+        assert h.tokens[: len(forced)] == forced
+        output = h.tokens + [EOS] * h.ended
+        expected = sequence_log_prob(model, src[b : b + 1], output)
+        assert h.log_prob == pytest.approx(expected, abs=1e-4)
+    assert [h.tokens for h in found] != [h.tokens for h in free]
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_a_prefix_the_search_would_choose_changes_nothing(kind):
+    model = tiny_model(seed=13)
+    src = sources([6, 4], seed=13)
+    free = search(kind, model, src)
+    width = min(len(h.tokens) for h in free)
+    prefix = torch.tensor([h.tokens[:width] for h in free])
+    assert_same(search(kind, model, src, prefix=prefix), free)
+
+
+def test_a_prefix_is_checked():
+    model = tiny_model()
+    src = sources([3, 4])
+    for prefix, problem in (
+        (torch.tensor([3, 4]), r"\(B, P\) tensor"),
+        (torch.tensor([[3, 4]]), "1 rows for 2 sources"),
+        (torch.tensor([[3, EOS], [4, 4]]), "must not hold <bos> or <eos>"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            batched_beam_search(model, src, prefix=prefix, **IDS)
+
+
+# -- the shipped models ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+def test_the_chapters_searches_are_the_packages_on_200_test_sentences(pair):
+    """The decoding chapter's one-sentence searches and the batched ones that `translate`
+    runs give the same outputs for the shipped models, in batches of 32 sentences of similar
+    lengths, as `translate` makes them."""
+    from transformer.multi30k import load_pairs
+    from transformer.translation import length_sorted_batches, load_pair_model
+
+    model, tokenizer = load_pair_model(pair)
+    model.eval()
+    ids = {
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": tokenizer.pad_id,
+    }
+    texts = [source for source, _ in load_pairs("test_2016_flickr", pair)[:200]]
+    encoded = [tokens + [tokenizer.eos_id] for tokens in tokenizer.encode_batch(texts)]
+    for kind in ("greedy", "beam"):
+        chapter = greedy_decode if kind == "greedy" else beam_search
+        batched_fn = batched_greedy_decode if kind == "greedy" else batched_beam_search
+        found = {}
+        for batch in length_sorted_batches([len(e) for e in encoded], 32):
+            src = torch.full((len(batch), len(encoded[batch[0]])), tokenizer.pad_id)
+            for row, i in enumerate(batch):
+                src[row, : len(encoded[i])] = torch.tensor(encoded[i])
+            found.update(zip(batch, batched_fn(model, src, **ids), strict=True))
+        for i, tokens in enumerate(encoded):
+            h = chapter(model, torch.tensor(tokens), **ids)
+            assert (h.tokens, h.ended) == (found[i].tokens, found[i].ended), (kind, i)
+            assert h.score == pytest.approx(found[i].score, abs=1e-4)

@@ -25,14 +25,8 @@ import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.checkpoint import load_model
 from transformer.data import load_pairs
-from transformer.evaluate import score
-from transformer.splits import (
-    LC_TOK_BLEU,
-    bleu_by_length,
-    spacy_words,
-    translate_split,
-    write_lines,
-)
+from transformer.evaluate import LC_TOK_BLEU, bleu_by_length, score, spacy_words
+from transformer.splits import translate_split, write_lines
 from transformer.translation import translate
 
 FRENCH = [
@@ -495,7 +489,7 @@ def test_without_spacy_a_clear_error(shipped, data_dir, capsys, monkeypatch):
             "tokenising text needs spaCy: pip install 'transformer[data]'"
         )
 
-    monkeypatch.setattr(tokenizer_module, "_spacy_tokenizer", no_spacy)
+    monkeypatch.setattr(tokenizer_module, "spacy_tokenizer", no_spacy)
     status, out, err = run(evaluate_args(shipped, data_dir, "--limit", "1"), capsys)
     assert_error(status, out, err, "needs spaCy")
 

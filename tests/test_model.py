@@ -10,9 +10,8 @@ from helpers import assert_gradients_reach_every_parameter
 from torch import nn
 
 from transformer.config import TransformerConfig
-from transformer.decoder_cache import DecoderCache
 from transformer.masking import causal_mask, padding_mask, target_mask
-from transformer.model import Generator, Transformer
+from transformer.model import Generator, Transformer, attention_weights
 from transformer.multihead import MultiHeadAttention
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
@@ -218,8 +217,8 @@ def test_attention_weights():
     src, tgt, src_mask, tgt_mask = batch()
     (B, S), T = src.shape, tgt.size(1)
     with torch.no_grad():
-        weights = model.attention_weights(
-            src, tgt, src_mask=src_mask, tgt_mask=tgt_mask
+        weights = attention_weights(
+            model, src, tgt, src_mask=src_mask, tgt_mask=tgt_mask
         )
     assert set(weights) == {"encoder", "decoder_self", "decoder_cross"}
     assert all(len(ws) == 2 for ws in weights.values())
@@ -288,85 +287,6 @@ def test_with_every_dropout_rate_zero_training_mode_equals_eval_mode(norm_first:
         evaluated = model.eval()(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
         trained = model.train()(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
     assert not torch.allclose(trained, evaluated)
-
-
-CACHED_VARIANTS = [
-    pytest.param({}, id="post-norm"),
-    pytest.param({"norm_first": True}, id="pre-norm"),
-    pytest.param({"positional": "learned"}, id="learned-positions"),
-]
-
-
-def decode_in_pieces(
-    model: Transformer,
-    tgt: torch.Tensor,
-    memory: torch.Tensor,
-    src_mask: torch.Tensor,
-    first: int,
-) -> torch.Tensor:
-    """model.decode with a cache: the first `first` tokens at once, then one at a time."""
-    cache = DecoderCache.empty(len(model.decoder.layers))
-    outs = [
-        model.decode(
-            tgt[:, :first],
-            memory,
-            src_mask=src_mask,
-            tgt_mask=causal_mask(first),  # (T, T) = (T, L): the cache starts empty
-            cache=cache,
-        )
-    ]
-    for t in range(first, tgt.size(1)):
-        assert cache.length == t
-        # One new query may see every cached position and itself: no mask needed.
-        outs.append(
-            model.decode(
-                tgt[:, t : t + 1], memory, src_mask=src_mask, tgt_mask=None, cache=cache
-            )
-        )
-    assert cache.length == tgt.size(1)
-    return torch.cat(outs, dim=1)  # (B, T, d_model)
-
-
-@pytest.mark.parametrize("overrides", CACHED_VARIANTS)
-@pytest.mark.parametrize("first", [1, 3], ids=["token-by-token", "prefill-3"])
-def test_cached_decoding_equals_the_full_decode(overrides: dict, first: int):
-    model = tiny_model(**overrides)
-    src, tgt, src_mask, _ = batch()
-    tgt = ids_with_padding([6, 6, 6], seed=8)  # no padding: causality is the only mask
-    with torch.no_grad():
-        memory = model.encode(src, src_mask)
-        full = model.decode(
-            tgt, memory, src_mask=src_mask, tgt_mask=causal_mask(tgt.size(1))
-        )
-        pieces = decode_in_pieces(model, tgt, memory, src_mask, first)
-    assert pieces.shape == full.shape
-    torch.testing.assert_close(pieces, full, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("overrides", CACHED_VARIANTS)
-def test_cached_steps_with_a_padding_mask_over_the_cache(overrides: dict):
-    # With padding in the target, each step's tgt_mask covers all L cached positions,
-    # (B, 1, 1, L), and the cached decode equals the full decode under target_mask.
-    model = tiny_model(**overrides)
-    src, tgt, src_mask, tgt_mask = batch()
-    with torch.no_grad():
-        memory = model.encode(src, src_mask)
-        full = model.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
-        cache = DecoderCache.empty(len(model.decoder.layers))
-        steps = [
-            model.decode(
-                tgt[:, t : t + 1],
-                memory,
-                src_mask=src_mask,
-                tgt_mask=padding_mask(tgt[:, : t + 1], PAD),  # (B, 1, 1, L)
-                cache=cache,
-            )
-            for t in range(tgt.size(1))
-        ]
-    real = tgt != PAD
-    torch.testing.assert_close(
-        torch.cat(steps, dim=1)[real], full[real], atol=1e-5, rtol=0
-    )
 
 
 def test_masks_are_keyword_only():

@@ -1,7 +1,6 @@
 """transformer.multihead: against torch.nn.MultiheadAttention, fast path against explicit path,
-fully masked queries, bad construction, and the key/value cache of decoding."""
+fully masked queries, bad construction, and the stacked projections."""
 
-import copy
 from unittest import mock
 
 import pytest
@@ -11,7 +10,7 @@ from torch import nn
 import transformer.multihead as multihead
 from transformer.attention import scaled_dot_product_attention as explicit_attention
 from transformer.masking import causal_mask, padding_mask, target_mask
-from transformer.multihead import KVCache, MultiHeadAttention
+from transformer.multihead import MultiHeadAttention
 
 PAD = 0
 B, T, S, D_MODEL, H = 3, 5, 6, 16, 4
@@ -263,67 +262,6 @@ def test_a_float_mask_is_refused():
         mha(x, x, x, mask=causal_mask(T).float())
 
 
-@pytest.mark.parametrize("need_weights", [False, True])
-def test_cached_self_attention_equals_causal_attention_over_the_prefix(need_weights):
-    data = batch()
-    mha = MultiHeadAttention(D_MODEL, H).eval()
-    x = data["x"]
-    cache = KVCache()
-    with torch.no_grad():
-        whole, whole_weights = mha(
-            x, x, x, mask=causal_mask(T), need_weights=need_weights
-        )
-        for t in range(T):
-            new = x[:, t : t + 1]
-            out, weights = mha(new, new, new, need_weights=need_weights, cache=cache)
-            assert cache.length == t + 1
-            assert cache.key.shape == cache.value.shape == (B, H, t + 1, D_MODEL // H)
-            assert (out[:, 0] - whole[:, t]).abs().max() < 1e-6
-            if need_weights:
-                assert weights.shape == (B, H, 1, t + 1)
-                assert (
-                    weights[:, :, 0] - whole_weights[:, :, t, : t + 1]
-                ).abs().max() < 1e-6
-
-
-def test_a_cache_fed_several_positions_at_once_appends_them_all():
-    data = batch()
-    mha = MultiHeadAttention(D_MODEL, H).eval()
-    x = data["x"]
-    cache = KVCache()
-    with torch.no_grad():
-        whole, _ = mha(x, x, x, mask=causal_mask(T))
-        first, _ = mha(x[:, :3], x[:, :3], x[:, :3], mask=causal_mask(3), cache=cache)
-        # The last positions see the 3 cached ones and, causally, each other.
-        rest_mask = causal_mask(T)[:, :, 3:]  # (1, 1, T - 3, T)
-        rest, _ = mha(x[:, 3:], x[:, 3:], x[:, 3:], mask=rest_mask, cache=cache)
-    assert cache.length == T
-    assert (torch.cat([first, rest], dim=1) - whole).abs().max() < 1e-6
-
-
-def test_a_static_cache_projects_the_memory_once():
-    data = batch()
-    mha = MultiHeadAttention(D_MODEL, H).eval()
-    x, memory = data["x"], data["memory"]
-    mask = padding_mask(data["src"], PAD)
-    cache = KVCache(static=True)
-    with (
-        torch.no_grad(),
-        mock.patch.object(multihead, "project", wraps=multihead.project) as project,
-    ):
-
-        def key_projections() -> int:
-            return sum(mha.w_k in call.args[2:] for call in project.call_args_list)
-
-        whole, _ = mha(x, memory, memory, mask=mask)
-        assert key_projections() == 1
-        for t in range(T):
-            out, _ = mha(x[:, t : t + 1], memory, memory, mask=mask, cache=cache)
-            assert (out[:, 0] - whole[:, t]).abs().max() < 1e-6
-        assert key_projections() == 2  # the uncached call, then the cache's first step
-    assert cache.length == S
-
-
 def test_stacked_projections_are_the_separate_ones():
     """Self-attention projects Q, K and V in one product, encoder-decoder attention K and V:
     the results are those of the three layers applied one by one."""
@@ -345,26 +283,3 @@ def test_split_heads_takes_each_heads_columns_and_merge_heads_undoes_it():
     for i in range(H):
         assert torch.equal(heads[:, i], x[..., i * d_k : (i + 1) * d_k])
     assert torch.equal(multihead.merge_heads(heads), x)
-
-
-def test_reorder_follows_the_index():
-    cache = KVCache(key=torch.randn(3, H, 2, 4), value=torch.randn(3, H, 2, 4))
-    key, value = cache.key, cache.value
-    index = torch.tensor([2, 2, 0, 1])
-    cache.reorder(index)
-    assert torch.equal(cache.key, key[index]) and torch.equal(cache.value, value[index])
-    empty = KVCache()
-    empty.reorder(index)  # nothing cached yet: nothing to do
-    assert empty.key is None and empty.length == 0
-
-
-def test_quantised_projections_are_applied_one_by_one():
-    """Dynamic int8 quantisation replaces the projections by layers without a weight tensor:
-    the module then runs them one by one, and still attends."""
-    mha = MultiHeadAttention(D_MODEL, H).eval()
-    quantised = torch.ao.quantization.quantize_dynamic(
-        copy.deepcopy(mha), {nn.Linear}, dtype=torch.qint8
-    )
-    x = batch()["x"]
-    with torch.no_grad():
-        assert (quantised(x, x, x)[0] - mha(x, x, x)[0]).abs().max() < 0.1

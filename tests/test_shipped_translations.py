@@ -11,7 +11,7 @@ import pytest
 
 from transformer.checkpoint import load_model
 from transformer.data import load_pairs
-from transformer.decode import translate
+from transformer.translation import translate
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "tests" / "reference"

@@ -23,9 +23,9 @@ import transformer.data as data
 import transformer.tokenizer as tokenizer_module
 import transformer.translation as translation
 from transformer.__main__ import main as package_main
+from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.data import DataError
-from transformer.decode import beam_search, greedy_decode
 from transformer.tokenizer import MARK, normalize, train_bpe
 from transformer.translation import load_pair_model, translate
 
@@ -110,7 +110,7 @@ def test_the_output_keeps_the_input_order(shipped, loaded, capsys, monkeypatch):
     expected = []
     for sentence in GERMAN:
         src = torch.tensor([tokenizer.encode(sentence) + [tokenizer.eos_id]])
-        [best] = beam_search(
+        [best] = batched_beam_search(
             model,
             src,
             bos_id=tokenizer.bos_id,
@@ -159,7 +159,7 @@ def test_beam_1_is_greedy_decoding(shipped, loaded, capsys, monkeypatch):
     sources = [tokenizer.encode(s) + [tokenizer.eos_id] for s in GERMAN]
     expected = []
     for ids in sources:
-        [h] = greedy_decode(
+        [h] = batched_greedy_decode(
             model,
             torch.tensor([ids]),
             bos_id=tokenizer.bos_id,
@@ -214,7 +214,7 @@ def test_an_overlong_sentence_is_cut_with_a_warning(
     )
     # The translation is that of its first MAX_LEN - 1 tokens and <eos>.
     src = torch.tensor([ids[: MAX_LEN - 1] + [tokenizer.eos_id]])
-    [best] = beam_search(
+    [best] = batched_beam_search(
         model,
         src,
         bos_id=tokenizer.bos_id,
@@ -233,7 +233,7 @@ def test_translate_reports_translations_cut_by_the_length_limit(loaded):
     warnings: list[str] = []
     results = translate(model, tokenizer, sentences, beam_size=1, warn=warnings.append)
     assert results[0] == "" and len(results) == len(sentences)
-    found = greedy_decode(
+    found = batched_greedy_decode(
         model,
         torch.nn.utils.rnn.pad_sequence(
             [
@@ -480,7 +480,7 @@ def test_without_spacy_a_clear_error(shipped, capsys, monkeypatch):
             "tokenising text needs spaCy: pip install 'transformer[data]' (...)"
         )
 
-    monkeypatch.setattr(tokenizer_module, "_spacy_tokenizer", no_spacy)
+    monkeypatch.setattr(tokenizer_module, "spacy_tokenizer", no_spacy)
     status, _, err = run(translate_args(shipped, "Ein Neuwort."), capsys, monkeypatch)
     assert_error(status, err, "needs spaCy")
 
@@ -604,9 +604,9 @@ def decoded(model, tokenizer, sources: list[list[int]], beam_size: int) -> list:
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(device)
         if beam_size == 1:
-            found += greedy_decode(model, src, **special)
+            found += batched_greedy_decode(model, src, **special)
         else:
-            found += beam_search(model, src, beam_size=beam_size, **special)
+            found += batched_beam_search(model, src, beam_size=beam_size, **special)
     return [h.tokens for h in found]
 
 

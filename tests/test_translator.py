@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.checkpoint import export_model, save_weights
 from transformer.config import TransformerConfig
-from transformer.decode import beam_search, greedy_decode
 from transformer.decode_options import DecodeOptions
 from transformer.masking import causal_mask, padding_mask
-from transformer.model import Transformer
+from transformer.model import Transformer, attention_weights
 from transformer.multi30k import load_split
 from transformer.tokenizer import pretokenize
 from transformer.translation import load_pair_model, translate, translate_batches
@@ -231,7 +231,8 @@ def test_attention_weights_are_the_packages(static: Path, pair: str):
         src = torch.tensor([one["source"]])
         tgt = torch.tensor([one["target"]])
         with torch.inference_mode():
-            expected = model.attention_weights(
+            expected = attention_weights(
+                model,
                 src,
                 tgt,
                 src_mask=padding_mask(src, 0),
@@ -337,7 +338,7 @@ def test_the_length_limit_warning_names_the_sentences(static: Path):
     model, tokenizer = load_pair_model("de-en")
     ids = {"bos_id": 2, "eos_id": 3, "pad_id": 0}
     assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id) == (2, 3, 0)
-    for beam, search in ((1, greedy_decode), (4, beam_search)):
+    for beam, search in ((1, batched_greedy_decode), (4, batched_beam_search)):
         warnings: list[str] = []
         options = {"beam_size": beam} if beam > 1 else {}
         expected = translate_batches(

@@ -26,12 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checkpoint import CheckpointError
-from transformer.decode import Hypothesis
+from transformer.decode import EXTRA_LENGTH, Hypothesis
 from transformer.decode_options import DecodeOptions, decode_options
 from transformer.embedding import sinusoidal_encoding
 from transformer.files import atomic_folder, atomic_write
 from transformer.model import Transformer
-from transformer.search_setup import EXTRA_LENGTH
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate_batches
 

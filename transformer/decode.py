@@ -1,29 +1,33 @@
 # Generated from chapters/14_decoding.ipynb: edit it, not this file.
-"""Greedy decoding and beam search with a key/value cache (Section 6.1 of
-Vaswani et al., 2017, with the length penalty of Wu et al., 2016)."""
+"""Greedy decoding and beam search for one sentence (Section 6.1 of Vaswani et
+al., 2017, with the length penalty of Wu et al., 2016)."""
 
 # %% auto #0
 __all__ = [
+    "EXTRA_LENGTH",
     "Hypothesis",
+    "next_log_probs",
+    "forbid_specials",
+    "hypothesis",
+    "output_limit",
     "greedy_decode",
     "length_penalty",
-    "BeamStep",
-    "Kept",
     "beam_search",
 ]
 
 # %% ../chapters/14_decoding.ipynb #7cbcfaac
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from transformer.decoder import DecoderCache
+from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
-from transformer.search_setup import check_search, inference, output_limits
+
+EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
 
 
 @dataclass(frozen=True)
@@ -37,19 +41,15 @@ class Hypothesis:
     ended: bool
 
 
-def _next_log_probs(model, ys, memory, src_mask, cache) -> Tensor:
-    """log p(next token | ys, source) for every row: ys (N, t) -> (N, V)."""
-    if cache is None:  # the whole output so far, under the causal mask
-        mask = causal_mask(ys.size(1), device=ys.device)  # (1, 1, t, t)
-        out = model.decode(ys, memory, src_mask=src_mask, tgt_mask=mask)
-    else:  # the newest token; the cache holds the others' keys and values
-        out = model.decode(
-            ys[:, -1:], memory, src_mask=src_mask, tgt_mask=None, cache=cache
-        )
+def next_log_probs(model, ys, memory, src_mask) -> Tensor:
+    """log p(next token | ys, source) for every row, ys (N, t) -> (N, V): the
+    decoder over the whole output so far."""
+    tgt_mask = causal_mask(ys.size(1), device=ys.device)  # (1, 1, t, t)
+    out = model.decode(ys, memory, src_mask=src_mask, tgt_mask=tgt_mask)
     return model.generator(out[:, -1])  # (N, V)
 
 
-def _forbid_specials(log_probs: Tensor, *, bos_id, eos_id, pad_id) -> Tensor:
+def forbid_specials(log_probs: Tensor, *, bos_id, eos_id, pad_id) -> Tensor:
     """Never choose padding, nor BOS unless it doubles as EOS."""
     log_probs[..., pad_id] = float("-inf")
     if bos_id != eos_id:
@@ -57,7 +57,7 @@ def _forbid_specials(log_probs: Tensor, *, bos_id, eos_id, pad_id) -> Tensor:
     return log_probs
 
 
-def _hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
+def hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
     """The output of one row after BOS: its tokens before EOS or padding."""
     tokens = row.tolist()
     ended = eos_id in tokens
@@ -65,6 +65,13 @@ def _hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
         if stop in tokens:
             tokens = tokens[: tokens.index(stop)]
     return Hypothesis(tokens, log_prob, score, ended)
+
+
+def output_limit(model: Transformer, src: Tensor, max_len=None) -> int:
+    """The most tokens one sentence src (S,) may output, EOS included: its
+    length + 50, or max_len, within the model's positions."""
+    limit = src.numel() + EXTRA_LENGTH if max_len is None else max_len
+    return min(limit, model.config.max_len)
 
 
 # %% ../chapters/14_decoding.ipynb #289d21c0
@@ -77,168 +84,39 @@ def greedy_decode(
     pad_id: int,
     max_len: int | None = None,
     use_cache: bool = True,
-) -> list[Hypothesis]:
-    """The most probable next token at each step: src (B, S) token ids,
-    padded with pad_id -> B hypotheses (score: log_prob), in batch order."""
-    specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
-    check_search(model, src, **specials)
-    B, device = src.size(0), src.device
-    if B == 0:
-        return []
-    with inference(model):
-        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
-        memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        layers = len(model.decoder.layers)
-        cache = DecoderCache.empty(layers) if use_cache else None
-        # Row b: BOS, then sentence b's output, then padding once it has ended.
-        ys = torch.full((B, int(limits.max()) + 1), pad_id, device=device)
-        ys[:, 0] = bos_id
-        log_prob = torch.zeros(B, device=device)
-        going = torch.arange(B, device=device)  # the sentences still going
-        for t in range(int(limits.max())):
-            step = _next_log_probs(
-                model, ys[going, : t + 1], memory, src_mask, cache
+) -> Hypothesis:
+    """The most probable next token at each step, for one sentence: src (S,)
+    token ids ending with EOS -> its output (score: log_prob)."""
+    specials = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    model.eval()
+    with torch.inference_mode():
+        src = src[None]  # (1, S)
+        src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
+        memory = model.encode(src, src_mask)  # (1, S, d_model)
+        cache = DecoderCache.empty(len(model.decoder.layers))
+        ys, log_prob = torch.tensor([[bos_id]], device=src.device), 0.0
+        for _ in range(output_limit(model, src[0], max_len)):
+            if use_cache:  # the newest token; the cache holds the others
+                step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
+            else:  # the whole output so far, under the causal mask
+                step = next_log_probs(model, ys, memory, src_mask)
+            best, token = forbid_specials(step[0], **specials).max(dim=-1)
+            ys, log_prob = (
+                torch.cat([ys, token.view(1, 1)], 1),
+                log_prob + best,
             )
-            best, token = _forbid_specials(step, **specials).max(dim=-1)
-            ys[going, t + 1] = token  # (n,): the n sentences still going
-            log_prob[going] += best
-            stays = (token != eos_id) & (t + 1 < limits)  # (n,)
-            if not stays.all():  # the others leave the batch
-                going, limits = going[stays], limits[stays]
-                memory, src_mask = memory[stays], src_mask[stays]
-                if cache is not None:
-                    cache.reorder(stays.nonzero()[:, 0])
-                if going.numel() == 0:
-                    break
-    return [
-        _hypothesis(ys[b, 1:], lp, lp, eos_id=eos_id, pad_id=pad_id)
-        for b, lp in enumerate(log_prob.tolist())
-    ]
+            if token == eos_id:
+                break
+    lp = float(log_prob)
+    return hypothesis(ys[0, 1:], lp, lp, eos_id=eos_id, pad_id=pad_id)
 
 
-# %% ../chapters/14_decoding.ipynb #33c1c23b
+# %% ../chapters/14_decoding.ipynb #5834809a
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
     """lp(Y) = ((5 + |Y|) / 6)^α of Wu et al. (2016), |Y| counting EOS."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
-@dataclass(frozen=True)
-class BeamStep:
-    """The K beams of the n sentences still searching after a step, best
-    first: (n, K) each; `sentences` (n,) are their indices in the batch, and
-    a beam's token is pad_id after its EOS."""
-
-    step: int
-    sentences: Tensor
-    tokens: Tensor
-    parents: Tensor
-    log_probs: Tensor
-    scores: Tensor
-    ended: Tensor
-    lengths: Tensor
-
-    @staticmethod
-    def first(B: int, K: int, device: torch.device) -> "BeamStep":
-        """Before step 0: one open beam per sentence, not K copies of BOS."""
-        log_probs = torch.full((B, K), -torch.inf, device=device)
-        log_probs[:, 0] = 0.0
-        zeros = torch.zeros(B, K, dtype=torch.long, device=device)
-        sentences = torch.arange(B, device=device)
-        return BeamStep(
-            -1, sentences, zeros, zeros, log_probs, log_probs, zeros > 0, zeros
-        )
-
-    def select(self, stays: Tensor) -> "BeamStep":
-        """The beams of the sentences that stay, (n,) booleans."""
-        kept = [getattr(self, f.name)[stays] for f in fields(self)[1:]]
-        return BeamStep(self.step, *kept)
-
-
-# %% ../chapters/14_decoding.ipynb #e30ae4df
-def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
-    """Step t: the K best extensions of each sentence's K beams, given step
-    (n, K, V), the log p of each beam's next token."""
-    n, K, V = step.shape
-    C = min(K, V)  # a beam's K most probable tokens are its K best candidates
-    top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
-    # An ended beam has one continuation, padding, which leaves its log p.
-    stay = torch.full((C,), float("-inf"), device=step.device)
-    stay[0] = 0.0
-    top = torch.where(beams.ended[..., None], stay, top)
-    top_tokens = top_tokens.masked_fill(beams.ended[..., None], pad_id)
-    candidate_log_prob = (beams.log_probs[..., None] + top).view(n, K * C)
-    candidate_length = torch.where(beams.ended, beams.lengths, t + 1)  # (n, K)
-    lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
-    scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
-    parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
-    ended = beams.ended.gather(1, parents) | (tokens == eos_id)
-    return BeamStep(
-        step=t,
-        sentences=beams.sentences,
-        tokens=tokens,
-        parents=parents,
-        log_probs=candidate_log_prob.gather(1, best),
-        scores=scores,
-        ended=ended | (t + 1 >= limits[:, None]),  # or stopped by the limit
-        lengths=candidate_length.gather(1, parents),
-    )
-
-
-# %% ../chapters/14_decoding.ipynb #5834809a
-@dataclass
-class Kept:
-    """Each sentence's best ended hypothesis so far, kept outside the beam:
-    its score and log_prob (B,), and its row ys (B, L): BOS, its tokens, then
-    padding."""
-
-    score: Tensor
-    log_prob: Tensor
-    ys: Tensor
-
-    @staticmethod
-    def empty(B: int, L: int, pad_id: int, device: torch.device) -> "Kept":
-        nothing = torch.full((B,), -torch.inf, device=device)
-        ys = torch.full((B, L), pad_id, dtype=torch.long, device=device)
-        return Kept(nothing, nothing.clone(), ys)
-
-    def update(self, beams: BeamStep, ys: Tensor) -> None:
-        """Keep each sentence's best ended beam if it scores higher than the
-        one kept; ys (n*K, t) holds the beams' rows."""
-        going, (n, K) = beams.sentences, beams.ended.shape
-        ended_scores = torch.where(beams.ended, beams.scores, -torch.inf)
-        best, beam = ended_scores.max(dim=1)  # (n,)
-        better = best > self.score[going]  # (n,)
-        self.score[going] = torch.where(better, best, self.score[going])
-        gained = beams.log_probs.gather(1, beam[:, None])[:, 0]  # (n,)
-        self.log_prob[going] = torch.where(
-            better, gained, self.log_prob[going]
-        )
-        row = ys[torch.arange(n, device=ys.device) * K + beam]  # (n, t)
-        old = self.ys[going, : ys.size(1)]
-        self.ys[going, : ys.size(1)] = torch.where(better[:, None], row, old)
-
-    def hypotheses(self, *, eos_id: int, pad_id: int) -> list[Hypothesis]:
-        return [
-            _hypothesis(row[1:], lp, score, eos_id=eos_id, pad_id=pad_id)
-            for row, lp, score in zip(
-                self.ys,
-                self.log_prob.tolist(),
-                self.score.tolist(),
-                strict=True,
-            )
-        ]
-
-
-def _finished(kept_score, beams, limits, alpha) -> Tensor:
-    """The sentences whose kept score (n,) no open beam can overtake, at best
-    log_prob / lp(limit): -> (n,)."""
-    best_open = torch.where(beams.ended, -torch.inf, beams.log_probs).amax(1)
-    reachable = best_open / length_penalty(limits, alpha)  # (n,)
-    return (kept_score >= reachable) | (best_open == -torch.inf)
-
-
-# %% ../chapters/14_decoding.ipynb #ffffa23e
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -249,61 +127,50 @@ def beam_search(
     eos_id: int,
     pad_id: int,
     max_len: int | None = None,
-    use_cache: bool = True,
-    on_step: Callable[[BeamStep], None] | None = None,
-) -> list[Hypothesis]:
-    """Beam search with the length penalty: src (B, S) token ids, padded with
-    pad_id -> each sentence's best hypothesis, in batch order. on_step, if
-    given, sees the beams after every step."""
-    specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
-    check_search(model, src, beam_size=beam_size, alpha=alpha, **specials)
-    B, K, device = src.size(0), beam_size, src.device
-    if B == 0:
-        return []
-    with inference(model):
-        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
-        memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        layers = len(model.decoder.layers)
-        cache = DecoderCache.empty(layers) if use_cache else None
-        # The K beams of sentence b are rows b*K ... b*K + K - 1.
-        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
-        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
-        ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
-        beams = BeamStep.first(B, K, device)
-        kept = Kept.empty(B, int(limits.max()) + 1, pad_id, device)
-        first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
-        for t in range(int(limits.max())):
-            step = _next_log_probs(model, ys, memory, src_mask, cache)
-            step = _forbid_specials(step.view(len(limits), K, -1), **specials)
-            beams = _extend(step, beams, t, limits, alpha, eos_id, pad_id)
-            # Every beam continues the row of its parent: reorder, then append.
-            rows = (first_row[: len(limits)] + beams.parents).view(-1)
-            ys = torch.cat([ys[rows], beams.tokens.view(-1, 1)], dim=1)
-            if cache is not None:
-                cache.reorder(rows, static=False)  # within each sentence
-            kept.update(beams, ys)
+    on_step: Callable[[Tensor, Tensor, Tensor], None] | None = None,
+) -> Hypothesis:
+    """The K best partial outputs by log p / lp, for one sentence src (S,)
+    ending with EOS, until no open one can beat the best ended one. on_step,
+    if given, sees each step's parents, tokens and ended flags, (K,) each."""
+    K, specials = beam_size, dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    limit = output_limit(model, src, max_len)
+    model.eval()
+    with torch.inference_mode():
+        src = src[None]  # (1, S)
+        src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
+        memory = model.encode(src, src_mask).expand(K, -1, -1)  # (K, S, d)
+        cache = DecoderCache.empty(len(model.decoder.layers))
+        ys = torch.full((K, 1), bos_id, device=src.device)  # (K, t + 1)
+        log_p = torch.full((K,), -torch.inf, device=src.device)
+        log_p[0] = 0.0  # one open beam at first
+        ended = torch.zeros(K, dtype=torch.bool, device=src.device)
+        length = torch.zeros(K, dtype=torch.long, device=src.device)
+        best = Hypothesis([], -torch.inf, -torch.inf, ended=False)
+        for t in range(limit):
+            step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
+            step = forbid_specials(step, **specials)  # (K, V)
+            step[ended] = -torch.inf
+            step[ended, pad_id] = 0.0  # an ended beam stays as it is
+            length = torch.where(ended, length, t + 1)  # (K,): |Y|
+            candidates = (log_p[:, None] + step).flatten()  # (K·V,)
+            lp = length_penalty(length, alpha).repeat_interleave(step.size(1))
+            score, index = (candidates / lp).topk(K)  # the K best, best first
+            parent, token = index // step.size(1), index % step.size(1)
+            ys = torch.cat([ys[parent], token[:, None]], dim=1)
+            cache.reorder(parent, memory=False)  # each beam its parent's keys
+            log_p, length = candidates[index], length[parent]
+            ended = ended[parent] | (token == eos_id) | (t + 1 >= limit)
             if on_step is not None:
-                on_step(beams)
-            kept_score = kept.score[beams.sentences]
-            stays = ~_finished(kept_score, beams, limits, alpha)  # (n,)
-            if not stays.all():  # finished sentences leave, with their K rows
-                beams, limits = beams.select(stays), limits[stays]
-                keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
-                ys, memory, src_mask = ys[keep], memory[keep], src_mask[keep]
-                if cache is not None:
-                    cache.reorder(keep)
-                if not stays.any():
-                    break
-    return kept.hypotheses(eos_id=eos_id, pad_id=pad_id)
-
-
-# %% ../chapters/14_decoding.ipynb #ef951f4e
-def __getattr__(name: str):
-    """The names of transformer.translation, which builds on this module
-    (`translate`, `load_pair_model`, ...), are importable from it too."""
-    from transformer import translation
-
-    if name in translation.__all__:
-        return getattr(translation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+                on_step(parent, token, ended)
+            top, k = torch.where(ended, score, -torch.inf).max(dim=0)
+            if top > best.score:  # keep the best ended output aside
+                row, lp_k = ys[k, 1:], log_p[k].item()
+                best = hypothesis(
+                    row, lp_k, top.item(), eos_id=eos_id, pad_id=pad_id
+                )
+            reachable = torch.where(ended, -torch.inf, log_p).max()
+            if best.score >= reachable / length_penalty(
+                torch.tensor(limit), alpha
+            ):
+                break  # no open beam can overtake the kept output
+    return best

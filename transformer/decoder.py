@@ -8,8 +8,7 @@ __all__ = ["DecoderLayer", "Decoder"]
 
 from torch import Tensor, nn
 
-from transformer.decoder_cache import DecoderCache
-from transformer.multihead import KVCache, MultiHeadAttention
+from transformer.multihead import MultiHeadAttention
 from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
@@ -50,25 +49,21 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
         need_weights: bool = False,
-        self_cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """Shapes: x (B, T, d_model), and so the result; memory (B, S,
-        d_model); src_mask (B, 1, 1, S); tgt_mask (B, 1, T, T), or (B, 1, T, L)
-        over L cached positions; weights (B, H, T, T) and (B, H, T, S)."""
+        d_model); src_mask (B, 1, 1, S); tgt_mask (B, 1, T, T); weights
+        (B, H, T, T) and (B, H, T, S)."""
         self_w = cross_w = None
 
         def self_attention(h: Tensor) -> Tensor:
             nonlocal self_w
-            out, self_w = self.self_attn(
-                h, h, h, tgt_mask, need_weights, cache=self_cache
-            )
+            out, self_w = self.self_attn(h, h, h, tgt_mask, need_weights)
             return out
 
         def cross_attention(h: Tensor) -> Tensor:
             nonlocal cross_w
             out, cross_w = self.cross_attn(
-                h, memory, memory, src_mask, need_weights, cache=cross_cache
+                h, memory, memory, src_mask, need_weights
             )
             return out
 
@@ -118,20 +113,17 @@ class Decoder(nn.Module):
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
         need_weights: bool = False,
-        cache: DecoderCache | None = None,
     ) -> tuple[Tensor, list[tuple[Tensor, Tensor]] | None]:
         """Shapes as DecoderLayer's; weights, if asked for, one (self, cross)
-        pair per layer. With a cache, x holds only the new positions."""
+        pair per layer."""
         all_weights = []
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             x, weights = layer(
                 x,
                 memory,
                 src_mask=src_mask,
                 tgt_mask=tgt_mask,
                 need_weights=need_weights,
-                self_cache=cache.self_attn[i] if cache is not None else None,
-                cross_cache=cache.cross_attn[i] if cache is not None else None,
             )
             all_weights.append(weights)
         return self.final_norm(x), (all_weights if need_weights else None)

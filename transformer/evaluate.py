@@ -3,16 +3,55 @@
 2018), and the lowercased tokenised BLEU of published Multi30k results."""
 
 # %% auto #0
-__all__ = ["Scores", "score"]
+__all__ = [
+    "LC_TOK_BLEU",
+    "LENGTH_BOUNDS",
+    "spacy_words",
+    "lc_tok_bleu",
+    "Scores",
+    "score",
+    "LengthGroup",
+    "bleu_by_length",
+]
 
 # %% ../chapters/15_results.ipynb #ef74895a
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer.splits import LC_TOK_BLEU, lc_tok_bleu
+from transformer.tokenizer import MARK, pretokenize
+
+# The name of the lowercased tokenised BLEU wherever it is printed: not
+# comparable with sacreBLEU.
+LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
+
+
+def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
+    """Each text cut into words by spaCy's rules for `language`, the words
+    joined by spaces."""
+    return [
+        " ".join(word.removeprefix(MARK) for word in words)
+        for words in pretokenize(texts, language)
+    ]
+
+
+def lc_tok_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], language: str = "en"
+) -> tuple[float, str]:
+    """BLEU of lowercased text cut into words by spaCy (tok:none after that),
+    and its signature: comparable with published Multi30k results that use
+    spaCy's words (torchtext's `bleu_score`), only roughly with
+    Moses-tokenised ones, and not with sacreBLEU's BLEU."""
+    # The text is cut into words already: no second tokenizer, and no warning
+    # about it.
+    bleu = BLEU(lowercase=True, tokenize="none", force=True)
+    found = bleu.corpus_score(
+        spacy_words(hypotheses, language), [spacy_words(references, language)]
+    )
+    return found.score, str(bleu.get_signature())
 
 
 @dataclass(frozen=True)
@@ -78,3 +117,71 @@ def score(
         chrf_signature=str(chrf.get_signature()),
         bleu_lc_tok_signature=lc_tok_signature,
     )
+
+
+# %% ../chapters/15_results.ipynb #49963f8b
+LENGTH_BOUNDS = (
+    1,
+    10,
+    15,
+    20,
+)  # the first source length, in words, of each group
+
+
+@dataclass(frozen=True)
+class LengthGroup:
+    """The sentences whose source has `words` words: how many, their sacreBLEU
+    and BLEU's output/reference length ratio (both nan for an empty group)."""
+
+    words: str
+    sentences: int
+    bleu: float
+    length_ratio: float
+
+
+def bleu_by_length(
+    sources: Sequence[str],
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    bounds: Sequence[int] = LENGTH_BOUNDS,
+) -> list[LengthGroup]:
+    """sacreBLEU of the sentences grouped by the length of their source in
+    words (separated by spaces): group i holds bounds[i] to bounds[i+1] - 1
+    words, the last bounds[-1] or more, and a source shorter than bounds[0]
+    counts in the first."""
+    if not len(sources) == len(hypotheses) == len(references):
+        raise ValueError(
+            f"{len(sources)} sources, {len(hypotheses)} translations and "
+            f"{len(references)} references"
+        )
+    bounds = list(bounds)
+    if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 0:
+        raise ValueError(f"bounds must increase from 0 or more, got {bounds}")
+    groups: list[list[int]] = [[] for _ in bounds]
+    for i, source in enumerate(sources):
+        n = len(source.split())
+        groups[
+            max((k for k, b in enumerate(bounds) if n >= b), default=0)
+        ].append(i)
+    results = []
+    for k, members in enumerate(groups):
+        last = bounds[k + 1] - 1 if k + 1 < len(bounds) else None
+        words = (
+            f"{bounds[k]}+"
+            if last is None
+            else str(last)
+            if last == bounds[k]
+            else f"{bounds[k]}–{last}"
+        )
+        if not members:
+            results.append(LengthGroup(words, 0, math.nan, math.nan))
+            continue
+        found = BLEU().corpus_score(
+            [hypotheses[i] for i in members],
+            [[references[i] for i in members]],
+        )
+        results.append(
+            LengthGroup(words, len(members), found.score, found.ratio)
+        )
+    return results

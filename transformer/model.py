@@ -2,17 +2,21 @@
 """The Transformer of Vaswani et al. (2017): Figure 1, Sections 3.1-3.4."""
 
 # %% auto #0
-__all__ = ["Generator", "positional_encoding", "init_weights", "Transformer"]
+__all__ = [
+    "Generator",
+    "positional_encoding",
+    "init_weights",
+    "Transformer",
+    "attention_weights",
+]
 
 # %% ../chapters/08_model.ipynb #015bfca4
 
 import torch
 from torch import Tensor, nn
 
-from transformer.attention_maps import attention_weights
 from transformer.config import TransformerConfig
 from transformer.decoder import Decoder
-from transformer.decoder_cache import DecoderCache
 from transformer.embedding import (
     LearnedPositionalEncoding,
     PositionalEncoding,
@@ -91,16 +95,11 @@ class Transformer(nn.Module):
         *,
         src_mask: Tensor | None,
         tgt_mask: Tensor | None,
-        cache: DecoderCache | None = None,
     ) -> Tensor:
         """Shapes: tgt (B, T) ids, memory (B, S, d_model), tgt_mask (B, 1, T,
-        T) -> (B, T, d_model). With a cache, tgt holds the new tokens only,
-        after cache.length decoded ones, and tgt_mask covers all of them."""
-        start = cache.length if cache is not None else 0
-        x = self.tgt_pos(self.tgt_embed(tgt), start=start)  # (B, T, d_model)
-        out, _ = self.decoder(
-            x, memory, src_mask=src_mask, tgt_mask=tgt_mask, cache=cache
-        )
+        T) -> (B, T, d_model)."""
+        x = self.tgt_pos(self.tgt_embed(tgt))  # (B, T, d_model)
+        out, _ = self.decoder(x, memory, src_mask=src_mask, tgt_mask=tgt_mask)
         return out
 
     def forward(
@@ -116,5 +115,26 @@ class Transformer(nn.Module):
         out = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
         return self.generator(out)
 
-    # Every layer's attention weights, for figures (the appendix).
-    attention_weights = attention_weights
+
+def attention_weights(
+    model: Transformer,
+    src: Tensor,
+    tgt: Tensor,
+    *,
+    src_mask: Tensor | None,
+    tgt_mask: Tensor | None,
+) -> dict[str, list[Tensor]]:
+    """Every attention weight of one forward pass, one tensor per layer, for
+    figures: "encoder" n_layers x (B, H, S, S), "decoder_self" (B, H, T, T),
+    "decoder_cross" (B, H, T, S)."""
+    x = model.src_pos(model.src_embed(src))  # (B, S, d_model)
+    memory, encoder = model.encoder(x, src_mask, need_weights=True)
+    y = model.tgt_pos(model.tgt_embed(tgt))  # (B, T, d_model)
+    _, decoder = model.decoder(
+        y, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True
+    )
+    return {
+        "encoder": encoder,
+        "decoder_self": [w for w, _ in decoder],
+        "decoder_cross": [w for _, w in decoder],
+    }

@@ -7,13 +7,10 @@ __all__ = [
     "merge_heads",
     "project",
     "attend",
-    "KVCache",
     "MultiHeadAttention",
 ]
 
 # %% ../chapters/03_multihead.ipynb #64dfa3a3
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +33,8 @@ def merge_heads(x: Tensor) -> Tensor:
 def project(x: Tensor, n_heads: int, *layers: nn.Linear) -> list[Tensor]:
     """x (B, L, d_model) through each layer, split into heads (B, H, L, d_k),
     by one matrix product with the layers' weights stacked."""
-    if len(layers) == 1 or not all(torch.is_tensor(p.weight) for p in layers):
-        # One layer, or quantised ones (no weight tensor): one by one.
-        return [split_heads(layer(x), n_heads) for layer in layers]
+    if len(layers) == 1:
+        return [split_heads(layers[0](x), n_heads)]
     weight = torch.cat([p.weight for p in layers])  # (n·d_model, d_model)
     biases = [p.bias for p in layers]
     bias = None if biases[0] is None else torch.cat(biases)  # (n·d_model,)
@@ -75,34 +71,6 @@ def attend(
     return out.masked_fill(blind, 0.0), None
 
 
-# %% ../chapters/03_multihead.ipynb #42b326b1
-@dataclass
-class KVCache:
-    """A layer's keys and values (B, H, L, d_k), kept between decoding steps:
-    appended to at each step or, if static, the memory's, projected once."""
-
-    key: Tensor | None = None
-    value: Tensor | None = None
-    static: bool = False
-
-    @property
-    def length(self) -> int:  # L, the number of positions held
-        return 0 if self.key is None else self.key.size(2)
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Hold the new positions' k and v after the others; return all L."""
-        if not self.static and self.key is not None:
-            k = torch.cat([self.key, k], dim=2)  # (B, H, L + T, d_k)
-            v = torch.cat([self.value, v], dim=2)
-        self.key, self.value = k, v
-        return k, v
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index`, in order: beam search following beams."""
-        if self.key is not None:  # (B', H, L, d_k)
-            self.key, self.value = self.key[index], self.value[index]
-
-
 # %% ../chapters/03_multihead.ipynb #8bdc30c8
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O (Section 3.2.2)."""
@@ -131,14 +99,11 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         need_weights: bool = False,
-        *,
-        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of the queries over the keys and values, all heads.
 
         Shapes:
-            query: (B, T_q, d_model); key, value: (B, T_k, d_model), or with
-                a cache the new positions only (T_k: all L positions held)
+            query: (B, T_q, d_model); key, value: (B, T_k, d_model)
             mask: boolean (True: may attend), broadcastable to (B, H, T_q, T_k)
             returns (B, T_q, d_model) and the weights (B, H, T_q, T_k) or None
         """
@@ -147,13 +112,9 @@ class MultiHeadAttention(nn.Module):
             q, k, v = project(query, n, self.w_q, self.w_k, self.w_v)
         else:
             (q,) = project(query, n, self.w_q)  # (B, H, T_q, d_k)
-            if cache is not None and cache.static and cache.key is not None:
-                k, v = cache.key, cache.value  # projected at the first step
-            elif key is value:  # the memory: K and V in one product
+            if key is value:  # the memory: K and V in one product
                 k, v = project(key, n, self.w_k, self.w_v)
             else:
                 k, v = *project(key, n, self.w_k), *project(value, n, self.w_v)
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, H, L, d_k)
         out, weights = attend(q, k, v, mask, self.attn_dropout, need_weights)
         return self.w_o(merge_heads(out)), weights  # (B, T_q, d_model)

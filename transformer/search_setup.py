@@ -3,7 +3,7 @@
 sentence's output length limit (Section 6.1), and inference mode."""
 
 # %% auto #0
-__all__ = ["EXTRA_LENGTH", "output_limits", "check_search", "inference"]
+__all__ = ["output_limits", "check_search", "check_prefix", "inference"]
 
 # %% ../chapters/a08_translating.ipynb #50c85587
 
@@ -13,10 +13,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from transformer.decode import EXTRA_LENGTH
 from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
-
-EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
 
 
 def output_limits(
@@ -46,6 +45,7 @@ def check_search(
     pad_id: int,
     beam_size: int = 1,
     alpha: float = 0.0,
+    prefix: Tensor | None = None,
 ) -> None:
     """Raise ValueError, in one line, for arguments that greedy decoding or
     beam search cannot use."""
@@ -70,6 +70,26 @@ def check_search(
         raise ValueError(
             f"src row {int(empty.nonzero()[0])} is all padding: encode each"
             " source with its <eos>"
+        )
+    if prefix is not None:
+        check_prefix(prefix, src, bos_id=bos_id, eos_id=eos_id)
+
+
+def check_prefix(prefix: Tensor, src: Tensor, *, bos_id, eos_id) -> None:
+    """A forced prefix is a (B, P) tensor of token ids, one row per source,
+    without BOS or EOS (padding marks a position the search chooses)."""
+    if prefix.dim() != 2 or prefix.dtype != torch.long:
+        raise ValueError(
+            "prefix must be a (B, P) tensor of token ids (torch.long), got"
+            f" shape {tuple(prefix.shape)} and {prefix.dtype}"
+        )
+    if prefix.size(0) != src.size(0):
+        raise ValueError(
+            f"prefix has {prefix.size(0)} rows for {src.size(0)} sources"
+        )
+    if ((prefix == bos_id) | (prefix == eos_id)).any():
+        raise ValueError(
+            "prefix must not hold <bos> or <eos>: the search adds them"
         )
 
 

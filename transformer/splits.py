@@ -1,37 +1,23 @@
 # Generated from chapters/a08_translating.ipynb: edit it, not this file.
-"""A Multi30k split translated and scored: its translations timed and written
-one per line, its BLEU by source length, and the lowercased spaCy-tokenised
-BLEU that published Multi30k results report."""
+"""A Multi30k split translated: its translations timed, and written one per
+line."""
 
 # %% auto #0
-__all__ = [
-    "LENGTH_BOUNDS",
-    "LC_TOK_BLEU",
-    "SplitTranslations",
-    "translate_split",
-    "write_lines",
-    "LengthGroup",
-    "bleu_by_length",
-    "spacy_words",
-    "lc_tok_bleu",
-]
+__all__ = ["SplitTranslations", "translate_split", "write_lines"]
 
 # %% ../chapters/a08_translating.ipynb #fa0cecc5
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from sacrebleu.metrics import BLEU
 
 from transformer.decode_options import DecodeOptions, decode_options
 from transformer.files import atomic_write
 from transformer.model import Transformer
 from transformer.multi30k import load_pairs, parse_pair
 from transformer.paths import DATA_DIR
-from transformer.tokenizer import MARK, Tokenizer, pretokenize
+from transformer.tokenizer import Tokenizer
 from transformer.translation import translate
 
 
@@ -97,102 +83,3 @@ def write_lines(path: Path, lines: Sequence[str]) -> None:
     atomic_write(
         Path(path), "".join(f"{line}\n" for line in lines).encode("utf-8")
     )
-
-
-# %% ../chapters/a08_translating.ipynb #f9de85fc
-LENGTH_BOUNDS = (
-    1,
-    10,
-    15,
-    20,
-)  # the first source length, in words, of each group
-
-
-@dataclass(frozen=True)
-class LengthGroup:
-    """The sentences whose source has `words` words: how many, their sacreBLEU
-    and BLEU's output/reference length ratio (both nan for an empty group)."""
-
-    words: str
-    sentences: int
-    bleu: float
-    length_ratio: float
-
-
-def bleu_by_length(
-    sources: Sequence[str],
-    hypotheses: Sequence[str],
-    references: Sequence[str],
-    *,
-    bounds: Sequence[int] = LENGTH_BOUNDS,
-) -> list[LengthGroup]:
-    """sacreBLEU of the sentences grouped by the length of their source in
-    words (separated by spaces): group i holds bounds[i] to bounds[i+1] - 1
-    words, the last bounds[-1] or more, and a source shorter than bounds[0]
-    counts in the first."""
-    if not len(sources) == len(hypotheses) == len(references):
-        raise ValueError(
-            f"{len(sources)} sources, {len(hypotheses)} translations and "
-            f"{len(references)} references"
-        )
-    bounds = list(bounds)
-    if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 0:
-        raise ValueError(f"bounds must increase from 0 or more, got {bounds}")
-    groups: list[list[int]] = [[] for _ in bounds]
-    for i, source in enumerate(sources):
-        n = len(source.split())
-        groups[
-            max((k for k, b in enumerate(bounds) if n >= b), default=0)
-        ].append(i)
-    results = []
-    for k, members in enumerate(groups):
-        last = bounds[k + 1] - 1 if k + 1 < len(bounds) else None
-        words = (
-            f"{bounds[k]}+"
-            if last is None
-            else str(last)
-            if last == bounds[k]
-            else f"{bounds[k]}–{last}"
-        )
-        if not members:
-            results.append(LengthGroup(words, 0, math.nan, math.nan))
-            continue
-        found = BLEU().corpus_score(
-            [hypotheses[i] for i in members],
-            [[references[i] for i in members]],
-        )
-        results.append(
-            LengthGroup(words, len(members), found.score, found.ratio)
-        )
-    return results
-
-
-# %% ../chapters/a08_translating.ipynb #a56dd128
-# The name of the lowercased tokenised BLEU wherever it is printed: not
-# comparable with sacreBLEU.
-LC_TOK_BLEU = "BLEU lowercased, spaCy-tokenised"
-
-
-def spacy_words(texts: Sequence[str], language: str = "en") -> list[str]:
-    """Each text cut into words by spaCy's rules for `language`, the words
-    joined by spaces."""
-    return [
-        " ".join(word.removeprefix(MARK) for word in words)
-        for words in pretokenize(texts, language)
-    ]
-
-
-def lc_tok_bleu(
-    hypotheses: Sequence[str], references: Sequence[str], language: str = "en"
-) -> tuple[float, str]:
-    """BLEU of lowercased text cut into words by spaCy (tok:none after that),
-    and its signature: comparable with published Multi30k results that use
-    spaCy's words (torchtext's `bleu_score`), only roughly with
-    Moses-tokenised ones, and not with sacreBLEU's BLEU."""
-    # The text is cut into words already: no second tokenizer, and no warning
-    # about it.
-    bleu = BLEU(lowercase=True, tokenize="none", force=True)
-    found = bleu.corpus_score(
-        spacy_words(hypotheses, language), [spacy_words(references, language)]
-    )
-    return found.score, str(bleu.get_signature())

@@ -17,8 +17,12 @@ from pathlib import Path
 
 import torch
 
+from transformer.batched_search import (
+    batched_beam_search,
+    batched_greedy_decode,
+)
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.decode import Hypothesis, beam_search, greedy_decode
+from transformer.decode import Hypothesis
 from transformer.decode_options import DecodeOptions, decode_options
 from transformer.model import Transformer
 from transformer.multi30k import parse_pair
@@ -107,13 +111,14 @@ def translate(
     sentences: Sequence[str],
     options: DecodeOptions | None = None,
     *,
+    prefix: str = "",
     warn: Callable[[str], None] | None = None,
     **changes,
 ) -> list[str]:
     """Translations of `sentences`, in their order: beam search, or greedy
     decoding, as `options` say (default: the paper's; `changes` such as
     beam_size=1 change them), over batches of similar lengths, on the model's
-    device.
+    device; each starts with `prefix`, text in the target language, if given.
 
     An empty sentence translates to "". A source longer than the model's
     positions is cut to its first config.max_len - 1 tokens, then <eos>;
@@ -129,6 +134,7 @@ def translate(
         "pad_id": tokenizer.pad_id,
     }
     device = next(model.parameters()).device
+    forced = tokenizer.encode(prefix, tokenizer.languages[1]) if prefix else []
 
     def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
         src = torch.full(
@@ -137,17 +143,17 @@ def translate(
         for row, ids in enumerate(sources):
             src[row, : len(ids)] = torch.tensor(ids)
         src = src.to(device)
+        start = torch.tensor([forced] * len(sources), dtype=torch.long)
+        start = start.to(device) if forced else None  # (B, P) or None
+        search = dict(max_len=options.max_len, prefix=start, **special)
         if options.greedy:
-            return greedy_decode(
-                model, src, max_len=options.max_len, **special
-            )
-        return beam_search(
+            return batched_greedy_decode(model, src, **search)
+        return batched_beam_search(
             model,
             src,
             beam_size=options.beam_size,
             alpha=options.alpha,
-            max_len=options.max_len,
-            **special,
+            **search,
         )
 
     return translate_batches(
@@ -195,9 +201,9 @@ def translate_batches(
     cut_off = []
     for batch in length_sorted_batches([len(s) for s in sources], batch_size):
         found = decode_batch([sources[j] for j in batch])
-        for j, hypothesis in zip(batch, found, strict=True):
-            results[todo[j]] = tokenizer.decode(hypothesis.tokens)
-            if not hypothesis.ended:
+        for j, best in zip(batch, found, strict=True):
+            results[todo[j]] = tokenizer.decode(best.tokens)
+            if not best.ended:
                 cut_off.append(todo[j])
     if cut_off and warn is not None:
         warn(
