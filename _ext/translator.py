@@ -58,7 +58,7 @@ def package_spacy_tokenizer(language: str):
     """The spaCy tokenizer that the package's `pretokenize` applies to `language`."""
     # The package's own, whatever it is built from (spaCy's blank tokenizer, or a faster
     # build of the same rules): transformer.tokenizer keeps it under a private name.
-    from transformer.tokenizer import _spacy_tokenizer
+    from transformer.fast_words import spacy_tokenizer as _spacy_tokenizer
 
     return _spacy_tokenizer(language)
 

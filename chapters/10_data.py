@@ -27,11 +27,14 @@
 # | `val` | 1,014 | choosing hyperparameters and checkpoints |
 # | `test_2016_flickr` | 1,000 | the BLEU scores we report, never used to choose anything |
 #
-# A model reads integers, not text. This chapter builds the road from one to the other and back,
-# in two modules: `transformer.tokenizer` (spaCy's words and a subword vocabulary shared by both
-# languages) and `transformer.batches` (batches of sentences of similar length). The plumbing
-# around them, the files' checksums, a cache of token ids on disk and the tokenizer's file, is in
-# the appendix [The data pipeline](a03_data_pipeline.ipynb).
+# A model reads integers, not text. This chapter builds the road from one to the other and back:
+# `transformer.multi30k` reads the text, `transformer.tokenizer` cuts it into spaCy's words and a
+# subword vocabulary shared by both languages, and `transformer.batches` pads sentences of
+# similar length into batches. Two appendices build on this code:
+# [Text and the tokenizer](a03_text_and_tokenizer.ipynb) (the files' checks at work, French
+# words built fast, the tokenizer's file) and
+# [Batches and the encoded cache](a04_batches_and_cache.ipynb) (the checks of a batch, a cache
+# of token ids on disk, BPE-dropout).
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -59,10 +62,198 @@ if importlib.util.find_spec("transformer") is None:
 #
 # The text ships with the repository in `data/multi30k/`, one gzipped file per split and
 # language: line $i$ of `train.de.gz` is the German of line $i$ of `train.en.gz`. `load_pairs`
-# reads both sides of a split, each file checked first against its SHA-256 digest. A translation
+# reads both sides of a split, each file checked first against its SHA-256 digest, so that a
+# damaged copy fails with the file's name instead of training on other text. A translation
 # direction is a *pair*, `de-en` or `fr-en`: the book always translates into English, so both
-# pairs share their references and every reader can judge the output. The sizes of the table
-# above, and the first training pair of each direction:
+# pairs share their references and every reader can judge the output.
+#
+# The two cells below are plumbing, hidden in the book: `transformer.paths` names the folders of
+# the data, the encoded caches and the models (the repository, or `$TRANSFORMER_HOME`), and
+# `transformer.multi30k` reads a split with its checks. The sizes of the table above, and the
+# first training pair of each direction:
+
+# %% tags=["hide-input"]
+#| export paths
+"""Where the book's data, encoded caches and models are: in the clone of its
+repository that holds the package, or under $TRANSFORMER_HOME."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+HOME_VARIABLE = "TRANSFORMER_HOME"
+
+
+def _repository_root() -> Path:
+    # The package is <root>/transformer. In it this file has a __file__; in its
+    # notebook (which may run anywhere, e.g. Colab's /content) the installed
+    # package says.
+    here = (
+        globals().get("__file__")
+        or importlib.util.find_spec("transformer").origin
+    )
+    return Path(here).resolve().parent.parent
+
+
+def home() -> Path:
+    """The folder that holds data/multi30k, cache and checkpoints:
+    $TRANSFORMER_HOME if it is set, else the repository."""
+    value = os.environ.get(HOME_VARIABLE)
+    return Path(value).expanduser().absolute() if value else _repository_root()
+
+
+HOME = home()
+DATA_DIR = HOME / "data" / "multi30k"  # the Multi30k files and SHA256SUMS
+CACHE_DIR = HOME / "cache"  # the encoded splits that `prepare` writes
+CHECKPOINTS_DIR = HOME / "checkpoints"  # the shipped models, one per pair
+
+# %% tags=["hide-input"]
+#| export multi30k
+"""The text of Multi30k in data/multi30k: each file checked against its SHA-256
+digest before it is read."""
+
+import gzip
+import hashlib
+import string
+import zlib
+from pathlib import Path
+
+from transformer.paths import DATA_DIR
+
+PAIRS = {"de-en": ("de", "en"), "fr-en": ("fr", "en")}
+SPLITS = ("train", "val", "test_2016_flickr")
+
+
+class DataError(Exception):
+    """A data file is missing, corrupt or inconsistent, or a split or pair is
+    unknown."""
+
+
+def check_split(split: str, signature: str) -> None:
+    """A clear error for a split the book does not have; `signature`, the
+    caller's, is shown when `split` looks like a pair or a language (raw text
+    loaders take the split first, `load_encoded` the pair)."""
+    if split not in SPLITS:
+        swapped = split in PAIRS or any(
+            split in langs for langs in PAIRS.values()
+        )
+        hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
+        raise DataError(
+            f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
+        )
+
+
+def parse_pair(pair: str) -> tuple[str, str]:
+    """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not
+    have."""
+    if pair not in PAIRS:
+        raise DataError(
+            f"unknown language pair {pair!r}: choose one of {', '.join(PAIRS)}"
+        )
+    return PAIRS[pair]
+
+
+_MULTI30K = (
+    "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+)
+
+
+def _data_dir_advice(data_dir: Path) -> str:
+    """What to do about a data folder without SHA256SUMS: it depends on whose
+    it is."""
+    # the package's own, data/multi30k
+    if Path(data_dir).absolute() == DATA_DIR:
+        return (
+            "the package reads the data of the repository it was installed"
+            " from: install it with `pip install -e .` in a clone"
+        )
+    # A folder the user named (--data-dir): reinstalling would not help.
+    if Path(data_dir).is_dir():
+        return f"{data_dir} is not a copy of {_MULTI30K}"
+    return f"there is no folder {data_dir}: name a copy of {_MULTI30K}"
+
+
+def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
+    """File name -> SHA-256 from data_dir/SHA256SUMS."""
+    sums = Path(data_dir) / "SHA256SUMS"
+    if not sums.is_file():
+        raise DataError(
+            f"missing checksum file {sums} ({_data_dir_advice(data_dir)})"
+        )
+    try:
+        text = sums.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"corrupt checksum file {sums}: not UTF-8 text ({err})"
+        ) from err
+    checksums = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        # `sha256sum` writes "digest  name", or "digest *name" in binary mode
+        fields = line.split(maxsplit=1)
+        digest = fields[0].lower()
+        if (
+            len(fields) != 2
+            or len(digest) != 64
+            or set(digest) - set(string.hexdigits)
+        ):
+            raise DataError(f"{sums}:{number}: malformed line {line!r}")
+        checksums[fields[1].strip().removeprefix("*")] = digest
+    return checksums
+
+
+def read_lines(path: Path, sha256: str) -> list[str]:
+    """The lines of a gzipped UTF-8 file, after checking its SHA-256."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"missing data file {path}")
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != sha256:
+        raise DataError(
+            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…,"
+            f" expected {sha256[:12]}… (restore it with `git checkout --"
+            f" {path}`)"
+        )
+    try:
+        text = gzip.decompress(raw).decode("utf-8")
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read data file {path}: {err}") from err
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def load_split(
+    split: str, language: str, data_dir: Path = DATA_DIR
+) -> list[str]:
+    """The sentences of one split in one language, one per line of the file."""
+    check_split(split, "load_split(split, language)")
+    name = f"{split}.{language}.gz"
+    checksums = expected_checksums(data_dir)
+    if name not in checksums:
+        raise DataError(
+            f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}"
+        )
+    return read_lines(Path(data_dir) / name, checksums[name])
+
+
+def load_pairs(
+    split: str, pair: str, data_dir: Path = DATA_DIR
+) -> list[tuple[str, str]]:
+    """(source, target) sentence pairs of a split, e.g. load_pairs("val",
+    "de-en")."""
+    check_split(split, "load_pairs(split, pair)")
+    src_lang, tgt_lang = parse_pair(pair)
+    src = load_split(split, src_lang, data_dir)
+    tgt = load_split(split, tgt_lang, data_dir)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"{split}.{src_lang}.gz has {len(src)} lines but"
+            f" {split}.{tgt_lang}.gz has {len(tgt)}"
+        )
+    return list(zip(src, tgt, strict=True))
+
 
 # %%
 from transformer.multi30k import PAIRS, SPLITS, load_pairs, load_split
@@ -93,14 +284,17 @@ for pair in PAIRS:
 # space gets the prefix ▁ (U+2581), as in SentencePiece {cite:p}`kudo2018sentencepiece`, so that
 # gluing the words together and turning each ▁ into a space gives the normalised sentence back.
 # A ▁ in the input is read as an unknown character. spaCy is imported only when text is cut:
-# training reads token ids and needs none.
+# training reads token ids and needs none. `pretokenize` asks `splitter(language)` for the spaCy
+# tokenizer, `spacy_tokenizer` unless told otherwise; the appendix
+# [Text and the tokenizer](a03_text_and_tokenizer.ipynb) passes a faster build of the same
+# French rules, whose words are the same.
 
 # %%
 #| export tokenizer
 """Text to token ids and back: normalisation, spaCy's words, a joint BPE."""
 
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache, lru_cache
 
 MARK = "\u2581"  # ▁: this word starts the sentence or follows a space
@@ -112,7 +306,8 @@ def normalize(text: str) -> str:
 
 
 @cache
-def _spacy_tokenizer(language: str):
+def spacy_tokenizer(language: str):
+    """spaCy's rules for `language`, with no trained model."""
     try:  # imported here: training from token ids needs no spaCy
         import spacy
     except ImportError as err:
@@ -120,28 +315,26 @@ def _spacy_tokenizer(language: str):
             "tokenising text needs spaCy: pip install -e '.[data]' in the"
             " repository (training from a prepared cache does not)"
         ) from err
-    if language == "fr":  # the same rules, built fast (The data pipeline)
-        from transformer.french import french_tokenizer
-
-        return french_tokenizer()
-    return spacy.blank(language).tokenizer  # rules only, no trained model
+    return spacy.blank(language).tokenizer
 
 
 def pretokenize(
-    texts: Sequence[str], language: str
+    texts: Sequence[str], language: str, splitter: Callable | None = None
 ) -> tuple[tuple[str, ...], ...]:
-    """Normalise each text and cut it into spaCy words, marking with ▁ each
-    word that starts the sentence or follows a space."""
+    """Normalise each text and cut it into the words of `splitter(language)`
+    (default `spacy_tokenizer`), marking with ▁ each word that starts the
+    sentence or follows a space."""
     if isinstance(texts, str):
         raise TypeError("pretokenize takes texts, not one string")
-    return _pretokenize(language, tuple(texts))
+    return _pretokenize(language, tuple(texts), splitter)
 
 
 @lru_cache(maxsize=12)  # whole splits are cut more than once
-def _pretokenize(language: str, texts: tuple[str, ...]) -> tuple:
+def _pretokenize(language: str, texts: tuple, splitter) -> tuple:
+    cut = (splitter or spacy_tokenizer)(language)
     clean = [normalize(t).replace(MARK, "\ufffd") for t in texts]  # <unk>
     sentences = []
-    for doc in _spacy_tokenizer(language).pipe(clean, batch_size=1_000):
+    for doc in cut.pipe(clean, batch_size=1_000):
         words, after_space = [], True
         for token in doc:
             words.append(MARK + token.text if after_space else token.text)
@@ -178,11 +371,179 @@ print(pretokenize([messy], "de")[0], pretokenize(["l'homme"], "fr")[0])
 # stands for a character never seen in training, `<bos>` starts the decoder's input and `<eos>`
 # ends a sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`,
 # `bos_id`, `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id)
-# and the tokenizer's file (`save`, `load`) come from `Vocabulary`, built in the appendix
-# [The data pipeline](a03_data_pipeline.ipynb); the tokenizer adds the two directions. Anything
-# outside the vocabulary encodes as `<unk>` and decodes as the text `<unk>`, so encoding never
-# fails; `encode` returns the pieces of the text and nothing else, and never truncates. BPE
-# works inside a word, so `segment` computes each distinct word once.
+# and the tokenizer's file (`save`, `load`: one JSON file, which `save` writes atomically, a
+# temporary file renamed over the old one) come from `Vocabulary`, plumbing hidden below; the
+# tokenizer adds the two directions. Anything outside the vocabulary encodes as `<unk>` and
+# decodes as the text `<unk>`, so encoding never fails; `encode` returns the pieces of the text
+# and nothing else, and never truncates. BPE works inside a word, so `segment` computes each
+# distinct word once.
+
+# %% tags=["hide-input"]
+#| export atomic
+"""Atomic writes: readers of a file see its old content or its new, never
+half of each."""
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write a file so that readers see the old content or the new, never half
+    of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
+    try:
+        # mkstemp makes the file readable by its owner only; give it the mode
+        # that open() would have, so that a cache or a checkpoint can be shared
+        # like any other file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# %% tags=["hide-input"]
+#| export vocabulary
+"""A BPE vocabulary: its entries, the ids of its special tokens, and the file
+of a tokenizer."""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Self
+
+import tokenizers
+
+from transformer.atomic import atomic_write
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
+SPECIALS = (PAD, UNK, BOS, EOS)
+TOKENIZER_FORMAT = "transformer-book tokenizer 1"
+
+
+class TokenizerError(Exception):
+    """A tokenizer file is unreadable or malformed, or a vocabulary lacks the
+    special tokens."""
+
+
+class Vocabulary:
+    """The entries of a language pair's BPE vocabulary (Hugging Face's `bpe`)
+    and the ids of its special tokens; `Tokenizer` adds encoding and
+    decoding."""
+
+    def __init__(
+        self, bpe: tokenizers.Tokenizer, *, languages: tuple[str, str]
+    ) -> None:
+        self.bpe = bpe
+        self.languages = tuple(languages)
+        vocab = bpe.get_vocab()
+        missing = [t for t in SPECIALS if t not in vocab]
+        if missing:
+            raise TokenizerError(
+                f"the BPE vocabulary lacks the special tokens {missing}"
+            )
+        self._pieces = [""] * len(vocab)
+        for piece, i in vocab.items():
+            self._pieces[i] = piece
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
+            vocab[t] for t in SPECIALS
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._pieces)
+
+    @property
+    def pair(self) -> str:
+        return "-".join(self.languages)
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        return f"{name}(pair={self.pair!r}, vocab_size={self.vocab_size})"
+
+    def check_language(self, language: str | None) -> str:
+        """`language`, or the pair's source language for None; a ValueError
+        for any other language than the pair's two."""
+        if language is None:
+            return self.languages[0]
+        if language not in self.languages:
+            raise ValueError(
+                f"language {language!r} is not one of {self.languages}"
+            )
+        return language
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary entry of each id, special tokens included."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
+            raise ValueError(
+                f"token id {bad} is outside the vocabulary of"
+                f" {self.vocab_size}"
+            )
+        return [self._pieces[i] for i in ids]
+
+    def to_json(self) -> str:
+        """The tokenizer's file, as text."""
+        return json.dumps(
+            {
+                "format": TOKENIZER_FORMAT,
+                "languages": list(self.languages),
+                "normalization": (
+                    "Unicode NFC; whitespace runs to one space; stripped"
+                ),
+                "word_mark": "\u2581",  # tokenizer.MARK
+                "bpe": json.loads(self.bpe.to_str()),
+            },
+            ensure_ascii=False,
+        )
+
+    def save(self, path: Path) -> None:
+        """Write the tokenizer as one JSON file (atomically: a temporary file,
+        then a rename)."""
+        atomic_write(Path(path), self.to_json().encode("utf-8"))
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        """Read a tokenizer written by `save`, as an instance of `cls` (a
+        Tokenizer); needs no spaCy."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise TokenizerError(
+                f"cannot read tokenizer {path}: {err}"
+            ) from err
+        return cls.from_json(text, source=path)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: object = "JSON") -> Self:
+        """The tokenizer of `to_json`'s text; `source` names it in errors."""
+        try:
+            spec = json.loads(text)
+            if spec.get("format") != TOKENIZER_FORMAT:
+                raise ValueError(
+                    f"format {spec.get('format')!r}, not {TOKENIZER_FORMAT!r}"
+                )
+            bpe = tokenizers.Tokenizer.from_str(json.dumps(spec["bpe"]))
+            languages = tuple(spec["languages"])
+        # Truncated, not JSON, wrong format: one message.
+        except Exception as err:
+            raise TokenizerError(
+                f"cannot read tokenizer {source}: {err}"
+            ) from err
+        return cls(bpe, languages=languages)
+
 
 # %%
 #| export tokenizer
@@ -200,6 +561,7 @@ class Tokenizer(Vocabulary):
     """Text <-> token ids for a language pair, which shares one vocabulary."""
 
     segmentation_cache_size = 1 << 18  # distinct words remembered, ~50 MB
+    splitter = None  # for pretokenize: language -> spaCy tokenizer
 
     def __init__(
         self, bpe: tokenizers.Tokenizer, *, languages: tuple[str, str]
@@ -215,8 +577,8 @@ class Tokenizer(Vocabulary):
         self, texts: Sequence[str], language: str | None = None
     ) -> list[list[int]]:
         """Token ids of sentences in `language` (default: the source's)."""
-        words = pretokenize(texts, self.check_language(language))
-        return self.encode_words(words)
+        language = self.check_language(language)
+        return self.encode_words(pretokenize(texts, language, self.splitter))
 
     def encode_words(self, sentences: Iterable[Sequence[str]]) -> list:
         """Token ids of sentences cut into marked words by `pretokenize`."""
@@ -241,6 +603,7 @@ class Tokenizer(Vocabulary):
 
 # %% [markdown]
 # Learning the merges is one call to Hugging Face's trainer:
+
 
 # %%
 #| export tokenizer
@@ -301,8 +664,8 @@ assert ids.count(tokenizer.unk_id) == 5 and tokenizer.vocab_size == VOCAB_SIZE
 # entries serve 4.5 million sentence pairs; for Multi30k's 29,000 the book takes 8,000
 # (`VOCAB_SIZE`): small data wants small vocabularies {cite:p}`sennrich2019revisiting`, and an
 # average training word then takes little more than one piece (counted in the appendix
-# [The data pipeline](a03_data_pipeline.ipynb); the training runs that compare sizes are in
-# [The experiments behind the recipe](a12_experiments.ipynb)).
+# [Batches and the encoded cache](a04_batches_and_cache.ipynb); the training runs that compare
+# sizes are in [The experiments behind the recipe](a12_experiments.ipynb)).
 
 # %%
 for pair, tokenizer in trained.items():
@@ -331,7 +694,9 @@ for pair, tokenizer in trained.items():
 # `collate` pads every row to the longest with `pad_id`, giving `src` of shape (B, S) and
 # `tgt_in`, `tgt_out` of shape (B, T), and counts the real tokens, since the loss is averaged over
 # target tokens. Nothing is ever truncated: a truncated target would teach translations that stop
-# halfway, so `collate(..., max_len=...)` refuses a pair that does not fit the model's positions.
+# halfway, so the data pipeline refuses a pair that does not fit the model's positions (appendix
+# [Batches and the encoded cache](a04_batches_and_cache.ipynb), which checks every batch's
+# arguments before it calls `collate`).
 
 # %%
 #| export
@@ -344,8 +709,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 from torch import Tensor
-
-from transformer.batch_checks import check_fit, check_index, check_lengths
 
 
 @dataclass(frozen=True, eq=False)
@@ -382,14 +745,12 @@ def collate(
     bos_id: int,
     eos_id: int,
     index: Sequence[int] | None = None,
-    max_len: int | None = None,
 ) -> Batch:
     """Pad (source ids, target ids) pairs, given without special tokens, into a
     Batch; `index` gives each pair's line in its split (default 0 … B-1)."""
-    index = check_index(index, len(examples))
+    index = range(len(examples)) if index is None else index
     src_len = np.array([len(x) + 1 for x, _ in examples])  # + <eos>
     tgt_len = np.array([len(y) + 1 for _, y in examples])  # + <bos> or <eos>
-    check_fit(src_len, tgt_len, index, max_len)  # nothing is truncated
     B, S, T = len(examples), int(src_len.max()), int(tgt_len.max())
     src = np.full((B, S), pad_id, dtype=np.int64)
     tgt_in, tgt_out = np.full((2, B, T), pad_id, dtype=np.int64)
@@ -463,7 +824,8 @@ def token_batches(
 ) -> list[np.ndarray]:
     """The pair indices of each batch: pairs of similar length, at most
     `max_tokens` padded tokens a side (lengths with <eos>, or <bos>)."""
-    src, tgt = check_lengths(src_lengths, tgt_lengths, max_tokens)
+    src = np.asarray(src_lengths, dtype=np.int64)
+    tgt = np.asarray(tgt_lengths, dtype=np.int64)
     longest = np.maximum(src, tgt)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(src)) if shuffle else np.arange(len(src))
@@ -545,9 +907,11 @@ for name, groups in (("by length", epoch_0), ("at random", random)):
 #   decode(encode(x)) = normalize(x) holds on every sentence.
 # - `collate` adds `<bos>`, `<eos>` and padding, and `token_batches` groups pairs of similar
 #   length into batches of at most 8,000 padded tokens a side.
-# - The appendix [The data pipeline](a03_data_pipeline.ipynb) checks the files, caches every split
-#   as token ids so that training needs no spaCy, serves an epoch's batches (`iterate_batches`)
-#   and adds BPE-dropout, an option.
+# - The appendix [Text and the tokenizer](a03_text_and_tokenizer.ipynb) builds the French
+#   words fast and reads the tokenizer's file as the package does; [Batches and the encoded
+#   cache](a04_batches_and_cache.ipynb) checks every batch's arguments, caches every split as
+#   token ids so that training needs no spaCy, serves an epoch's batches (`iterate_batches`) and
+#   adds BPE-dropout, an option.
 #
 # ## Exercises
 #

@@ -1,5 +1,5 @@
 """The encoded cache, batching and BPE-dropout: transformer.cache, encoded, batches,
-bpe_dropout and data.
+batch_checks, bpe_dropout and data.
 
 The loader's own tests (checksums, missing files) are in test_data_files.py, the tokenizer's
 in test_tokenizer.py.
@@ -24,9 +24,11 @@ import numpy as np
 import pytest
 import torch
 
+import transformer.batches as chapter_batches
 import transformer.cache as cache_module
 import transformer.multi30k as multi30k_module
-from transformer.batches import Batch, collate, token_batches
+from transformer.batch_checks import collate, token_batches
+from transformer.batches import Batch
 from transformer.bpe_dropout import BPEDropout
 from transformer.cache import cache_problems, load_encoded, prepare, train_tokenizer
 from transformer.data import iterate_batches
@@ -276,6 +278,24 @@ def test_collate_shifts_the_target_and_pads():
         collate([], pad_id=0, bos_id=2, eos_id=3)
     with pytest.raises(ValueError, match="one entry for each of the 2 pairs"):
         collate([([5], [6]), ([7], [8])], pad_id=0, bos_id=2, eos_id=3, index=[9])
+
+
+def test_the_checked_batching_is_the_chapters_on_good_input():
+    """transformer.batch_checks only checks: on arguments that make batches, its collate and
+    token_batches give exactly what the chapter's give."""
+    src, tgt = lengths()
+    for options in ({}, {"seed": 3, "epoch": 5}, {"shuffle": False}):
+        checked = token_batches(src, tgt, max_tokens=2_000, **options)
+        plain = chapter_batches.token_batches(src, tgt, max_tokens=2_000, **options)
+        assert [g.tolist() for g in checked] == [g.tolist() for g in plain]
+    pairs = [([11, 12, 13], [21, 22]), ([14], [23, 24, 25, 26]), ([], [])]
+    ids = dict(pad_id=0, bos_id=2, eos_id=3)
+    for index in (None, [7, 3, 9]):
+        checked = collate(pairs, **ids, index=index, max_len=6)
+        plain = chapter_batches.collate(pairs, **ids, index=index)
+        for name in ("src", "tgt_in", "tgt_out", "index"):
+            assert torch.equal(getattr(checked, name), getattr(plain, name)), name
+        assert checked.n_tgt_tokens == plain.n_tgt_tokens == 9
 
 
 def test_iterate_batches_covers_the_split_within_budget():
@@ -736,13 +756,15 @@ def test_a_missing_checksum_file_gives_advice_that_fits_whose_folder_it_is(
 def test_transformer_data_offers_the_pipelines_names_from_their_modules():
     """Training and the command line import these names from transformer.data: they are the
     very objects of the modules that define them."""
+    import transformer.batch_checks as batch_checks
     import transformer.batches as batches
     import transformer.bpe_dropout as bpe_dropout
     import transformer.data as data
     import transformer.encoded as encoded
 
     homes = {
-        batches: ["MAX_TOKENS", "Batch", "collate", "token_batches"],
+        batches: ["MAX_TOKENS", "Batch"],
+        batch_checks: ["collate", "token_batches"],
         bpe_dropout: ["BPEDropout"],
         cache_module: ["CACHE_DIR", "cache_problems", "load_encoded", "prepare"],
         encoded: ["EncodedSplit"],

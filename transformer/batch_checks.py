@@ -1,11 +1,17 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
-"""The checks of collate's and token_batches' arguments: one clear ValueError
-for a batch that cannot be made."""
+# Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
+"""The chapter's collate and token_batches with their arguments checked first:
+one clear ValueError for a batch that cannot be made."""
 
 # %% auto #0
-__all__ = ["check_index", "check_fit", "check_lengths"]
+__all__ = [
+    "check_index",
+    "check_fit",
+    "check_lengths",
+    "collate",
+    "token_batches",
+]
 
-# %% ../chapters/a03_data_pipeline.ipynb #af3286a9
+# %% ../chapters/a04_batches_and_cache.ipynb #1e03c580
 
 from collections.abc import Sequence
 
@@ -67,3 +73,43 @@ def check_lengths(
             f"max_tokens={max_tokens}: no batch can hold it"
         )
     return src, tgt
+
+
+# %% ../chapters/a04_batches_and_cache.ipynb #42765a60
+import transformer.batches as chapter
+from transformer.batches import MAX_TOKENS, Batch
+
+
+def collate(
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+    index: Sequence[int] | None = None,
+    max_len: int | None = None,
+) -> Batch:
+    """The chapter's `collate`, its arguments checked first; a pair whose
+    source with <eos>, or target with <bos>, is longer than `max_len` is
+    refused, never truncated."""
+    index = check_index(index, len(examples))
+    src_len = np.array([len(x) + 1 for x, _ in examples])  # + <eos>
+    tgt_len = np.array([len(y) + 1 for _, y in examples])  # + <bos> or <eos>
+    check_fit(src_len, tgt_len, index, max_len)
+    ids = dict(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+    return chapter.collate(examples, **ids, index=index)
+
+
+def token_batches(
+    src_lengths: Sequence[int],
+    tgt_lengths: Sequence[int],
+    *,
+    max_tokens: int = MAX_TOKENS,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+) -> list[np.ndarray]:
+    """The chapter's `token_batches`, its arguments checked first."""
+    src, tgt = check_lengths(src_lengths, tgt_lengths, max_tokens)
+    order = dict(seed=seed, epoch=epoch, shuffle=shuffle)
+    return chapter.token_batches(src, tgt, max_tokens=max_tokens, **order)

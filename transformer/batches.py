@@ -14,8 +14,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transformer.batch_checks import check_fit, check_index, check_lengths
-
 
 @dataclass(frozen=True, eq=False)
 class Batch:
@@ -51,14 +49,12 @@ def collate(
     bos_id: int,
     eos_id: int,
     index: Sequence[int] | None = None,
-    max_len: int | None = None,
 ) -> Batch:
     """Pad (source ids, target ids) pairs, given without special tokens, into a
     Batch; `index` gives each pair's line in its split (default 0 … B-1)."""
-    index = check_index(index, len(examples))
+    index = range(len(examples)) if index is None else index
     src_len = np.array([len(x) + 1 for x, _ in examples])  # + <eos>
     tgt_len = np.array([len(y) + 1 for _, y in examples])  # + <bos> or <eos>
-    check_fit(src_len, tgt_len, index, max_len)  # nothing is truncated
     B, S, T = len(examples), int(src_len.max()), int(tgt_len.max())
     src = np.full((B, S), pad_id, dtype=np.int64)
     tgt_in, tgt_out = np.full((2, B, T), pad_id, dtype=np.int64)
@@ -87,7 +83,8 @@ def token_batches(
 ) -> list[np.ndarray]:
     """The pair indices of each batch: pairs of similar length, at most
     `max_tokens` padded tokens a side (lengths with <eos>, or <bos>)."""
-    src, tgt = check_lengths(src_lengths, tgt_lengths, max_tokens)
+    src = np.asarray(src_lengths, dtype=np.int64)
+    tgt = np.asarray(tgt_lengths, dtype=np.int64)
     longest = np.maximum(src, tgt)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(src)) if shuffle else np.arange(len(src))

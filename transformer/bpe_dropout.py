@@ -1,11 +1,11 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
 """BPE-dropout (Provilkov et al., 2020): the training words spelt afresh each
 epoch."""
 
 # %% auto #0
 __all__ = ["BPEDropout"]
 
-# %% ../chapters/a03_data_pipeline.ipynb #2fe0ff54
+# %% ../chapters/a04_batches_and_cache.ipynb #a4027891
 
 import json
 from collections.abc import Sequence

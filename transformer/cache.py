@@ -1,4 +1,4 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
 """The encoded cache: every split of a pair as token ids on disk, written by
 `prepare` and read by `load_encoded` without spaCy."""
 
@@ -11,7 +11,7 @@ __all__ = [
     "load_encoded",
 ]
 
-# %% ../chapters/a03_data_pipeline.ipynb #efb7c59b
+# %% ../chapters/a04_batches_and_cache.ipynb #19a986d4
 
 import hashlib
 import json
@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from transformer.encoded import EncodedSplit
+from transformer.fast_words import pretokenize, with_fast_words
 from transformer.files import atomic_write
 from transformer.multi30k import (
     SPLITS,
@@ -30,7 +31,7 @@ from transformer.multi30k import (
     parse_pair,
 )
 from transformer.paths import CACHE_DIR, DATA_DIR
-from transformer.tokenizer import VOCAB_SIZE, Tokenizer, pretokenize, train_bpe
+from transformer.tokenizer import VOCAB_SIZE, Tokenizer, train_bpe
 from transformer.vocabulary import TokenizerError
 
 CACHE_FORMAT = "transformer-book encoded multi30k 2"
@@ -49,7 +50,8 @@ def train_tokenizer(
     sentences = pretokenize([s for s, _ in pairs], src_lang) + pretokenize(
         [t for _, t in pairs], tgt_lang
     )
-    return train_bpe(sentences, vocab_size, languages=(src_lang, tgt_lang))
+    tokenizer = train_bpe(sentences, vocab_size, languages=languages)
+    return with_fast_words(tokenizer)
 
 
 def _data_files(pair: str) -> list[str]:
@@ -73,7 +75,7 @@ def cache_problems(
     )[0]
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #f1c1c683
+# %% ../chapters/a04_batches_and_cache.ipynb #95075ffc
 def _read_cache(
     pair: str,
     cache_dir: Path,
@@ -155,7 +157,7 @@ def _read_cache(
     return problems, contents
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #8ce5b56c
+# %% ../chapters/a04_batches_and_cache.ipynb #03365d04
 def _build_cache(
     pair: str, folder: Path, *, vocab_size: int, data_dir: Path
 ) -> None:
@@ -206,7 +208,7 @@ def _build_cache(
     )
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #adb60eb4
+# %% ../chapters/a04_batches_and_cache.ipynb #fd251bdd
 def prepare(
     pair: str,
     cache_dir: Path = CACHE_DIR,
@@ -234,12 +236,13 @@ def prepare(
     # Its checksum matched, but it may be a tokenizer that this version cannot
     # read.
     try:
-        return Tokenizer.from_json(
+        tokenizer = Tokenizer.from_json(
             contents["tokenizer.json"].decode("utf-8"),
             source=folder / "tokenizer.json",
         )
     except TokenizerError as err:
         raise DataError(str(err)) from err
+    return with_fast_words(tokenizer)
 
 
 def load_encoded(

@@ -1,15 +1,16 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
 """The data pipeline that training reads: the batches of an epoch over an
 encoded split, and the names of the modules it is built from."""
 
 # %% auto #0
 __all__ = ["iterate_batches"]
 
-# %% ../chapters/a03_data_pipeline.ipynb #7863b3de
+# %% ../chapters/a04_batches_and_cache.ipynb #bb493428
 
 from collections.abc import Iterator
 
-from transformer.batches import MAX_TOKENS, Batch, collate, token_batches
+from transformer.batch_checks import collate, token_batches
+from transformer.batches import MAX_TOKENS, Batch
 from transformer.bpe_dropout import BPEDropout  # noqa: F401
 from transformer.cache import (  # noqa: F401
     CACHE_DIR,

@@ -1,10 +1,10 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
 """One split of Multi30k as token ids in flat arrays (EncodedSplit)."""
 
 # %% auto #0
 __all__ = ["ARRAYS", "STARTS", "flatten", "EncodedSplit"]
 
-# %% ../chapters/a03_data_pipeline.ipynb #869dcf4f
+# %% ../chapters/a04_batches_and_cache.ipynb #37180bfe
 
 import itertools
 from collections.abc import Sequence
@@ -35,7 +35,7 @@ def flatten(
     return np.fromiter(flat, dtype=dtype, count=int(offsets[-1])), offsets
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #5ed8fdc1
+# %% ../chapters/a04_batches_and_cache.ipynb #b574b844
 @dataclass(frozen=True, eq=False)
 class EncodedSplit:
     """The token ids of one split, without special tokens, as flat arrays.

@@ -1,9 +1,9 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
-"""Atomic writes of files and folders, and the JSON Lines records of a run."""
+# Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
+"""Atomic folders and the JSON Lines records of a run; with atomic_write (the
+chapter's), every writer of the package goes through this module."""
 
 # %% auto #0
 __all__ = [
-    "atomic_write",
     "atomic_folder",
     "read_jsonl",
     "append_jsonl",
@@ -11,41 +11,18 @@ __all__ = [
     "remove_stale",
 ]
 
-# %% ../chapters/a03_data_pipeline.ipynb #0f125d18
+# %% ../chapters/a04_batches_and_cache.ipynb #f7f152ef
 
 import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half
-    of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
-    try:
-        # mkstemp makes the file readable by its owner only; give it the mode
-        # that open() would have, so that a cache or a checkpoint can be shared
-        # like any other file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+# atomic_write: for the callers of this module, as atomic_folder
+from transformer.atomic import atomic_write as atomic_write
 
 
 def _fsync(path: Path) -> None:

@@ -1,4 +1,4 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/a03_text_and_tokenizer.ipynb: edit it, not this file.
 """spaCy's French tokenizer, built in a fraction of a second: the same rules
 as `spacy.blank("fr")`, whose one slow regular expression is rewritten to
 match the same words."""
@@ -6,7 +6,7 @@ match the same words."""
 # %% auto #0
 __all__ = ["BIG_CLASS", "regroup", "SourceChanged", "french_tokenizer"]
 
-# %% ../chapters/a03_data_pipeline.ipynb #2c96427e
+# %% ../chapters/a03_text_and_tokenizer.ipynb #e5639615
 
 import ast
 import re
@@ -96,7 +96,7 @@ def _depth_after(pattern: str) -> int:
     return depths[-1] if depths else 0
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #89cbf4c1
+# %% ../chapters/a03_text_and_tokenizer.ipynb #f6b15fb8
 def _mergeable(fragment: str) -> bool:
     """Whether `fragment`, found outside all parentheses of its alternative
     (so under no quantifier), means the same as one option of
@@ -187,7 +187,7 @@ def regroup(pattern: str) -> str:
     return head + body.translate({ord(c): s for c, s in classes.items()})
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #bab49149
+# %% ../chapters/a03_text_and_tokenizer.ipynb #25fa5e14
 class SourceChanged(Exception):
     """spaCy's French files no longer have the shape this module reads."""
 
@@ -257,7 +257,7 @@ def _run_french_file(
     return namespace
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #61bc49a5
+# %% ../chapters/a03_text_and_tokenizer.ipynb #6d4f890e
 @cache
 def _french_settings() -> dict[str, Any]:
     """The keyword arguments with which `spacy.blank("fr")` makes its

@@ -1,4 +1,4 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/10_data.ipynb: edit it, not this file.
 """The text of Multi30k in data/multi30k: each file checked against its SHA-256
 digest before it is read."""
 
@@ -15,7 +15,7 @@ __all__ = [
     "load_pairs",
 ]
 
-# %% ../chapters/a03_data_pipeline.ipynb #a362b578
+# %% ../chapters/10_data.ipynb #aa55879a
 
 import gzip
 import hashlib
@@ -58,7 +58,6 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #86dd5353
 _MULTI30K = (
     "the repository's data/multi30k, which holds the data files and SHA256SUMS"
 )
@@ -109,7 +108,6 @@ def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
     return checksums
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #92c8a603
 def read_lines(path: Path, sha256: str) -> list[str]:
     """The lines of a gzipped UTF-8 file, after checking its SHA-256."""
     path = Path(path)

@@ -1,4 +1,4 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/10_data.ipynb: edit it, not this file.
 """Where the book's data, encoded caches and models are: in the clone of its
 repository that holds the package, or under $TRANSFORMER_HOME."""
 
@@ -12,7 +12,7 @@ __all__ = [
     "home",
 ]
 
-# %% ../chapters/a03_data_pipeline.ipynb #11cf2e9c
+# %% ../chapters/10_data.ipynb #bfc03fd0
 
 import importlib.util
 import os

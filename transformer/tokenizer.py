@@ -6,6 +6,7 @@ __all__ = [
     "MARK",
     "VOCAB_SIZE",
     "normalize",
+    "spacy_tokenizer",
     "pretokenize",
     "Tokenizer",
     "train_bpe",
@@ -14,7 +15,7 @@ __all__ = [
 # %% ../chapters/10_data.ipynb #a6014f71
 
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache, lru_cache
 
 MARK = "\u2581"  # ▁: this word starts the sentence or follows a space
@@ -26,7 +27,8 @@ def normalize(text: str) -> str:
 
 
 @cache
-def _spacy_tokenizer(language: str):
+def spacy_tokenizer(language: str):
+    """spaCy's rules for `language`, with no trained model."""
     try:  # imported here: training from token ids needs no spaCy
         import spacy
     except ImportError as err:
@@ -34,28 +36,26 @@ def _spacy_tokenizer(language: str):
             "tokenising text needs spaCy: pip install -e '.[data]' in the"
             " repository (training from a prepared cache does not)"
         ) from err
-    if language == "fr":  # the same rules, built fast (The data pipeline)
-        from transformer.french import french_tokenizer
-
-        return french_tokenizer()
-    return spacy.blank(language).tokenizer  # rules only, no trained model
+    return spacy.blank(language).tokenizer
 
 
 def pretokenize(
-    texts: Sequence[str], language: str
+    texts: Sequence[str], language: str, splitter: Callable | None = None
 ) -> tuple[tuple[str, ...], ...]:
-    """Normalise each text and cut it into spaCy words, marking with ▁ each
-    word that starts the sentence or follows a space."""
+    """Normalise each text and cut it into the words of `splitter(language)`
+    (default `spacy_tokenizer`), marking with ▁ each word that starts the
+    sentence or follows a space."""
     if isinstance(texts, str):
         raise TypeError("pretokenize takes texts, not one string")
-    return _pretokenize(language, tuple(texts))
+    return _pretokenize(language, tuple(texts), splitter)
 
 
 @lru_cache(maxsize=12)  # whole splits are cut more than once
-def _pretokenize(language: str, texts: tuple[str, ...]) -> tuple:
+def _pretokenize(language: str, texts: tuple, splitter) -> tuple:
+    cut = (splitter or spacy_tokenizer)(language)
     clean = [normalize(t).replace(MARK, "\ufffd") for t in texts]  # <unk>
     sentences = []
-    for doc in _spacy_tokenizer(language).pipe(clean, batch_size=1_000):
+    for doc in cut.pipe(clean, batch_size=1_000):
         words, after_space = [], True
         for token in doc:
             words.append(MARK + token.text if after_space else token.text)
@@ -64,7 +64,7 @@ def _pretokenize(language: str, texts: tuple[str, ...]) -> tuple:
     return tuple(sentences)
 
 
-# %% ../chapters/10_data.ipynb #f64511f0
+# %% ../chapters/10_data.ipynb #aa7c3ed0
 import tokenizers
 
 from transformer.vocabulary import BOS, EOS, PAD, SPECIALS, UNK, Vocabulary
@@ -79,6 +79,7 @@ class Tokenizer(Vocabulary):
     """Text <-> token ids for a language pair, which shares one vocabulary."""
 
     segmentation_cache_size = 1 << 18  # distinct words remembered, ~50 MB
+    splitter = None  # for pretokenize: language -> spaCy tokenizer
 
     def __init__(
         self, bpe: tokenizers.Tokenizer, *, languages: tuple[str, str]
@@ -94,8 +95,8 @@ class Tokenizer(Vocabulary):
         self, texts: Sequence[str], language: str | None = None
     ) -> list[list[int]]:
         """Token ids of sentences in `language` (default: the source's)."""
-        words = pretokenize(texts, self.check_language(language))
-        return self.encode_words(words)
+        language = self.check_language(language)
+        return self.encode_words(pretokenize(texts, language, self.splitter))
 
     def encode_words(self, sentences: Iterable[Sequence[str]]) -> list:
         """Token ids of sentences cut into marked words by `pretokenize`."""

@@ -1,4 +1,4 @@
-# Generated from chapters/a03_data_pipeline.ipynb: edit it, not this file.
+# Generated from chapters/10_data.ipynb: edit it, not this file.
 """A BPE vocabulary: its entries, the ids of its special tokens, and the file
 of a tokenizer."""
 
@@ -14,7 +14,7 @@ __all__ = [
     "Vocabulary",
 ]
 
-# %% ../chapters/a03_data_pipeline.ipynb #75f0da21
+# %% ../chapters/10_data.ipynb #d997e8f0
 
 import json
 from collections.abc import Sequence
@@ -23,7 +23,7 @@ from typing import Self
 
 import tokenizers
 
-from transformer.files import atomic_write
+from transformer.atomic import atomic_write
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIALS = (PAD, UNK, BOS, EOS)
@@ -35,7 +35,6 @@ class TokenizerError(Exception):
     special tokens."""
 
 
-# %% ../chapters/a03_data_pipeline.ipynb #79c45731
 class Vocabulary:
     """The entries of a language pair's BPE vocabulary (Hugging Face's `bpe`)
     and the ids of its special tokens; `Tokenizer` adds encoding and
