@@ -660,6 +660,8 @@ config.warmup, config.model_overrides
 # first, and the sentences are decoded in batches of similar lengths, the fast way through many
 # sentences. From a terminal, each line is translated as soon as it is entered, with the model
 # loaded once, until Ctrl-D ends the input: the command becomes a small interactive translator.
+# `--prefix TEXT` makes every translation start with `TEXT` and searches on from there: a way to
+# ask what the model would say after words of your choosing.
 
 # %%
 #| export cli.translate
@@ -677,6 +679,7 @@ from pathlib import Path
 from transformer.cli.base import (
     PROG,
     Parser,
+    UsageError,
     add_model_options,
     check_model_options,
     check_positions,
@@ -755,6 +758,9 @@ def load_translator(
 
         from transformer.cli.ctranslate2 import load_ctranslate2
 
+        if args.prefix:
+            raise UsageError("--prefix needs the package's engine")
+
         engine = load_ctranslate2(args, threads=torch.get_num_threads())
         check_positions(options, engine.max_len)
         return functools.partial(engine.translate, options=options)
@@ -763,7 +769,9 @@ def load_translator(
     model, tokenizer = load_for_command(
         args.pair, args.checkpoint, device, options
     )
-    return functools.partial(translate, model, tokenizer, options=options)
+    return functools.partial(
+        translate, model, tokenizer, options=options, prefix=args.prefix
+    )
 
 
 def translate_parser() -> argparse.ArgumentParser:
@@ -789,6 +797,13 @@ def translate_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model", type=Path, metavar="DIR", help="with --engine ctranslate2"
+    )
+    p.add_argument(
+        "--prefix",
+        default="",
+        metavar="TEXT",
+        help="start every translation with TEXT, in the target language, and"
+        " search on from there (a forced prefix)",
     )
     return p
 

@@ -154,6 +154,35 @@ def test_unknown_characters_do_not_crash(shipped, loaded, capsys, monkeypatch):
     assert "Traceback" not in err
 
 
+def test_a_prefix_starts_every_translation(shipped, loaded, capsys, monkeypatch):
+    """`translate --prefix TEXT`: the forced prefix of the batched search, TEXT cut into
+    target tokens as a sentence would be."""
+    model, tokenizer = loaded
+    status, out, _ = run(
+        translate_args(shipped, "--prefix", "Two cats", *GERMAN[:2]),
+        capsys,
+        monkeypatch,
+    )
+    assert status == 0
+    lines = out.splitlines()
+    assert all(line.startswith("Two cats") for line in lines)
+    assert lines == translate(model, tokenizer, GERMAN[:2], prefix="Two cats")
+    forced = tokenizer.encode("Two cats", "en")
+    src = torch.tensor([tokenizer.encode(GERMAN[0]) + [tokenizer.eos_id]])
+    special = dict(
+        bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+    )
+    [best] = batched_beam_search(model, src, prefix=torch.tensor([forced]), **special)
+    assert best.tokens[: len(forced)] == forced
+    assert lines[0] == tokenizer.decode(best.tokens)
+    status, _, err = run(
+        translate_args(shipped, "--prefix", "Two", "--engine", "ctranslate2", "x"),
+        capsys,
+        monkeypatch,
+    )
+    assert status == 2 and "--prefix needs the package's engine" in err
+
+
 def test_beam_1_is_greedy_decoding(shipped, loaded, capsys, monkeypatch):
     model, tokenizer = loaded
     sources = [tokenizer.encode(s) + [tokenizer.eos_id] for s in GERMAN]

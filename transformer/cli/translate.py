@@ -26,6 +26,7 @@ from pathlib import Path
 from transformer.cli.base import (
     PROG,
     Parser,
+    UsageError,
     add_model_options,
     check_model_options,
     check_positions,
@@ -102,6 +103,9 @@ def load_translator(
 
         from transformer.cli.ctranslate2 import load_ctranslate2
 
+        if args.prefix:
+            raise UsageError("--prefix needs the package's engine")
+
         engine = load_ctranslate2(args, threads=torch.get_num_threads())
         check_positions(options, engine.max_len)
         return functools.partial(engine.translate, options=options)
@@ -110,7 +114,9 @@ def load_translator(
     model, tokenizer = load_for_command(
         args.pair, args.checkpoint, device, options
     )
-    return functools.partial(translate, model, tokenizer, options=options)
+    return functools.partial(
+        translate, model, tokenizer, options=options, prefix=args.prefix
+    )
 
 
 def translate_parser() -> argparse.ArgumentParser:
@@ -136,6 +142,13 @@ def translate_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model", type=Path, metavar="DIR", help="with --engine ctranslate2"
+    )
+    p.add_argument(
+        "--prefix",
+        default="",
+        metavar="TEXT",
+        help="start every translation with TEXT, in the target language, and"
+        " search on from there (a forced prefix)",
     )
     return p
 
