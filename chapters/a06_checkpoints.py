@@ -103,6 +103,7 @@ from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
 from transformer.distributed import unwrap
+from transformer.fast_words import load_tokenizer
 from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -1010,7 +1011,7 @@ def load_model(
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"{folder}: no tokenizer.json")
     try:
-        tokenizer = Tokenizer.load(folder / "tokenizer.json")
+        tokenizer = load_tokenizer(folder / "tokenizer.json")
     except TokenizerError as err:
         raise CheckpointError(str(err)) from err
     if tokenizer.vocab_size != model_config.src_vocab_size:

@@ -7,6 +7,9 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import tokenizers
@@ -223,6 +226,29 @@ def test_the_packages_words_are_the_chapters(trained, tmp_path):
 def test_a_prepared_cache_gives_the_packages_words(tmp_path):
     tokenizer = prepare("fr-en", tmp_path, vocab_size=300)
     assert tokenizer.splitter is fast_words.spacy_tokenizer
+
+
+@needs_spacy
+def test_a_shipped_model_translates_french_without_spacys_slow_build():
+    """The command line and `translate` read a model's tokenizer with load_model, which plugs
+    in the fast French build: spaCy's French package, whose import takes seconds, is never
+    imported."""
+    code = (
+        "import sys; from transformer.translation import load_pair_model;"
+        " model, tokenizer = load_pair_model('fr-en');"
+        " print(tokenizer.encode_batch(['Un chien court.'], 'fr'));"
+        " print('spacy.lang.fr' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "False"
 
 
 # Saving and loading ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from transformer.checkpoint import CheckpointError
 from transformer.decode import EXTRA_LENGTH, Hypothesis
 from transformer.decode_options import DecodeOptions, decode_options
 from transformer.embedding import sinusoidal_encoding
+from transformer.fast_words import load_tokenizer
 from transformer.files import atomic_folder, atomic_write
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
@@ -244,7 +245,7 @@ class CTranslate2Model:
                 f"{record_path}: no max_len ({err})"
             ) from err
         self.folder = folder
-        self.tokenizer = Tokenizer.load(folder / "tokenizer.json")
+        self.tokenizer = load_tokenizer(folder / "tokenizer.json")
         self.translator = ctranslate2.Translator(
             str(folder),
             device=device,
