@@ -78,10 +78,10 @@ if importlib.util.find_spec("transformer") is None:
 # and where a chart has selectors, use them. In the built book they draw without a network
 # connection, because the book serves the Vega libraries itself. The chapters call
 # `use_book_renderer()` once so that each chart is stored in the notebook as HTML, which both the
-# book and Colab can show. The masks and attention weights of Part I are drawn by one function,
-# `heatmap`, with the row and column tokens on the axes.
+# book and Colab can show, in the book's theme (its code is in the hidden cell below). The masks
+# and attention weights of Part I are drawn by one function, `heatmap`.
 
-# %%
+# %% tags=["hide-input"]
 #| export
 """Altair figures shared by the chapters (never imported by training or
 translation)."""
@@ -111,6 +111,11 @@ def use_book_renderer() -> None:
     alt.data_transformers.disable_max_rows()
 
 
+# %% [markdown]
+# `heatmap` draws a matrix with its row and column tokens on the axes:
+
+# %%
+#| export
 def heatmap(
     matrix: torch.Tensor,
     *,

@@ -44,8 +44,6 @@ if importlib.util.find_spec("transformer") is None:
 #| default_exp encoder
 
 # %%
-import copy
-
 import torch
 from torch import nn
 
@@ -166,8 +164,9 @@ assert torch.allclose(weights.sum(-1), torch.ones(3, n_heads, S))
 # The encoder is `n_layers` such layers, each with its own weights; the last one's output is the
 # *memory* that the decoder attends to. The layers are built explicitly,
 # `nn.ModuleList(EncoderLayer(...) for _ in range(n_layers))`, which reads as the paper's "stack
-# of $N$ identical layers": identical in shape, not in values. Deep copies of one prototype (the
-# Annotated Transformer's `clones`) would all start from the same random values.
+# of $N$ identical layers": identical in shape, not in values, since each layer draws its own
+# initial weights. (The Annotated Transformer deep-copies one prototype layer instead, and its
+# `make_model` then draws every matrix again, so that its layers start apart too.)
 #
 # A post-norm stack ends normalised, so its `final_norm` is the identity; a pre-norm stack needs
 # one more LayerNorm at the end {cite:p}`xiong2020layer`.
@@ -220,17 +219,12 @@ class Encoder(nn.Module):
         return self.final_norm(x), all_weights
 
 
-# %% [markdown]
-# Deep copies start equal; the explicit stack's layers do not:
-
 # %%
 from transformer.encoder import Encoder
 
-copies = [copy.deepcopy(layer) for _ in range(3)]
 encoder = Encoder(3, d_model, n_heads, d_ff).eval()
-for name, layers in [("deep copies", copies), ("the stack", encoder.layers)]:
-    w_q = [layer.self_attn.w_q.weight for layer in layers]
-    print(f"{name} start equal:", all(torch.equal(w_q[0], w) for w in w_q))
+w_q = [layer.self_attn.w_q.weight for layer in encoder.layers]
+assert not any(torch.equal(w_q[0], w) for w in w_q[1:])  # each its own start
 
 # %% [markdown]
 # ## Padding changes nothing

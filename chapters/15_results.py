@@ -270,7 +270,9 @@ for pair, t in test.items():
 # German→English scores **41.6 sacreBLEU** and 60.7 chrF, French→English **53.1 sacreBLEU** and
 # 68.9 chrF, with the signature
 # `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`. French→English is the easier
-# direction here: the two languages are closer, and its length ratio is nearly 1.
+# direction here: the two languages are closer, and its length ratio is nearly 1. The page
+# [Translate and look inside](16_translate.md) computes the same two scores in your browser,
+# from its own translations of the test set.
 #
 # ## Greedy decoding against beam search
 #
@@ -460,7 +462,8 @@ explorer(weights["decoder_self"], reads, reads, "Decoder self-attention")
 # **Encoder–decoder attention.** What to see: hover over the rows and compare the German piece a
 # row looks at with the English one it predicts. Where a head looks at the German word that the
 # next English word translates, it has learned an alignment from nothing but pairs of sentences;
-# look for it in the other heads of the upper layers too.
+# look for it in the other heads of the upper layers too. The page
+# [Translate and look inside](16_translate.md) draws every head of a sentence you type.
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 explorer(
@@ -601,54 +604,6 @@ alt.Chart(
 ).properties(width=360, height=220)
 
 # %% [markdown]
-# ## Speed
-#
-# The package's decoder is written to be read; [CTranslate2](a09_ctranslate2.ipynb), a C++
-# inference engine, runs the same weights exported with
-# `python -m transformer ctranslate2 --pair de-en ct2/de-en`, and translates
-# with them through the same command, `translate --engine ctranslate2 --model ct2/de-en`.
-# `python -m experiments.decode_bench` times both on one machine with the same two threads,
-# decoding already tokenised test sentences 32 at a time, or one at a time as a user translating
-# a sentence would; it also times 8-bit integer weights in each engine. The table and chart read
-# its stored results ("same": how many translations are identical to the package's).
-
-# %% tags=["hide-input"]
-from transformer.data import DATA_DIR
-
-benchmarks = DATA_DIR.parents[1] / "experiments/benchmarks"
-bench = json.loads((benchmarks / "decode-cpu.json").read_text())
-speed = pd.DataFrame(bench["rows"]).rename(
-    columns={"batch_size": "batch", "sentences_per_s": "sentences/s",
-             "ratio": "× CT2", "same_as_package": "same", "bleu": "BLEU"}
-)  # fmt: skip
-print(
-    f"{bench['machine']}, {bench['threads']} threads, torch {bench['torch']}"
-)
-speed.set_index(["decoding", "batch", "engine"])[
-    ["sentences/s", "× CT2", "same", "BLEU"]
-].round({"sentences/s": 1, "× CT2": 2, "BLEU": 2})
-
-# %% [markdown]
-# What to see: with 32 sentences at a time, the package decodes at a little under half the
-# engine's speed, greedily or with beam 4; one sentence at a time, at about a quarter. Greedy
-# translations are identical in both engines. The engine multiplies matrices with a library that
-# is faster on this CPU, and it runs each decoding step as fused C++ kernels, where the package
-# calls many small PyTorch operations from Python: with one sentence the operations are too
-# small to keep the cores busy and that overhead dominates. Int8 weights speed up both engines
-# and change a few translations (the BLEU column). The appendix
-# [Derivations and counts](a11_counts.ipynb) profiles a decoding step.
-
-# %% tags=["hide-input"]
-alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(
-    x=alt.X("× CT2:Q", title="× CTranslate2 float32"),
-    y=alt.Y("engine:N", title=None),
-    color=alt.Color("engine:N", legend=None),
-    row=alt.Row("decoding:N", title=None),
-    column=alt.Column("batch:O", title="sentences per batch"),
-    tooltip=["engine", "decoding", "batch", "sentences/s", "× CT2", "BLEU"],
-).properties(width=200, height=90, title="Decoding speed on the CPU")
-
-# %% [markdown]
 # ## Summary
 #
 # - On `test_2016_flickr`, with the paper's beam 4 and $\alpha = 0.6$, the shipped models score
@@ -656,9 +611,6 @@ alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(
 # - Beam search beats greedy decoding by 0.7 and 0.25 points, the first beyond chance.
 # - The errors keep the sentence's frame and lose details; long sentences, rare in training,
 #   score lowest, and German→English shortens them.
-# - The package's decoder runs at a little under half the speed of CTranslate2, a C++ engine, on
-#   the same weights and 32 sentences at a time; the exported model gives the same greedy
-#   translations.
 # - The attention heads are readable one sentence at a time: a causal diagonal in the decoder,
 #   alignments between the languages in the encoder–decoder attention.
 

@@ -32,6 +32,7 @@ def use_book_renderer() -> None:
     alt.data_transformers.disable_max_rows()
 
 
+# %% ../chapters/00_conventions.ipynb #efdce984
 def heatmap(
     matrix: torch.Tensor,
     *,
