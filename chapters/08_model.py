@@ -341,15 +341,11 @@ def attention_weights(
 # presets with the paper's vocabulary of about 37,000 tokens have 63.1 and 214.2 million
 # parameters against Table 3's 65 and 213 million. The base model's gap is in the embedding table:
 # Table 3's rows fit our layers with a vocabulary of about 41,000 tokens rather than 37,000, as the
-# appendix [Derivations and counts](a11_counts.ipynb) derives. With the
-# 8,000-token vocabulary of this book's data chapter, the base model has 48.2 million: the same
-# layers, a smaller embedding table.
+# appendix [Derivations and counts](a11_counts.ipynb) derives.
 
 # %%
 from transformer.model import Transformer
-from transformer.tokenizer import VOCAB_SIZE
 
-presets[f"base, V = {VOCAB_SIZE:,}"] = TransformerConfig.base(VOCAB_SIZE)
 with torch.device("meta"):  # shapes only: nothing is allocated
     sizes = {
         name: sum(p.numel() for p in Transformer(config).parameters())

@@ -143,7 +143,7 @@ def forbid_specials(log_probs: Tensor, *, bos_id, eos_id, pad_id) -> Tensor:
     return log_probs
 
 
-def hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
+def hypothesis(row, log_prob, score, *, eos_id, pad_id, **_) -> Hypothesis:
     """The output of one row after BOS: its tokens before EOS or padding."""
     tokens = row.tolist()
     ended = eos_id in tokens
@@ -153,11 +153,10 @@ def hypothesis(row, log_prob, score, *, eos_id, pad_id) -> Hypothesis:
     return Hypothesis(tokens, log_prob, score, ended)
 
 
-def output_limit(model: Transformer, src: Tensor, max_len=None) -> int:
+def output_limit(model: Transformer, src: Tensor) -> int:
     """The most tokens one sentence src (S,) may output, EOS included: its
-    length + 50, or max_len, within the model's positions."""
-    limit = src.numel() + EXTRA_LENGTH if max_len is None else max_len
-    return min(limit, model.config.max_len)
+    length + 50, within the model's positions."""
+    return min(src.numel() + EXTRA_LENGTH, model.config.max_len)
 
 
 # %% [markdown]
@@ -183,7 +182,6 @@ def greedy_decode(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len: int | None = None,
     use_cache: bool = True,
 ) -> Hypothesis:
     """The most probable next token at each step, for one sentence: src (S,)
@@ -196,7 +194,7 @@ def greedy_decode(
         memory = model.encode(src, src_mask)  # (1, S, d_model)
         cache = DecoderCache.empty(len(model.decoder.layers))
         ys, log_prob = torch.tensor([[bos_id]], device=src.device), 0.0
-        for _ in range(output_limit(model, src[0], max_len)):
+        for _ in range(output_limit(model, src[0])):
             if use_cache:  # the newest token; the cache holds the others
                 step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
             else:  # the whole output so far, under the causal mask
@@ -445,28 +443,24 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len: int | None = None,
-    on_step: Callable[[Tensor, Tensor, Tensor], None] | None = None,
+    on_step: Callable[[Tensor, Tensor, Tensor], None] = lambda *step: None,
 ) -> Hypothesis:
-    """The K best partial outputs by log p / lp, for one sentence src (S,)
-    ending with EOS, until no open one can beat the best ended one. on_step,
-    if given, sees each step's parents, tokens and ended flags, (K,) each."""
-    K, specials = beam_size, dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    limit = output_limit(model, src, max_len)
+    """The K best outputs by log p / lp for one sentence src (S,) ending with
+    EOS; on_step sees each step's parents, tokens and ended flags (K,)."""
+    K, ids = beam_size, dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    limit = output_limit(model, src)
+    lp_limit = length_penalty(torch.tensor(limit), alpha)
     with torch.inference_mode():
-        src = src[None]  # (1, S)
-        src_mask = padding_mask(src, pad_id)  # (1, 1, 1, S)
-        memory = model.encode(src, src_mask).expand(K, -1, -1)  # (K, S, d)
+        src_mask = padding_mask(src[None], pad_id)  # (1, 1, 1, S)
+        memory = model.encode(src[None], src_mask).expand(K, -1, -1)
         cache = DecoderCache.empty(len(model.decoder.layers))
-        ys = torch.full((K, 1), bos_id, device=src.device)  # (K, t + 1)
-        log_p = torch.full((K,), -torch.inf, device=src.device)
-        log_p[0] = 0.0  # one open beam at first
-        ended = torch.zeros(K, dtype=torch.bool, device=src.device)
-        length = torch.zeros(K, dtype=torch.long, device=src.device)
+        ys = src.new_full((K, 1), bos_id)  # each beam's row: BOS, its tokens
+        log_p = memory.new_tensor([0.0] + [-torch.inf] * (K - 1))  # one open
+        ended, length = src.new_zeros(K, dtype=torch.bool), src.new_zeros(K)
         best = Hypothesis([], -torch.inf, -torch.inf, ended=False)
         for t in range(limit):
             step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
-            step = forbid_specials(step, **specials)  # (K, V)
+            step = forbid_specials(step, **ids)  # (K, V)
             step[ended] = -torch.inf
             step[ended, pad_id] = 0.0  # an ended beam stays as it is
             length = torch.where(ended, length, t + 1)  # (K,): |Y|
@@ -478,19 +472,13 @@ def beam_search(
             cache.reorder(parent, memory=False)  # each beam its parent's keys
             log_p, length = candidates[index], length[parent]
             ended = ended[parent] | (token == eos_id) | (t + 1 >= limit)
-            if on_step is not None:
-                on_step(parent, token, ended)
-            top, k = torch.where(ended, score, -torch.inf).max(dim=0)
-            if top > best.score:  # keep the best ended output aside
-                row, lp_k = ys[k, 1:], log_p[k].item()
-                best = hypothesis(
-                    row, lp_k, top.item(), eos_id=eos_id, pad_id=pad_id
-                )
-            reachable = torch.where(ended, -torch.inf, log_p).max()
-            if best.score >= reachable / length_penalty(
-                torch.tensor(limit), alpha
-            ):
-                break  # no open beam can overtake the kept output
+            on_step(parent, token, ended)
+            s, k = torch.where(ended, score, -torch.inf).max(dim=0)
+            if s > best.score:  # keep the best ended output aside
+                best = hypothesis(ys[k, 1:], float(log_p[k]), float(s), **ids)
+            reachable = torch.where(ended, -torch.inf, log_p).max() / lp_limit
+            if best.score >= reachable:  # no open beam can overtake it
+                break
     return best
 
 
