@@ -19,8 +19,9 @@
 # The previous chapters built every part of the paper's training recipe on its own: the model,
 # the token-bucketed Multi30k batches, the label-smoothed loss and Adam with its learning-rate
 # schedule. This chapter puts them together: one update, a plain loop that trains a small model
-# on a CPU, what validation measures, the recipe that trained the book's two models, and their
-# training curves. It exports `transformer.loop`. From a terminal, a whole run is
+# on a CPU, the recipe that trained the book's two models, their training curves, and how a
+# trained model is saved and loaded. It exports `transformer.loop`. From a terminal, a whole run
+# is
 #
 # ```
 # python -m transformer train --pair de-en --config multi30k --out runs/de-en
@@ -28,7 +29,7 @@
 #
 # It makes the same updates inside a `Trainer` that also validates, writes checkpoints, resumes
 # exactly after a stop and shares the work among several GPUs: the appendix
-# [Training runs](a05_training_runs.ipynb) builds it on this chapter's code.
+# [The Trainer](a07_trainer.ipynb) builds it on this chapter's code.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -52,7 +53,7 @@ if importlib.util.find_spec("transformer") is None:
 #| default_exp loop
 
 # %%
-import itertools
+import json
 import math
 
 import altair as alt
@@ -74,17 +75,23 @@ torch.set_printoptions(precision=4)
 # %%
 #| export
 """The training loop of Vaswani et al. (2017), section 5: teacher forcing, one
-update over micro-batches, and a plain loop that trains a model."""
+update over micro-batches, a plain loop that trains a model, and the loading of
+a trained one."""
 
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
+import safetensors.torch
 import torch
 from torch import Tensor, nn
 
-from transformer.data import Batch
-from transformer.distributed import ddp_processes, sync_gradients
+from transformer.batches import Batch
+from transformer.config import TransformerConfig
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
 
 
 def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
@@ -115,16 +122,14 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 #
 # The division is by the token count of the *whole* update, not of each batch: a batch of short
 # sentences holds fewer tokens than one of long sentences, and averaging per batch would give the
-# tokens of small batches more weight. Because each micro-batch's loss is scaled by $1/N$ before
+# tokens of small batches more weight. Because each micro-batch's loss is divided by $N$ before
 # its backward pass, the accumulated gradient is exactly $g$, whatever the number of
 # micro-batches; this is how one GPU stands in for the paper's batches of 25,000 tokens. Then
 # Adam takes its step and the schedule sets the next learning rate.
 #
-# `train_step` makes one such update. On a GPU the forward pass can run under bfloat16 autocast
-# (matrix products in bfloat16, the loss in float32). The step returns the summed loss, left on
-# the device: reading a GPU value waits for the GPU. Two calls serve a run of several processes
-# and do nothing in one: `ddp_processes` and `sync_gradients` (the appendix
-# [Training runs](a05_training_runs.ipynb) explains them).
+# `train_step` makes one such update, with a loss that sums over the tokens
+# (`reduction="sum"`), and returns the summed loss. The appendix
+# [The Trainer](a07_trainer.ipynb) makes the same update on several GPUs and in bfloat16.
 
 
 # %%
@@ -135,38 +140,20 @@ def train_step(
     *,
     criterion: LabelSmoothingLoss,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokens: int,
-    bf16: bool = False,
-) -> Tensor:
-    """One update with the gradient of (summed loss) / `tokens`.
-
-    `tokens` counts the real target tokens of the whole update, of every
-    process. Returns the summed loss, detached and on the model's device.
-    """
-    if criterion.reduction != "sum":  # the division by `tokens` comes below
-        raise ValueError(f"need reduction='sum', got {criterion.reduction!r}")
-    if not batches or tokens <= 0:
-        raise ValueError(f"no batches or no tokens: {len(batches)}, {tokens}")
-    scale = ddp_processes(model) / tokens  # 1 / N in one process
-    device = next(model.parameters()).device
-    optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=device)
-    for k, batch in enumerate(batches):
-        batch = batch.to(device, non_blocking=True)
-        with sync_gradients(model, k == len(batches) - 1):
-            with torch.autocast(
-                device.type, dtype=torch.bfloat16, enabled=bf16
-            ):
-                log_probs = batch_log_probs(
-                    model, batch, pad_id=criterion.pad_id
-                )
-            loss = criterion(log_probs, batch.tgt_out)  # summed over tokens
-            (loss * scale).backward()  # adds to the gradients
-        total += loss.detach()
+) -> float:
+    """One update with the gradient of (summed loss) / `tokens`, `tokens` being
+    the real target tokens of all the batches; returns the summed loss."""
+    optimizer.zero_grad()
+    total = 0.0
+    for batch in batches:
+        log_probs = batch_log_probs(model, batch, pad_id=criterion.pad_id)
+        loss = criterion(log_probs, batch.tgt_out)  # summed over tokens
+        (loss / tokens).backward()  # adds to the gradients
+        total += loss.item()
     optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
+    scheduler.step()
     return total
 
 
@@ -177,21 +164,20 @@ def train_step(
 # order:
 
 # %%
+from transformer.batches import collate
 from transformer.config import TransformerConfig
-from transformer.data import collate
 from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer
 
 ids = dict(pad_id=0, bos_id=1, eos_id=2)  # then ten symbols, 3 to 12
-tiny = TransformerConfig(
-    src_vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0
-)
+tiny = TransformerConfig.small(13, d_model=32, d_ff=64, dropout=0.0)
 g = torch.Generator().manual_seed(0)
 pairs = [(s, s) for s in torch.randint(3, 13, (8, 6), generator=g).tolist()]
 full = collate(pairs, **ids)
 parts = [collate(pairs[a:b], **ids) for a, b in [(0, 3), (3, 5), (5, 8)]]
+criterion = LabelSmoothingLoss(pad_id=0, reduction="sum")
 
 
 def gradient(batches: list) -> torch.Tensor:
@@ -199,20 +185,12 @@ def gradient(batches: list) -> torch.Tensor:
     torch.manual_seed(0)
     model = Transformer(tiny)
     optimizer, scheduler = make_optimizer(model, d_model=32, warmup=10)
-    criterion = LabelSmoothingLoss(pad_id=0, reduction="sum")
-    train_step(
-        model,
-        batches,
-        criterion=criterion,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        tokens=full.n_tgt_tokens,  # of the whole update
-    )
+    step = dict(optimizer=optimizer, scheduler=scheduler, criterion=criterion)
+    train_step(model, batches, tokens=full.n_tgt_tokens, **step)  # all of them
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
 one, three = gradient([full]), gradient(parts)
-assert torch.allclose(one, three, rtol=1e-4, atol=1e-7)
 assert (one - three).abs().max() < 1e-6
 print(f"{one.numel():,} gradient entries, the largest {one.abs().max():.2f}")
 
@@ -235,10 +213,8 @@ def validation_loss(
 ) -> float:
     """The label-smoothed loss per target token, without dropout."""
     model.eval()
-    device = next(model.parameters()).device
     total, tokens = 0.0, 0
     for batch in batches:
-        batch = batch.to(device)
         log_probs = batch_log_probs(model, batch, pad_id=criterion.pad_id)
         total += criterion(log_probs, batch.tgt_out).item()
         tokens += batch.n_tgt_tokens
@@ -260,17 +236,13 @@ def train_loop(
     validation loss every `validate_every` updates."""
     history = []
     model.train()
+    update = dict(
+        criterion=criterion, optimizer=optimizer, scheduler=scheduler
+    )
     for step, batch in enumerate(batches, start=1):
         tokens = batch.n_tgt_tokens
-        loss = train_step(
-            model,
-            [batch],
-            criterion=criterion,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            tokens=tokens,
-        )
-        record = {"step": step, "train_loss": loss.item() / tokens}
+        loss = train_step(model, [batch], tokens=tokens, **update)
+        record = {"step": step, "train_loss": loss / tokens}
         if step % validate_every == 0:
             record["val_loss"] = validation_loss(
                 model, val_batches, criterion=criterion
@@ -282,30 +254,41 @@ def train_loop(
 # %% [markdown]
 # The loop trains a tiny model (two layers of width 64) on German→English for 60 updates of at
 # most 1,500 tokens per side, about a fifth of an epoch: enough to watch it learn, not to
-# translate. The tokenizer and the encoded splits come from the data chapter's cache.
+# translate. The data chapter's pieces make the batches: the text from `load_pairs`, the
+# tokenizer that the book's German→English model was trained with, and `token_batches` and
+# `collate`.
 
 # %%
-from transformer.data import iterate_batches, load_encoded, prepare
+from transformer.batches import token_batches
 from transformer.loop import train_loop
+from transformer.multi30k import load_pairs
+from transformer.paths import CHECKPOINTS_DIR
+from transformer.tokenizer import Tokenizer
 
-tokenizer = prepare("de-en")  # builds the data chapter's cache if missing
-train_split, val_split = (load_encoded("de-en", s) for s in ("train", "val"))
+tokenizer = Tokenizer.load(CHECKPOINTS_DIR / "de-en" / "tokenizer.json")
+special = {k: getattr(tokenizer, k) for k in ("pad_id", "bos_id", "eos_id")}
+
+
+def batches_of(split: str, **options) -> list:
+    """The de-en pairs of a split, encoded, in token-bucketed batches."""
+    de, en = zip(*load_pairs(split, "de-en"), strict=True)
+    src = tokenizer.encode_batch(de, "de")
+    tgt = tokenizer.encode_batch(en, "en")
+    lengths = [len(x) + 1 for x in src], [len(y) + 1 for y in tgt]
+    groups = token_batches(*lengths, **options)
+    return [collate([(src[i], tgt[i]) for i in g], **special) for g in groups]
+
+
 torch.manual_seed(0)
 small = dict(n_layers=2, d_model=64, n_heads=4, d_ff=256)
 model = Transformer(TransformerConfig.small(tokenizer.vocab_size, **small))
 optimizer, scheduler = make_optimizer(model, d_model=64, warmup=40)
 criterion = LabelSmoothingLoss(pad_id=tokenizer.pad_id, reduction="sum")
-batches = iterate_batches(train_split, tokenizer, max_tokens=1500)  # shuffled
-val_batches = list(iterate_batches(val_split, tokenizer, shuffle=False))
-history = train_loop(
-    model,
-    itertools.islice(batches, 60),  # 60 updates
-    val_batches,
-    criterion=criterion,
-    optimizer=optimizer,
-    scheduler=scheduler,
-    validate_every=10,
-)
+batches = batches_of("train", max_tokens=1500)  # shuffled
+val_batches = batches_of("val", shuffle=False)
+update = dict(criterion=criterion, optimizer=optimizer, scheduler=scheduler)
+first_60 = batches[:60]  # about a fifth of an epoch
+history = train_loop(model, first_60, val_batches, validate_every=10, **update)
 
 # %% [markdown]
 # In the figure, the training loss starts a little above that of a uniform guess over the 8,000
@@ -334,37 +317,8 @@ first, last = history[0], history[-1]
 assert last["train_loss"] < first["train_loss"] - 2
 assert last["val_loss"] < uniform - 2
 print(f"a uniform guess over {V:,} tokens: {uniform:.2f}")
-print(
-    f"update 1: {first['train_loss']:.2f}; update {last['step']}:"
-    f" {last['train_loss']:.2f}, validation {last['val_loss']:.2f}"
-)
-
-# %% [markdown]
-# ## What validation measures
-#
-# A run validates after each epoch, with teacher forcing as in training. Besides the
-# label-smoothed loss, the quantity training minimises, it reports:
-#
-# - the **negative log-likelihood** per token without smoothing, $\overline{\mathrm{NLL}} =
-#   \frac{1}{N} \sum_i -\log p(y_i \mid y_{<i}, x)$, and the **perplexity per token**
-#   $\exp(\overline{\mathrm{NLL}})$: the effective number of subword tokens the model hesitates
-#   between at each position;
-# - the **perplexity per word**, the same total NLL divided by the number $W$ of words of the
-#   references instead of the number of tokens: subword perplexities depend on the vocabulary,
-#   a per-word one much less;
-# - the **token accuracy**, the share of target positions whose most probable token is the
-#   reference token.
-#
-# None of these is the translation quality itself, which needs the model to generate without
-# the reference prefix; the decoding and results chapters measure that with BLEU. For the quick
-# model, with the appendix's `validate`:
-
-# %% tags=["nbval-ignore-output"]
-from transformer.validation import count_words, validate
-
-words = count_words(tokenizer, val_split)
-result = validate(model, val_batches, pad_id=tokenizer.pad_id, words=words)
-print(", ".join(f"{k} {v:.3f}" for k, v in result.metrics().items()))
+print(f"update 1: {first['train_loss']:.2f}; update {last['step']}: ", end="")
+print(f"{last['train_loss']:.2f}, validation {last['val_loss']:.2f}")
 
 # %% [markdown]
 # ## Training on Multi30k
@@ -403,29 +357,36 @@ print(", ".join(f"{k} {v:.3f}" for k, v in result.metrics().items()))
 #
 # The runs behind these choices are in the appendix
 # [The experiments behind the recipe](a12_experiments.ipynb); the appendix
-# [Training runs](a05_training_runs.ipynb) writes the recipe as `multi30k_recipe`, which
-# `--config multi30k` selects.
+# [Setting up a run](a05_run_setup.ipynb) writes the recipe as `multi30k_recipe`, which
+# `--config multi30k` selects. The shipped German→English model's `config.json` holds it too:
 
 # %%
-from transformer.data import DATA_DIR
-from transformer.files import read_jsonl
 from transformer.schedule import noam_lr
-from transformer.train_config import multi30k_recipe
 
-recipe = multi30k_recipe("de-en")
+
+def read_metrics(pair: str) -> list[dict]:
+    """A shipped run's metrics.jsonl: a line per epoch, then the average's."""
+    lines = (CHECKPOINTS_DIR / pair / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+shipped = json.loads((CHECKPOINTS_DIR / "de-en" / "config.json").read_text())
+layers = dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3)
+recipe = TransformerConfig.small(V, **layers)
+assert recipe.to_dict() == shipped["model"]  # the table's model
 for name, config in [
-    ("the recipe's model", recipe.model_config(V)),
+    ("the recipe's model", recipe),
     (f"base, V = {V:,}", TransformerConfig.base(V)),
     ("base, V = 37,000", TransformerConfig.base(37_000)),
 ]:
     n = sum(p.numel() for p in Transformer(config).parameters())
     print(f"{name}: {n / 1e6:.1f}M parameters")
-shipped = DATA_DIR.parents[1] / "checkpoints"
-epoch = read_jsonl(shipped / "de-en" / "metrics.jsonl")[0]  # the first one
+epoch = read_metrics("de-en")[0]  # the first one
 n = epoch["step"]
 print(f"an epoch: {epoch['train_tokens']:,} target tokens, {n} updates")
 print(f"4,000 and 800 updates: {4000 / n:.0f} and {800 / n:.0f} epochs")
-peak = noam_lr(800, d_model=256, warmup=800, factor=recipe.lr_factor)
+warmup, factor = shipped["train"]["warmup"], shipped["train"]["lr_factor"]
+peak = noam_lr(warmup, d_model=256, warmup=warmup, factor=factor)
 paper = noam_lr(4000, d_model=512, warmup=4000)
 print(f"peak learning rate {peak:.1e}, the paper's {paper:.1e}")
 
@@ -439,7 +400,7 @@ print(f"peak learning rate {peak:.1e}, the paper's {paper:.1e}")
 rows = [
     dict(pair=pair, epoch=r["epoch"], split=split, loss=r[key])
     for pair in ("de-en", "fr-en")
-    for r in read_jsonl(shipped / pair / "metrics.jsonl")
+    for r in read_metrics(pair)
     if r["kind"] == "epoch"
     for split, key in [("training", "train_loss"), ("validation", "val_loss")]
 ]
@@ -455,21 +416,82 @@ alt.Chart(pd.DataFrame(rows).round(4)).mark_line().encode(
 # with dropout, starts higher and crosses below the validation loss after 10 to 12 epochs, from
 # when the model fits its training sentences better than unseen ones; the gap widens, but the
 # validation loss keeps falling, so dropout 0.3 keeps the model from overfitting within 35
-# epochs. The average of the last five epochs validates a little lower than the last epoch, and
-# the run's clock (`wall_time`) gives its length:
+# epochs. The average of the last five epochs validates a little lower than the last epoch.
+#
+# Besides the label-smoothed loss, the quantity training minimises, each line holds what
+# validation measures with teacher forcing:
+#
+# - the **negative log-likelihood** per token without smoothing, $\overline{\mathrm{NLL}} =
+#   \frac{1}{N} \sum_i -\log p(y_i \mid y_{<i}, x)$, and the **perplexity per token**
+#   $\exp(\overline{\mathrm{NLL}})$: the effective number of subword tokens the model hesitates
+#   between at each position;
+# - the **perplexity per word**, the same total NLL divided by the number $W$ of words of the
+#   references instead of the number of tokens: subword perplexities depend on the vocabulary,
+#   a per-word one much less;
+# - the **token accuracy**, the share of target positions whose most probable token is the
+#   reference token.
+#
+# None of these is the translation quality itself, which needs the model to generate without
+# the reference prefix; the decoding and results chapters measure that with BLEU. The run's clock
+# (`wall_time`) gives its length:
 
 # %%
 for pair in ("de-en", "fr-en"):
-    records = read_jsonl(shipped / pair / "metrics.jsonl")
+    records = read_metrics(pair)
     last = [r for r in records if r["kind"] == "epoch"][-1]
-    average = records[-1]
-    assert average["kind"] == "average"
-    assert average["val_loss"] < last["val_loss"]
+    a = records[-1]  # the average of the last five epochs
+    assert a["kind"] == "average" and a["val_loss"] < last["val_loss"]
+    assert math.isclose(a["val_ppl_token"], math.exp(a["val_nll"]))
     print(
-        f"{pair}: {last['epoch']:g} epochs in {last['wall_time'] / 60:.1f}"
-        f" min, the whole run {average['wall_time'] / 60:.1f} min; validation"
-        f" loss {last['val_loss']:.3f}, averaged {average['val_loss']:.3f}"
+        f"{pair}: {last['epoch']:g} epochs, {a['wall_time'] / 60:.1f} min in"
+        f" all; validation loss {last['val_loss']:.3f}, averaged"
+        f" {a['val_loss']:.3f};\n  the average's NLL {a['val_nll']:.3f},"
+        f" perplexity per token {a['val_ppl_token']:.2f} and per word"
+        f" {a['val_ppl_word']:.2f}, token accuracy {a['val_accuracy']:.1%}"
     )
+
+# %% [markdown]
+# ## Saving and loading a model
+#
+# A run saves checkpoints that it can resume from (the appendix
+# [Checkpoints](a06_checkpoints.ipynb)); what ships is smaller. A model's folder, such as
+# `checkpoints/de-en`, holds `config.json`, whose `"model"` entry is the model's
+# `TransformerConfig`, the tokenizer's `tokenizer.json`, and the weights in float16, which halves
+# their size, in files `model-00001.safetensors`, … of at most 16 MB. The matrix that the two
+# embeddings and the output layer share is stored once, under its first name. `load_trained`
+# reads a folder back into a model that computes in float32:
+
+
+# %%
+#| export
+def load_trained(folder: str | Path) -> tuple[Transformer, Tokenizer]:
+    """The model (float32, eval mode) and tokenizer of a shipped model's
+    folder, such as checkpoints/de-en."""
+    folder = Path(folder)
+    record = json.loads((folder / "config.json").read_text())
+    model = Transformer(TransformerConfig(**record["model"]))
+    weights = {}
+    for shard in sorted(folder.glob("model-*.safetensors")):
+        weights |= safetensors.torch.load_file(shard)  # float16
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = model.src_embed.embedding.weight  # stored under this name only
+    if unexpected or any(model.get_parameter(n) is not tied for n in missing):
+        raise ValueError(f"{folder}: the weights do not fit the model")
+    return model.eval(), Tokenizer.load(folder / "tokenizer.json")
+
+
+# %% [markdown]
+# The shipped German→English model, loaded, measures on the validation batches of the plain
+# loop the loss that its run recorded for it, up to the rounding of its weights to float16:
+
+# %% tags=["nbval-ignore-output"]
+from transformer.loop import load_trained, validation_loss
+
+trained, _ = load_trained(CHECKPOINTS_DIR / "de-en")
+loss = validation_loss(trained, val_batches, criterion=criterion)
+recorded = read_metrics("de-en")[-1]["val_loss"]  # the average's
+print(f"validation loss {loss:.4f}, recorded {recorded:.4f}")
+assert abs(loss - recorded) < 1e-3
 
 # %% [markdown]
 # ## Summary
@@ -482,6 +504,8 @@ for pair in ("de-en", "fr-en"):
 #   decoding.
 # - On Multi30k the recipe is a smaller model, more dropout, smaller batches and a shorter
 #   warm-up than the paper's; it trains in minutes on one GPU.
+# - A trained model ships as its config, its tokenizer and its weights in float16;
+#   `load_trained` reads it back.
 #
 # ## Exercises
 #

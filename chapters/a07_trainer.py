@@ -17,11 +17,13 @@
 # # The Trainer
 #
 # [Setting up a run](a05_run_setup.ipynb) describes a run and reads its data, and
-# [Checkpoints](a06_checkpoints.ipynb) saves it. This appendix makes its updates: validation with
-# the metrics that the training chapter lists, R-Drop, an option, the arithmetic an update costs,
-# and the `Trainer`, which trains epoch after epoch within a time limit, writes its logs and
+# [Checkpoints](a06_checkpoints.ipynb) saves it. This appendix trains it: the training chapter's
+# update on several processes and in bfloat16; the run's optimiser; validation, with the metrics
+# that the training chapter lists; R-Drop, an option; the arithmetic an update costs; and the
+# `Trainer`, which trains epoch after epoch within a time limit, writes its logs and
 # checkpoints, and resumes exactly. It exports `transformer.train` (the `Trainer` and `train`),
-# `transformer.validation`, `transformer.rdrop`, `transformer.counts` and `transformer.logs`.
+# `transformer.run_step`, `transformer.run_optimizer`, `transformer.validation`,
+# `transformer.rdrop`, `transformer.counts` and `transformer.logs`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -60,6 +62,209 @@ from transformer.model import Transformer
 torch.manual_seed(0)
 torch.set_printoptions(precision=4)
 scratch = Path(tempfile.mkdtemp())  # the runs of this appendix
+
+# %% [markdown]
+# ## The update
+#
+# The training chapter's `train_step` makes an update in one process, in float32. A run's update
+# computes the same, with three additions that change where and how fast the arithmetic runs:
+#
+# - **Several processes.** Under DDP (the appendix [Setting up a run](a05_run_setup.ipynb)) each
+#   process scales its loss by $P / N$ instead of $1 / N$, since DDP divides the sum of the
+#   processes' gradients by $P$, and runs the backward pass of every micro-batch but the last
+#   under DDP's `no_sync` (`sync_gradients`), so that the processes exchange their gradients
+#   once per update.
+# - **bfloat16.** On a GPU the forward pass can run under bfloat16 autocast: the matrix products
+#   in bfloat16, the loss in float32.
+# - **Copies that overlap.** Each batch goes to the device with `non_blocking=True`, and the
+#   summed loss stays there: reading a GPU value waits for the GPU.
+#
+# `run_step` is `train_step` with these three; it also refuses a loss that is not summed and an
+# update without tokens.
+
+# %%
+#| export run_step
+"""The update of a training run: the training chapter's `train_step` on
+several processes (DistributedDataParallel) and under bfloat16 autocast."""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from transformer.batches import Batch
+from transformer.distributed import ddp_processes, sync_gradients
+from transformer.loop import batch_log_probs
+from transformer.loss import LabelSmoothingLoss
+
+
+def run_step(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    *,
+    criterion: LabelSmoothingLoss,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    tokens: int,
+    bf16: bool = False,
+) -> Tensor:
+    """One update with the gradient of (summed loss) / `tokens`, as
+    `train_step`'s; `tokens` counts the real target tokens of the whole update,
+    of every process. Returns the summed loss, detached, on the model's device.
+    """
+    if criterion.reduction != "sum":  # the division by `tokens` comes below
+        raise ValueError(f"need reduction='sum', got {criterion.reduction!r}")
+    if not batches or tokens <= 0:
+        raise ValueError(f"no batches or no tokens: {len(batches)}, {tokens}")
+    scale = ddp_processes(model) / tokens  # 1 / N in one process
+    device = next(model.parameters()).device
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=device)
+    for k, batch in enumerate(batches):
+        batch = batch.to(device, non_blocking=True)
+        with sync_gradients(model, k == len(batches) - 1):
+            with torch.autocast(
+                device.type, dtype=torch.bfloat16, enabled=bf16
+            ):
+                log_probs = batch_log_probs(
+                    model, batch, pad_id=criterion.pad_id
+                )
+            loss = criterion(log_probs, batch.tgt_out)  # summed over tokens
+            (loss * scale).backward()  # adds to the gradients
+        total += loss.detach()
+    optimizer.step()
+    scheduler.step()
+    return total
+
+
+# %% [markdown]
+# In one process and in float32, `run_step` makes the chapter's update exactly: three updates of
+# a tiny model over two micro-batches each end with the same weights, bit for bit.
+
+# %%
+from transformer.loop import train_step
+from transformer.run_step import run_step
+from transformer.schedule import make_optimizer
+
+tiny = TransformerConfig(
+    src_vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0
+)
+g = torch.Generator().manual_seed(0)
+pairs = [(s, s) for s in torch.randint(3, 13, (8, 6), generator=g).tolist()]
+ids = dict(pad_id=0, bos_id=1, eos_id=2)  # then ten symbols, 3 to 12
+parts = [collate(pairs[:3], **ids), collate(pairs[3:], **ids)]
+tokens = sum(batch.n_tgt_tokens for batch in parts)
+weights, losses = [], []
+for step in (train_step, run_step):
+    torch.manual_seed(0)
+    model = Transformer(tiny)
+    optimizer, scheduler = make_optimizer(model, d_model=32, warmup=10)
+    criterion = LabelSmoothingLoss(pad_id=0, reduction="sum")
+    for _ in range(3):
+        loss = step(
+            model,
+            parts,
+            criterion=criterion,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            tokens=tokens,
+        )
+    weights.append(model.state_dict())
+    losses.append(float(loss))
+assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+print(f"the last update's loss per token: {losses[0] / tokens:.4f}, both")
+assert math.isclose(losses[0], losses[1], rel_tol=1e-6)  # summed in float32
+
+# %% [markdown]
+# ## The optimiser
+#
+# The schedule chapter's `make_optimizer` takes a model. A run's optimiser is built on the same
+# `noam_schedule` and the paper's Adam, and takes what `torch.optim` takes: a model, its
+# parameters, or parameter groups (a list of dictionaries, each with its `"params"`). It refuses
+# what would go wrong silently: no parameters, an empty group, and a group with its own `"lr"`,
+# which `LambdaLR` would multiply by the schedule. When every parameter is on a GPU it runs
+# PyTorch's fused Adam, one kernel for the whole update.
+
+# %%
+#| export run_optimizer
+"""The optimiser of a training run: the schedule chapter's Adam and learning
+rate over a model, its parameters or parameter groups, checked, and fused on a
+GPU."""
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from transformer.schedule import ADAM_BETAS, ADAM_EPS, noam_schedule
+
+
+def _param_groups(params: nn.Module | Iterable) -> list:
+    """The parameters as torch.optim takes them: a model's as a list, and each
+    group's "params" as a list (a generator would be used up by the checks, and
+    one tensor is one parameter, not its rows)."""
+    if isinstance(params, nn.Module):
+        return list(params.parameters())
+
+    def listed(p: torch.Tensor | Iterable) -> list:
+        return [p] if isinstance(p, torch.Tensor) else list(p)
+
+    return [
+        p | {"params": listed(p["params"])} if isinstance(p, dict) else p
+        for p in params
+    ]
+
+
+def run_optimizer(
+    model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
+    *,
+    d_model: int,
+    warmup: int = 4000,
+    factor: float = 1.0,
+    fused: bool | None = None,
+) -> tuple[torch.optim.Adam, LambdaLR]:
+    """`make_optimizer`'s Adam and schedule over a model, parameters or
+    parameter groups. `fused=None`: fused when every parameter is on CUDA."""
+    params = _param_groups(model_or_params)
+    groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
+    if not groups or not all(groups):
+        raise ValueError("run_optimizer got no parameters (or an empty group)")
+    if any(isinstance(p, dict) and "lr" in p for p in params):
+        # LambdaLR would multiply a group's own lr by the schedule.
+        raise ValueError(
+            "a parameter group sets its own lr: the schedule sets every"
+            " group's learning rate (use factor= to scale it)"
+        )
+    if fused is None:
+        fused = all(
+            t.is_cuda and t.is_floating_point() for g in groups for t in g
+        )
+    optimizer = torch.optim.Adam(
+        params, lr=1.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=fused
+    )
+    schedule = dict(d_model=d_model, warmup=warmup, factor=factor)
+    return optimizer, noam_schedule(optimizer, **schedule)
+
+
+# %% [markdown]
+# Two groups, each with its own parameters, on the schedule's rate, and the mistake that would
+# otherwise go unnoticed, named:
+
+# %%
+from torch import nn
+
+from transformer.run_optimizer import run_optimizer
+
+layers = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+groups = [{"params": layer.parameters()} for layer in layers]
+optimizer, scheduler = run_optimizer(groups, d_model=64, warmup=10)
+for group in optimizer.param_groups:
+    print(f"{len(group['params'])} tensors, lr {group['lr']:.2e}")
+try:
+    run_optimizer([{"params": layers.parameters(), "lr": 1e-3}], d_model=64)
+except ValueError as err:
+    print("ValueError:", err)
 
 # %% [markdown]
 # ## Validation
@@ -455,7 +660,7 @@ def training_flops(
 #   then averages the last `average_last` epoch checkpoints;
 # - `_train_epoch` orders the training pairs into token-bucketed batches from `(seed, epoch)`
 #   and makes one `_update` per group of batches, writing a line to `steps.jsonl` every
-#   `log_every` updates; `_update` calls the training chapter's `train_step`;
+#   `log_every` updates; `_update` calls `run_step`;
 # - `_end_period` validates, appends the epoch's line to `metrics.jsonl` and writes a
 #   checkpoint;
 # - `_average` validates the average of the last checkpoints and writes it to `average/`.
@@ -516,7 +721,6 @@ from transformer.logs import (
     progress_bar,
     show_step,
 )
-from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.rdrop import RDropLoss, doubled
@@ -527,7 +731,8 @@ from transformer.run_checkpoints import (
     resume_point,
     run_record,
 )
-from transformer.schedule import make_optimizer
+from transformer.run_optimizer import run_optimizer
+from transformer.run_step import run_step
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import TrainConfig
 from transformer.training_data import (
@@ -570,7 +775,7 @@ def _build(
     the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
-    optimizer, scheduler = make_optimizer(
+    optimizer, scheduler = run_optimizer(
         model,
         d_model=model_config.d_model,
         warmup=config.warmup,
@@ -1044,7 +1249,7 @@ class Trainer:
         tokens = int(self.tgt_lengths[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
-        loss = train_step(
+        loss = run_step(
             self.step_model,
             mine,
             criterion=self.criterion,

@@ -1,5 +1,6 @@
 """Checkpoints and shipped models: atomic files and folders, state without pickle, tied
-weights stored once, averaging, export and `load_model`."""
+weights stored once, averaging, export, `load_model`, and the training chapter's
+`load_trained` held equal to it."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ from transformer.checkpoint import (
 from transformer.config import TransformerConfig
 from transformer.data import collate
 from transformer.files import atomic_folder, atomic_write
-from transformer.loop import train_step
+from transformer.loop import load_trained, train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
+from transformer.multi30k import PAIRS, load_pairs
+from transformer.paths import CHECKPOINTS_DIR
 from transformer.run_checkpoints import average_checkpoints, latest_checkpoint
 from transformer.schedule import make_optimizer
 from transformer.train import train
@@ -351,3 +354,38 @@ def test_the_export_takes_the_average_only_while_it_is_current(
     assert latest_checkpoint(closed).name.startswith("step-")
     train(tiny_config(closed, epochs=2), resume=True, data=data, echo=False)
     assert source(closed) == "average"
+
+
+# -- the training chapter's loader ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+def test_the_chapters_load_trained_reads_a_shipped_model_as_load_model(pair: str):
+    """The training chapter's short `load_trained` and the package's `load_model` give the
+    same model (float32 weights, the shared matrix tied again, eval mode) and the same
+    tokenizer, on both shipped models."""
+    folder = CHECKPOINTS_DIR / pair
+    ours, our_tokenizer = load_trained(folder)
+    theirs, their_tokenizer = load_model(folder)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys()
+    for name, value in a.items():
+        assert value.dtype == b[name].dtype and torch.equal(value, b[name]), name
+    assert ours.generator.proj.weight is ours.src_embed.embedding.weight
+    assert not ours.training
+    assert our_tokenizer.to_json() == their_tokenizer.to_json()
+    columns = zip(*load_pairs("val", pair)[:200], strict=True)
+    for language, sentences in zip(PAIRS[pair], columns, strict=True):
+        assert our_tokenizer.encode_batch(sentences, language) == (
+            their_tokenizer.encode_batch(sentences, language)
+        )
+
+
+def test_load_trained_refuses_weights_that_do_not_fit(tmp_path: Path):
+    folder = tmp_path / "de-en"
+    shutil.copytree(CHECKPOINTS_DIR / "de-en", folder)
+    safetensors.torch.save_file(
+        {"extra.weight": torch.zeros(2)}, folder / "model-00002.safetensors"
+    )
+    with pytest.raises(ValueError, match="do not fit the model"):
+        load_trained(folder)

@@ -48,6 +48,7 @@ from transformer.run_checkpoints import (
     check_recipe,
     latest_checkpoint,
 )
+from transformer.run_step import run_step
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train import Trainer, TrainResult, train
@@ -206,19 +207,56 @@ def test_accumulated_micro_batches_make_the_update_of_one_batch():
     )
 
 
-def test_train_step_wants_a_summed_loss():
+def test_the_runs_step_makes_the_chapters_update():
+    """In one process and in float32, run_step (the Trainer's update) is the training
+    chapter's train_step: the same gradients and weights, bit for bit, update after update,
+    micro-batches accumulated, and the same loss (which run_step sums in float32)."""
+    pairs = copy_pairs(10, seed=3)
+    parts = [
+        collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
+        collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
+    ]
+    tokens = sum(b.n_tgt_tokens for b in parts)
+    criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
+    chapter, run = tiny_model(), tiny_model()
+    steps = [
+        (train_step, chapter, *make_optimizer(chapter, d_model=16, warmup=10)),
+        (run_step, run, *make_optimizer(run, d_model=16, warmup=10)),
+    ]
+    for _ in range(4):
+        ours, theirs = (
+            step(
+                model,
+                parts,
+                criterion=criterion,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                tokens=tokens,
+            )
+            for step, model, optimizer, scheduler in steps
+        )
+        assert ours == pytest.approx(theirs.item(), rel=1e-6)  # summed in float32
+        for (name, p), q in zip(
+            chapter.named_parameters(), run.parameters(), strict=True
+        ):
+            assert torch.equal(p.grad, q.grad), name
+            assert torch.equal(p, q), name
+
+
+def test_the_runs_step_wants_a_summed_loss_and_tokens():
     model = tiny_model()
     optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
     batch = collate(copy_pairs(2, seed=1), pad_id=0, bos_id=1, eos_id=2)
+    kwargs = dict(optimizer=optimizer, scheduler=scheduler)
     with pytest.raises(ValueError, match="reduction"):
-        train_step(
-            model,
-            [batch],
-            criterion=LabelSmoothingLoss(pad_id=0),
-            optimizer=optimizer,
-            scheduler=scheduler,
-            tokens=5,
+        run_step(
+            model, [batch], criterion=LabelSmoothingLoss(pad_id=0), tokens=5, **kwargs
         )
+    summed = LabelSmoothingLoss(pad_id=0, reduction="sum")
+    with pytest.raises(ValueError, match="no batches or no tokens"):
+        run_step(model, [], criterion=summed, tokens=5, **kwargs)
+    with pytest.raises(ValueError, match="no batches or no tokens"):
+        run_step(model, [batch], criterion=summed, tokens=0, **kwargs)
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -809,14 +847,14 @@ def test_the_time_limit_reserves_the_longest_stretch_between_two_checks(
     the limit (66 s)."""
     data = tiny_data(n_train=200)  # 28 batches an epoch
     clock = [0.0]
-    step = train_module.train_step
+    step = train_module.run_step
 
     def timed_step(*args, **kwargs):
         clock[0] += 1.0
         return step(*args, **kwargs)
 
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(train_module, "train_step", timed_step)
+    monkeypatch.setattr(train_module, "run_step", timed_step)
     config = tiny_config(tmp_path / "run", epochs=10, time_limit=1.0, average_last=0)
     trainer = Trainer(config, data=data, echo=False)
     trainer.clock.check_every = 10
@@ -848,7 +886,7 @@ def _ddp_worker(rank: int, world: int, folder: str) -> None:
         ddp = DistributedDataParallel(model)
         optimizer, scheduler = make_optimizer(ddp, d_model=16, warmup=10)
         criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
-        train_step(
+        run_step(
             ddp,
             [half],
             criterion=criterion,

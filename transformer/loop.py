@@ -1,21 +1,33 @@
 # Generated from chapters/13_training.ipynb: edit it, not this file.
 """The training loop of Vaswani et al. (2017), section 5: teacher forcing, one
-update over micro-batches, and a plain loop that trains a model."""
+update over micro-batches, a plain loop that trains a model, and the loading of
+a trained one."""
 
 # %% auto #0
-__all__ = ["batch_log_probs", "train_step", "validation_loss", "train_loop"]
+__all__ = [
+    "batch_log_probs",
+    "train_step",
+    "validation_loss",
+    "train_loop",
+    "load_trained",
+]
 
 # %% ../chapters/13_training.ipynb #cd77ca37
 
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
+import safetensors.torch
 import torch
 from torch import Tensor, nn
 
-from transformer.data import Batch
-from transformer.distributed import ddp_processes, sync_gradients
+from transformer.batches import Batch
+from transformer.config import TransformerConfig
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
+from transformer.model import Transformer
+from transformer.tokenizer import Tokenizer
 
 
 def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
@@ -41,38 +53,20 @@ def train_step(
     *,
     criterion: LabelSmoothingLoss,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokens: int,
-    bf16: bool = False,
-) -> Tensor:
-    """One update with the gradient of (summed loss) / `tokens`.
-
-    `tokens` counts the real target tokens of the whole update, of every
-    process. Returns the summed loss, detached and on the model's device.
-    """
-    if criterion.reduction != "sum":  # the division by `tokens` comes below
-        raise ValueError(f"need reduction='sum', got {criterion.reduction!r}")
-    if not batches or tokens <= 0:
-        raise ValueError(f"no batches or no tokens: {len(batches)}, {tokens}")
-    scale = ddp_processes(model) / tokens  # 1 / N in one process
-    device = next(model.parameters()).device
-    optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=device)
-    for k, batch in enumerate(batches):
-        batch = batch.to(device, non_blocking=True)
-        with sync_gradients(model, k == len(batches) - 1):
-            with torch.autocast(
-                device.type, dtype=torch.bfloat16, enabled=bf16
-            ):
-                log_probs = batch_log_probs(
-                    model, batch, pad_id=criterion.pad_id
-                )
-            loss = criterion(log_probs, batch.tgt_out)  # summed over tokens
-            (loss * scale).backward()  # adds to the gradients
-        total += loss.detach()
+) -> float:
+    """One update with the gradient of (summed loss) / `tokens`, `tokens` being
+    the real target tokens of all the batches; returns the summed loss."""
+    optimizer.zero_grad()
+    total = 0.0
+    for batch in batches:
+        log_probs = batch_log_probs(model, batch, pad_id=criterion.pad_id)
+        loss = criterion(log_probs, batch.tgt_out)  # summed over tokens
+        (loss / tokens).backward()  # adds to the gradients
+        total += loss.item()
     optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
+    scheduler.step()
     return total
 
 
@@ -86,10 +80,8 @@ def validation_loss(
 ) -> float:
     """The label-smoothed loss per target token, without dropout."""
     model.eval()
-    device = next(model.parameters()).device
     total, tokens = 0.0, 0
     for batch in batches:
-        batch = batch.to(device)
         log_probs = batch_log_probs(model, batch, pad_id=criterion.pad_id)
         total += criterion(log_probs, batch.tgt_out).item()
         tokens += batch.n_tgt_tokens
@@ -111,20 +103,33 @@ def train_loop(
     validation loss every `validate_every` updates."""
     history = []
     model.train()
+    update = dict(
+        criterion=criterion, optimizer=optimizer, scheduler=scheduler
+    )
     for step, batch in enumerate(batches, start=1):
         tokens = batch.n_tgt_tokens
-        loss = train_step(
-            model,
-            [batch],
-            criterion=criterion,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            tokens=tokens,
-        )
-        record = {"step": step, "train_loss": loss.item() / tokens}
+        loss = train_step(model, [batch], tokens=tokens, **update)
+        record = {"step": step, "train_loss": loss / tokens}
         if step % validate_every == 0:
             record["val_loss"] = validation_loss(
                 model, val_batches, criterion=criterion
             )
         history.append(record)
     return history
+
+
+# %% ../chapters/13_training.ipynb #6b3148cd
+def load_trained(folder: str | Path) -> tuple[Transformer, Tokenizer]:
+    """The model (float32, eval mode) and tokenizer of a shipped model's
+    folder, such as checkpoints/de-en."""
+    folder = Path(folder)
+    record = json.loads((folder / "config.json").read_text())
+    model = Transformer(TransformerConfig(**record["model"]))
+    weights = {}
+    for shard in sorted(folder.glob("model-*.safetensors")):
+        weights |= safetensors.torch.load_file(shard)  # float16
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = model.src_embed.embedding.weight  # stored under this name only
+    if unexpected or any(model.get_parameter(n) is not tied for n in missing):
+        raise ValueError(f"{folder}: the weights do not fit the model")
+    return model.eval(), Tokenizer.load(folder / "tokenizer.json")

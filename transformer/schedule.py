@@ -3,11 +3,15 @@
 equation (3)."""
 
 # %% auto #0
-__all__ = ["ADAM_BETAS", "ADAM_EPS", "noam_lr", "make_optimizer"]
+__all__ = [
+    "ADAM_BETAS",
+    "ADAM_EPS",
+    "noam_lr",
+    "noam_schedule",
+    "make_optimizer",
+]
 
 # %% ../chapters/12_schedule.ipynb #6303f754
-
-from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -36,56 +40,30 @@ def noam_lr(
 
 
 # %% ../chapters/12_schedule.ipynb #bb785b9b
-def _param_groups(params: nn.Module | Iterable) -> list:
-    """The parameters as torch.optim takes them: a model's as a list, and each
-    group's "params" as a list (a generator would be used up by the checks, and
-    one tensor is one parameter, not its rows)."""
-    if isinstance(params, nn.Module):
-        return list(params.parameters())
-
-    def listed(p: torch.Tensor | Iterable) -> list:
-        return [p] if isinstance(p, torch.Tensor) else list(p)
-
-    return [
-        p | {"params": listed(p["params"])} if isinstance(p, dict) else p
-        for p in params
-    ]
-
-
-def make_optimizer(
-    model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
+def noam_schedule(
+    optimizer: torch.optim.Optimizer,
     *,
     d_model: int,
     warmup: int = 4000,
     factor: float = 1.0,
-    fused: bool | None = None,
-) -> tuple[torch.optim.Adam, LambdaLR]:
-    """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation
-    (3): update n (from 1) uses noam_lr(n). Call `optimizer.step()`, then
-    `scheduler.step()`. `fused=None`: fused when every parameter is on CUDA."""
-    params = _param_groups(model_or_params)
-    groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
-    if not groups or not all(groups):
-        raise ValueError(
-            "make_optimizer got no parameters (or an empty group)"
-        )
-    if any(isinstance(p, dict) and "lr" in p for p in params):
-        # LambdaLR would multiply a group's own lr by the schedule.
-        raise ValueError(
-            "a parameter group sets its own lr: the schedule sets every"
-            " group's learning rate (use factor= to scale it)"
-        )
-    if fused is None:
-        fused = all(
-            t.is_cuda and t.is_floating_point() for g in groups for t in g
-        )
-    noam_lr(1, d_model=d_model, warmup=warmup, factor=factor)  # check them
+) -> LambdaLR:
+    """The scheduler that gives update n (from 1) the rate noam_lr(n), the
+    optimiser's base rate being 1.0."""
 
     def lr_at(completed_updates: int) -> float:  # the rate of the next one
         step = completed_updates + 1
         return noam_lr(step, d_model=d_model, warmup=warmup, factor=factor)
 
+    return LambdaLR(optimizer, lr_at)
+
+
+def make_optimizer(
+    model: nn.Module, *, d_model: int, warmup: int = 4000, factor: float = 1.0
+) -> tuple[torch.optim.Adam, LambdaLR]:
+    """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation
+    (3). Call `optimizer.step()`, then `scheduler.step()`."""
     optimizer = torch.optim.Adam(
-        params, lr=1.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=fused
+        model.parameters(), lr=1.0, betas=ADAM_BETAS, eps=ADAM_EPS
     )
-    return optimizer, LambdaLR(optimizer, lr_at)
+    schedule = dict(d_model=d_model, warmup=warmup, factor=factor)
+    return optimizer, noam_schedule(optimizer, **schedule)

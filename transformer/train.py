@@ -49,7 +49,6 @@ from transformer.logs import (
     progress_bar,
     show_step,
 )
-from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.rdrop import RDropLoss, doubled
@@ -60,7 +59,8 @@ from transformer.run_checkpoints import (
     resume_point,
     run_record,
 )
-from transformer.schedule import make_optimizer
+from transformer.run_optimizer import run_optimizer
+from transformer.run_step import run_step
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import TrainConfig
 from transformer.training_data import (
@@ -97,7 +97,7 @@ def _build(
     the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
-    optimizer, scheduler = make_optimizer(
+    optimizer, scheduler = run_optimizer(
         model,
         d_model=model_config.d_model,
         warmup=config.warmup,
@@ -385,7 +385,7 @@ class Trainer:
         tokens = int(self.tgt_lengths[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
-        loss = train_step(
+        loss = run_step(
             self.step_model,
             mine,
             criterion=self.criterion,
