@@ -74,12 +74,13 @@ import torch.nn.functional as F
 # | `tie_output` | `True` | the output layer reuses the target embedding (Section 3.4) |
 #
 # The options are off by default; the appendix [Deviations from the paper](a01_deviations.ipynb)
-# lists them. The config is **frozen**: nobody changes `d_model` of a model that exists. It is
-# **validated** when it is made: a width the heads cannot split fails at once, with a
-# `ValueError` that starts with the field's name, not ten modules later with a shape error (the
-# appendix [Engineering the model](a02_model_engineering.ipynb) holds the checks, and those of
-# `from_dict`, which rebuilds a config saved with a checkpoint). The presets `base`, `big` and
-# `small` take the vocabulary size and any field to override.
+# lists them. The config is **frozen**: nobody changes `d_model` of a model that exists. It
+# checks the paper's one constraint when it is made: a width the heads cannot split fails at
+# once, with a `ValueError` that names the fields, not ten modules later with a shape error. A
+# configuration that comes from a file or the command line is checked in full where it enters
+# (the appendix [Engineering the model](a02_model_engineering.ipynb)). `to_dict` writes the
+# fields for a checkpoint; the presets `base`, `big` and `small` take the vocabulary size and any
+# field to override.
 
 # %%
 #| export config
@@ -88,9 +89,6 @@ import torch.nn.functional as F
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
-
-from transformer.config_checks import POSITIONAL_KINDS as POSITIONAL_KINDS
-from transformer.config_checks import check_config, check_record
 
 
 @dataclass(frozen=True)
@@ -114,7 +112,15 @@ class TransformerConfig:
     tie_output: bool = True
 
     def __post_init__(self) -> None:
-        check_config(self)  # a ValueError that names the field
+        # d_k = d_model / h (3.2.2): the heads split the width between them.
+        heads, width = self.n_heads, self.d_model
+        sizes = all(type(n) is int and n > 0 for n in (heads, width))
+        if sizes and width % heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads"
+                f" ({self.n_heads}): each head works in d_model / n_heads"
+                " dimensions"
+            )
 
     @property
     def target_vocab_size(self) -> int:
@@ -148,12 +154,6 @@ class TransformerConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-able dictionary (for checkpoints)."""
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
-        """Rebuild a config from to_dict()'s output, every field required."""
-        check_record(d, cls)
-        return cls(**d)
 
 
 # %% [markdown]
@@ -252,6 +252,7 @@ def init_weights(model: "Transformer") -> None:
 # sentence once and decodes once per output token; `forward`, which training calls, runs both.
 # `attention_weights` runs the same pass asking every layer for its weights, for the figures of
 # the results chapter.
+
 
 # %%
 #| export
@@ -447,6 +448,7 @@ guess = alt.Chart(uniform).mark_rule(strokeDash=[4, 4], color="gray")
 # back into the decoder. The decoding chapter does this properly, with a cache, beam search and a
 # stopping rule; ten lines suffice here. On 100 new random strings:
 
+
 # %% tags=["nbval-ignore-output"]
 @torch.no_grad()
 def greedy(model: Transformer, src: torch.Tensor, length: int) -> torch.Tensor:
@@ -485,7 +487,7 @@ pd.DataFrame(pairs[:6], columns=["source", "greedy output"])
 # ## Summary
 #
 # - `TransformerConfig` holds every hyperparameter in a frozen, validated dataclass; its defaults
-#   are the paper's base model, and `to_dict`/`from_dict` store it with a checkpoint.
+#   are the paper's base model, and `to_dict` stores it with a checkpoint.
 # - `Transformer(config)` joins embeddings, positional encodings, encoder, decoder and the output
 #   layer, with one embedding matrix shared three ways (Section 3.4) and tensor2tensor's
 #   initialisation.

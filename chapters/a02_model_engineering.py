@@ -46,25 +46,27 @@ if importlib.util.find_spec("transformer") is None:
 import dataclasses
 import json
 
-import torch
-
 # %% [markdown]
 # ## The configuration's checks
 #
-# `TransformerConfig.__post_init__` calls `check_config`, so that a configuration which cannot
-# build a model fails when it is made, with a `ValueError` whose message starts with the field's
-# name: sizes are positive integers (a `bool` is not one, although Python counts it as an `int`),
-# the heads split the width, dropout rates lie in $[0, 1)$, the switches are booleans, the
-# positional encoding is one of the two kinds, the sinusoids get an even width, and shared
-# embeddings get one vocabulary.
+# `TransformerConfig` checks the paper's one constraint when it is made, that the heads split the
+# width. A configuration that comes from outside the code, a saved checkpoint's or a run's model
+# options given on the command line, is checked in full where it enters, by `check_config`, so
+# that one which cannot build a model fails at once, with a `ValueError` whose message starts
+# with the field's name: sizes are positive integers (a `bool` is not one, although Python counts
+# it as an `int`), the heads split the width, dropout rates lie in $[0, 1)$, the switches are
+# booleans, the positional encoding is one of the two kinds, the sinusoids get an even width, and
+# shared embeddings get one vocabulary.
 
 # %%
 #| export
-"""The checks of a TransformerConfig and of a saved one: each bad field is a
-ValueError that names it."""
+"""The checks of a TransformerConfig that enters from a file or the command
+line: each bad field is a ValueError that names it."""
 
 import dataclasses
 from typing import Any
+
+from transformer.config import TransformerConfig
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 
@@ -95,6 +97,7 @@ def check_sizes(c: Any) -> None:
 # %% [markdown]
 # `check_config` starts with the sizes, then checks the rates, the switches and the fields that
 # must agree with each other:
+
 
 # %%
 #| export
@@ -139,12 +142,13 @@ def check_config(c: Any) -> None:
 
 
 # %% [markdown]
-# Each mistake below is caught when the config is made, and the message names the field. A
-# variant is a new config, `dataclasses.replace(base, norm_first=True)`, validated in turn; the
-# frozen config refuses to change.
+# Each mistake below is caught, and the message names the field; the heads that do not divide the
+# width already when the config is made. A variant is a new config,
+# `dataclasses.replace(base, norm_first=True)`; the frozen config refuses to change.
 
 # %%
 from transformer.config import TransformerConfig
+from transformer.config_checks import check_config
 
 base = TransformerConfig.base(8_000)
 try:
@@ -162,7 +166,7 @@ bad_configs = {
 }
 for what, overrides in bad_configs.items():
     try:
-        dataclasses.replace(base, **overrides)
+        check_config(dataclasses.replace(base, **overrides))
     except ValueError as err:
         print(f"{what}:\n    {err}")
     else:
@@ -172,9 +176,10 @@ for what, overrides in bad_configs.items():
 # ## A saved configuration
 #
 # A checkpoint stores the config as JSON beside the weights: `to_dict` writes every field and
-# `from_dict` rebuilds and validates the config, after `check_record` has compared the record's
-# keys with the fields. An unknown key is an error, and so is a missing one, even with a default:
+# `config_from_dict` rebuilds and checks the config, after `check_record` has compared the
+# record's keys with the fields. An unknown key is an error, and so is a missing one, even with a default:
 # a record without `norm_first` would otherwise come back post-norm, whatever model wrote it.
+
 
 # %%
 #| export
@@ -200,16 +205,27 @@ def check_record(record: dict[str, Any], cls: type) -> None:
         )
 
 
+def config_from_dict(record: dict[str, Any]) -> TransformerConfig:
+    """A config saved by to_dict, rebuilt: every field required, every value
+    checked."""
+    check_record(record, TransformerConfig)
+    config = TransformerConfig(**record)
+    check_config(config)
+    return config
+
+
 # %%
+from transformer.config_checks import config_from_dict
+
 prenorm = dataclasses.replace(base, norm_first=True)
 saved = json.dumps(prenorm.to_dict())
-assert TransformerConfig.from_dict(json.loads(saved)) == prenorm
+assert config_from_dict(json.loads(saved)) == prenorm
 
 incomplete = prenorm.to_dict()
 del incomplete["norm_first"]
 for record in (prenorm.to_dict() | {"n_head": 8}, incomplete):
     try:
-        TransformerConfig.from_dict(record)
+        config_from_dict(record)
     except ValueError as err:
         print(f"ValueError: {err}")
     else:
@@ -219,4 +235,5 @@ for record in (prenorm.to_dict() | {"n_head": 8}, incomplete):
 # ## Summary
 #
 # - `check_config` refuses, by name, a field that cannot build a model; `check_record` refuses a
-#   saved configuration with a key too many or too few.
+#   saved configuration with a key too many or too few; `config_from_dict` does both for a saved
+#   configuration.

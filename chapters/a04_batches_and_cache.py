@@ -571,6 +571,7 @@ from importlib import metadata
 from pathlib import Path
 
 from transformer.encoded import EncodedSplit
+from transformer.fast_words import pretokenize, with_fast_words
 from transformer.files import atomic_write
 from transformer.multi30k import (
     SPLITS,
@@ -580,7 +581,6 @@ from transformer.multi30k import (
     load_pairs,
     parse_pair,
 )
-from transformer.fast_words import pretokenize, with_fast_words
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, train_bpe
 from transformer.vocabulary import TokenizerError

@@ -1,4 +1,5 @@
-"""TransformerConfig: the paper's values, validation naming the field, and JSON round trips."""
+"""TransformerConfig: the paper's values, its checks naming the field (the heads' split when
+made, every field where a configuration enters), and JSON round trips."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from transformer.config import TransformerConfig
+from transformer.config_checks import check_config, config_from_dict
 
 
 def test_defaults_are_the_papers_base_model():
@@ -91,24 +93,27 @@ def test_frozen():
     ids=lambda v: "-".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else v,
 )
 def test_bad_configs_name_the_field(overrides: dict, field: str):
+    record = TransformerConfig(src_vocab_size=8_000).to_dict() | overrides
     with pytest.raises(ValueError, match=rf"^{field}\b"):
-        TransformerConfig(**({"src_vocab_size": 8_000} | overrides))
+        config_from_dict(record)
 
 
 def test_valid_edge_values_are_accepted():
     c = TransformerConfig.base(
         8_000, dropout=0.0, attention_dropout=0.999, positional="learned"
     )
-    assert c.positional == "learned"
-    TransformerConfig.base(8_000, tgt_vocab_size=8_000, share_embeddings=False)
+    check_config(c)
+    check_config(
+        TransformerConfig.base(8_000, tgt_vocab_size=8_000, share_embeddings=False)
+    )
     # Learned positions have no sine/cosine pairs: an odd width is fine for them.
     odd = TransformerConfig.base(8_000, d_model=513, n_heads=9, positional="learned")
-    assert odd.d_model == 513
+    check_config(odd)
 
 
 def test_odd_width_error_names_the_positional_option():
     with pytest.raises(ValueError, match=r"^d_model \(513\).*positional='sinusoidal'"):
-        TransformerConfig.base(8_000, d_model=513, n_heads=9)
+        check_config(TransformerConfig.base(8_000, d_model=513, n_heads=9))
 
 
 def test_json_round_trip():
@@ -116,7 +121,7 @@ def test_json_round_trip():
         8_000, tgt_vocab_size=6_000, share_embeddings=False, norm_first=True
     )
     text = json.dumps(c.to_dict())
-    assert TransformerConfig.from_dict(json.loads(text)) == c
+    assert config_from_dict(json.loads(text)) == c
 
 
 def test_from_dict_rejects_unknown_keys():
@@ -124,7 +129,7 @@ def test_from_dict_rejects_unknown_keys():
     with pytest.raises(
         ValueError, match=r"unknown TransformerConfig field\(s\) n_head, vocab"
     ):
-        TransformerConfig.from_dict(d)
+        config_from_dict(d)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +146,7 @@ def test_from_dict_rejects_missing_keys_even_with_a_default(removed: tuple[str, 
     with pytest.raises(
         ValueError, match=rf"missing TransformerConfig field\(s\) {', '.join(removed)}"
     ):
-        TransformerConfig.from_dict(d)
+        config_from_dict(d)
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
@@ -156,7 +161,7 @@ def test_every_shipped_model_config_has_every_field_and_loads():
     models = [r["model"] for r in records if isinstance(r.get("model"), dict)]
     assert len(models) >= 4  # de-en and fr-en, each with its last/ checkpoint
     for model in models:
-        assert TransformerConfig.from_dict(model).to_dict() == model
+        assert config_from_dict(model).to_dict() == model
 
 
 def test_from_dict_validates():
@@ -164,4 +169,4 @@ def test_from_dict_validates():
     with pytest.raises(
         ValueError, match=r"^d_model \(256\) must be divisible by n_heads \(6\)"
     ):
-        TransformerConfig.from_dict(d)
+        config_from_dict(d)

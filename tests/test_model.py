@@ -10,6 +10,7 @@ from helpers import assert_gradients_reach_every_parameter
 from torch import nn
 
 from transformer.config import TransformerConfig
+from transformer.config_checks import config_from_dict
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.model import Generator, Transformer, attention_weights
 from transformer.multihead import MultiHeadAttention
@@ -299,7 +300,7 @@ def test_masks_are_keyword_only():
 def test_checkpoint_round_trip_rebuilds_the_same_model():
     model = tiny_model(norm_first=True)
     state, config = model.state_dict(), model.config.to_dict()
-    rebuilt = Transformer(TransformerConfig.from_dict(config)).eval()
+    rebuilt = Transformer(config_from_dict(config)).eval()
     rebuilt.load_state_dict(state)
     assert (
         rebuilt.generator.proj.weight.data_ptr()

@@ -44,7 +44,10 @@ def chapter_paths(root: Path = ROOT) -> list[Path]:
     intro = [root / "intro.ipynb"] if (root / "intro.ipynb").exists() else []
     chapters = root / "chapters"
     # Parts I to III are NN_name, the appendices aNN_name: sorted, the book's order.
-    found = [*chapters.glob("[0-9][0-9]_*.ipynb"), *chapters.glob("a[0-9][0-9]_*.ipynb")]
+    found = [
+        *chapters.glob("[0-9][0-9]_*.ipynb"),
+        *chapters.glob("a[0-9][0-9]_*.ipynb"),
+    ]
     return intro + sorted(found)
 
 

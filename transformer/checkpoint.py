@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
+from transformer.config_checks import config_from_dict
 from transformer.distributed import unwrap
 from transformer.fast_words import load_tokenizer
 from transformer.files import atomic_folder
@@ -453,7 +454,7 @@ def load_model(
         raise CheckpointError(f"no model folder {folder}")
     record = read_record(folder)
     try:
-        model_config = TransformerConfig.from_dict(record["model"])
+        model_config = config_from_dict(record["model"])
     except (ValueError, TypeError) as err:
         raise CheckpointError(
             f"{folder / 'config.json'}: bad model config: {err}"

@@ -10,9 +10,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from transformer.config_checks import POSITIONAL_KINDS as POSITIONAL_KINDS
-from transformer.config_checks import check_config, check_record
-
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -35,7 +32,15 @@ class TransformerConfig:
     tie_output: bool = True
 
     def __post_init__(self) -> None:
-        check_config(self)  # a ValueError that names the field
+        # d_k = d_model / h (3.2.2): the heads split the width between them.
+        heads, width = self.n_heads, self.d_model
+        sizes = all(type(n) is int and n > 0 for n in (heads, width))
+        if sizes and width % heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads"
+                f" ({self.n_heads}): each head works in d_model / n_heads"
+                " dimensions"
+            )
 
     @property
     def target_vocab_size(self) -> int:
@@ -69,9 +74,3 @@ class TransformerConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-able dictionary (for checkpoints)."""
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
-        """Rebuild a config from to_dict()'s output, every field required."""
-        check_record(d, cls)
-        return cls(**d)

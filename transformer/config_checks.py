@@ -1,14 +1,22 @@
 # Generated from chapters/a02_model_engineering.ipynb: edit it, not this file.
-"""The checks of a TransformerConfig and of a saved one: each bad field is a
-ValueError that names it."""
+"""The checks of a TransformerConfig that enters from a file or the command
+line: each bad field is a ValueError that names it."""
 
 # %% auto #0
-__all__ = ["POSITIONAL_KINDS", "check_sizes", "check_config", "check_record"]
+__all__ = [
+    "POSITIONAL_KINDS",
+    "check_sizes",
+    "check_config",
+    "check_record",
+    "config_from_dict",
+]
 
 # %% ../chapters/a02_model_engineering.ipynb #821aca7f
 
 import dataclasses
 from typing import Any
+
+from transformer.config import TransformerConfig
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 
@@ -98,3 +106,12 @@ def check_record(record: dict[str, Any], cls: type) -> None:
             f"missing {cls.__name__} field(s) {', '.join(missing)}: "
             "a saved config lists every field"
         )
+
+
+def config_from_dict(record: dict[str, Any]) -> TransformerConfig:
+    """A config saved by to_dict, rebuilt: every field required, every value
+    checked."""
+    check_record(record, TransformerConfig)
+    config = TransformerConfig(**record)
+    check_config(config)
+    return config

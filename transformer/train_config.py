@@ -46,6 +46,7 @@ from typing import Any, Literal
 import torch
 
 from transformer.config import TransformerConfig
+from transformer.config_checks import check_config
 from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
 from transformer.tokenizer import VOCAB_SIZE
 
@@ -192,7 +193,9 @@ def preset_model(
             f" {', '.join(sorted(known))}"
         )
     try:  # the overrides' values, e.g. d_model % n_heads
-        return getattr(TransformerConfig, preset)(vocab_size, **overrides)
+        config = getattr(TransformerConfig, preset)(vocab_size, **overrides)
+        check_config(config)  # where options from the command line enter
+        return config
     except (ValueError, TypeError) as err:
         raise ValueError(f"model_overrides: {err}") from err
 
