@@ -137,12 +137,13 @@ HTML((Path(transformer.__file__).parents[1] / "images" / "transformer.svg").read
 #   convention and the heatmaps that every chapter uses.
 # - **Part I, the model**, builds the figure's boxes, from
 #   [attention](chapters/01_attention.ipynb) up to the whole model, and trains it to copy
-#   sequences: the first time you see it learn.
+#   sequences: the first time you see it learn. Its last page shows
+#   [the whole model](chapters/09_whole_model.md) at once.
 # - **Part II, training**: the data, label smoothing, the learning-rate schedule, and the
 #   training loop that produced the shipped models.
 # - **Part III, translating**: greedy and beam search, then the results: scores, examples good
 #   and bad, and what the attention heads look at. Its last page,
 #   [Translate and look inside](chapters/16_translate.md), runs the shipped models in your
-#   browser: type a sentence and see its translation and where the model looked.
+#   browser: type a sentence and watch the search and where the model looked.
 # - **Appendices**: the deviations from the paper, engineering the package, the command line,
 #   derivations and counts, and the experiments behind the recipe.

@@ -250,8 +250,6 @@ def init_weights(model: "Transformer") -> None:
 # %% [markdown]
 # `encode` and `decode` run the two halves on their own, as translation needs: it encodes a
 # sentence once and decodes once per output token; `forward`, which training calls, runs both.
-# `attention_weights` runs the same pass asking every layer for its weights, for the figures of
-# the results chapter.
 
 
 # %%
@@ -313,6 +311,13 @@ class Transformer(nn.Module):
         return self.generator(out)
 
 
+# %% [markdown]
+# For the figures of the results chapter, the same pass again, asking every layer for its
+# attention weights:
+
+
+# %%
+#| export
 def attention_weights(
     model: Transformer,
     src: Tensor,

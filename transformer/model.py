@@ -116,6 +116,7 @@ class Transformer(nn.Module):
         return self.generator(out)
 
 
+# %% ../chapters/08_model.ipynb #8a85cb6d
 def attention_weights(
     model: Transformer,
     src: Tensor,
