@@ -9,8 +9,13 @@ At `make book` this extension writes into the build, under `_static/translator/`
   loads it with a `<script>` element, which works from `file://` where `fetch` does not.
   Writing it takes seconds; it is kept in the build folder and written again only when one
   of its inputs changes (a retrained model, other spaCy rules, this code).
-- `core.js`: `translator/*.js` (tokenizer, model, decoding, worker) inside one function,
-  whose source the page also starts its Web Worker from;
+  With them go the numbers that the package defines and the page must not type again:
+  the special ids, LayerNorm's ε, the decoding defaults and the extra output length.
+- `<pair>-test.js`: the pair's test_2016_flickr sources and references, sacreBLEU's
+  settings and signatures, and the scores that the results chapter reports for the
+  shipped model, for the page's button that scores the test set; loaded when it is pressed.
+- `core.js`: `translator/*.js` (tokenizer, model, decoding, scoring, worker) inside one
+  function, whose source the page also starts its Web Workers from;
 - `page.js` and `translator.css`: the widget.
 
 The directive `translator` places the widget; only a page that has it loads these files.
@@ -32,10 +37,39 @@ from docutils.parsers.rst import Directive
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "translator"
 # The files of the computing side, in the order they are joined into core.js.
-CORE_FILES = ("spacy.js", "tokenizer.js", "model.js", "decode.js", "worker.js")
+CORE_FILES = (
+    "spacy.js",
+    "tokenizer.js",
+    "model.js",
+    "decode.js",
+    "sacrebleu.js",
+    "worker.js",
+)
+# The names that core.js hands to the page and to the tests.
+CORE_NAMES = (
+    "LanguagePair",
+    "Tokenizer",
+    "Transformer",
+    "CONFIG_KEYS",
+    "readSafetensors",
+    "translate",
+    "greedyDecode",
+    "beamSearch",
+    "finish",
+    "SacreBleu",
+    "pythonFixed",
+    "SpacyTokenizer",
+    "compileRegExp",
+    "serve",
+    "drive",
+)
 STATIC = "translator"  # the folder under _static
 # Bump when the format of what is written changes: a new key makes the build rewrite it.
-DATA_FORMAT = "transformer-book translator data 1"
+DATA_FORMAT = "transformer-book translator data 2"
+# The split that the page's score button translates, as the results chapter does.
+TEST_SPLIT = "test_2016_flickr"
+# The chapter whose stored output reports the shipped models' scores (`evaluate`'s report).
+RESULTS_CHAPTER = ROOT / "chapters" / "15_results.ipynb"
 
 
 def shipped_pairs() -> list[str]:
@@ -135,6 +169,45 @@ def spacy_rules(language: str) -> dict:
     }
 
 
+def package_numbers(pair: str) -> dict:
+    """What the package defines that the page needs, read from the package: the
+    tokenizer's special ids, the ε of the model's LayerNorm layers, and decoding's
+    defaults (DecodeOptions) and extra output length (EXTRA_LENGTH)."""
+    from transformer.paths import CHECKPOINTS_DIR
+
+    return _package_numbers(CHECKPOINTS_DIR / pair)
+
+
+@functools.cache
+def _package_numbers(folder: Path) -> dict:
+    import torch
+
+    from transformer.checkpoint import load_model
+    from transformer.decode import EXTRA_LENGTH
+    from transformer.decode_options import DecodeOptions
+
+    model, tokenizer = load_model(folder)
+    pair = folder.name
+    eps = {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)}
+    if len(eps) != 1:
+        raise ValueError(f"translator: the {pair} model's LayerNorm layers use ε {eps}")
+    defaults = DecodeOptions()
+    return {
+        "special_ids": {
+            "pad": tokenizer.pad_id,
+            "unk": tokenizer.unk_id,
+            "bos": tokenizer.bos_id,
+            "eos": tokenizer.eos_id,
+        },
+        "layer_norm_eps": eps.pop(),
+        "decoding": {
+            "beam_size": defaults.beam_size,
+            "alpha": defaults.alpha,
+            "extra_length": EXTRA_LENGTH,
+        },
+    }
+
+
 def _weight_files(folder: Path, config: dict) -> list[Path]:
     """The safetensors files of a model folder, as checkpoint.load_model reads them."""
     if "weight_map" in config:
@@ -152,6 +225,7 @@ def _inputs_digest(pair: str) -> str:
     digest = hashlib.sha256()
     for part in (
         DATA_FORMAT.encode(),
+        json.dumps(package_numbers(pair)).encode(),
         spacy_fingerprint(PAIRS[pair][0]),
         Path(__file__).read_bytes(),
         (Path(__file__).parent / "js_regex.py").read_bytes(),
@@ -179,9 +253,108 @@ def pair_data(pair: str) -> dict:
             (folder / "tokenizer.json").read_text(encoding="utf-8")
         ),
         "spacy": spacy_rules(source),
+        **package_numbers(pair),
         # the first validation sentence: what the page translates when given none
         "example": load_split("val", source)[0],
     }
+
+
+def scoring_settings() -> dict:
+    """sacreBLEU's default BLEU and chrF, which the package's scores use, as
+    translator/sacrebleu.js takes them: their settings and signatures (with one
+    reference per sentence), and Python's whitespace, at which sacreBLEU splits."""
+    from js_regex import to_javascript
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    for metric in (bleu, chrf):  # a signature names the references' count once scored
+        metric.corpus_score(["a"], [["a"]])
+    return {
+        "bleu": {
+            "tokenize": bleu.tokenizer_signature,
+            "smooth_method": bleu.smooth_method,
+            "lowercase": bleu.lowercase,
+            "effective_order": bleu.effective_order,
+            "max_ngram_order": bleu.max_ngram_order,
+            "signature": str(bleu.get_signature()),
+        },
+        "chrf": {
+            "char_order": chrf.char_order,
+            "word_order": chrf.word_order,
+            "beta": chrf.beta,
+            "lowercase": chrf.lowercase,
+            "whitespace": chrf.whitespace,
+            "eps_smoothing": chrf.eps_smoothing,
+            "signature": str(chrf.get_signature()),
+        },
+        "whitespace": to_javascript(re.compile(r"\s+")),
+    }
+
+
+def reported_scores(pair: str, chapter: Path = RESULTS_CHAPTER) -> dict | None:
+    """The shipped model's scores on the test split as the results chapter reports
+    them: the report of `python -m transformer evaluate` in its stored output
+    ({bleu, chrf, beam_size, alpha}, as printed), or None if it holds none for `pair`."""
+    from transformer.multi30k import PAIRS
+
+    if not chapter.is_file():
+        return None
+    notebook = json.loads(chapter.read_text(encoding="utf-8"))
+    text = "".join(
+        "".join(output.get("text", ""))
+        for cell in notebook["cells"]
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream"
+    )
+    source, target = (language_name(code) for code in PAIRS[pair])
+    found = re.search(
+        rf"^{source}→{target}, [\d,]+ sentences, beam (\d+), α = ([\d.]+)\n"
+        r"sacreBLEU +([\d.]+) .*\n.*\nchrF +([\d.]+) ",
+        text,
+        re.MULTILINE,
+    )
+    if found is None:
+        return None
+    beam, alpha, bleu, chrf = found.groups()
+    return {
+        "bleu": bleu,
+        "chrf": chrf,
+        "beam_size": int(beam),
+        "alpha": float(alpha),
+        "chapter": chapter.stem,
+    }
+
+
+def test_set(pair: str) -> dict:
+    """What the page's score button needs of `pair`: the test split's sources and
+    references, sacreBLEU's settings and the results chapter's scores."""
+    from transformer.multi30k import load_pairs
+
+    sources, references = zip(*load_pairs(TEST_SPLIT, pair), strict=True)
+    return {
+        "pair": pair,
+        "split": TEST_SPLIT,
+        "sources": list(sources),
+        "references": list(references),
+        "settings": scoring_settings(),
+        "reported": reported_scores(pair),
+    }
+
+
+def write_test_script(pair: str, folder: Path) -> Path:
+    """Write `<pair>-test.js` into `folder` (if changed): one call of
+    translatorTestSet(data)."""
+    target = Path(folder) / f"{pair}-test.js"
+    text = (
+        f"// The {TEST_SPLIT} split of {pair}, written by _ext/translator.py.\n"
+        f"translatorTestSet({json.dumps(test_set(pair), ensure_ascii=False)});\n"
+    )
+    if not target.is_file() or target.read_text(encoding="utf-8") != text:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(target)
+    return target
 
 
 def write_pair_script(pair: str, folder: Path) -> Path:
@@ -228,24 +401,25 @@ def core_source() -> str:
         '"use strict";\n'
         f"{body}\n"
         "if (scope) {\n  serve(scope);\n}\n"
-        "return { LanguagePair, Tokenizer, Transformer, readSafetensors, translate,"
-        " SpacyTokenizer, compileRegExp };\n"
+        f"return {{ {', '.join(CORE_NAMES)} }};\n"
         "}\n"
     )
 
 
 def write_static(folder: Path) -> None:
     """core.js, page.js and translator.css into `folder` (each written only if changed)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    Path(folder).mkdir(parents=True, exist_ok=True)
     files = {
         "core.js": core_source(),
         "page.js": (SOURCES / "page.js").read_text(encoding="utf-8"),
         "translator.css": (SOURCES / "translator.css").read_text(encoding="utf-8"),
     }
     for name, text in files.items():
-        path = folder / name
+        path = Path(folder) / name
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
 
 
 # ---- The directive and its node
@@ -255,7 +429,23 @@ class translator_widget(nodes.General, nodes.Element):  # noqa: N801 (docutils' 
     """Where the widget goes."""
 
 
-def _widget_html(pairs: list[str]) -> str:
+# The widget's parts, each placed by its own directive (```{translator} search```):
+# widget.html holds them in this order, each after a comment `<!-- part NAME: … -->`.
+PARTS = ("main", "search", "attention", "score")
+
+
+def _widget_parts() -> dict[str, str]:
+    template = (SOURCES / "widget.html").read_text(encoding="utf-8")
+    pieces = re.split(r"^<!-- part (\w+): .*-->\n", template, flags=re.MULTILINE)
+    parts = dict(zip(pieces[1::2], pieces[2::2], strict=True))
+    if tuple(parts) != PARTS:
+        raise ValueError(
+            f"translator/widget.html has the parts {list(parts)}, not {PARTS}"
+        )
+    return parts
+
+
+def _widget_html(pairs: list[str], part: str = "main") -> str:
     from transformer.multi30k import PAIRS
     from transformer.paths import CHECKPOINTS_DIR
 
@@ -270,13 +460,19 @@ def _widget_html(pairs: list[str]) -> str:
         )
 
     options = "".join(option(p) for p in pairs)
-    template = (SOURCES / "widget.html").read_text(encoding="utf-8")
-    return template.replace("<!-- pairs -->", options)
+    # the search that the page starts with: the package's defaults
+    defaults = package_numbers(pairs[0])["decoding"]
+    template = _widget_parts()[part]
+    return (
+        template.replace("<!-- pairs -->", options)
+        .replace('data-beam-size=""', f'data-beam-size="{defaults["beam_size"]}"')
+        .replace('data-alpha=""', f'data-alpha="{defaults["alpha"]}"')
+    )
 
 
 def visit_translator_widget(self, node) -> None:
     # the pairs shipped now, not when the page was read: see _pages_to_rewrite
-    self.body.append(_widget_html(shipped_pairs()))
+    self.body.append(_widget_html(shipped_pairs(), node["part"]))
     raise nodes.SkipNode
 
 
@@ -285,16 +481,21 @@ def skip_translator_widget(self, node) -> None:
 
 
 class TranslatorDirective(Directive):
-    """```{translator}``` places the translation widget, for every shipped pair."""
+    """```{translator}``` places the translation widget, for every shipped pair;
+    ```{translator} search``` (or attention, score) one of its other parts."""
 
     has_content = False
+    optional_arguments = 1
 
     def run(self):
         if not shipped_pairs():
             raise self.error("translator: no shipped model in checkpoints/")
+        part = self.arguments[0] if self.arguments else "main"
+        if part not in PARTS:
+            raise self.error(f"translator: no part {part!r}: one of {', '.join(PARTS)}")
         env = self.state.document.settings.env
         env.translator_pages = getattr(env, "translator_pages", set()) | {env.docname}
-        return [translator_widget()]
+        return [translator_widget(part=part)]
 
 
 # ---- Build events
@@ -328,6 +529,7 @@ def _write_assets(app) -> None:
     write_static(folder)
     for pair in shipped_pairs():
         write_pair_script(pair, folder)
+        write_test_script(pair, folder)
     # copied to _static/translator/ (a name that exclude_patterns must not hold: Sphinx
     # leaves out the static files that match them)
     app.config.html_static_path.append(str(static))

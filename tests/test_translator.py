@@ -2,12 +2,17 @@
 (translator/*.js), run in Node on the files that the book's build writes (_ext/translator.py),
 gives spaCy's words, the BPE ids, the translations (greedy and beam 4), the warnings and the
 attention weights of the package, for both shipped models and for tiny models of the other
-configurations (pre-norm, learned positions, separate embeddings and output layer)."""
+configurations (pre-norm, learned positions, separate embeddings and output layer); the beam
+search's every step for several widths and α, the forced prefix, the score button's
+translations, and sacreBLEU's BLEU and chrF as Python prints them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -24,7 +29,7 @@ from transformer.config import TransformerConfig
 from transformer.decode_options import DecodeOptions
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer, attention_weights
-from transformer.multi30k import load_split
+from transformer.multi30k import load_pairs, load_split
 from transformer.tokenizer import pretokenize
 from transformer.translation import load_pair_model, translate, translate_batches
 
@@ -34,6 +39,9 @@ import translator as extension  # noqa: E402 (the book's extension, from _ext/)
 
 NODE = shutil.which("node")
 PAIRS = {"de-en": "de", "fr-en": "fr"}
+# The package's translations of the test split with the shipped models (beam 4, α 0.6),
+# which tests/test_shipped_translations.py holds equal to the package's.
+REFERENCE = ROOT / "tests" / "reference"
 # Sentences beyond Multi30k's: spaCy's special cases, URLs, elisions, characters the
 # vocabulary lacks, whitespace that Python and JavaScript define differently.
 TRICKY = [
@@ -63,6 +71,7 @@ def static(tmp_path_factory) -> Path:
     extension.write_static(folder)
     for pair in PAIRS:
         extension.write_pair_script(pair, folder)
+        extension.write_test_script(pair, folder)
     return folder
 
 
@@ -364,3 +373,292 @@ def _padded(batch: list[list[int]]) -> torch.Tensor:
     for row, ids in enumerate(batch):
         src[row, : len(ids)] = torch.tensor(ids)
     return src
+
+
+def test_model_js_knows_the_fields_of_transformer_config(static: Path):
+    """model.js's keys are TransformerConfig's fields; it refuses a key it does not
+    know, or a missing one, in one line that names it."""
+    keys = [f.name for f in dataclasses.fields(TransformerConfig)]
+    config = extension.pair_data("de-en")["config"]["model"]
+    assert run_node(static, "-", {"configKeys": True})["configKeys"] == keys
+    assert run_node(static, "-", {"config": config})["configError"] is None
+    unknown = run_node(static, "-", {"config": {**config, "rotary": True}})
+    assert "does not know: rotary" in unknown["configError"]
+    lacking = {k: v for k, v in config.items() if k != "norm_first"}
+    assert (
+        "lacks norm_first" in run_node(static, "-", {"config": lacking})["configError"]
+    )
+
+
+def _code(path: Path) -> str:
+    """A JavaScript file without its comments (roughly: // to the end of a line)."""
+    text = re.sub(r"/\*.*?\*/", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return re.sub(r"(?m)^\s*//.*$|\s//\s.*$", "", text)
+
+
+def test_the_page_reads_the_packages_numbers():
+    """The build writes the package's own numbers for the page, and no JavaScript file
+    types them again: the decoding defaults, the extra output length, LayerNorm's ε
+    and the special tokens."""
+    from transformer.decode import EXTRA_LENGTH
+
+    model, tokenizer = load_pair_model("de-en")
+    data = extension.pair_data("de-en")
+    defaults = DecodeOptions()
+    assert data["decoding"] == {
+        "beam_size": defaults.beam_size,
+        "alpha": defaults.alpha,
+        "extra_length": EXTRA_LENGTH,
+    }
+    assert data["special_ids"] == {
+        "pad": tokenizer.pad_id,
+        "unk": tokenizer.unk_id,
+        "bos": tokenizer.bos_id,
+        "eos": tokenizer.eos_id,
+    }
+    assert data["layer_norm_eps"] == model.encoder.layers[0].sublayers[0].norm.eps
+    # the numbers themselves, as JavaScript would type them (a beam of 4 is any 4)
+    typed = re.compile(
+        rf"(?<![\w.])({EXTRA_LENGTH}|{defaults.alpha}|1e-6|0\.000001)(?![\w.])"
+        r"|\"<(pad|unk|bos|eos)>\""
+    )
+    for path in sorted((ROOT / "translator").glob("*.js")):
+        found = [m.group(0) for m in typed.finditer(_code(path))]
+        assert not found, f"{path.name} types {found}"
+    widget = extension._widget_html(extension.shipped_pairs())
+    assert f'data-beam-size="{defaults.beam_size}"' in widget
+    assert f'data-alpha="{defaults.alpha}"' in widget
+
+
+# Beam widths and α for the search's steps: the page's range (1 to 8, α 0 to 1.5).
+SEARCHES = [{"beamSize": k, "alpha": a} for k in (1, 2, 4, 8) for a in (0.0, 0.6, 1.2)]
+
+
+def _package_steps(
+    model, src: torch.Tensor, ids: dict, beam_size: int, alpha: float
+) -> tuple[list[list[dict]], list]:
+    """Each sentence's BeamStep, step by step, from the package's batched search."""
+    steps: list[list[dict]] = [[] for _ in range(src.size(0))]
+
+    def collect(beams) -> None:
+        for row, sentence in enumerate(beams.sentences.tolist()):
+            steps[sentence].append(
+                {
+                    name: getattr(beams, name)[row].tolist()
+                    for name in ("tokens", "parents", "log_probs", "scores")
+                    + ("ended", "lengths")
+                }
+            )
+
+    found = batched_beam_search(
+        model, src, beam_size=beam_size, alpha=alpha, on_step=collect, **ids
+    )
+    return steps, found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", PAIRS)
+def test_beam_search_steps_are_the_packages(static: Path, pair: str, one_thread):
+    """Every step of the beam search that the page draws, for 30 test sentences, beam
+    widths 1, 2, 4 and 8 and α 0, 0.6 and 1.2: the same hypotheses (their tokens,
+    parents, ended flags and lengths) and the same log p and scores, as the package's
+    BeamStep; beams at -inf (before the first step has K of them) aside."""
+    texts = load_split("test_2016_flickr", PAIRS[pair])[200:230]
+    process = start_node(static, pair, {"steps": texts, "searches": SEARCHES})
+    model, tokenizer = load_pair_model(pair)
+    ids = {"bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    ids["pad_id"] = tokenizer.pad_id
+    src = _padded([e + [tokenizer.eos_id] for e in tokenizer.encode_batch(texts)])
+    got = answer(process)["steps"]
+    for search, per_sentence in zip(SEARCHES, got, strict=True):
+        expected, found = _package_steps(
+            model, src, ids, search["beamSize"], search["alpha"]
+        )
+        for i, (want, have) in enumerate(zip(expected, per_sentence, strict=True)):
+            where = f"{search}, sentence {i}"
+            assert have["tokens"] == found[i].tokens, where
+            assert len(have["steps"]) == len(want), where
+            for t, (a, b) in enumerate(zip(want, have["steps"], strict=True)):
+                at = f"{where}, step {t}"
+                live = [p > -math.inf for p in a["log_probs"]]
+                assert [p is not None for p in b["logProbs"]] == live, at
+                for name, js in (("tokens", "tokens"), ("parents", "parents")) + (
+                    ("ended", "ended"),
+                    ("lengths", "lengths"),
+                ):
+                    assert _live(a[name], live) == _live(b[js], live), (at, name)
+                for name, js in (("log_probs", "logProbs"), ("scores", "scores")):
+                    assert _live(a[name], live) == pytest.approx(
+                        _live(b[js], live), abs=1e-4
+                    ), (at, name)
+
+
+def _live(values: list, live: list[bool]) -> list:
+    return [v for v, keep in zip(values, live, strict=True) if keep]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", PAIRS)
+def test_forced_prefix_translations_are_the_packages(
+    static: Path, pair: str, one_thread
+):
+    """50 test sentences, each forced to start with the first two words of its
+    reference, greedy and beam 4: the package's batched searches with each sentence's
+    prefix, which `translate --prefix` runs (checked on the first five)."""
+    pairs = load_pairs("test_2016_flickr", pair)[300:350]
+    sources = [source for source, _ in pairs]
+    prefixes = [" ".join(reference.split()[:2]) for _, reference in pairs]
+    model, tokenizer = load_pair_model(pair)
+    forced = [tokenizer.encode(p, tokenizer.languages[1]) for p in prefixes]
+    running = {
+        beam: start_node(
+            static,
+            pair,
+            {"translate": sources, "prefixes": forced, "beamSize": beam},
+        )
+        for beam in (1, 4)
+    }
+    ids = {"bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    ids["pad_id"] = tokenizer.pad_id
+    src = _padded([e + [tokenizer.eos_id] for e in tokenizer.encode_batch(sources)])
+    prefix = torch.full((len(forced), max(map(len, forced))), tokenizer.pad_id)
+    for row, tokens in enumerate(forced):
+        prefix[row, : len(tokens)] = torch.tensor(tokens)
+    for beam, process in running.items():
+        if beam == 1:
+            found = batched_greedy_decode(model, src, prefix=prefix, **ids)
+        else:
+            found = batched_beam_search(model, src, prefix=prefix, **ids)
+        expected = [tokenizer.decode(h.tokens) for h in found]
+        assert expected[:5] == [
+            translate(model, tokenizer, [source], beam_size=beam, prefix=p)[0]
+            for source, p in zip(sources[:5], prefixes[:5], strict=True)
+        ]
+        assert answer(process)["texts"] == expected, f"beam {beam}"
+        starts = sum(e.startswith(p) for e, p in zip(expected, prefixes, strict=True))
+        assert starts >= 45, f"beam {beam}: {starts} of 50 start with their prefix"
+
+
+@pytest.mark.slow
+def test_what_the_page_shows_is_the_translation(static: Path):
+    """The worker's inspect, what the page shows of a sentence: beam search's
+    translation, greedy decoding's beside it (the same as beam width 1), and the
+    messages the page gives: nothing for empty text, the count of <unk> pieces."""
+    texts = load_split("test_2016_flickr", "de")[:8]
+    model, tokenizer = load_pair_model("de-en")
+    beam4 = translate(model, tokenizer, texts, beam_size=4)
+    greedy = translate(model, tokenizer, texts, beam_size=1)
+    got = {
+        k: run_node(
+            static, "de-en", {"inspect": [*texts, "", "Привет, мир!"], "beamSize": k}
+        )
+        for k in (1, 4)
+    }
+    for k, expected in ((1, greedy), (4, beam4)):
+        shown = got[k]["inspected"]
+        assert [s["text"] for s in shown[:8]] == expected
+        assert [s["greedy"]["text"] for s in shown[:8]] == greedy
+        assert shown[8] == {"empty": True, "text": "", "warnings": []}
+        unknown = shown[9]
+        assert unknown["unknown"] > (len(unknown["source"]) - 1) / 2
+        assert all(s["beam"]["steps"] >= len(s["outputPieces"]) for s in shown[:8])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", PAIRS)
+def test_the_score_buttons_translations_are_the_packages(static: Path, pair: str):
+    """The first 50 test sentences, in chunks, as the page's score button asks its
+    workers: the package's translations with its default search."""
+    sources = [source for source, _ in load_pairs("test_2016_flickr", pair)][:50]
+    chunks = [sources[i : i + 8] for i in range(0, len(sources), 8)]
+    served = run_node(static, pair, {"serve": chunks})["served"]
+    expected = (REFERENCE / f"test_2016_flickr.{pair}.beam4.txt").read_text()
+    assert sum(served, []) == expected.splitlines()[:50]
+
+
+def perturbed(hypotheses: list[str], references: list[str]) -> list[list[str]]:
+    """20 sets of hypotheses, each a different departure from the package's
+    translations: what sacreBLEU's tokenizer, smoothing and brevity penalty react to."""
+    rng = random.Random(0)
+
+    def each(f):
+        return [f(h, i) for i, h in enumerate(hypotheses)]
+
+    def drop(h, _):
+        words = h.split()
+        return " ".join(w for w in words if rng.random() > 0.2)
+
+    def swap(h, _):
+        words = h.split()
+        if len(words) > 2:
+            k = rng.randrange(len(words) - 1)
+            words[k], words[k + 1] = words[k + 1], words[k]
+        return " ".join(words)
+
+    shuffled = hypotheses[:]
+    rng.shuffle(shuffled)
+    return [
+        each(drop),
+        each(swap),
+        each(lambda h, _: h.lower()),
+        each(lambda h, _: h.upper()),
+        each(lambda h, _: h.rstrip(".")),
+        each(lambda h, _: h.rstrip(".") + " ."),
+        each(lambda h, i: "" if i % 7 == 0 else h),
+        [""] * len(hypotheses),
+        each(lambda h, _: f"{h} {h}"),
+        each(lambda h, _: " ".join(h.split()[:3])),
+        each(lambda h, _: h.split()[0] if h.split() else ""),
+        shuffled,
+        references,
+        each(
+            lambda h, _: h.replace(" and ", " &amp; ").replace("a ", "&quot;a&quot; ")
+        ),
+        each(lambda h, i: f"{h} {i},5 km-long 1.000,5 (x) {{y}} [z] @a/b"),
+        each(lambda h, _: h.replace(" ", "\u00a0", 2).replace("e", "é") + " 🐕"),
+        each(
+            lambda h, i: f"{h}<skipped> up-\nward\nend\t\t x  \u2028y " if i % 3 else h
+        ),
+        each(lambda h, _: f"“{h}” – it's O'Neil's … ok?!"),
+        each(lambda h, i: h[: max(1, len(h) // 2)] if i % 2 else h),
+        each(lambda h, i: "\u3000".join(h.split()) if i % 5 == 0 else h + "  "),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", PAIRS)
+def test_sacrebleu_in_javascript_prints_pythons(static: Path, pair: str):
+    """translator/sacrebleu.js prints the BLEU and chrF lines of Python's sacreBLEU,
+    to the last digit, for the package's translations of the test split and for 20
+    perturbed sets, and each sentence's chrF; on the package's translations these are
+    the figures that the results chapter reports for the shipped model."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    references = [reference for _, reference in load_pairs("test_2016_flickr", pair)]
+    package = (REFERENCE / f"test_2016_flickr.{pair}.beam4.txt").read_text()
+    sets = [package.splitlines(), *perturbed(package.splitlines(), references)]
+    assert len(sets) == 21
+    request = {
+        "settings": extension.scoring_settings(),
+        "references": references,
+        "hypotheses": sets,
+    }
+    got = run_node(static, "-", {"score": request})["scores"]
+    for k, (hypotheses, have) in enumerate(zip(sets, got, strict=True)):
+        bleu = BLEU().corpus_score(hypotheses, [references])
+        chrf = CHRF().corpus_score(hypotheses, [references])
+        assert (have["bleu"], have["chrf"]) == (str(bleu), str(chrf)), f"set {k}"
+    sentences = [
+        f"{CHRF().sentence_score(h, [r]).score:.2f}"
+        for h, r in zip(sets[0], references, strict=True)
+    ]
+    assert got[0]["sentences"] == sentences
+    reported = extension.reported_scores(pair)
+    defaults = DecodeOptions()
+    assert reported is not None, f"the results chapter reports no {pair} scores"
+    assert (reported["beam_size"], reported["alpha"]) == (
+        defaults.beam_size,
+        defaults.alpha,
+    )
+    assert got[0]["bleu"].startswith(f"BLEU = {reported['bleu']} ")
+    assert got[0]["chrf"].endswith(f" = {reported['chrf']}")

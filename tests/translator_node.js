@@ -5,13 +5,28 @@
 //   node tests/translator_node.js FOLDER PAIR < request.json > answer.json
 //
 // The request is one JSON object; each key present asks for one thing (PAIR "-" for
-// regex alone):
+// those that need no model):
 //   regex: [{pattern, strings}]
 //                            -> per pattern, per string: {search, match, finditer} spans
+//   configKeys: true         -> configKeys: the keys model.js accepts
+//   score: {settings, references, hypotheses: [[hypothesis]]}
+//                            -> scores: per set {bleu, chrf, sentences}, as printed
 //   words: [sentence]        -> words: [[marked spaCy word]]  (pretokenize)
 //   segment: [word]          -> ids: [[id]]                   (Tokenizer.segment)
-//   translate: [sentence], beamSize, maxLen
+//   config: {model config}   -> configError: model.js's message refusing it, or null
+//   translate: [sentence], beamSize, alpha, maxLen, prefix (ids)
 //                            -> texts, warnings, hypotheses (tokens, logProb, score, ended)
+//   translate: [sentence], prefixes: [[id]], beamSize
+//                            -> texts: each sentence translated with its own prefix
+//   steps: [sentence], searches: [{beamSize, alpha}], prefix (ids)
+//                            -> steps: per search, per sentence, the record of each step
+//                               (tokens, parents, logProbs, scores, ended, lengths) and
+//                               the result's tokens
+//   inspect: [sentence], beamSize, alpha, prefix
+//                            -> inspected: what the page shows of each (the worker's
+//                               LanguagePair.inspect), without its records
+//   serve: [[sentence]]      -> served: the translations of each chunk, as the page's
+//                               score button asks its workers (serve's translate message)
 //   attention: [sentence], beamSize
 //                            -> per sentence {source, target, encoder, decoderSelf,
 //                               decoderCross}, the weights as nested arrays
@@ -28,16 +43,41 @@ const request = JSON.parse(fs.readFileSync(0, "utf8"));
 const answer = {};
 const started = process.hrtime.bigint();
 
-if (request.regex) {
-  answer.regex = request.regex.map(({ pattern, strings }) => regexAnswers(pattern, strings));
+main().catch((error) => {
+  process.stderr.write(String(error?.stack ?? error));
+  process.exitCode = 1;
+});
+
+async function main() {
+  if (request.regex) {
+    answer.regex = request.regex.map(({ pattern, strings }) => regexAnswers(pattern, strings));
+  }
+  if (request.configKeys) {
+    answer.configKeys = core.CONFIG_KEYS;
+  }
+  if (request.config) {
+    answer.configError = configError(request.config);
+  }
+  if (request.score) {
+    const { settings, references, hypotheses } = request.score;
+    const sacrebleu = new core.SacreBleu(settings);
+    answer.scores = hypotheses.map((set) => {
+      const chrf = sacrebleu.chrf(set, references);
+      return {
+        bleu: sacrebleu.bleu(set, references).text,
+        chrf: chrf.text,
+        sentences: chrf.sentences.map((score) => core.pythonFixed(score, 2)),
+      };
+    });
+  }
+  if (pair !== "-") {
+    await answerPair();
+  }
+  finish();
 }
-if (pair !== "-") {
-  answerPair();
-}
-finish();
 
 /** Loads the pair's data and answers the requests that need a model. */
-function answerPair() {
+async function answerPair() {
   let loaded = null;
   globalThis.translatorData = (data, weights) => {
     loaded = { data, weights };
@@ -53,16 +93,57 @@ function answerPair() {
   if (request.segment) {
     answer.ids = request.segment.map((word) => tokenizer.segment(word));
   }
-  if (request.translate) {
+  if (request.translate && request.prefixes) {
+    answer.texts = request.translate.map((sentence, i) => {
+      const options = translator.options({ ...request, prefix: request.prefixes[i] });
+      return core.translate(model, tokenizer, [sentence], options)[0].text;
+    });
+  } else if (request.translate) {
     const warnings = [];
     const results = core.translate(model, tokenizer, request.translate, {
-      beamSize: request.beamSize ?? 4,
-      maxLen: request.maxLen ?? null,
+      ...translator.options(request),
       warn: (message) => warnings.push(message),
     });
     answer.texts = results.map((r) => r.text);
     answer.hypotheses = results.map((r) => r.hypothesis);
     answer.warnings = warnings;
+  }
+  if (request.steps) {
+    answer.steps = request.searches.map((search) => {
+      const options = translator.options({ ...search, prefix: request.prefix });
+      return request.steps.map((sentence) => {
+        const [source] = translator.sources([sentence]);
+        const record = {};
+        const found = core.finish(
+          core.beamSearch(model, source, translator.ids, { ...options, record }),
+        );
+        const steps = record.steps.map(({ tokens, parents, logProbs, scores, ended, lengths }) => ({
+          tokens,
+          parents,
+          logProbs,
+          scores,
+          ended,
+          lengths,
+        }));
+        return { steps, tokens: found.tokens };
+      });
+    });
+  }
+  if (request.inspect) {
+    const options = { beamSize: request.beamSize, alpha: request.alpha, prefix: request.prefix };
+    answer.inspected = request.inspect.map((sentence) => {
+      const result = core.finish(translator.inspect(sentence, options));
+      if (result.beam) {
+        for (const search of [result.beam, result.greedy]) {
+          search.steps = search.record.steps.length;
+          delete search.record;
+        }
+      }
+      return result;
+    });
+  }
+  if (request.serve) {
+    answer.served = await serveChunks(loaded, weights, request.serve);
   }
   if (request.attention) {
     const nested = (flat, ...shape) => {
@@ -75,10 +156,12 @@ function answerPair() {
       return build(0, shape);
     };
     answer.attention = request.attention.map((sentence) => {
-      const result = translator.translate(sentence, { beamSize: request.beamSize ?? 4 });
+      const result = core.finish(translator.inspect(sentence, { beamSize: request.beamSize }));
       const { source, target } = result;
       const [S, T, H] = [source.length, target.length, model.H];
-      const { encoder, decoderSelf, decoderCross } = translator.attention(source, target);
+      const { encoder, decoderSelf, decoderCross } = core.finish(
+        translator.attention(source, target),
+      );
       return {
         source,
         target,
@@ -88,6 +171,57 @@ function answerPair() {
       };
     });
   }
+}
+
+/** The message with which model.js refuses `config` (zero weights of its shapes), or null. */
+function configError(config) {
+  try {
+    const tensors = new Map();
+    for (const [name, shape] of core.Transformer.tensorShapes(config)) {
+      tensors.set(name, { shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
+    }
+    new core.Transformer(config, tensors, { layerNormEps: 1e-6 });
+    return null;
+  } catch (error) {
+    return error.message;
+  }
+}
+
+/**
+ * The worker's side of the score button: serve() on a scope of its own, given the pair's
+ * data, then one translate message per chunk, as page.js sends them: each chunk's texts.
+ */
+function serveChunks(loaded, weights, chunks) {
+  const waiting = new Map();
+  const scope = {
+    postMessage(message) {
+      const call = waiting.get(message.id);
+      if (message.step !== undefined || !call) {
+        return;
+      }
+      waiting.delete(message.id);
+      if (message.error) {
+        call.reject(new Error(message.error));
+      } else {
+        call.resolve(message.result ?? message.ready);
+      }
+    },
+  };
+  core.serve(scope);
+  let calls = 0;
+  const ask = (message) =>
+    new Promise((resolve, reject) => {
+      const id = ++calls;
+      waiting.set(id, { resolve, reject });
+      scope.onmessage({ data: { ...message, id } });
+    });
+  return ask({ load: loaded.data, weights }).then(async () => {
+    const texts = [];
+    for (const chunk of chunks) {
+      texts.push((await ask({ pair, translate: chunk })).texts);
+    }
+    return texts;
+  });
 }
 
 /**

@@ -1,5 +1,6 @@
 "use strict";
-/* exported Transformer, readSafetensors */
+/* global finish */
+/* exported Transformer, readSafetensors, CONFIG_KEYS */
 
 // The Transformer's forward pass (Vaswani et al., 2017, Figure 1) for one sentence, on the
 // shipped weights: the arithmetic of Part I, in JavaScript. Every tensor is a Float32Array
@@ -155,8 +156,8 @@ function linear(x, n, { weight, bias, dIn, dOut }) {
   return y;
 }
 
-/** LayerNorm(x) = (x - mean) / √(var + ε) · γ + β over each row of d values (ε = 1e-6). */
-function layerNorm(x, n, { weight, bias }, d) {
+/** LayerNorm(x) = (x - mean) / √(var + ε) · γ + β over each row of d values. */
+function layerNorm(x, n, { weight, bias, eps }, d) {
   const y = new Float32Array(n * d);
   for (let r = 0; r < n; r++) {
     const o = r * d;
@@ -169,7 +170,7 @@ function layerNorm(x, n, { weight, bias }, d) {
     for (let i = 0; i < d; i++) {
       variance += (x[o + i] - mean) ** 2;
     }
-    const scale = 1 / Math.sqrt(variance / d + 1e-6);
+    const scale = 1 / Math.sqrt(variance / d + eps);
     for (let i = 0; i < d; i++) {
       y[o + i] = (x[o + i] - mean) * scale * weight[i] + bias[i];
     }
@@ -256,6 +257,44 @@ function sinusoidalEncoding(maxLen, dModel) {
 
 // ---------------------------------------------------------------------------------------
 
+// The keys of a model's configuration (config.json's "model") that this code knows: the
+// fields of the package's TransformerConfig, which a test holds equal to this list. The
+// dropout rates do nothing at inference.
+const CONFIG_KEYS = [
+  "src_vocab_size",
+  "tgt_vocab_size",
+  "d_model",
+  "n_heads",
+  "n_layers",
+  "d_ff",
+  "dropout",
+  "attention_dropout",
+  "ffn_dropout",
+  "max_len",
+  "norm_first",
+  "positional",
+  "share_embeddings",
+  "tie_output",
+];
+
+/** Refuse a configuration with a key this code does not know, or a value it cannot run. */
+function checkConfig(config) {
+  const unknown = Object.keys(config).filter((key) => !CONFIG_KEYS.includes(key));
+  if (unknown.length) {
+    throw new Error(
+      `the model's configuration has ${unknown.length === 1 ? "a key" : "keys"} that this` +
+        ` page does not know: ${unknown.join(", ")} (it knows ${CONFIG_KEYS.join(", ")})`,
+    );
+  }
+  const missing = CONFIG_KEYS.filter((key) => !(key in config));
+  if (missing.length) {
+    throw new Error(`the model's configuration lacks ${missing.join(", ")}`);
+  }
+  if (!["sinusoidal", "learned"].includes(config.positional)) {
+    throw new Error(`positional is ${config.positional}: sinusoidal or learned expected`);
+  }
+}
+
 class Transformer {
   /**
    * The name and shape of every weight of a model of this config, as the package's
@@ -306,8 +345,15 @@ class Transformer {
     return shapes;
   }
 
-  /** config: config.json's "model"; tensors: readSafetensors' Map. */
-  constructor(config, tensors) {
+  /**
+   * config: config.json's "model"; tensors: readSafetensors' Map; layerNormEps: the ε of
+   * the package's LayerNorm layers (the build reads it from the model's modules).
+   */
+  constructor(config, tensors, { layerNormEps }) {
+    checkConfig(config);
+    if (!(layerNormEps > 0)) {
+      throw new Error(`layerNormEps must be a positive number, got ${layerNormEps}`);
+    }
     // The weights must be those of this config, as the package checks them.
     for (const [name, shape] of Transformer.tensorShapes(config)) {
       if (!tensors.has(name)) {
@@ -328,7 +374,11 @@ class Transformer {
       const [dOut, dIn] = tensors.get(`${name}.weight`).shape;
       return { weight: get(`${name}.weight`), bias: bias ? get(`${name}.bias`) : null, dOut, dIn };
     };
-    const norm = (name) => ({ weight: get(`${name}.weight`), bias: get(`${name}.bias`) });
+    const norm = (name) => ({
+      weight: get(`${name}.weight`),
+      bias: get(`${name}.bias`),
+      eps: layerNormEps,
+    });
     const attention = (name) => ({
       q: linearLayer(`${name}.w_q`),
       k: linearLayer(`${name}.w_k`),
@@ -557,11 +607,16 @@ class Transformer {
   }
 
   /**
-   * Every attention weight of one translation, as Transformer.attention_weights gives
+   * Every attention weight of one translation, as the package's attention_weights gives
    * them for src and tgt = <bos> + the output: per layer, encoder (H, S, S),
    * decoderSelf (H, T, T) and decoderCross (H, T, S), each a Float32Array.
    */
   attentionWeights(src, tgt) {
+    return finish(this.attentionSteps(src, tgt));
+  }
+
+  /** attentionWeights as a generator that yields after each target position. */
+  *attentionSteps(src, tgt) {
     const S = src.length;
     const T = tgt.length;
     const { H } = this;
@@ -585,6 +640,7 @@ class Transformer {
           decoderCross[i].set(step.cross[i].subarray(h * S, (h + 1) * S), (h * T + t) * S);
         }
       }
+      yield t;
     }
     return { encoder, decoderSelf, decoderCross };
   }

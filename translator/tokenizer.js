@@ -48,7 +48,8 @@ class BPE {
 class Tokenizer {
   /**
    * data: {tokenizer: the checkpoint's tokenizer.json, parsed; spacy: the rules of the
-   * source language (see spacy.js), with Python's whitespace characters as a pattern}.
+   * source language (see spacy.js), with Python's whitespace characters as a pattern;
+   * specialIds: {pad, unk, bos, eos}, the package's tokenizer's ids}.
    */
   constructor(data) {
     const spec = data.tokenizer;
@@ -59,9 +60,11 @@ class Tokenizer {
     for (const [piece, id] of Object.entries(model.vocab)) {
       this.pieces[id] = piece;
     }
-    [this.padId, this.unkId, this.bosId, this.eosId] = ["<pad>", "<unk>", "<bos>", "<eos>"].map(
-      (t) => this.bpe.vocab.get(t),
-    );
+    const { pad, unk, bos, eos } = data.specialIds;
+    [this.padId, this.unkId, this.bosId, this.eosId] = [pad, unk, bos, eos];
+    if (this.unkId !== this.bpe.unkId) {
+      throw new Error(`the unknown piece's id is ${this.bpe.unkId} in the vocabulary, not ${unk}`);
+    }
     this.spacy = new SpacyTokenizer(data.spacy);
     // Python's whitespace, which is not JavaScript's \s (U+001C-U+001F, U+0085, U+FEFF)
     const space = data.spacy.whitespace;

@@ -1,67 +1,127 @@
 "use strict";
-/* global Tokenizer, Transformer, readSafetensors, translate, greedyDecode, beamSearch */
-/* exported LanguagePair, serve */
+/* global Tokenizer, Transformer, SacreBleu, readSafetensors, translate, greedyDecode,
+   beamSearch, prepareSources, sentencesNamed, finish */
+/* exported LanguagePair, serve, Cancelled */
 
 // The page's computing side: one language pair's tokenizer and model, translating a
-// sentence and reading its attention. It runs in a Web Worker made from this code (see
-// page.js), so that the page stays responsive, or on the page itself where no worker
-// starts.
+// sentence with the record of its search, reading its attention, translating the test set
+// and scoring it. It runs in Web Workers made from this code (see page.js), so that the
+// page stays responsive, or on the page itself where no worker starts.
 
 class LanguagePair {
   /**
    * data: what the build wrote for one pair (_ext/translator.py): {pair, config (the
    * checkpoint's config.json), tokenizer (its tokenizer.json), spacy (the source
-   * language's rules)}; weights: the bytes of its safetensors files.
+   * language's rules), special_ids, layer_norm_eps and decoding (the package's defaults
+   * and extra output length)}; weights: the bytes of its safetensors files.
    */
   constructor(data, weights) {
     this.pair = data.pair;
-    this.tokenizer = new Tokenizer({ tokenizer: data.tokenizer, spacy: data.spacy });
+    this.decoding = data.decoding;
+    this.tokenizer = new Tokenizer({
+      tokenizer: data.tokenizer,
+      spacy: data.spacy,
+      specialIds: data.special_ids,
+    });
     const tensors = new Map();
     for (const bytes of weights) {
       for (const [name, tensor] of readSafetensors(bytes)) {
         tensors.set(name, tensor);
       }
     }
-    this.model = new Transformer(data.config.model, tensors);
+    this.model = new Transformer(data.config.model, tensors, { layerNormEps: data.layer_norm_eps });
+  }
+
+  get ids() {
+    const { bosId, eosId, padId } = this.tokenizer;
+    return { bosId, eosId, padId };
+  }
+
+  /** The search's options: the package's defaults (DecodeOptions), with `changes`. */
+  options({ beamSize, alpha, maxLen, prefix } = {}) {
+    return {
+      beamSize: beamSize ?? this.decoding.beam_size,
+      alpha: alpha ?? this.decoding.alpha,
+      extraLength: this.decoding.extra_length,
+      maxLen: maxLen ?? null,
+      prefix: prefix?.length ? prefix : null,
+    };
+  }
+
+  /** The source ids of sentences, as the package makes them (see prepareSources). */
+  sources(sentences, warn = null) {
+    return prepareSources(this.model, this.tokenizer, sentences, warn);
   }
 
   /**
-   * One text, translated as `python -m transformer translate` translates one SENTENCE:
-   * {text, warnings, source and target ids and pieces} (no ids for empty text). beamSize
-   * 1 is greedy decoding; onStep(t, limit) sees each decoding step.
+   * Sentences translated as `python -m transformer translate` translates them, with the
+   * package's default search unless `changes` say otherwise: {texts, warnings}.
    */
-  translate(text, { beamSize = 4, alpha = 0.6, onStep = null } = {}) {
+  translateAll(sentences, changes = {}) {
     const warnings = [];
-    const [result] = translate(this.model, this.tokenizer, [text], {
-      beamSize,
-      alpha,
+    const results = translate(this.model, this.tokenizer, sentences, {
+      ...this.options(changes),
       warn: (message) => warnings.push(message),
-      onStep: onStep && ((_, t, limit) => onStep(t, limit)),
     });
-    const out = { text: result.text, warnings, beamSize };
-    if (result.hypothesis) {
-      const { source, hypothesis } = result;
-      const { tokens, ended } = hypothesis;
-      const tokenizer = this.tokenizer;
-      // The decoder's input is <bos> and the output; each of its positions predicts the
-      // next piece, so row t of a decoder heatmap is the step that wrote output piece t.
-      const produced = ended ? [...tokens, tokenizer.eosId] : tokens;
-      const target = [tokenizer.bosId, ...produced.slice(0, -1)];
-      Object.assign(out, {
-        source,
-        target,
-        sourcePieces: source.map((id) => tokenizer.pieces[id]),
-        inputPieces: target.map((id) => tokenizer.pieces[id]),
-        outputPieces: produced.map((id) => tokenizer.pieces[id]),
-      });
-    }
-    return out;
+    return { texts: results.map((r) => r.text), warnings };
   }
 
-  /** Every attention weight of a translation (Transformer.attentionWeights), and H. */
-  attention(source, target) {
-    return { ...this.model.attentionWeights(source, target), heads: this.model.H };
+  /**
+   * One text as the page shows it, a generator that yields after each step: the beam
+   * search's translation ({beamSize, alpha, prefix} of the page; beamSize 1 is greedy
+   * decoding) with the record of every step, greedy decoding's beside it, the warnings
+   * of the command line, and the pieces of both sides. An empty text gives {empty: true}.
+   */
+  *inspect(text, changes = {}) {
+    const { model, tokenizer, ids } = this;
+    const options = this.options(changes);
+    const warnings = [];
+    const [source] = this.sources([text], (message) => warnings.push(message));
+    if (!source) {
+      return { empty: true, text: "", warnings };
+    }
+    const beamRecord = {};
+    const greedyRecord = {};
+    const beam = yield* beamSearch(model, source, ids, { ...options, record: beamRecord });
+    const greedy = yield* greedyDecode(model, source, ids, { ...options, record: greedyRecord });
+    if (!beam.ended) {
+      warnings.push(
+        `${sentencesNamed([0])}: the translation stopped at the length limit, before <eos>`,
+      );
+    }
+    // The decoder's input is <bos> and the output; each of its positions predicts the
+    // next piece, so row t of a decoder heatmap is the step that wrote output piece t.
+    const produced = beam.ended ? [...beam.tokens, tokenizer.eosId] : beam.tokens;
+    const target = [tokenizer.bosId, ...produced.slice(0, -1)];
+    const piece = (id) => tokenizer.pieces[id];
+    return {
+      text: tokenizer.decode(beam.tokens),
+      warnings,
+      options: { beamSize: options.beamSize, alpha: options.alpha, prefix: options.prefix ?? [] },
+      source,
+      target,
+      unknown: source.filter((id) => id === tokenizer.unkId).length,
+      sourcePieces: source.map(piece),
+      inputPieces: target.map(piece),
+      outputPieces: produced.map(piece),
+      beam: { ...beam, record: beamRecord },
+      greedy: { ...greedy, text: tokenizer.decode(greedy.tokens), record: greedyRecord },
+    };
   }
+
+  /** Every attention weight of a translation (Transformer.attentionSteps), and H. */
+  *attention(source, target) {
+    const weights = yield* this.model.attentionSteps(source, target);
+    return { ...weights, heads: this.model.H };
+  }
+}
+
+/** Scores of translations against their references, as sacreBLEU computes them. */
+function scoreTranslations({ hypotheses, references, settings }) {
+  const sacrebleu = new SacreBleu(settings);
+  const bleu = sacrebleu.bleu(hypotheses, references);
+  const chrf = sacrebleu.chrf(hypotheses, references);
+  return { bleu, chrf };
 }
 
 /**
@@ -69,7 +129,8 @@ class LanguagePair {
  * forward pass and the searches to fast machine code while the page is still loading the
  * real weights: a cold first translation takes about twice as long as the next. The
  * vocabulary is large enough that the loops over V get compiled too. A generator: each
- * step is one decoding, so that a message from the page can stop it between two.
+ * step is one decoding, so that a message from the page can stop it between two. Its
+ * numbers are those of no real model.
  */
 function* warmUp() {
   const config = {
@@ -79,6 +140,9 @@ function* warmUp() {
     n_heads: 2,
     n_layers: 2,
     d_ff: 64,
+    dropout: 0,
+    attention_dropout: 0,
+    ffn_dropout: 0,
     max_len: 32,
     norm_first: false,
     positional: "sinusoidal",
@@ -92,23 +156,91 @@ function* warmUp() {
     const data = new Float32Array(shape.reduce((a, b) => a * b, 1)).map(random);
     tensors.set(name, { shape, data });
   }
-  const model = new Transformer(config, tensors);
+  const model = new Transformer(config, tensors, { layerNormEps: 1e-5 });
   const ids = { bosId: 2, eosId: 3, padId: 0 };
   const source = [4, 5, 6, 7, 8, 9, 10, 3];
+  const options = { extraLength: 16, beamSize: 4, alpha: 0.5 };
   for (let i = 0; i < 3; i++) {
-    yield greedyDecode(model, source, ids, { maxLen: 24 });
-    yield beamSearch(model, source, ids, { maxLen: 24 });
+    yield finish(greedyDecode(model, source, ids, { ...options, record: {} }));
+    yield finish(beamSearch(model, source, ids, { ...options, record: {} }));
     yield model.attentionWeights(source, [2, 4, 5, 6]);
   }
 }
 
+/** A work that the page cancelled. */
+class Cancelled extends Error {
+  constructor() {
+    super("cancelled");
+    this.name = "Cancelled";
+  }
+}
+
+/** A promise of the event loop's next turn, after the messages that have come in. */
+const nextTurn = (() => {
+  const { setImmediate } = globalThis; // Node's
+  if (typeof setImmediate === "function") {
+    return () => new Promise((resolve) => setImmediate(resolve));
+  }
+  // A message to itself is queued at once, where setTimeout waits at least 4 ms.
+  const channel = new MessageChannel();
+  const waiting = [];
+  channel.port1.onmessage = () => waiting.shift()();
+  return () =>
+    new Promise((resolve) => {
+      waiting.push(resolve);
+      channel.port2.postMessage(null);
+    });
+})();
+
+// How long a work runs before it lets the messages in (a cancel, a ping).
+const SLICE_MS = 30;
+
 /**
- * Answer the page's messages in a worker: {ping}, {load: data, weights}, and for a pair,
- * {pair, translate: text, beamSize} and {pair, attention: {source, target}}. Until the
- * first message that is not a ping, it warms up, one step at a time.
+ * Run a generator to its end in slices of SLICE_MS, letting the messages in between two:
+ * progress(value) is told of the last value of each slice; cancelled() is asked after
+ * each, and if true the work stops with Cancelled.
+ */
+async function drive(steps, cancelled, progress = null) {
+  let since = Date.now();
+  for (;;) {
+    const { done, value } = steps.next();
+    if (done) {
+      return value;
+    }
+    if (Date.now() - since >= SLICE_MS) {
+      progress?.(value);
+      await nextTurn();
+      if (cancelled()) {
+        steps.return();
+        throw new Cancelled();
+      }
+      since = Date.now();
+    }
+  }
+}
+
+/** The buffers of a result's typed arrays, to transfer them rather than copy them. */
+function buffersOf(value, found = new Set()) {
+  if (ArrayBuffer.isView(value)) {
+    found.add(value.buffer);
+  } else if (Array.isArray(value)) {
+    value.forEach((item) => buffersOf(item, found));
+  } else if (value && typeof value === "object") {
+    Object.values(value).forEach((item) => buffersOf(item, found));
+  }
+  return [...found];
+}
+
+/**
+ * Answer the page's messages in a worker: {ping}, {load: data, weights}, {cancel: id},
+ * and for a pair, {pair, inspect: text, options}, {pair, attention: {source, target}} and
+ * {pair, translate: [sentence]}, and {score: {hypotheses, references, settings}}. A work
+ * posts {id, step} as it goes and {id, result}, {id, error} or {id, cancelled} at its
+ * end. Until the first message that is not a ping, it warms up, one step at a time.
  */
 function serve(scope) {
   const translators = new Map(); // pair -> LanguagePair
+  const cancelled = new Set(); // the ids of the works to stop
   const warming = warmUp();
   let idle = true;
   const warmer = () => {
@@ -117,28 +249,48 @@ function serve(scope) {
     }
   };
   setTimeout(warmer, 0);
-  scope.onmessage = ({ data: message }) => {
+  const translator = (pair) => {
+    const found = translators.get(pair);
+    if (!found) {
+      throw new Error(`no ${pair} model is loaded`);
+    }
+    return found;
+  };
+  scope.onmessage = async ({ data: message }) => {
+    const { id } = message;
     idle &&= Boolean(message.ping);
+    const post = (answer) => scope.postMessage({ id, ...answer }, buffersOf(answer));
+    const stopped = () => cancelled.has(id);
+    const progress = (step) => scope.postMessage({ id, step });
     try {
       if (message.ping) {
-        scope.postMessage({ id: message.id, ready: true });
+        post({ ready: true });
+      } else if (message.cancel !== undefined) {
+        cancelled.add(message.cancel);
       } else if (message.load) {
-        const translator = new LanguagePair(message.load, message.weights);
-        translators.set(translator.pair, translator);
-        scope.postMessage({ id: message.id, ready: translator.pair });
+        const loaded = new LanguagePair(message.load, message.weights);
+        translators.set(loaded.pair, loaded);
+        post({ ready: loaded.pair });
+      } else if (message.inspect !== undefined) {
+        const work = translator(message.pair).inspect(message.inspect, message.options);
+        post({ result: await drive(work, stopped, progress) });
       } else if (message.attention) {
         const { source, target } = message.attention;
-        const result = translators.get(message.pair).attention(source, target);
-        scope.postMessage({ id: message.id, result });
-      } else if (message.translate !== undefined) {
-        const result = translators.get(message.pair).translate(message.translate, {
-          beamSize: message.beamSize,
-          onStep: (t, limit) => scope.postMessage({ id: message.id, step: t, limit }),
-        });
-        scope.postMessage({ id: message.id, result });
+        const work = translator(message.pair).attention(source, target);
+        post({ result: await drive(work, stopped) });
+      } else if (message.translate) {
+        post({ result: translator(message.pair).translateAll(message.translate) });
+      } else if (message.score) {
+        post({ result: scoreTranslations(message.score) });
       }
     } catch (error) {
-      scope.postMessage({ id: message.id, error: String(error?.stack ?? error) });
+      if (error instanceof Cancelled) {
+        post({ cancelled: true });
+      } else {
+        post({ error: String(error?.stack ?? error) });
+      }
+    } finally {
+      cancelled.delete(id);
     }
   };
 }
