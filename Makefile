@@ -10,7 +10,7 @@ TORCH_CPU ?= torch==2.13.0
 # Part I to III are chapters/NN_*, the appendices chapters/aNN_*: sorted, the book's order.
 CHAPTERS := intro.ipynb $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb chapters/a[0-9][0-9]_*.ipynb))
 
-.PHONY: help book test test-other-cpu check export sync execute venv clean
+.PHONY: help book test test-other-cpu check export sync execute chapter venv clean
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv first)"
@@ -21,6 +21,8 @@ help:
 	@echo "make export   regenerate transformer/ from the chapters' #| export cells"
 	@echo "make sync     sync each chapter's .ipynb with its py:percent twin (jupytext)"
 	@echo "make execute  re-run chapters in place (NB=chapters/01_attention.ipynb for one)"
+	@echo "make chapter  after editing one chapter (NB=chapters/14_decoding.py): sync, format,"
+	@echo "              export its modules, lint by the twin's lines, check; EXECUTE=1 runs it"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +73,10 @@ sync: $(BIN)/.installed
 
 execute: $(BIN)/.installed
 	$(BIN)/python tools/nb.py execute $(or $(NB),$(CHAPTERS))
+
+# The edit loop of one chapter, named by its twin or its notebook (tools/nb.py edit).
+chapter: $(BIN)/.installed
+	$(BIN)/python tools/nb.py edit $(if $(filter-out 0,$(EXECUTE)),--execute) $(NB)
 
 clean:
 	rm -rf _build

@@ -1,9 +1,17 @@
-"""Chapter tooling: export the package, check the notebooks, execute them.
+"""Chapter tooling: export the package, check the notebooks, execute them, edit one.
 
     python tools/nb.py export [NB...] # transformer/<module>.py from the #| export cells
     python tools/nb.py check          # export in sync, twins in sync, notebooks clean
     python tools/nb.py execute NB...  # run chapters in place, storing their outputs
     python tools/nb.py setup-cells    # rewrite each chapter's Colab cell from _config.yml
+    python tools/nb.py edit [--execute] NB...  # an edited chapter, synced to checked
+
+`edit` (`make chapter NB=chapters/NN_name.py`) is the edit loop of one chapter, named by its
+twin or its notebook: jupytext --sync (the newer file wins), ruff format of its code cells,
+export of its modules only, ruff's findings and the column check reported by the twin's
+lines, the chapter's own checks, and what is left (`--execute`: run it and store the
+outputs). An edited code cell keeps its outputs but loses its execution count, so the chapter
+reads as not executed until it runs again. It exits 1 when something is wrong.
 
 The chapters are the source. `export` runs nbdev's `nb_export` (no nbdev project needed) on each
 chapter; `check` exports into a scratch copy of the repository and compares, so a hand edit of a
@@ -19,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -75,6 +84,8 @@ def export(root: Path = ROOT, notebooks: list[Path] | None = None) -> list[Path]
         package = ".".join(module.relative_to(root).parent.parts)
         text = absolute_imports(module.read_text(), package)
         module.write_text(short_header(docstring_first(text)))
+    if not modules:  # ruff given no file would format the working directory
+        return modules
     # Sorted imports and the chapters' formatting, by the package's own ruff settings (named
     # explicitly: a scratch copy of the repository has none of its own).
     ruff = [str(Path(sys.executable).with_name("ruff")), "--config", str(PACKAGE_RUFF)]
@@ -237,65 +248,105 @@ def _write_text(path: Path, text: str) -> None:
 
 def notebook_problems(path: Path, url: str) -> list[str]:
     """What is wrong with one stored chapter: errors, out-of-order runs, stale twin or set-up."""
-    import jupytext
-
     nb = nbformat.read(path, as_version=4)
     chapter = path.parent.name == "chapters"
     name = path.relative_to(path.parent.parent) if chapter else path.name
-    problems = []
-    counts = []
+    problems = [f"{name}: cell {i} {p}" for i, p in output_problems(nb)]
+    problems += [f"{name}: {w}" for w in wide_code(nb)]
+    if not ran_in_order(nb):
+        problems.append(
+            f"{name}: not executed top to bottom in one run (`make execute NB={name}`)"
+        )
+    problems += [f"{name}: {p}" for p in pairing_problems(path, nb, url)]
+    return problems
+
+
+def output_problems(nb) -> list[tuple[int, str]]:
+    """(cell index, problem) for each stored error output or printed traceback."""
+    found = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         for out in cell.get("outputs", []):
             if out.output_type == "error":
-                problems.append(f"{name}: cell {i} holds an error output ({out.ename})")
+                found.append((i, f"holds an error output ({out.ename})"))
             if (
                 out.output_type == "stream"
                 and out.name == "stderr"
                 and "Traceback" in out.text
             ):
-                problems.append(f"{name}: cell {i} printed a traceback")
-        if cell.source.strip():
-            counts.append(cell.execution_count)
-    problems += [f"{name}: {w}" for w in wide_code(nb)]
-    if counts and (None in counts or counts != list(range(1, len(counts) + 1))):
-        problems.append(
-            f"{name}: not executed top to bottom in one run (`make execute NB={name}`)"
-        )
+                found.append((i, "printed a traceback"))
+    return found
+
+
+def ran_in_order(nb) -> bool:
+    """Whether the stored outputs come from one run, top to bottom: the code cells are
+    numbered 1, 2, 3, ... (empty cells aside)."""
+    counts = [
+        c.execution_count
+        for c in nb.cells
+        if c.cell_type == "code" and c.source.strip()
+    ]
+    return not counts or counts == list(range(1, len(counts) + 1))
+
+
+def pairing_problems(path: Path, nb, url: str) -> list[str]:
+    """The Colab set-up cell and the py:percent twin, each as the chapter's text makes them."""
+    import jupytext
+
+    problems = []
     setup = first_code_cell(nb)
     if setup is None or setup.source != setup_cell_source(url):
         problems.append(
-            f"{name}: first code cell is not the Colab set-up (`tools/nb.py setup-cells`)"
+            "first code cell is not the Colab set-up (`tools/nb.py setup-cells`)"
         )
     twin = path.with_suffix(".py")
     if not twin.exists():
-        problems.append(f"{name}: no py:percent twin (`make sync`)")
+        problems.append("no py:percent twin (`make sync`)")
     elif twin.read_text() != jupytext.writes(nb, fmt="py:percent"):
-        problems.append(f"{name}: its .py twin is out of sync (`make sync`)")
+        problems.append("its .py twin is out of sync (`make sync`)")
     return problems
 
 
 def wide_code(nb) -> list[str]:
     """Code lines a reader sees that are wider than the column: in code cells
     the book shows, and in the fenced blocks of markdown cells."""
+    return [
+        f"cell {i} has a line of {len(line)} characters, wider than the"
+        f" column ({CODE_WIDTH}): {line[:40]}"
+        for i, _, line in wide_lines(nb)
+    ]
+
+
+def wide_lines(nb) -> list[tuple[int, int, str]]:
+    """(cell index, line index in the cell, line) of each line that `wide_code` reports."""
     found = []
     for i, cell in enumerate(nb.cells):
+        lines = cell.source.splitlines()
         if cell.cell_type == "code":
             if REMOVED & set(cell.metadata.get("tags", [])):
                 continue
-            lines = cell.source.splitlines()
+            shown = list(enumerate(lines))
         elif cell.cell_type == "markdown":
-            blocks = re.findall(r"^```[^\n]*\n(.*?)^```", cell.source, re.M | re.S)
-            lines = "".join(blocks).splitlines()
+            shown = fenced_lines(lines)
         else:
             continue
-        found += [
-            f"cell {i} has a line of {len(line)} characters, wider than the"
-            f" column ({CODE_WIDTH}): {line[:40]}"
-            for line in lines
-            if len(line) > CODE_WIDTH
-        ]
+        found += [(i, j, line) for j, line in shown if len(line) > CODE_WIDTH]
+    return found
+
+
+def fenced_lines(lines: list[str]) -> list[tuple[int, str]]:
+    """(index, line) of the lines inside closed ``` blocks of a markdown cell."""
+    found, block = [], None
+    for j, line in enumerate(lines):
+        if line.startswith("```"):
+            if block is None:
+                block = []
+            else:
+                found += block
+                block = None
+        elif block is not None:
+            block.append((j, line))
     return found
 
 
@@ -309,23 +360,369 @@ def check(root: Path = ROOT) -> list[str]:
 
 def execute(paths: list[Path], timeout: int = 1800) -> None:
     """Run each chapter top to bottom in a fresh kernel and store its outputs in place."""
-    from nbclient import NotebookClient
-
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         print(f"executing {path} ...", flush=True)
-        NotebookClient(
-            nb,
-            timeout=timeout,
-            kernel_name="python3",
-            record_timing=False,
-            resources={"metadata": {"path": str(path.parent)}},
-        ).execute()
+        run_notebook(nb, path, timeout)
         _write_pair(path, nb)
 
 
+def run_notebook(nb, path: Path, timeout: int = 1800) -> None:
+    """Run `nb` (read from `path`) top to bottom in a fresh kernel, in its own folder."""
+    from nbclient import NotebookClient
+
+    NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
+
+
+# `edit`, the edit loop of one chapter (`make chapter NB=...`).
+
+
+@dataclass
+class Edit:
+    """What `edit` did to one chapter, and what is wrong or left."""
+
+    twin: str  # chapters/NN_name.py, as findings name it
+    done: list[str] = field(default_factory=list)
+    findings: int = 0  # ruff's and the column's, by twin line
+    problems: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.findings or self.problems:
+            return (
+                f"{self.twin}: {_count(self.findings, 'lint finding')},"
+                f" {_count(len(self.problems), 'other problem')}"
+            )
+        return f"{self.twin}: {', '.join([*self.done, 'checks pass'])}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+class TwinLines:
+    """Where each cell of a notebook stands in its py:percent twin, so that a finding in
+    cell i, row r is reported at the line of the twin an author edits."""
+
+    def __init__(self, nb, twin: str, notebook: str):
+        import jupytext
+
+        self.nb, self.twin, self.notebook = nb, twin, notebook
+        self.lines = jupytext.writes(nb, fmt="py:percent").splitlines()
+        # Each cell starts with a `# %%` line (after jupytext's YAML header), its source
+        # below it line for line: markdown behind "# ", a magic commented out the same way.
+        heads = [n for n, line in enumerate(self.lines, 1) if line.startswith("# %%")]
+        self.heads = heads if len(heads) == len(nb.cells) else None
+
+    def where(self, cell: int, row: int, col: int) -> str:
+        """`twin:LINE:COL` for cell `cell` (0-based), row and column `row`, `col` (1-based)."""
+        if self.heads is None:  # a twin laid out otherwise: name the notebook's cell
+            return f"{self.notebook}:cell {cell}:{row}:{col}"
+        line = self.heads[cell] + row
+        source = self.nb.cells[cell].source.splitlines()
+        text = self.lines[line - 1] if line <= len(self.lines) else ""
+        if row <= len(source) and text == "# " + source[row - 1]:
+            col += 2
+        return f"{self.twin}:{line}:{col}"
+
+
+def chapter_notebook(arg: str | Path, root: Path = ROOT) -> Path:
+    """The notebook of a chapter named by its notebook or its twin; ValueError otherwise."""
+    path = Path(arg).resolve()
+    notebook = path.with_suffix(".ipynb")
+    chapter = notebook.parent == root / "chapters" and re.fullmatch(
+        r"a?[0-9][0-9]_.+", notebook.stem
+    )
+    if path.suffix not in {".py", ".ipynb"} or not (
+        chapter or notebook == root / "intro.ipynb"
+    ):
+        raise ValueError(f"{arg} is not a chapter (chapters/NN_name.py or .ipynb)")
+    if not (notebook.exists() or notebook.with_suffix(".py").exists()):
+        raise ValueError(f"{arg} does not exist")
+    return notebook
+
+
+def edit(args: list[str | Path], root: Path = ROOT, run: bool = False) -> int:
+    """Take each chapter, named by its twin or its notebook, from an edit to a checked
+    chapter: sync the pair, format the code cells, export the chapter's modules, lint by the
+    twin's lines, and check it (`run`: execute it too). Prints what it did, each finding and
+    problem, what is left, and a one-line summary; returns 1 if anything is wrong."""
+    root = root.resolve()
+    try:
+        notebooks = [chapter_notebook(a, root) for a in args]
+    except ValueError as error:
+        print(f"tools/nb.py edit: {error}", file=sys.stderr)
+        return 2
+    if not notebooks:
+        print("tools/nb.py edit: name a chapter (chapters/NN_name.py)", file=sys.stderr)
+        return 2
+    edits = [
+        _edit(path, root, run, twin_named=Path(a).suffix == ".py")
+        for a, path in zip(args, notebooks, strict=True)
+    ]
+    failed = [e for e in edits if e.findings or e.problems]
+    left = [e.twin for e in edits if e.left and e not in failed]
+    clean = [e for e in edits if e not in failed]
+    parts = [e.summary() for e in (edits if len(edits) == 1 else failed)]
+    if len(edits) > 1 and clean:
+        parts.append(
+            f"{_count(len(clean), 'chapter')} synced, formatted, exported,"
+            " lint clean, checks pass"
+        )
+    if left:
+        parts.append(f"left: execute {', '.join(left)} (EXECUTE=1)")
+    print(f"{'FAILED' if failed else 'ok'}: {'; '.join(parts)}")
+    return 1 if failed else 0
+
+
+def _edit(path: Path, root: Path, run: bool, twin_named: bool) -> Edit:
+    name = path.relative_to(root).as_posix()
+    twin = path.with_suffix(".py")
+    report = Edit(twin.relative_to(root).as_posix())
+
+    def problem(text: str) -> None:
+        report.problems.append(text)
+        print(text, flush=True)
+
+    # 1. Sync: jupytext takes the inputs from the newer file, outputs from the notebook. A
+    # twin named as the edited file is not overwritten by an older edit of the notebook.
+    if twin_named and _notebook_would_win(path, twin):
+        problem(
+            f"{name} is newer than {report.twin} and differs from it: syncing would"
+            f" drop the twin's edits (`touch {report.twin}` to keep them)"
+        )
+        return report
+    before = _code_sources(path) if path.exists() else []
+    jupytext = Path(sys.executable).with_name("jupytext")
+    source = path if path.exists() else path.with_suffix(".py")
+    synced = subprocess.run(
+        [str(jupytext), "--sync", "--quiet", str(source)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    if synced.returncode:
+        why = (synced.stderr.strip() or synced.stdout.strip()).splitlines()
+        problem(f"{report.twin}: jupytext --sync failed: {why[-1] if why else '?'}")
+        return report
+    nb = nbformat.read(path, as_version=4)
+    edited = _forget_runs_of_edited_cells(nb, before)
+    report.done.append("synced")
+
+    # 2. Format the code cells as `make check` wants them: imports sorted, ruff format.
+    reformatted = _format_cells(nb, name, root)
+    if edited or reformatted:
+        _write_pair(path, nb)
+    if reformatted:
+        print(f"{report.twin}: formatted {_count(reformatted, 'code cell')}")
+    report.done.append("formatted")
+
+    # 3. Lint with the rules `make check` applies to the notebook, by twin line; a cell
+    # that does not parse stops the export (nbdev would write a broken module).
+    lines = TwinLines(nb, report.twin, name)
+    findings, parses = _lint(nb, name, root, lines)
+    if parses:
+        written = export(root, [path])
+        for module in written:
+            print(f"{report.twin}: exported {module.relative_to(root).as_posix()}")
+        count = _count(len(written), "module") if written else "no module"
+        report.done.append(f"exported {count}")
+        for stale in sorted(_modules_of(root, name) - set(written)):
+            problem(
+                f"{stale.relative_to(root).as_posix()} is generated from {name}, which no"
+                " longer exports it: delete it"
+            )
+    else:
+        problem(f"{report.twin}: not exported: a code cell does not parse")
+    for finding in findings:
+        print(finding, flush=True)
+    report.findings = len(findings)
+    if not findings:
+        report.done.append("lint clean")
+
+    # Execute on request, once nothing above is wrong (a run takes minutes).
+    if run and not (findings or report.problems):
+        print(f"{report.twin}: executing {name} ...", flush=True)
+        error = _run_in_place(path, nb, lines)
+        if error:
+            problem(error)
+        else:
+            edited = 0
+            report.done.append("executed")
+
+    # 4. The chapter's own checks from `check`, by twin line where they name a cell.
+    nb = nbformat.read(path, as_version=4)
+    for i, what in output_problems(nb):
+        problem(f"{lines.where(i, 1, 1)} cell {what}")
+    for what in pairing_problems(path, nb, repository_url(root)):
+        problem(f"{name}: {what}")
+    if not ran_in_order(nb):
+        why = f", {_count(edited, 'code cell')} edited since the run" if edited else ""
+        report.left.append(
+            f"left: {name} is not executed top to bottom{why}:"
+            f" `make chapter NB={report.twin} EXECUTE=1`"
+        )
+        print(report.left[-1], flush=True)
+    return report
+
+
+def _notebook_would_win(path: Path, twin: Path) -> bool:
+    """Whether `jupytext --sync` would take the inputs from the notebook rather than from
+    its twin, and so rewrite the twin's text."""
+    import jupytext
+
+    if not (path.exists() and twin.exists()):
+        return False
+    if twin.stat().st_mtime >= path.stat().st_mtime:
+        return False
+    nb = nbformat.read(path, as_version=4)
+    return twin.read_text() != jupytext.writes(nb, fmt="py:percent")
+
+
+def _code_sources(path: Path) -> list[str]:
+    nb = nbformat.read(path, as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def _forget_runs_of_edited_cells(nb, before: list[str]) -> int:
+    """Clear the execution count of each code cell whose source is not among `before`
+    (jupytext keeps the outputs of an edited cell), so that the chapter reads as not run
+    top to bottom until it is executed again; return how many."""
+    from collections import Counter
+
+    unchanged = Counter(before)
+    edited = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if unchanged[cell.source]:
+            unchanged[cell.source] -= 1
+        elif cell.source.strip() and cell.execution_count is not None:
+            cell.execution_count = None
+            edited += 1
+    return edited
+
+
+def _ruff_notebook(args: list[str], nb_json: str, name: str, root: Path):
+    """ruff over a notebook given as text, as if it were the file `name` of `root`: the
+    settings and per-file ignores are those `ruff check .` finds for that file."""
+    ruff = Path(sys.executable).with_name("ruff")
+    return subprocess.run(
+        [str(ruff), *args, "--stdin-filename", name],
+        input=nb_json,
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+
+
+def _format_cells(nb, name: str, root: Path) -> int:
+    """Sort the imports and format the code cells of `nb` in place; return how many changed
+    (0 where a cell does not parse: the lint says where)."""
+    text = nbformat.writes(nb)
+    fix = ["check", "--select", "I", "--fix", "--exit-zero", "-q"]
+    sorted_ = _ruff_notebook(fix, text, name, root)
+    formatted = _ruff_notebook(["format", "-q"], sorted_.stdout or text, name, root)
+    if sorted_.returncode or formatted.returncode:
+        return 0
+    new = nbformat.reads(formatted.stdout, as_version=4)
+    changed = 0
+    for cell, done in zip(nb.cells, new.cells, strict=True):
+        if cell.cell_type == "code" and cell.source != done.source:
+            cell.source = done.source
+            changed += 1
+    return changed
+
+
+def _lint(nb, name: str, root: Path, lines: TwinLines) -> tuple[list[str], bool]:
+    """ruff's findings and the lines wider than the book's column, as `twin:LINE:COL CODE
+    message` in the twin's order, and whether every code cell parses."""
+    import json
+
+    args = ["check", "--output-format", "json", "--exit-zero", "--no-fix"]
+    linted = _ruff_notebook(args, nbformat.writes(nb), name, root)
+    if linted.returncode:
+        why = linted.stderr.strip().splitlines()
+        return [f"{lines.twin}:1:1 ruff {why[-1] if why else 'failed'}"], False
+    found, parses, long_lines = [], True, set()
+    for d in json.loads(linted.stdout):
+        code = d.get("code") or "invalid-syntax"
+        parses = parses and code != "invalid-syntax"
+        cell, at = d["cell"] - 1, d["location"]  # ruff counts cells from 1
+        if code == "E501":
+            long_lines.add((cell, at["row"]))
+        found.append((cell, at["row"], at["column"], f"{code} {d['message']}"))
+    for cell, j, line in wide_lines(nb):
+        if (cell, j + 1) not in long_lines:
+            found.append(
+                (
+                    cell,
+                    j + 1,
+                    CODE_WIDTH + 1,
+                    f"width line of {len(line)} characters, wider than the"
+                    f" book's column ({CODE_WIDTH})",
+                )
+            )
+    found.sort(key=lambda f: f[:3])
+    return [f"{lines.where(c, r, k)} {what}" for c, r, k, what in found], parses
+
+
+def _modules_of(root: Path, notebook: str) -> set[Path]:
+    """The package's modules whose header names `notebook` as their source."""
+    header = f"# Generated from {notebook}:"
+    lib = root / "transformer"
+    return {
+        lib / name
+        for name in module_names(lib) - HAND_WRITTEN
+        if (lib / name).read_text().startswith(header)
+    }
+
+
+def _run_in_place(path: Path, nb, lines: TwinLines) -> str | None:
+    """Execute the chapter and store its outputs; None, or the one-line error of the cell
+    that failed."""
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    try:
+        run_notebook(nb, path)
+    except (CellExecutionError, CellTimeoutError) as error:
+        failed = [
+            i
+            for i, cell in enumerate(nb.cells)
+            if any(out.output_type == "error" for out in cell.get("outputs", []))
+        ]
+        where = (
+            lines.where(failed[0], _error_row(nb.cells[failed[0]]), 1)
+            if failed
+            else lines.twin
+        )
+        first = str(getattr(error, "evalue", "") or error).strip().splitlines()
+        return f"{where} execution failed: {getattr(error, 'ename', 'error')}: " + (
+            first[0] if first else ""
+        )
+    _write_pair(path, nb)
+    return None
+
+
+def _error_row(cell) -> int:
+    """The line of the cell that raised, from IPython's traceback ("Cell In[3], line 2")."""
+    for out in cell.get("outputs", []):
+        for frame in out.get("traceback", []) if out.output_type == "error" else []:
+            plain = re.sub(r"\x1b\[[0-9;]*m", "", frame)
+            if found := re.search(r"Cell In\[\d*\], line (\d+)", plain):
+                return int(found[1])
+    return 1
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"export", "check", "execute", "setup-cells"}:
+    commands = {"export", "check", "execute", "setup-cells", "edit"}
+    if not argv or argv[0] not in commands:
         print(__doc__)
         return 2
     command, args = argv[0], argv[1:]
@@ -337,6 +734,9 @@ def main(argv: list[str]) -> int:
         setup_cells()
     elif command == "execute":
         execute([Path(a).resolve() for a in args] or chapter_paths())
+    elif command == "edit":
+        run = "--execute" in args
+        return edit([a for a in args if a != "--execute"], run=run)
     elif command == "check":
         problems = check()
         for p in problems:
