@@ -134,10 +134,8 @@ async function answerPair() {
     answer.inspected = request.inspect.map((sentence) => {
       const result = core.finish(translator.inspect(sentence, options));
       if (result.beam) {
-        for (const search of [result.beam, result.greedy]) {
-          search.steps = search.record.steps.length;
-          delete search.record;
-        }
+        result.beam.steps = result.beam.record.steps.length;
+        delete result.beam.record;
       }
       return result;
     });

@@ -682,7 +682,7 @@
       K === 1
         ? `Step ${t + 1}: the one hypothesis takes its most probable piece.`
         : `Step ${t + 1}: ${count(open.length, "open hypothesis", "open hypotheses")} offered` +
-          ` their ${K} most probable pieces` +
+          ` ${open.length === 1 ? "its" : "their"} ${K} most probable pieces` +
           (live.length > open.length
             ? `, and ${count(live.length - open.length, "ended one stays", "ended ones stay")}` +
               " a candidate as it is"
@@ -803,7 +803,7 @@
     $("looked").replaceChildren(
       ...shown.sourcePieces.map((piece, s) => {
         const span = pieceSpan(piece);
-        span.style.backgroundColor = shade(weights[s] / (top || 1));
+        shadePiece(span, weights[s] / (top || 1));
         span.title = `${weights[s].toFixed(3)}`;
         return span;
       }),
@@ -848,6 +848,12 @@
   function shade(x) {
     const i = Math.max(0, Math.min(255, Math.round(x * 255))) * 3;
     return `rgb(${PALETTE[i]}, ${PALETTE[i + 1]}, ${PALETTE[i + 2]})`;
+  }
+
+  /** Shade a piece's background by x in [0, 1] (null: clear), its text kept legible. */
+  function shadePiece(span, x) {
+    span.style.backgroundColor = x === null ? "" : shade(x);
+    span.classList.toggle("translator-dark", x !== null && x > 0.55);
   }
 
   /** One pixel per cell, coloured: a canvas to draw from, scaled. */
@@ -1269,7 +1275,7 @@
         span.classList.toggle("translator-pointed", Number(span.dataset.row) === t);
       }
       if (t === null) {
-        source.forEach((s) => (s.style.backgroundColor = ""));
+        source.forEach((s) => shadePiece(s, null));
         return;
       }
       const { layer, head } = chosen();
@@ -1277,7 +1283,7 @@
       const row = values.subarray(t * cols.length, (t + 1) * cols.length);
       const top = Math.max(...row) || 1;
       source.forEach((s, j) => {
-        s.style.backgroundColor = shade(row[j] / top);
+        shadePiece(s, row[j] / top);
       });
     };
     const rowOf = (event) => {

@@ -81,9 +81,12 @@ class LanguagePair {
       return { empty: true, text: "", warnings };
     }
     const beamRecord = {};
-    const greedyRecord = {};
     const beam = yield* beamSearch(model, source, ids, { ...options, record: beamRecord });
-    const greedy = yield* greedyDecode(model, source, ids, { ...options, record: greedyRecord });
+    // A beam of 1 is greedy decoding: the same pieces and log p, the score aside.
+    const greedy =
+      options.beamSize === 1
+        ? { ...beam, score: beam.logProb }
+        : yield* greedyDecode(model, source, ids, options);
     if (!beam.ended) {
       warnings.push(
         `${sentencesNamed([0])}: the translation stopped at the length limit, before <eos>`,
@@ -105,7 +108,7 @@ class LanguagePair {
       inputPieces: target.map(piece),
       outputPieces: produced.map(piece),
       beam: { ...beam, record: beamRecord },
-      greedy: { ...greedy, text: tokenizer.decode(greedy.tokens), record: greedyRecord },
+      greedy: { ...greedy, text: tokenizer.decode(greedy.tokens) },
     };
   }
 
