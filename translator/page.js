@@ -45,6 +45,9 @@
     }
   }
 
+  /** Input that the page cannot translate: its message is for the reader, as it is. */
+  class Problem extends Error {}
+
   function setState(state, status = "") {
     if (!$("status")) {
       return; // the page is still loading: start() sets the state
@@ -282,13 +285,17 @@
     const ids = entry.data.special_ids;
     const unknown = prefix.filter((piece) => !Object.hasOwn(vocab, piece));
     if (unknown.length) {
-      throw new Error(
-        `the forced start holds “${unknown[0]}”, which is not a piece of the model's vocabulary`,
+      throw new Problem(
+        `The forced start holds “${unknown[0]}”, which is not a piece of the model's` +
+          " vocabulary: choose “Decode freely”.",
       );
     }
     const found = prefix.map((piece) => vocab[piece]);
     if (found.some((id) => [ids.bos, ids.eos, ids.pad].includes(id))) {
-      throw new Error("the forced start must not hold <bos>, <eos> or <pad>: the search adds them");
+      throw new Problem(
+        "The forced start holds a special piece, which the search adds itself: choose" +
+          " “Decode freely”.",
+      );
     }
     return found;
   }
@@ -404,6 +411,12 @@
 
   /** What went wrong, in the status line (and the console, for whoever debugs it). */
   function report(error) {
+    if (error instanceof Problem) {
+      $("forced").hidden = !prefix.length;
+      $("prefix").replaceChildren(...prefix.map((piece) => pieceSpan(piece)));
+      setState("error", error.message);
+      return;
+    }
     setState("error", `Something went wrong: ${error.message.split("\n")[0]}`);
     console.warn(error);
   }
@@ -444,12 +457,13 @@
   }
 
   function show(result, entry, pair, text) {
-    const pieces = entry.data.tokenizer.bpe.model.vocab;
-    const names = Object.keys(pieces);
-    const pieceOf = [];
-    for (const name of names) {
-      pieceOf[pieces[name]] = name;
+    if (!entry.pieceOf) {
+      entry.pieceOf = [];
+      for (const [piece, id] of Object.entries(entry.data.tokenizer.bpe.model.vocab)) {
+        entry.pieceOf[id] = piece;
+      }
     }
+    const { pieceOf } = entry;
     shown = { ...result, pair, pieceOf, entry };
     document.getElementById("translation").textContent = result.text;
     const warnings = [...result.warnings];
@@ -1390,7 +1404,7 @@
         score: { hypotheses: texts, references: test.references, settings: test.settings },
       });
       performance.mark("translator: test set scored", { detail: { ms: seconds * 1000 } });
-      showScores(test, texts, scores, seconds, where);
+      showScores(test, texts, scores);
       setScoreState("done", `Translated and scored in ${duration(seconds)}, in ${where}.`);
     } catch (error) {
       if (!run.cancelled) {
@@ -1420,7 +1434,7 @@
     setScoreState("cancelled", `Cancelled after ${done.toLocaleString("en")} sentences.`);
   }
 
-  function showScores(test, texts, { bleu, chrf }, seconds) {
+  function showScores(test, texts, { bleu, chrf }) {
     const { settings, reported } = test;
     $("score-lines").textContent =
       `sacreBLEU ${bleu.text.split(" ")[2]}  ${settings.bleu.signature}\n` +
@@ -1469,7 +1483,6 @@
       }),
     );
     $("score-result").hidden = false;
-    void seconds;
   }
 
   // ---- Starting: the controls, and the sentence of the address or the pair's example
