@@ -18,7 +18,9 @@ At `make book` this extension writes into the build, under `_static/translator/`
   function, whose source the page also starts its Web Workers from;
 - `page.js` and `translator.css`: the widget.
 
-The directive `translator` places the widget; only a page that has it loads these files.
+The directive `translator` places the widget, and `translator search` (or `attention`,
+`score`) each of its other parts, from `translator/widget.html`; only a page that has them
+loads these files. The extension imports only the package's public names.
 """
 
 from __future__ import annotations
@@ -91,10 +93,10 @@ def language_name(code: str) -> str:
 def package_spacy_tokenizer(language: str):
     """The spaCy tokenizer that the package's `pretokenize` applies to `language`."""
     # The package's own, whatever it is built from (spaCy's blank tokenizer, or a faster
-    # build of the same rules): transformer.tokenizer keeps it under a private name.
-    from transformer.fast_words import spacy_tokenizer as _spacy_tokenizer
+    # build of the same rules).
+    from transformer.fast_words import spacy_tokenizer
 
-    return _spacy_tokenizer(language)
+    return spacy_tokenizer(language)
 
 
 def spacy_fingerprint(language: str) -> bytes:

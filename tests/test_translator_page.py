@@ -32,7 +32,7 @@ SENTENCES = {
     "fr-en": "Un homme fait du vélo dans la rue.",
 }
 # A sentence where greedy decoding and beam search part.
-PARTING = "Ein Mann, der ein Buch liest, sitzt auf einer Bank."
+PARTING = "Zwei Pudel rennen durch den Schnee."
 SETTLED = (
     "#translator:is([data-state=done], [data-state=error], [data-state=cancelled])"
 )
@@ -202,6 +202,7 @@ def test_the_step_control_a_forced_piece_and_the_grid_change_the_page(
     with opened(url) as page:
         assert settle(page) == "done"
         before = shown(page)
+        assert "They part at step" in page.text_content("#translator-part")
         # the step control: the slider's keys move through the steps
         page.focus("#translator-step")
         page.keyboard.press("Home")

@@ -1506,6 +1506,9 @@
     $("text").value = params.get("text") ?? ""; // a form field's value: text, not HTML
     $("go").addEventListener("click", translateNow);
     $("cancel").addEventListener("click", stopRunning);
+    $("text").addEventListener("input", () => {
+      prefix = []; // a forced start belongs to the sentence it was chosen for
+    });
     $("text").addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
         event.preventDefault();
