@@ -20,7 +20,7 @@
 # the token-bucketed Multi30k batches, the label-smoothed loss and Adam with its learning-rate
 # schedule. This chapter puts them together: one update, a plain loop that trains a small model
 # on a CPU, the recipe that trained the book's two models, their training curves, and how a
-# trained model is saved and loaded. It exports `transformer.loop`. From a terminal, a whole run
+# trained model is saved and loaded. It exports `transformer.training_loop`. From a terminal, a whole run
 # is
 #
 # ```
@@ -50,7 +50,7 @@ if importlib.util.find_spec("transformer") is None:
     sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
-#| default_exp loop
+#| default_exp training_loop
 
 # %%
 import json
@@ -166,10 +166,10 @@ def train_step(
 # %%
 from transformer.batches import collate
 from transformer.config import TransformerConfig
-from transformer.loop import train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.schedule import make_optimizer
+from transformer.training_loop import train_step
 
 ids = dict(pad_id=0, bos_id=1, eos_id=2)  # then ten symbols, 3 to 12
 tiny = TransformerConfig.small(13, d_model=32, d_ff=64, dropout=0.0)
@@ -260,10 +260,10 @@ def train_loop(
 
 # %%
 from transformer.batches import token_batches
-from transformer.loop import train_loop
 from transformer.multi30k import load_pairs
 from transformer.paths import CHECKPOINTS_DIR
 from transformer.tokenizer import Tokenizer
+from transformer.training_loop import train_loop
 
 tokenizer = Tokenizer.load(CHECKPOINTS_DIR / "de-en" / "tokenizer.json")
 special = {k: getattr(tokenizer, k) for k in ("pad_id", "bos_id", "eos_id")}
@@ -485,7 +485,7 @@ def load_trained(folder: str | Path) -> tuple[Transformer, Tokenizer]:
 # loop the loss that its run recorded for it, up to the rounding of its weights to float16:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.loop import load_trained, validation_loss
+from transformer.training_loop import load_trained, validation_loss
 
 trained, _ = load_trained(CHECKPOINTS_DIR / "de-en")
 loss = validation_loss(trained, val_batches, criterion=criterion)

@@ -71,10 +71,10 @@ import altair as alt
 import pandas as pd
 import torch
 
-from transformer.loop import load_trained
 from transformer.multi30k import load_pairs
 from transformer.paths import CHECKPOINTS_DIR
 from transformer.plots import use_book_renderer
+from transformer.training_loop import load_trained
 
 use_book_renderer()
 pd.set_option("display.max_colwidth", None)

@@ -358,10 +358,10 @@ pd.DataFrame(example_rows).set_index(["model", "percentile"])
 # to 12 words, with the decoder reading the model's own beam-search translation:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.loop import load_trained
 from transformer.masking import padding_mask, target_mask
 from transformer.model import attention_weights
 from transformer.paths import CHECKPOINTS_DIR
+from transformer.training_loop import load_trained
 
 de_model, de_tokenizer = load_trained(CHECKPOINTS_DIR / "de-en")
 bos, eos = de_tokenizer.bos_id, de_tokenizer.eos_id

@@ -20,16 +20,16 @@
 # [Text and the tokenizer](a03_text_and_tokenizer.ipynb) reads the text and the tokenizers as
 # the package does. This appendix builds, on the chapter's code, what training reads:
 #
-# - `transformer.batch_checks` checks the arguments of the chapter's `collate` and
+# - `transformer.checked_batches` checks the arguments of the chapter's `collate` and
 #   `token_batches` before calling them, turning arguments that cannot make a batch into one
 #   clear error;
-# - `transformer.encoded` holds a split as token ids in flat arrays, and `transformer.cache`
+# - `transformer.encoded_split` holds a split as token ids in flat arrays, and `transformer.encoded_cache`
 #   keeps every split that way on disk, so that training needs neither the text nor spaCy; the
 #   cache's files are written atomically (`transformer.files`);
 # - `transformer.bpe_dropout` spells the training words afresh each epoch, an option that is off
 #   by default;
-# - `transformer.data` serves the batches of an epoch to training, and gathers the names of the
-#   pipeline that training and the command line read.
+# - `iterate_batches` (in `transformer.encoded_split`) serves the batches of an epoch over an
+#   encoded split to training.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -51,7 +51,7 @@ if importlib.util.find_spec("transformer") is None:
 
 
 # %% tags=["remove-cell"]
-#| default_exp batch_checks
+#| default_exp checked_batches
 
 # %% [markdown]
 # ## The checks of a batch
@@ -63,7 +63,7 @@ if importlib.util.find_spec("transformer") is None:
 # pair up, a budget that is not positive or a pair that no batch can hold.
 
 # %%
-#| export batch_checks
+#| export checked_batches
 """The chapter's collate and token_batches with their arguments checked first:
 one clear ValueError for a batch that cannot be made."""
 
@@ -130,12 +130,12 @@ def check_lengths(
 
 
 # %% [markdown]
-# `transformer.batch_checks` offers the chapter's two functions with their checks in front:
+# `transformer.checked_batches` offers the chapter's two functions with their checks in front:
 # `collate` also takes `max_len`, the model's positions, and refuses a pair that exceeds it.
-# The pipeline (`transformer.data`, below) and training call these.
+# The batches of an epoch (`iterate_batches`, below) and training call these.
 
 # %%
-#| export batch_checks
+#| export checked_batches
 import transformer.batches as chapter
 from transformer.batches import MAX_TOKENS, Batch
 
@@ -179,7 +179,7 @@ def token_batches(
 # Each check at work:
 
 # %%
-from transformer.batch_checks import collate, token_batches
+from transformer.checked_batches import collate, token_batches
 
 ids = dict(pad_id=0, bos_id=2, eos_id=3)
 for attempt in (
@@ -208,8 +208,9 @@ for attempt in (
 # batches.
 
 # %%
-#| export encoded
-"""One split of Multi30k as token ids in flat arrays (EncodedSplit)."""
+#| export encoded_split
+"""One split of Multi30k as token ids in flat arrays (EncodedSplit), and the
+batches of an epoch over it."""
 
 import itertools
 from collections.abc import Sequence
@@ -241,7 +242,7 @@ def flatten(
 
 
 # %%
-#| export encoded
+#| export encoded_split
 @dataclass(frozen=True, eq=False)
 class EncodedSplit:
     """The token ids of one split, without special tokens, as flat arrays.
@@ -364,7 +365,7 @@ class EncodedSplit:
 # %%
 import numpy as np
 
-from transformer.encoded import EncodedSplit
+from transformer.encoded_split import EncodedSplit
 from transformer.fast_words import load_tokenizer, pretokenize
 from transformer.multi30k import DataError, load_split
 from transformer.paths import CHECKPOINTS_DIR
@@ -414,8 +415,7 @@ except DataError as err:
 
 # %%
 #| export files
-"""Atomic folders and the JSON Lines records of a run; with atomic_write (the
-chapter's), every writer of the package goes through this module."""
+"""Atomic folders and the JSON Lines records of a run."""
 
 import contextlib
 import json
@@ -425,8 +425,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# atomic_write: for the callers of this module, as atomic_folder
-from transformer.atomic import atomic_write as atomic_write
+from transformer.atomic import atomic_write
 
 
 def _fsync(path: Path) -> None:
@@ -519,7 +518,8 @@ def remove_stale(folder: Path) -> None:
 import tempfile
 from pathlib import Path
 
-from transformer.files import atomic_folder, atomic_write
+from transformer.atomic import atomic_write
+from transformer.files import atomic_folder
 
 scratch = Path(tempfile.mkdtemp())
 with atomic_folder(scratch / "run") as tmp:
@@ -560,7 +560,7 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 # builds the caches of both pairs.
 
 # %%
-#| export cache
+#| export encoded_cache
 """The encoded cache: every split of a pair as token ids on disk, written by
 `prepare` and read by `load_encoded` without spaCy."""
 
@@ -570,9 +570,9 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from transformer.encoded import EncodedSplit
+from transformer.atomic import atomic_write
+from transformer.encoded_split import EncodedSplit
 from transformer.fast_words import pretokenize, with_fast_words
-from transformer.files import atomic_write
 from transformer.multi30k import (
     SPLITS,
     DataError,
@@ -633,7 +633,7 @@ def cache_problems(
 
 
 # %%
-#| export cache
+#| export encoded_cache
 def _read_cache(
     pair: str,
     cache_dir: Path,
@@ -722,7 +722,7 @@ def _read_cache(
 
 
 # %%
-#| export cache
+#| export encoded_cache
 def _build_cache(
     pair: str, folder: Path, *, vocab_size: int, data_dir: Path
 ) -> None:
@@ -774,7 +774,7 @@ def _build_cache(
 
 
 # %%
-#| export cache
+#| export encoded_cache
 def prepare(
     pair: str,
     cache_dir: Path = CACHE_DIR,
@@ -838,7 +838,7 @@ def load_encoded(
 # what the chapter computes: the same tokenizer, and the same ids as encoding each split afresh.
 
 # %%
-from transformer.cache import (
+from transformer.encoded_cache import (
     cache_problems,
     load_encoded,
     prepare,
@@ -881,7 +881,7 @@ print(cached["de-en"].decode(source), "->", cached["de-en"].decode(target))
 # %%
 import shutil
 
-from transformer.cache import CACHE_DIR
+from transformer.encoded_cache import CACHE_DIR
 
 copy = Path(tempfile.mkdtemp()) / "cache"
 shutil.copytree(CACHE_DIR / "de-en", copy / "de-en")
@@ -951,7 +951,7 @@ from random import Random
 
 import numpy as np
 
-from transformer.encoded import EncodedSplit, flatten
+from transformer.encoded_split import EncodedSplit, flatten
 from transformer.multi30k import DataError
 from transformer.tokenizer import Tokenizer
 
@@ -1178,39 +1178,18 @@ print(
 
 
 # %% [markdown]
-# ## An epoch's batches, and `transformer.data`
+# ## An epoch's batches
 #
-# Training reads the data through `transformer.data`: `iterate_batches` serves the batches of
-# one epoch over an encoded split, cutting it with `token_batches` and padding each batch with
-# `collate`, both with their checks (above); the module also offers the names of the pipeline
-# that training and the command line use, wherever they are defined.
+# Training reads an encoded split through `iterate_batches`, which serves the batches of one
+# epoch, cutting the split with `token_batches` and padding each batch with `collate`, both with
+# their checks (above).
 
 # %%
-#| export data
-"""The data pipeline that training reads: the batches of an epoch over an
-encoded split, and the names of the modules it is built from."""
-
+#| export encoded_split
 from collections.abc import Iterator
 
-from transformer.batch_checks import collate, token_batches
 from transformer.batches import MAX_TOKENS, Batch
-from transformer.bpe_dropout import BPEDropout  # noqa: F401
-from transformer.cache import (  # noqa: F401
-    CACHE_DIR,
-    cache_problems,
-    load_encoded,
-    prepare,
-)
-from transformer.encoded import EncodedSplit
-from transformer.multi30k import (  # noqa: F401
-    DATA_DIR,
-    PAIRS,
-    SPLITS,
-    DataError,
-    load_pairs,
-    load_split,
-    parse_pair,
-)
+from transformer.checked_batches import collate, token_batches
 from transformer.tokenizer import Tokenizer
 
 
@@ -1252,7 +1231,7 @@ def iterate_batches(
 # within the budget, and the batches are those of `token_batches` on the same lengths.
 
 # %%
-from transformer.data import iterate_batches
+from transformer.encoded_split import iterate_batches
 
 train = load_encoded("de-en", "train")
 batches = list(iterate_batches(train, cached["de-en"], seed=0, epoch=3))

@@ -23,7 +23,7 @@
 # each epoch trains on, checked before the first update. The appendix
 # [Checkpoints](a06_checkpoints.ipynb) saves a run so that it resumes exactly, and ships its model;
 # [The Trainer](a07_trainer.ipynb) makes the updates. This page exports
-# `transformer.train_config`, `transformer.distributed` and `transformer.training_data`.
+# `transformer.train_config`, `transformer.distributed` and `transformer.epoch_data`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -87,9 +87,11 @@ from typing import Any, Literal
 
 import torch
 
+from transformer.batches import MAX_TOKENS
 from transformer.config import TransformerConfig
 from transformer.config_checks import check_config
-from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
+from transformer.multi30k import PAIRS
+from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
@@ -700,7 +702,7 @@ def sync_gradients(
 # batch and the model's table of positions, and an epoch holds at least one update.
 
 # %%
-#| export training_data
+#| export epoch_data
 """What a training run trains on, epoch by epoch: the splits from the encoded
 cache, the checks that every sentence and every epoch fit the run's batches,
 each epoch's batches and, under BPE-dropout, each epoch's spelling."""
@@ -712,15 +714,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transformer.data import (
-    BPEDropout,
-    DataError,
-    EncodedSplit,
-    load_encoded,
-    prepare,
-    token_batches,
-)
+from transformer.bpe_dropout import BPEDropout
+from transformer.checked_batches import token_batches
 from transformer.distributed import Distributed, barrier
+from transformer.encoded_cache import load_encoded, prepare
+from transformer.encoded_split import EncodedSplit
+from transformer.multi30k import DataError
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import BPE_DROPOUT_SIDES, TrainConfig
 
@@ -780,7 +779,7 @@ def epoch_batches(
 
 
 # %%
-#| export training_data
+#| export epoch_data
 def check_lengths(
     config: TrainConfig,
     data: TrainingData,
@@ -854,7 +853,7 @@ def dropped_warning(
 
 
 # %%
-#| export training_data
+#| export epoch_data
 def prepare_epochs(
     config: TrainConfig,
     data: TrainingData,

@@ -254,8 +254,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
 from transformer.batches import collate
 from transformer.checkpoint import load_weights, model_tensors, save_weights
 from transformer.config import TransformerConfig
-from transformer.loop import batch_log_probs
 from transformer.model import Transformer
+from transformer.training_loop import batch_log_probs
 
 tiny = TransformerConfig(
     src_vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0
@@ -329,6 +329,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from transformer.atomic import atomic_write
 from transformer.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -349,7 +350,6 @@ from transformer.distributed import Distributed, barrier
 from transformer.files import (
     append_jsonl,
     atomic_folder,
-    atomic_write,
     remove_stale,
     truncate_jsonl,
 )

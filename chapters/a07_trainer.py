@@ -21,7 +21,7 @@
 # update on several processes and in bfloat16; the run's optimiser; validation, with the metrics
 # that the training chapter lists; R-Drop, an option; the arithmetic an update costs; and the
 # `Trainer`, which trains epoch after epoch within a time limit, writes its logs and
-# checkpoints, and resumes exactly. It exports `transformer.train` (the `Trainer` and `train`),
+# checkpoints, and resumes exactly. It exports `transformer.trainer` (the `Trainer` and `train`),
 # `transformer.run_step`, `transformer.run_optimizer`, `transformer.validation`,
 # `transformer.rdrop`, `transformer.counts` and `transformer.logs`.
 
@@ -44,7 +44,7 @@ if importlib.util.find_spec("transformer") is None:
     sys.path.insert(0, where)
 
 # %% tags=["remove-cell"]
-#| default_exp train
+#| default_exp trainer
 
 # %%
 import math
@@ -55,9 +55,9 @@ import torch
 
 from transformer.batches import collate
 from transformer.config import TransformerConfig
-from transformer.loop import batch_log_probs
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.training_loop import batch_log_probs
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4)
@@ -94,8 +94,8 @@ from torch import Tensor, nn
 
 from transformer.batches import Batch
 from transformer.distributed import ddp_processes, sync_gradients
-from transformer.loop import batch_log_probs
 from transformer.loss import LabelSmoothingLoss
+from transformer.training_loop import batch_log_probs
 
 
 def run_step(
@@ -142,9 +142,9 @@ def run_step(
 # a tiny model over two micro-batches each end with the same weights, bit for bit.
 
 # %%
-from transformer.loop import train_step
 from transformer.run_step import run_step
 from transformer.schedule import make_optimizer
+from transformer.training_loop import train_step
 
 tiny = TransformerConfig(
     src_vocab_size=13, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0
@@ -289,11 +289,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from transformer.data import Batch, EncodedSplit
+from transformer.batches import Batch
 from transformer.distributed import world_size
-from transformer.loop import batch_log_probs
+from transformer.encoded_split import EncodedSplit
 from transformer.loss import LabelSmoothingLoss, check_log_probs
 from transformer.tokenizer import Tokenizer
+from transformer.training_loop import batch_log_probs
 
 
 @dataclass(frozen=True)
@@ -700,15 +701,25 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
+from transformer.batches import Batch
+from transformer.checked_batches import collate
 from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
 from transformer.counts import training_flops
-from transformer.data import Batch, EncodedSplit, collate, iterate_batches
 from transformer.distributed import (
     Distributed,
     all_sum,
     device_for,
     seed_update,
+)
+from transformer.encoded_split import EncodedSplit, iterate_batches
+from transformer.epoch_data import (
+    TrainingData,
+    dropped_warning,
+    epoch_batches,
+    load_training_data,
+    prepare_epochs,
+    updates_per_epoch,
 )
 from transformer.files import read_jsonl
 from transformer.logs import (
@@ -735,14 +746,6 @@ from transformer.run_optimizer import run_optimizer
 from transformer.run_step import run_step
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import TrainConfig
-from transformer.training_data import (
-    TrainingData,
-    dropped_warning,
-    epoch_batches,
-    load_training_data,
-    prepare_epochs,
-    updates_per_epoch,
-)
 from transformer.validation import Validation, count_words, validate
 
 
@@ -1382,11 +1385,11 @@ def train(
 import numpy as np
 
 from transformer.checkpoint import read_tensors
-from transformer.data import EncodedSplit
+from transformer.encoded_split import EncodedSplit
+from transformer.epoch_data import TrainingData
 from transformer.tokenizer import MARK, train_bpe
-from transformer.train import train
 from transformer.train_config import TrainConfig
-from transformer.training_data import TrainingData
+from transformer.trainer import train
 
 rng = np.random.default_rng(0)
 words = [

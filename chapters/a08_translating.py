@@ -22,7 +22,7 @@
 # which loads a shipped model, `translate`, which takes sentences and returns their
 # translations, and the translation and scoring of a whole Multi30k split that the
 # [results chapter](15_results.ipynb) reads. It exports `transformer.search_setup`,
-# `transformer.translation` and `transformer.splits`.
+# `transformer.translation` and `transformer.split_translation`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -124,7 +124,7 @@ class DecodeOptions:
             )
 
 
-def decode_options(
+def with_changes(
     options: DecodeOptions | None = None, **changes
 ) -> DecodeOptions:
     """`options` (default: the paper's) with `changes`, checked again: how
@@ -139,11 +139,11 @@ def decode_options(
 from transformer.decode_options import (
     DecodeOptions,
     OptionError,
-    decode_options,
+    with_changes,
 )
 
 print(DecodeOptions())
-assert decode_options(beam_size=1).greedy
+assert with_changes(beam_size=1).greedy
 try:
     DecodeOptions(alpha=-1)
 except OptionError as err:
@@ -630,7 +630,7 @@ from transformer.batched_search import (
 )
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.decode import Hypothesis
-from transformer.decode_options import DecodeOptions, decode_options
+from transformer.decode_options import DecodeOptions, with_changes
 from transformer.model import Transformer
 from transformer.multi30k import parse_pair
 from transformer.paths import CHECKPOINTS_DIR, HOME_VARIABLE
@@ -782,7 +782,7 @@ def translate(
     length limit stopped before <eos>. Needs spaCy (to cut the sentences into
     words) unless every sentence is empty.
     """
-    options = decode_options(options, **changes)
+    options = with_changes(options, **changes)
     options.check_alpha(model.config.max_len)
     special = {
         "bos_id": tokenizer.bos_id,
@@ -897,7 +897,7 @@ assert found[1] == "" and "more than the model's 512 positions" in warnings[0]
 # atomically, so that an interrupted run never leaves half a file.
 
 # %%
-#| export splits
+#| export split_translation
 """A Multi30k split translated: its translations timed, and written one per
 line."""
 
@@ -906,8 +906,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer.decode_options import DecodeOptions, decode_options
-from transformer.files import atomic_write
+from transformer.atomic import atomic_write
+from transformer.decode_options import DecodeOptions, with_changes
 from transformer.model import Transformer
 from transformer.multi30k import load_pairs, parse_pair
 from transformer.paths import DATA_DIR
@@ -947,7 +947,7 @@ def translate_split(
     """Translate the first `limit` sentences (default: all) of a Multi30k split
     with `transformer.translation.translate` and `options` (default: the
     paper's; `changes` such as beam_size=1 change them), and time it."""
-    options = decode_options(options, **changes)
+    options = with_changes(options, **changes)
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")
     if limit is not None and limit < 1:
@@ -983,7 +983,7 @@ def write_lines(path: Path, lines: Sequence[str]) -> None:
 # The first 20 sentences of the validation split:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.splits import translate_split
+from transformer.split_translation import translate_split
 
 few = translate_split(model, tokenizer, "de-en", "val", limit=20)
 print(f"{len(few.hypotheses)} sentences, {few.seconds:.1f} s")

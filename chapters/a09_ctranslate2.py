@@ -82,12 +82,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from transformer.atomic import atomic_write
 from transformer.checkpoint import CheckpointError
 from transformer.decode import EXTRA_LENGTH, Hypothesis
-from transformer.decode_options import DecodeOptions, decode_options
+from transformer.decode_options import DecodeOptions, with_changes
 from transformer.embedding import sinusoidal_encoding
 from transformer.fast_words import load_tokenizer
-from transformer.files import atomic_folder, atomic_write
+from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate_batches
@@ -385,7 +386,7 @@ class CTranslate2Model:
         """Translations of `sentences`, in their order, as
         `translation.translate` makes them with the same `options` (and
         `changes`), with the same warnings."""
-        options = decode_options(options, **changes)
+        options = with_changes(options, **changes)
 
         def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
             limit = self._limit(sources, options)
@@ -449,7 +450,7 @@ for package, ct2 in zip(
 # %% tags=["nbval-ignore-output"]
 import sacrebleu
 
-from transformer.data import load_pairs
+from transformer.multi30k import load_pairs
 
 test = load_pairs("test_2016_flickr", "de-en")
 sources = [source for source, _ in test]

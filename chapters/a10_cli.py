@@ -21,10 +21,10 @@
 #
 # | command | what it does | library function behind it |
 # | --- | --- | --- |
-# | `prepare` | tokenise Multi30k and cache every split as token ids | `transformer.data.prepare` |
-# | `train` | train a model, with checkpoints, metrics and `--resume` | `transformer.train.train` |
+# | `prepare` | tokenise Multi30k and cache every split as token ids | `transformer.encoded_cache.prepare` |
+# | `train` | train a model, with checkpoints, metrics and `--resume` | `transformer.trainer.train` |
 # | `translate` | translate sentences with a trained model | `transformer.translation.translate` |
-# | `evaluate` | score a model on a split with sacreBLEU and chrF | `transformer.splits.translate_split` |
+# | `evaluate` | score a model on a split with sacreBLEU and chrF | `transformer.split_translation.translate_split` |
 # | `ctranslate2` | write a model for the CTranslate2 engine | `transformer.ctranslate2.export_ctranslate2` |
 #
 # This appendix builds the package `transformer/cli/`, the only code that knows about argument
@@ -341,7 +341,10 @@ def prepare_command(argv: Sequence[str]) -> None:
         raise UsageError(
             f"--vocab-size must exceed {len(SPECIALS)}, got {args.vocab_size}"
         )
-    from transformer.cache import load_encoded, prepare  # torch, when needed
+    from transformer.encoded_cache import (  # torch, when needed
+        load_encoded,
+        prepare,
+    )
 
     for k, pair in enumerate(args.pair or list(PAIRS)):
         tokenizer = prepare(
@@ -408,7 +411,6 @@ ERRORS = (DataError, CheckpointError)  # reported in one line
 #| export cli.train
 from transformer.checkpoint import check_export_destination, export_model
 from transformer.distributed import Distributed
-from transformer.train import train
 from transformer.train_config import (
     MODEL_PRESETS,
     RECIPES,
@@ -417,6 +419,7 @@ from transformer.train_config import (
     quick_config,
     value_type,
 )
+from transformer.trainer import train
 
 
 class _Renamed(argparse.Action):
@@ -955,7 +958,7 @@ def evaluate_command(argv: Sequence[str]) -> None:
     import torch
 
     from transformer.evaluate import score
-    from transformer.splits import translate_split, write_lines
+    from transformer.split_translation import translate_split, write_lines
 
     model, tokenizer = load_for_command(
         args.pair, args.checkpoint, device, options

@@ -53,9 +53,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer.config import TransformerConfig
-from transformer.data import DATA_DIR
 from transformer.model import Transformer
 from transformer.multihead import MultiHeadAttention
+from transformer.paths import DATA_DIR
 
 _ = torch.manual_seed(0)  # the random inputs of the FLOP table
 

@@ -31,9 +31,11 @@ from transformer.checkpoint import (
     load_tensors_into,
     read_record,
 )
-from transformer.data import DataError, EncodedSplit, iterate_batches, load_encoded
+from transformer.encoded_cache import load_encoded
+from transformer.encoded_split import EncodedSplit, iterate_batches
+from transformer.multi30k import DataError
 from transformer.run_checkpoints import average_checkpoints
-from transformer.splits import write_lines
+from transformer.split_translation import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
 from transformer.train_config import TrainConfig
 from transformer.validation import count_words, validate

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from transformer.files import atomic_write
+from transformer.atomic import atomic_write
 
 from .decode_bench import machine
 

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from experiments.words import WordLevel, word_level_evaluation
 from transformer.checkpoint import CheckpointError, load_model, read_record
-from transformer.data import DataError, load_pairs
-from transformer.splits import write_lines
+from transformer.multi30k import DataError, load_pairs
+from transformer.split_translation import write_lines
 
 
 class Ensemble(nn.Module):

@@ -3,7 +3,7 @@
     python -m experiments.gpu_bench --cache-dir cache --out bench.json
 
 Each variant trains alone on the GPU for two epochs of real Multi30k batches (German→English)
-with `transformer.train.train`; the numbers are those of the second epoch (the first holds
+with `transformer.trainer.train`; the numbers are those of the second epoch (the first holds
 CUDA's start-up and, with `--compile`, the compilation): target tokens per second (padding
 excluded) and MFU, the model FLOPs of `transformer.counts.training_flops` (the appendix
 "Derivations and counts") over the epoch's time and the card's measured bf16 matrix-multiply
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from transformer.splits import write_lines
-from transformer.train import train
+from transformer.split_translation import write_lines
 from transformer.train_config import PEAK_BF16_FLOPS, TrainConfig, multi30k_recipe
+from transformer.trainer import train
 
 BASE = dict(preset="base", max_tokens=25_000, warmup=4000)
 RECIPE_25K = dict(max_tokens=25_000, warmup=100)  # the recipe's 800 in tokens seen

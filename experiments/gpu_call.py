@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from threading import Thread
 
-from transformer.splits import write_lines
+from transformer.split_translation import write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRY = ROOT / "gpu-carry"

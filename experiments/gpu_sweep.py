@@ -37,8 +37,9 @@ import tarfile
 import time
 from pathlib import Path
 
-from transformer.files import atomic_write, read_jsonl
-from transformer.splits import write_lines
+from transformer.atomic import atomic_write
+from transformer.files import read_jsonl
+from transformer.split_translation import write_lines
 
 RECIPE = ["--config", "multi30k"]
 BASE = ["--set", "n_layers=6", "--set", "d_model=512", "--set", "d_ff=2048"]
@@ -254,7 +255,8 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
     from sacrebleu.metrics import BLEU
 
     from transformer.checkpoint import load_model
-    from transformer.data import load_encoded, load_pairs
+    from transformer.encoded_cache import load_encoded
+    from transformer.multi30k import load_pairs
     from transformer.translation import translate
 
     model, tokenizer = load_model(
@@ -283,7 +285,7 @@ def windows_of(out: Path, cache: str) -> dict:
     import torch
 
     from experiments.average_windows import report
-    from transformer.splits import write_lines
+    from transformer.split_translation import write_lines
 
     if len(list((out / "checkpoints").glob("epoch-*"))) <= 5:
         return {}

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from experiments.words import word_level_evaluation
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.data import DataError, load_pairs
 from transformer.evaluate import score
 from transformer.files import read_jsonl
-from transformer.splits import translate_split
+from transformer.multi30k import DataError, load_pairs
+from transformer.split_translation import translate_split
 from transformer.train_config import multi30k_recipe
 from transformer.translation import CHECKPOINTS_DIR
 

@@ -24,13 +24,14 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
-from transformer.data import iterate_batches, load_encoded, prepare
 from transformer.embedding import PositionalEncoding, TokenEmbedding
+from transformer.encoded_cache import load_encoded, prepare
+from transformer.encoded_split import iterate_batches
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Generator, Transformer
 from transformer.schedule import make_optimizer
-from transformer.splits import write_lines
+from transformer.split_translation import write_lines
 
 from .decode_bench import machine
 

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlencode, urlparse
 
-from transformer.data import PAIRS, load_split
-from transformer.files import atomic_write
+from transformer.atomic import atomic_write
+from transformer.multi30k import PAIRS, load_split
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = "chapters/16_translate.html"
@@ -69,6 +69,8 @@ def sentence_of(pair: str, words: int) -> str:
 
 def kind_of(path: Path) -> str:
     if path.parent.name == "translator":
+        if path.name.endswith("-test.js"):
+            return "test split"  # loaded by the score button only
         return "model data" if path.name.endswith("-en.js") else "translator code"
     return "the rest of the page"
 

@@ -25,9 +25,9 @@ from experiments.words import (
     word_level_evaluation,
 )
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.data import DataError, load_pairs
 from transformer.evaluate import score
-from transformer.splits import translate_split, write_lines
+from transformer.multi30k import DataError, load_pairs
+from transformer.split_translation import translate_split, write_lines
 
 
 def val_bleu(model, tokenizer) -> dict:

@@ -15,9 +15,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from transformer.data import DATA_DIR, collate, load_split
-from transformer.loop import batch_log_probs
+from transformer.checked_batches import collate
+from transformer.multi30k import load_split
+from transformer.paths import DATA_DIR
 from transformer.tokenizer import Tokenizer, normalize, pretokenize
+from transformer.training_loop import batch_log_probs
 
 
 @dataclass(frozen=True)

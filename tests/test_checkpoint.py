@@ -15,6 +15,8 @@ import safetensors.torch
 import torch
 from test_train import copy_pairs, tiny_config, tiny_data, tiny_model, weights_of
 
+from transformer.atomic import atomic_write
+from transformer.checked_batches import collate
 from transformer.checkpoint import (
     CheckpointError,
     export_model,
@@ -26,9 +28,8 @@ from transformer.checkpoint import (
     save_weights,
 )
 from transformer.config import TransformerConfig
-from transformer.data import collate
-from transformer.files import atomic_folder, atomic_write
-from transformer.loop import load_trained, train_step
+from transformer.epoch_data import TrainingData
+from transformer.files import atomic_folder
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
@@ -36,11 +37,11 @@ from transformer.multi30k import PAIRS, load_pairs
 from transformer.paths import CHECKPOINTS_DIR
 from transformer.run_checkpoints import average_checkpoints, latest_checkpoint
 from transformer.schedule import make_optimizer
-from transformer.train import train
-from transformer.training_data import TrainingData
+from transformer.trainer import train
+from transformer.training_loop import load_trained, train_step
 
-# The module: `transformer.train` as an attribute of the package is the function train.
-train_module = importlib.import_module("transformer.train")
+# The module: `transformer.trainer` as an attribute of the package is the function train.
+train_module = importlib.import_module("transformer.trainer")
 
 
 @pytest.fixture(scope="module")

@@ -166,10 +166,10 @@ def test_outside_the_clone_the_models_are_found_through_transformer_home(tmp_pat
     ],
 )
 def test_decode_options_are_checked_once_when_made(changes, message):
-    from transformer.decode_options import DecodeOptions, OptionError, decode_options
+    from transformer.decode_options import DecodeOptions, OptionError, with_changes
 
     with pytest.raises(OptionError, match=f"^{message}$") as err:
-        decode_options(**changes)
+        with_changes(**changes)
     assert err.value.field == next(iter(changes))
     with pytest.raises(OptionError):
         DecodeOptions(**changes)
@@ -179,12 +179,12 @@ def test_decode_options_hold_the_papers_search_and_the_decoders_agree():
     import inspect
 
     from transformer.decode import beam_search
-    from transformer.decode_options import DecodeOptions, decode_options
+    from transformer.decode_options import DecodeOptions, with_changes
 
     paper = DecodeOptions()
     assert (paper.beam_size, paper.alpha, paper.greedy) == (4, 0.6, False)
-    assert decode_options(beam_size=1).greedy
-    assert decode_options(paper, alpha=1.0) == DecodeOptions(alpha=1.0)
+    assert with_changes(beam_size=1).greedy
+    assert with_changes(paper, alpha=1.0) == DecodeOptions(alpha=1.0)
     # beam_search, the decoding chapter's teaching function, states the paper's values too
     defaults = inspect.signature(beam_search).parameters
     assert (defaults["beam_size"].default, defaults["alpha"].default) == (4, 0.6)

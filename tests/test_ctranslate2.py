@@ -18,8 +18,8 @@ import transformer.ctranslate2 as ct2_module  # noqa: E402
 from transformer.cli.main import main  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2  # noqa: E402
-from transformer.data import load_pairs  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
+from transformer.multi30k import load_pairs  # noqa: E402
 from transformer.translation import load_pair_model, translate  # noqa: E402
 
 

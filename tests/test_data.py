@@ -1,4 +1,4 @@
-"""The encoded cache, batching and BPE-dropout: transformer.cache, encoded, batches,
+"""The encoded cache, batching and BPE-dropout: transformer.encoded_cache, encoded, batches,
 batch_checks, bpe_dropout and data.
 
 The loader's own tests (checksums, missing files) are in test_data_files.py, the tokenizer's
@@ -25,15 +25,19 @@ import pytest
 import torch
 
 import transformer.batches as chapter_batches
-import transformer.cache as cache_module
+import transformer.encoded_cache as cache_module
 import transformer.multi30k as multi30k_module
-from transformer.batch_checks import collate, token_batches
+from transformer.atomic import atomic_write
 from transformer.batches import Batch
 from transformer.bpe_dropout import BPEDropout
-from transformer.cache import cache_problems, load_encoded, prepare, train_tokenizer
-from transformer.data import iterate_batches
-from transformer.encoded import EncodedSplit
-from transformer.files import atomic_write
+from transformer.checked_batches import collate, token_batches
+from transformer.encoded_cache import (
+    cache_problems,
+    load_encoded,
+    prepare,
+    train_tokenizer,
+)
+from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.multi30k import (
     DATA_DIR,
     PAIRS,
@@ -281,7 +285,7 @@ def test_collate_shifts_the_target_and_pads():
 
 
 def test_the_checked_batching_is_the_chapters_on_good_input():
-    """transformer.batch_checks only checks: on arguments that make batches, its collate and
+    """transformer.checked_batches only checks: on arguments that make batches, its collate and
     token_batches give exactly what the chapter's give."""
     src, tgt = lengths()
     for options in ({}, {"seed": 3, "epoch": 5}, {"shuffle": False}):
@@ -637,7 +641,8 @@ def test_training_from_the_cache_needs_no_spacy(cache):
         f"""
         import sys
         sys.modules["spacy"] = None  # import spacy now raises ImportError
-        from transformer.data import iterate_batches, load_encoded, prepare
+        from transformer.encoded_cache import load_encoded, prepare
+        from transformer.encoded_split import iterate_batches
         tokenizer = prepare("de-en", {str(cache)!r})
         train = load_encoded("de-en", "train", {str(cache)!r})
         batch = next(iterate_batches(train, tokenizer, max_tokens=1000))
@@ -751,28 +756,3 @@ def test_a_missing_checksum_file_gives_advice_that_fits_whose_folder_it_is(
         with pytest.raises(DataError, match="missing checksum file") as default:
             multi30k_module.expected_checksums(named)
         assert str(default.value).endswith(reinstall)
-
-
-def test_transformer_data_offers_the_pipelines_names_from_their_modules():
-    """Training and the command line import these names from transformer.data: they are the
-    very objects of the modules that define them."""
-    import transformer.batch_checks as batch_checks
-    import transformer.batches as batches
-    import transformer.bpe_dropout as bpe_dropout
-    import transformer.data as data
-    import transformer.encoded as encoded
-
-    homes = {
-        batches: ["MAX_TOKENS", "Batch"],
-        batch_checks: ["collate", "token_batches"],
-        bpe_dropout: ["BPEDropout"],
-        cache_module: ["CACHE_DIR", "cache_problems", "load_encoded", "prepare"],
-        encoded: ["EncodedSplit"],
-        multi30k_module: [
-            "DATA_DIR", "PAIRS", "SPLITS", "DataError", "load_pairs", "load_split",
-            "parse_pair",
-        ],
-    }  # fmt: skip
-    for module, names in homes.items():
-        for name in names:
-            assert getattr(data, name) is getattr(module, name), name

@@ -19,14 +19,14 @@ from helpers import ENGLISH, GERMAN, ship, tiny_tokenizer
 from sacrebleu.metrics import BLEU, CHRF
 
 import transformer.evaluate as evaluate_module
-import transformer.splits as splits
+import transformer.split_translation as splits
 import transformer.tokenizer as tokenizer_module
 import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.checkpoint import load_model
-from transformer.data import load_pairs
 from transformer.evaluate import LC_TOK_BLEU, bleu_by_length, score, spacy_words
-from transformer.splits import translate_split, write_lines
+from transformer.multi30k import load_pairs
+from transformer.split_translation import translate_split, write_lines
 from transformer.translation import translate
 
 FRENCH = [

@@ -22,17 +22,16 @@ LAYERS = [
     },
     {
         "paths", "atomic", "files", "multi30k", "vocabulary", "tokenizer",
-        "batch_checks", "batches", "encoded", "cache", "bpe_dropout", "data",
+        "checked_batches", "batches", "encoded_split", "encoded_cache", "bpe_dropout",
         "checkpoint", "distributed", "french", "fast_words", "counts",
     },
     {
-        "train_config", "loop", "validation", "training_data", "logs",
-        "run_checkpoints", "rdrop", "train", "run_optimizer", "run_step",
+        "train_config", "training_loop", "validation", "epoch_data", "logs",
+        "run_checkpoints", "rdrop", "trainer", "run_optimizer", "run_step",
     },
     {
         "decode_options", "kv_cache", "decode", "search_setup", "batched_search",
-        "translation", "splits",
-        "evaluate", "ctranslate2",
+        "translation", "split_translation", "evaluate", "ctranslate2",
     },
     {
         "cli", "cli.base", "cli.main", "cli.prepare", "cli.train", "cli.translate",

@@ -17,15 +17,15 @@ from test_train import (
     train_module,
 )
 
+from transformer.checked_batches import collate
 from transformer.checkpoint import CheckpointError, Progress, load_model
 from transformer.cli.train import config_from_args, train_parser
-from transformer.data import collate
-from transformer.loop import batch_log_probs
 from transformer.loss import LabelSmoothingLoss
 from transformer.rdrop import RDropLoss, doubled
 from transformer.run_step import run_step
-from transformer.train import train
 from transformer.train_config import TrainConfig
+from transformer.trainer import train
+from transformer.training_loop import batch_log_probs
 from transformer.validation import validate
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from transformer.checkpoint import load_model
-from transformer.data import load_pairs
+from transformer.multi30k import load_pairs
 from transformer.translation import translate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ import tokenizers
 import torch
 
 from transformer import fast_words
-from transformer.cache import prepare, train_tokenizer
+from transformer.encoded_cache import prepare, train_tokenizer
 from transformer.multi30k import PAIRS, SPLITS, load_pairs, load_split
 from transformer.tokenizer import (
     MARK,

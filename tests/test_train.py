@@ -24,6 +24,8 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer.__main__ import main
+from transformer.bpe_dropout import BPEDropout
+from transformer.checked_batches import collate, token_batches
 from transformer.checkpoint import (
     CheckpointError,
     load_model,
@@ -31,18 +33,13 @@ from transformer.checkpoint import (
 )
 from transformer.cli.train import config_from_args, train_parser
 from transformer.config import TransformerConfig
-from transformer.data import (
-    DATA_DIR,
-    BPEDropout,
-    DataError,
-    EncodedSplit,
-    collate,
-    token_batches,
-)
+from transformer.encoded_split import EncodedSplit
+from transformer.epoch_data import TrainingData
 from transformer.files import read_jsonl
-from transformer.loop import batch_log_probs, train_step
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.multi30k import DataError
+from transformer.paths import DATA_DIR
 from transformer.run_checkpoints import (
     average_checkpoints,
     check_recipe,
@@ -51,7 +48,6 @@ from transformer.run_checkpoints import (
 from transformer.run_step import run_step
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
-from transformer.train import Trainer, TrainResult, train
 from transformer.train_config import (
     RATE,
     RESUME_FIXED,
@@ -60,11 +56,12 @@ from transformer.train_config import (
     multi30k_recipe,
     option,
 )
-from transformer.training_data import TrainingData
+from transformer.trainer import Trainer, TrainResult, train
+from transformer.training_loop import batch_log_probs, train_step
 from transformer.validation import count_words, validate
 
-# The module: `transformer.train` as an attribute of the package is the function train.
-train_module = importlib.import_module("transformer.train")
+# The module: `transformer.trainer` as an attribute of the package is the function train.
+train_module = importlib.import_module("transformer.trainer")
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
 # The command line's spelling of tiny_config below.
 TINY_CLI = [

@@ -19,13 +19,15 @@ import pytest
 import torch
 from helpers import GERMAN, MAX_LEN, ship, tiny_tokenizer
 
-import transformer.data as data
+import transformer.encoded_cache as encoded_cache
+import transformer.multi30k as multi30k
+import transformer.paths as paths
 import transformer.tokenizer as tokenizer_module
 import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.data import DataError
+from transformer.multi30k import DataError
 from transformer.tokenizer import MARK, normalize, train_bpe
 from transformer.translation import load_pair_model, translate
 
@@ -363,7 +365,7 @@ def test_no_shipped_model_says_how_to_train_one(tmp_path, capsys, monkeypatch):
 def test_the_default_folder_is_checkpoints_pair_in_the_repository(
     shipped, tmp_path, capsys, monkeypatch
 ):
-    assert translation.CHECKPOINTS_DIR == data.DATA_DIR.parents[1] / "checkpoints"
+    assert translation.CHECKPOINTS_DIR == paths.DATA_DIR.parents[1] / "checkpoints"
     shutil.copytree(shipped, tmp_path / "checkpoints" / "de-en")
     default_checkpoints(monkeypatch, tmp_path / "checkpoints")
     by_default = run(
@@ -609,13 +611,13 @@ def val_sources(pair: str, tokenizer, n: int = 100) -> list[list[int]]:
     ours = (SHIPPED / pair / "tokenizer.json").read_bytes()
     if (cache / pair / "tokenizer.json").is_file():
         if (cache / pair / "tokenizer.json").read_bytes() == ours:
-            split = data.load_encoded(pair, "val", cache)
+            split = encoded_cache.load_encoded(pair, "val", cache)
             return [
                 [int(t) for t in split[i][0]] + [tokenizer.eos_id] for i in range(n)
             ]
     if importlib.util.find_spec("spacy") is None:
         pytest.skip("needs spaCy or the encoded cache (python -m transformer prepare)")
-    sources = [source for source, _ in data.load_pairs("val", pair)][:n]
+    sources = [source for source, _ in multi30k.load_pairs("val", pair)][:n]
     encoded = tokenizer.encode_batch([normalize(source) for source in sources])
     return [ids + [tokenizer.eos_id] for ids in encoded]
 

@@ -239,7 +239,7 @@ def _write_text(path: Path, text: str) -> None:
     """Write `text` so that an interrupted run leaves the chapter as it was, not
     cut short (the chapters are the source). The text ends with a newline, as
     nbformat's and jupytext's writers end it."""
-    from transformer.files import atomic_write
+    from transformer.atomic import atomic_write
 
     if not text.endswith("\n"):
         text += "\n"

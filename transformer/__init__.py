@@ -6,8 +6,6 @@ Every module except this one and `__main__` is generated from a chapter's
 """
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -39,7 +37,7 @@ _WHERE = {
     "Scores": "evaluate",
     "bleu_by_length": "evaluate",
     "score": "evaluate",
-    "translate_split": "splits",
+    "translate_split": "split_translation",
     "LabelSmoothingLoss": "loss",
     "TokenStats": "validation",
     "token_stats": "validation",
@@ -54,7 +52,7 @@ _WHERE = {
     "PositionwiseFeedForward": "sublayers",
     "SublayerConnection": "sublayers",
     "TrainConfig": "train_config",
-    "train": "train",
+    "train": "trainer",
 }
 __all__ = list(_WHERE)
 
@@ -71,16 +69,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-class _Package(types.ModuleType):
-    """The package, whose public names win over its submodules': importing
-    the module `transformer.train` leaves `transformer.train` the function."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _WHERE and isinstance(value, types.ModuleType):
-            return  # the import system binding a submodule to its name
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -14,7 +14,7 @@ from random import Random
 
 import numpy as np
 
-from transformer.encoded import EncodedSplit, flatten
+from transformer.encoded_split import EncodedSplit, flatten
 from transformer.multi30k import DataError
 from transformer.tokenizer import Tokenizer
 

@@ -4,7 +4,7 @@ search's beam size and length penalty α, the sentences decoded at once and the
 longest output."""
 
 # %% auto #0
-__all__ = ["MAX_ALPHA", "OptionError", "DecodeOptions", "decode_options"]
+__all__ = ["MAX_ALPHA", "OptionError", "DecodeOptions", "with_changes"]
 
 # %% ../chapters/a08_translating.ipynb #b4353e5c
 
@@ -69,7 +69,7 @@ class DecodeOptions:
             )
 
 
-def decode_options(
+def with_changes(
     options: DecodeOptions | None = None, **changes
 ) -> DecodeOptions:
     """`options` (default: the paper's) with `changes`, checked again: how

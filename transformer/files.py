@@ -1,6 +1,5 @@
 # Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
-"""Atomic folders and the JSON Lines records of a run; with atomic_write (the
-chapter's), every writer of the package goes through this module."""
+"""Atomic folders and the JSON Lines records of a run."""
 
 # %% auto #0
 __all__ = [
@@ -21,8 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# atomic_write: for the callers of this module, as atomic_folder
-from transformer.atomic import atomic_write as atomic_write
+from transformer.atomic import atomic_write
 
 
 def _fsync(path: Path) -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from transformer.atomic import atomic_write
 from transformer.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -52,7 +53,6 @@ from transformer.distributed import Distributed, barrier
 from transformer.files import (
     append_jsonl,
     atomic_folder,
-    atomic_write,
     remove_stale,
     truncate_jsonl,
 )

@@ -14,8 +14,8 @@ from torch import Tensor, nn
 
 from transformer.batches import Batch
 from transformer.distributed import ddp_processes, sync_gradients
-from transformer.loop import batch_log_probs
 from transformer.loss import LabelSmoothingLoss
+from transformer.training_loop import batch_log_probs
 
 
 def run_step(

@@ -45,9 +45,11 @@ from typing import Any, Literal
 
 import torch
 
+from transformer.batches import MAX_TOKENS
 from transformer.config import TransformerConfig
 from transformer.config_checks import check_config
-from transformer.data import CACHE_DIR, DATA_DIR, MAX_TOKENS, PAIRS
+from transformer.multi30k import PAIRS
+from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")

@@ -23,7 +23,7 @@ from transformer.batched_search import (
 )
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.decode import Hypothesis
-from transformer.decode_options import DecodeOptions, decode_options
+from transformer.decode_options import DecodeOptions, with_changes
 from transformer.model import Transformer
 from transformer.multi30k import parse_pair
 from transformer.paths import CHECKPOINTS_DIR, HOME_VARIABLE
@@ -126,7 +126,7 @@ def translate(
     length limit stopped before <eos>. Needs spaCy (to cut the sentences into
     words) unless every sentence is empty.
     """
-    options = decode_options(options, **changes)
+    options = with_changes(options, **changes)
     options.check_alpha(model.config.max_len)
     special = {
         "bos_id": tokenizer.bos_id,

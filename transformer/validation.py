@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from transformer.data import Batch, EncodedSplit
+from transformer.batches import Batch
 from transformer.distributed import world_size
-from transformer.loop import batch_log_probs
+from transformer.encoded_split import EncodedSplit
 from transformer.loss import LabelSmoothingLoss, check_log_probs
 from transformer.tokenizer import Tokenizer
+from transformer.training_loop import batch_log_probs
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ import torch
 from test_train import tiny_config, tiny_data
 
 from transformer.checkpoint import CheckpointError
-from transformer.data import DataError
-from transformer.train import train
-from transformer.training_data import TrainingData
+from transformer.epoch_data import TrainingData
+from transformer.multi30k import DataError
+from transformer.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(

@@ -18,9 +18,10 @@ from experiments.words import (
     frequency_group,
     word_level_evaluation,
 )
+from transformer.checked_batches import collate
 from transformer.config import TransformerConfig
-from transformer.data import collate, load_pairs
 from transformer.model import Transformer
+from transformer.multi30k import load_pairs
 from transformer.tokenizer import pretokenize, train_bpe
 from transformer.validation import validate
 

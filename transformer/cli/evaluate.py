@@ -111,7 +111,7 @@ def evaluate_command(argv: Sequence[str]) -> None:
     import torch
 
     from transformer.evaluate import score
-    from transformer.splits import translate_split, write_lines
+    from transformer.split_translation import translate_split, write_lines
 
     model, tokenizer = load_for_command(
         args.pair, args.checkpoint, device, options

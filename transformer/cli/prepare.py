@@ -48,7 +48,10 @@ def prepare_command(argv: Sequence[str]) -> None:
         raise UsageError(
             f"--vocab-size must exceed {len(SPECIALS)}, got {args.vocab_size}"
         )
-    from transformer.cache import load_encoded, prepare  # torch, when needed
+    from transformer.encoded_cache import (  # torch, when needed
+        load_encoded,
+        prepare,
+    )
 
     for k, pair in enumerate(args.pair or list(PAIRS)):
         tokenizer = prepare(

@@ -30,7 +30,6 @@ ERRORS = (DataError, CheckpointError)  # reported in one line
 # %% ../../chapters/a10_cli.ipynb #3e031bea
 from transformer.checkpoint import check_export_destination, export_model
 from transformer.distributed import Distributed
-from transformer.train import train
 from transformer.train_config import (
     MODEL_PRESETS,
     RECIPES,
@@ -39,6 +38,7 @@ from transformer.train_config import (
     quick_config,
     value_type,
 )
+from transformer.trainer import train
 
 
 class _Renamed(argparse.Action):

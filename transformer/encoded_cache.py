@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from transformer.encoded import EncodedSplit
+from transformer.atomic import atomic_write
+from transformer.encoded_split import EncodedSplit
 from transformer.fast_words import pretokenize, with_fast_words
-from transformer.files import atomic_write
 from transformer.multi30k import (
     SPLITS,
     DataError,

@@ -24,15 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transformer.data import (
-    BPEDropout,
-    DataError,
-    EncodedSplit,
-    load_encoded,
-    prepare,
-    token_batches,
-)
+from transformer.bpe_dropout import BPEDropout
+from transformer.checked_batches import token_batches
 from transformer.distributed import Distributed, barrier
+from transformer.encoded_cache import load_encoded, prepare
+from transformer.encoded_split import EncodedSplit
+from transformer.multi30k import DataError
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import BPE_DROPOUT_SIDES, TrainConfig
 

@@ -28,15 +28,25 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
+from transformer.batches import Batch
+from transformer.checked_batches import collate
 from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
 from transformer.counts import training_flops
-from transformer.data import Batch, EncodedSplit, collate, iterate_batches
 from transformer.distributed import (
     Distributed,
     all_sum,
     device_for,
     seed_update,
+)
+from transformer.encoded_split import EncodedSplit, iterate_batches
+from transformer.epoch_data import (
+    TrainingData,
+    dropped_warning,
+    epoch_batches,
+    load_training_data,
+    prepare_epochs,
+    updates_per_epoch,
 )
 from transformer.files import read_jsonl
 from transformer.logs import (
@@ -63,14 +73,6 @@ from transformer.run_optimizer import run_optimizer
 from transformer.run_step import run_step
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import TrainConfig
-from transformer.training_data import (
-    TrainingData,
-    dropped_warning,
-    epoch_batches,
-    load_training_data,
-    prepare_epochs,
-    updates_per_epoch,
-)
 from transformer.validation import Validation, count_words, validate
 
 

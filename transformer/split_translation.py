@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer.decode_options import DecodeOptions, decode_options
-from transformer.files import atomic_write
+from transformer.atomic import atomic_write
+from transformer.decode_options import DecodeOptions, with_changes
 from transformer.model import Transformer
 from transformer.multi30k import load_pairs, parse_pair
 from transformer.paths import DATA_DIR
@@ -53,7 +53,7 @@ def translate_split(
     """Translate the first `limit` sentences (default: all) of a Multi30k split
     with `transformer.translation.translate` and `options` (default: the
     paper's; `changes` such as beam_size=1 change them), and time it."""
-    options = decode_options(options, **changes)
+    options = with_changes(options, **changes)
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")
     if limit is not None and limit < 1:

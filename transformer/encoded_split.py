@@ -1,8 +1,9 @@
 # Generated from chapters/a04_batches_and_cache.ipynb: edit it, not this file.
-"""One split of Multi30k as token ids in flat arrays (EncodedSplit)."""
+"""One split of Multi30k as token ids in flat arrays (EncodedSplit), and the
+batches of an epoch over it."""
 
 # %% auto #0
-__all__ = ["ARRAYS", "STARTS", "flatten", "EncodedSplit"]
+__all__ = ["ARRAYS", "STARTS", "flatten", "EncodedSplit", "iterate_batches"]
 
 # %% ../chapters/a04_batches_and_cache.ipynb #37180bfe
 
@@ -149,3 +150,44 @@ class EncodedSplit:
         arrays = _load_safetensors(data)
         names = [name for name in ARRAYS + STARTS if name in arrays]
         return cls(**{name: arrays[name] for name in names})
+
+
+# %% ../chapters/a04_batches_and_cache.ipynb #bb493428
+from collections.abc import Iterator
+
+from transformer.batches import MAX_TOKENS, Batch
+from transformer.checked_batches import collate, token_batches
+from transformer.tokenizer import Tokenizer
+
+
+def iterate_batches(
+    data: EncodedSplit,
+    tokenizer: Tokenizer,
+    *,
+    max_tokens: int = MAX_TOKENS,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    max_len: int | None = None,
+) -> Iterator[Batch]:
+    """The batches of one epoch over an encoded split (see token_batches and
+    collate)."""
+    lengths = (
+        data.src_lengths + 1,
+        data.tgt_lengths + 1,
+    )  # with <eos>; <bos> or <eos>
+    groups = token_batches(
+        *lengths,
+        max_tokens=max_tokens,
+        seed=seed,
+        epoch=epoch,
+        shuffle=shuffle,
+    )
+    ids = {
+        name: getattr(tokenizer, name)
+        for name in ("pad_id", "bos_id", "eos_id")
+    }
+    for index in groups:
+        yield collate(
+            [data[i] for i in index], **ids, index=index, max_len=max_len
+        )
