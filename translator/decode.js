@@ -1,5 +1,6 @@
 "use strict";
-/* exported greedyDecode, beamSearch, translate, prepareSources, finish, sentencesNamed */
+/* exported greedyDecode, beamSearch, translate, prepareSources, finish, sentencesNamed,
+   lengthPenalty */
 
 // Greedy decoding and beam search with the key/value cache (Section 6.1 of the paper, with
 // the length penalty of Wu et al., 2016), and translating text: the package's searches
@@ -222,8 +223,9 @@ function* beamSearch(model, src, ids, options) {
   const memory = model.encode(src);
   const limit = outputLimit(model, S, options);
   const cache = model.startDecoder(memory, S, K);
+  const lpLimit = lengthPenalty(limit, alpha);
   if (record) {
-    Object.assign(record, { beamSize: K, alpha, limit, steps: [] });
+    Object.assign(record, { beamSize: K, alpha, limit, lpLimit, steps: [] });
   }
   // At the start the K beams would be K copies of <bos>: keep one, the others at -inf.
   let rows = Array.from({ length: K }, () => [ids.bosId]);
@@ -235,7 +237,6 @@ function* beamSearch(model, src, ids, options) {
   let keptScore = -Infinity;
   let keptLogProb = -Infinity;
   let keptRow = null;
-  const lpLimit = lengthPenalty(limit, alpha);
   for (let t = 0; t < limit; t++) {
     // Only the beams that can still grow: an ended beam's one continuation is padding, and
     // a beam at -inf has none.

@@ -491,12 +491,6 @@
     showComparison(result);
   }
 
-  /** log p / lp(|Y|) with the page's α: the score beam search ranks by. */
-  function penalised(hypothesis, alpha) {
-    const length = hypothesis.tokens.length + (hypothesis.ended ? 1 : 0);
-    return hypothesis.logProb / ((5 + length) / 6) ** alpha;
-  }
-
   function showComparison(result) {
     const { beam, greedy, options } = result;
     const row = (name, found) => {
@@ -504,7 +498,7 @@
         name,
         found.text ?? result.text,
         found.logProb.toFixed(3),
-        penalised(found, options.alpha).toFixed(3),
+        (found.penalised ?? found.score).toFixed(3), // log p / lp(|Y|)
       ].map((value) => {
         const cell = document.createElement("td");
         cell.textContent = value;
@@ -724,7 +718,7 @@
         step.bestOpen === undefined || step.bestOpen === null || step.bestOpen === -Infinity
           ? "No open hypothesis is left: the search stops."
           : `The search stops: the best open hypothesis, at log p ${fixed(step.bestOpen)}, can at` +
-              ` best reach ${fixed(step.bestOpen / ((5 + record.limit) / 6) ** record.alpha)}` +
+              ` best reach ${fixed(step.bestOpen / record.lpLimit)}` +
               ` at the length limit (${record.limit} pieces), below the kept score.`,
       );
     }
@@ -1166,7 +1160,7 @@
     drawHeatmap();
     await nextTurn();
     check(run);
-    await drawGrid();
+    await drawGrid(run);
   }
 
   function fillOptions(select, count, label, selected) {
@@ -1211,8 +1205,11 @@
     }
   }
 
-  /** One small heatmap per layer and head (and the heads' mean), drawn one per turn. */
-  async function drawGrid() {
+  /**
+   * One small heatmap per layer and head (and the heads' mean), drawn one per turn, until
+   * a newer grid starts or `run` (if given) is cancelled.
+   */
+  async function drawGrid(run = null) {
     const generation = ++drawing;
     const { kind } = chosen();
     const { layers, heads } = shown.attention;
@@ -1255,8 +1252,8 @@
       );
     }
     for (const { canvas, layer, head } of cells) {
-      if (generation !== drawing) {
-        return; // a newer grid is being drawn
+      if (generation !== drawing || run?.cancelled) {
+        return; // a newer grid is being drawn, or the reader cancelled
       }
       const view = matrix(kind, layer, head);
       const top = stretched ? Math.max(...view.values) || 1 : 1;

@@ -1,6 +1,6 @@
 "use strict";
 /* global Tokenizer, Transformer, SacreBleu, readSafetensors, translate, greedyDecode,
-   beamSearch, prepareSources, sentencesNamed, finish */
+   beamSearch, prepareSources, sentencesNamed, finish, lengthPenalty */
 /* exported LanguagePair, serve, Cancelled */
 
 // The page's computing side: one language pair's tokenizer and model, translating a
@@ -97,6 +97,9 @@ class LanguagePair {
     const produced = beam.ended ? [...beam.tokens, tokenizer.eosId] : beam.tokens;
     const target = [tokenizer.bosId, ...produced.slice(0, -1)];
     const piece = (id) => tokenizer.pieces[id];
+    // greedy decoding's log p over the length penalty: the score beam search ranks by
+    const length = greedy.tokens.length + (greedy.ended ? 1 : 0);
+    const penalised = Math.fround(greedy.logProb / lengthPenalty(length, options.alpha));
     return {
       text: tokenizer.decode(beam.tokens),
       warnings,
@@ -108,7 +111,7 @@ class LanguagePair {
       inputPieces: target.map(piece),
       outputPieces: produced.map(piece),
       beam: { ...beam, record: beamRecord },
-      greedy: { ...greedy, text: tokenizer.decode(greedy.tokens) },
+      greedy: { ...greedy, text: tokenizer.decode(greedy.tokens), penalised },
     };
   }
 
