@@ -295,9 +295,7 @@ def _check_positions(start: int, length: int, max_len: int) -> None:
 class PositionalEncoding(nn.Module):
     """Adds the sinusoidal table to the embeddings, then dropout (3.5, 5.4)."""
 
-    def __init__(
-        self, d_model: int, max_len: int = 512, dropout: float = 0.1
-    ) -> None:
+    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
@@ -324,7 +322,7 @@ class PositionalEncoding(nn.Module):
 # %%
 from transformer.embedding import PositionalEncoding
 
-positional = PositionalEncoding(d_model=16, max_len=50).eval()
+positional = PositionalEncoding(d_model=16, max_len=50, dropout=0.1).eval()
 x = torch.randn(2, 7, 16)  # (B, L, d_model)
 assert torch.equal(positional(x), x + pe_small[:7])
 steps = [positional(x[:, t : t + 1], start=t) for t in range(7)]
@@ -369,9 +367,7 @@ pd.DataFrame({"RMS per dimension": rms, "mean vector length": length}).round(4)
 class LearnedPositionalEncoding(nn.Module):
     """A learned vector per position, not the sinusoids (Table 3, row E)."""
 
-    def __init__(
-        self, d_model: int, max_len: int = 512, dropout: float = 0.1
-    ) -> None:
+    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
@@ -392,7 +388,8 @@ class LearnedPositionalEncoding(nn.Module):
 # %%
 from transformer.embedding import LearnedPositionalEncoding
 
-learned = LearnedPositionalEncoding(d_model=16, max_len=50).eval()
+learned = LearnedPositionalEncoding(d_model=16, max_len=50, dropout=0.1)
+learned.eval()
 assert torch.equal(learned(x), x + learned.embedding.weight[:7])
 
 # %% [markdown]

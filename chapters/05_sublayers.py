@@ -179,18 +179,20 @@ print(
 
 # %%
 #| export
+LAYER_NORM_EPS = 1e-6  # ε as in tensor2tensor; PyTorch's default is 1e-5
+
+
 class SublayerConnection(nn.Module):
     """Residual connection, dropout and layer normalisation around one
     sublayer: LayerNorm(x + Dropout(Sublayer(x))), the paper's post-norm, or
     with norm_first, pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
 
     def __init__(
-        self, d_model: int, dropout: float = 0.1, norm_first: bool = False
+        self, d_model: int, dropout: float, norm_first: bool = False
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        # ε = 1e-6 as in tensor2tensor; PyTorch's default is 1e-5.
-        self.norm = nn.LayerNorm(d_model, eps=1e-6)
+        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -209,10 +211,10 @@ class SublayerConnection(nn.Module):
 # $x$'s scale:
 
 # %%
-from transformer.sublayers import SublayerConnection
+from transformer.sublayers import LAYER_NORM_EPS, SublayerConnection
 
 
-def layer_norm(v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def layer_norm(v: torch.Tensor, eps: float = LAYER_NORM_EPS) -> torch.Tensor:
     """LayerNorm with γ = 1, β = 0 (their initial values), by hand."""
     mean = v.mean(-1, keepdim=True)
     var = v.var(-1, keepdim=True, unbiased=False)
@@ -270,11 +272,11 @@ def run_stack(norm_first: bool) -> pd.DataFrame:
     x, rms = x0, []
     for network in networks:
         network.zero_grad()
-        connection = SublayerConnection(d_model, norm_first=norm_first).eval()
+        connection = SublayerConnection(d_model, 0.0, norm_first).eval()
         x = connection(x, network)
         rms.append(x.pow(2).mean().sqrt().item())
     if norm_first:  # a pre-norm stack ends with one more LayerNorm
-        x = nn.LayerNorm(d_model, eps=1e-6)(x)
+        x = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)(x)
     (x @ readout).mean().backward()
     grads = [
         torch.stack([p.grad.norm() for p in n.parameters()]).norm().item()

@@ -74,7 +74,11 @@ from torch import nn
 from torch import Tensor, nn
 
 from transformer.multihead import MultiHeadAttention
-from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
+from transformer.sublayers import (
+    LAYER_NORM_EPS,
+    PositionwiseFeedForward,
+    SublayerConnection,
+)
 
 
 class EncoderLayer(nn.Module):
@@ -82,10 +86,11 @@ class EncoderLayer(nn.Module):
 
     def __init__(
         self,
+        *,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
@@ -147,16 +152,17 @@ src = torch.tensor([r + [pad_id] * (S - len(r)) for r in ids])  # (B, S)
 src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
 
 torch.manual_seed(0)
-d_model, n_heads, d_ff = 32, 4, 64
+d_model = 32
+sizes = dict(d_model=d_model, n_heads=4, d_ff=64, dropout=0.1)
 embed = TokenEmbedding(len(vocab), d_model)
-position = PositionalEncoding(d_model, max_len=64).eval()
-layer = EncoderLayer(d_model, n_heads, d_ff).eval()
+position = PositionalEncoding(d_model, max_len=64, dropout=0.1).eval()
+layer = EncoderLayer(**sizes).eval()
 with torch.no_grad():
     x = position(embed(src))  # (B, S, d_model)
     _, weights = layer(x, src_mask, need_weights=True)  # (B, H, S, S)
 real = src_mask[:, 0, 0, :]  # (B, S)
 assert (weights.masked_select(~real[:, None, None, :]) == 0).all()
-assert torch.allclose(weights.sum(-1), torch.ones(3, n_heads, S))
+assert torch.allclose(weights.sum(-1), torch.ones(3, sizes["n_heads"], S))
 
 # %% [markdown]
 # ## The stack
@@ -179,31 +185,32 @@ class Encoder(nn.Module):
 
     def __init__(
         self,
+        *,
         n_layers: int,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
     ) -> None:
         super().__init__()
+        layer = dict(
+            d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout
+        )
+        layer |= dict(
+            attention_dropout=attention_dropout, ffn_dropout=ffn_dropout
+        )
+        layer |= dict(norm_first=norm_first)
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                ffn_dropout=ffn_dropout,
-                norm_first=norm_first,
-            )
-            for _ in range(n_layers)
+            EncoderLayer(**layer) for _ in range(n_layers)
         )
         # Post-norm layers end normalised; a pre-norm stream needs a LayerNorm.
         self.final_norm = (
-            nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
+            nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
+            if norm_first
+            else nn.Identity()
         )
 
     def forward(
@@ -222,7 +229,7 @@ class Encoder(nn.Module):
 # %%
 from transformer.encoder import Encoder
 
-encoder = Encoder(3, d_model, n_heads, d_ff).eval()
+encoder = Encoder(n_layers=3, **sizes).eval()
 w_q = [layer.self_attn.w_q.weight for layer in encoder.layers]
 assert not any(torch.equal(w_q[0], w) for w in w_q[1:])  # each its own start
 
@@ -286,9 +293,9 @@ alt.hconcat(
 # %% [markdown]
 # ## Exercises
 #
-# 1. Repeat the padding test with `Encoder(3, d_model, n_heads, d_ff, norm_first=True)`. Does it
-#    still hold?
+# 1. Repeat the padding test with `Encoder(n_layers=3, **sizes, norm_first=True)`. Does it still
+#    hold?
 # 2. Build the layer with `attention_dropout=0.1` and call it in training mode: do each query's
 #    weights still sum to one, and why not?
-# 3. Redraw the figure for `Encoder(6, d_model, n_heads, d_ff)`: does depth alone sharpen a
-#    random encoder's attention?
+# 3. Redraw the figure for `Encoder(n_layers=6, **sizes)`: does depth alone sharpen a random
+#    encoder's attention?

@@ -83,7 +83,11 @@ import torch
 from torch import Tensor, nn
 
 from transformer.multihead import MultiHeadAttention
-from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
+from transformer.sublayers import (
+    LAYER_NORM_EPS,
+    PositionwiseFeedForward,
+    SublayerConnection,
+)
 
 
 # %%
@@ -93,10 +97,11 @@ class DecoderLayer(nn.Module):
 
     def __init__(
         self,
+        *,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
@@ -162,30 +167,31 @@ class Decoder(nn.Module):
 
     def __init__(
         self,
+        *,
         n_layers: int,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
     ) -> None:
         super().__init__()
+        layer = dict(
+            d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout
+        )
+        layer |= dict(
+            attention_dropout=attention_dropout, ffn_dropout=ffn_dropout
+        )
+        layer |= dict(norm_first=norm_first)
         self.layers = nn.ModuleList(
-            DecoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                ffn_dropout=ffn_dropout,
-                norm_first=norm_first,
-            )
-            for _ in range(n_layers)
+            DecoderLayer(**layer) for _ in range(n_layers)
         )
         self.final_norm = (
-            nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
+            nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
+            if norm_first
+            else nn.Identity()
         )
 
     def forward(
@@ -251,10 +257,11 @@ B, T = tgt.shape
 
 # %%
 torch.manual_seed(0)
-d_model, n_heads, d_ff, n_layers = 32, 4, 64, 3
+d_model = 32
+sizes = dict(d_model=d_model, n_heads=4, d_ff=64, dropout=0.1)
 embed = TokenEmbedding(len(vocab), d_model)
-position = PositionalEncoding(d_model, max_len=64).eval()
-decoder = Decoder(n_layers, d_model, n_heads, d_ff).eval()
+position = PositionalEncoding(d_model, max_len=64, dropout=0.1).eval()
+decoder = Decoder(n_layers=3, **sizes).eval()
 memory = torch.randn(B, src.size(1), d_model)  # (B, S, d_model)
 
 
@@ -342,6 +349,6 @@ alt.hconcat(
 # %% [markdown]
 # ## Exercises
 #
-# 1. Repeat the causality check with `Decoder(n_layers, d_model, n_heads, d_ff, norm_first=True)`.
+# 1. Repeat the causality check with `Decoder(n_layers=3, **sizes, norm_first=True)`.
 # 2. Pass `tgt_mask=causal_mask(T)` (from `transformer.masking`, without the padding) and compare
 #    the outputs: which positions change, and does the loss, which ignores padding, see it?

@@ -151,6 +151,7 @@ import torch
 from torch import Tensor, nn
 
 REDUCTIONS = ("mean", "sum", "none")
+LABEL_SMOOTHING = 0.1  # "of value ε_ls = 0.1" (Section 5.4)
 
 
 def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
@@ -198,7 +199,11 @@ class LabelSmoothingLoss(nn.Module):
     """
 
     def __init__(
-        self, *, pad_id: int, smoothing: float = 0.1, reduction: str = "mean"
+        self,
+        *,
+        pad_id: int,
+        smoothing: float = LABEL_SMOOTHING,
+        reduction: str = "mean",
     ) -> None:
         super().__init__()
         if not 0.0 <= smoothing < 1.0:  # also rejects NaN

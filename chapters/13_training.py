@@ -397,9 +397,11 @@ print(f"peak learning rate {peak:.1e}, the paper's {paper:.1e}")
 # `metrics.jsonl` files, in `checkpoints/de-en` and `checkpoints/fr-en`, hold one line per epoch:
 
 # %% tags=["hide-input", "nbval-ignore-output"]
+from transformer.multi30k import PAIRS
+
 rows = [
     dict(pair=pair, epoch=r["epoch"], split=split, loss=r[key])
-    for pair in ("de-en", "fr-en")
+    for pair in PAIRS
     for r in read_metrics(pair)
     if r["kind"] == "epoch"
     for split, key in [("training", "train_loss"), ("validation", "val_loss")]
@@ -436,7 +438,7 @@ alt.Chart(pd.DataFrame(rows).round(4)).mark_line().encode(
 # (`wall_time`) gives its length:
 
 # %%
-for pair in ("de-en", "fr-en"):
+for pair in PAIRS:
     records = read_metrics(pair)
     last = [r for r in records if r["kind"] == "epoch"][-1]
     a = records[-1]  # the average of the last five epochs

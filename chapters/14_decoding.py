@@ -114,6 +114,7 @@ from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
 
 EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
+BEAM_SIZE, ALPHA = 4, 0.6  # "a beam size of 4 and length penalty α = 0.6"
 
 
 @dataclass(frozen=True)
@@ -438,8 +439,8 @@ def beam_search(
     model: Transformer,
     src: Tensor,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     bos_id: int,
     eos_id: int,
     pad_id: int,
@@ -488,15 +489,15 @@ def beam_search(
 # search found a higher one, or a lower one:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.decode import beam_search, length_penalty
+from transformer.decode import ALPHA, beam_search, length_penalty
 
-beam = [beam_search(model, src, **ids) for src in sources]  # K = 4, α = 0.6
+beam = [beam_search(model, src, **ids) for src in sources]  # the paper's K, α
 
 
 def s(h) -> float:
     """s(Y) of a hypothesis, greedy decoding's too: log p / lp(|Y|)."""
     length = torch.tensor(len(h.tokens) + h.ended)
-    return h.log_prob / length_penalty(length, 0.6).item()
+    return h.log_prob / length_penalty(length, ALPHA).item()
 
 
 gains = torch.tensor(
@@ -526,7 +527,7 @@ by_alpha = pd.Series(
             for src in sources
         )
         / sum(map(len, targets))
-        for alpha in (0.0, 0.6, 1.0, 2.0)
+        for alpha in (0.0, ALPHA, 1.0, 2.0)
     },
     name="output length / reference length",
 ).rename_axis("α")

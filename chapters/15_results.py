@@ -237,9 +237,11 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from transformer.decode_options import DecodeOptions
 from transformer.multi30k import load_pairs
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
+PAPER = DecodeOptions()  # the search's defaults: the paper's
 outputs = Path(tempfile.mkdtemp())
 
 
@@ -258,10 +260,11 @@ def evaluate(pair: str, beam: int) -> SimpleNamespace:
     )
 
 
-test = {pair: evaluate(pair, beam=4) for pair in NAMES}
+test = {pair: evaluate(pair, beam=PAPER.beam_size) for pair in NAMES}
 scores = {pair: score(t.hypotheses, t.references) for pair, t in test.items()}
 for pair, s in scores.items():
-    print(f"{NAMES[pair]}, {s.sentences:,} sentences, beam 4, α = 0.6")
+    search = f"beam {PAPER.beam_size}, α = {PAPER.alpha}"
+    print(f"{NAMES[pair]}, {s.sentences:,} sentences, {search}")
     print(s.report(), end="\n\n")
 
 # %% [markdown]
@@ -291,7 +294,7 @@ for pair, g in greedy.items():
     )
     p_value = paired()[1]["BLEU"][1].p_value
     for search, s in (("greedy", score(g.hypotheses, g.references)),
-                      ("beam 4", scores[pair])):  # fmt: skip
+                      (f"beam {PAPER.beam_size}", scores[pair])):  # fmt: skip
         rows.append({"model": NAMES[pair], "search": search,
                      "sacreBLEU": s.bleu, "chrF": s.chrf,
                      "length ratio": s.length_ratio,
@@ -586,7 +589,7 @@ by_length.set_index(["model", "source words"])
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 alt.Chart(
-    by_length, title="sacreBLEU by source length, beam 4"
+    by_length, title=f"sacreBLEU by source length, beam {PAPER.beam_size}"
 ).mark_bar().encode(
     x=alt.X("source words:N", sort=None, axis=alt.Axis(labelAngle=0)),
     xOffset="model:N",

@@ -197,7 +197,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from transformer.schedule import ADAM_BETAS, ADAM_EPS, noam_schedule
+from transformer.schedule import (
+    ADAM_BETAS,
+    ADAM_EPS,
+    WARMUP_STEPS,
+    noam_schedule,
+)
 
 
 def _param_groups(params: nn.Module | Iterable) -> list:
@@ -220,7 +225,7 @@ def run_optimizer(
     model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
     *,
     d_model: int,
-    warmup: int = 4000,
+    warmup: int = WARMUP_STEPS,
     factor: float = 1.0,
     fused: bool | None = None,
 ) -> tuple[torch.optim.Adam, LambdaLR]:
@@ -430,7 +435,7 @@ def validate(
     batches: Iterable[Batch],
     *,
     pad_id: int,
-    smoothing: float = 0.1,
+    smoothing: float,
     words: int | None = None,
     bf16: bool = False,
 ) -> Validation:
@@ -1459,4 +1464,3 @@ except CheckpointError as err:
     print("CheckpointError:", str(err).replace(str(scratch), "<tmp>"))
 else:
     raise AssertionError("a changed seed was accepted")
-

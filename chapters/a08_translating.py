@@ -66,6 +66,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from transformer.decode import ALPHA, BEAM_SIZE
+
 # The largest α accepted: far beyond any useful one, yet small enough that lp
 # stays finite in float32 for outputs of 40,000 tokens.
 MAX_ALPHA = 10.0
@@ -89,8 +91,8 @@ class DecodeOptions:
     greedy decoding), batch_size sentences at a time, outputs of at most
     max_len tokens with EOS (None: each source's length + 50)."""
 
-    beam_size: int = 4  # Section 6.1: "a beam size of 4
-    alpha: float = 0.6  # and length penalty α = 0.6"
+    beam_size: int = BEAM_SIZE  # the paper's (Section 6.1)
+    alpha: float = ALPHA
     batch_size: int = 32
     max_len: int | None = None
 
@@ -127,8 +129,10 @@ class DecodeOptions:
 def with_changes(
     options: DecodeOptions | None = None, **changes
 ) -> DecodeOptions:
-    """`options` (default: the paper's) with `changes`, checked again: how
+    """`options` (default: the paper's) with `changes`, which are checked: how
     `translate` and its kin take both, e.g. `translate(..., beam_size=1)`."""
+    if options is not None and not changes:
+        return options  # checked when it was made
     return dataclasses.replace(options or DecodeOptions(), **changes)
 
 
@@ -339,6 +343,8 @@ import torch
 from torch import Tensor
 
 from transformer.decode import (
+    ALPHA,
+    BEAM_SIZE,
     Hypothesis,
     forbid_specials,
     hypothesis,
@@ -549,8 +555,8 @@ def batched_beam_search(
     model: Transformer,
     src: Tensor,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     bos_id: int,
     eos_id: int,
     pad_id: int,

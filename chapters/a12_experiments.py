@@ -65,6 +65,7 @@ from IPython.display import display
 
 from experiments import comparison
 from experiments.comparison import QUESTION, QUESTIONS, RUNS_DIR, SHIPPED
+from transformer.multi30k import PAIRS
 from transformer.plots import use_book_renderer
 
 use_book_renderer()
@@ -101,7 +102,7 @@ use_book_renderer()
 
 # %%
 rows, curves, averaged = [], [], {}
-for pair in ("de-en", "fr-en"):
+for pair in PAIRS:
     runs = comparison.runs(pair)
     for name, (config, metrics) in runs.items():
         curves += [
@@ -320,11 +321,9 @@ assert [round(de["dropout-0.2"], 3), round(fr["dropout-0.2"], 3)] == [
     0.027,
 ]
 assert table.loc[("dropout", "de-en", "dropout-0.2"), "compared"] == "epoch 32"
-assert all(
-    epoch_ppl[p, SHIPPED].dropna().idxmin() == 35 for p in ("de-en", "fr-en")
-)
+assert all(epoch_ppl[p, SHIPPED].dropna().idxmin() == 35 for p in PAIRS)
 best_epoch = epoch_ppl.idxmin()
-assert [best_epoch[p, "dropout-0.2"] for p in ("de-en", "fr-en")] == [26, 29]
+assert [best_epoch[p, "dropout-0.2"] for p in PAIRS] == [26, 29]
 assert round(1 + de["dropout-0.4-cpu"], 1) == 2.8
 last_loss = train_loss.ffill().iloc[-1]  # each run's last epoch
 assert [
@@ -462,6 +461,7 @@ assert [round(fr[r], 3) for r in pre_norm] == [-0.026, 0.016]
 # 12,000), spelled in shorter and more frequent pieces; words seen 5 to 19 times get dearer
 # (5.5, 4.8 and 4.4 nats), since a larger vocabulary keeps more of them whole. The second group
 # holds three times as many tokens as the first, which is why 4,000 entries lose overall.
+
 
 # %%
 def word_groups(pair: str, run: str) -> dict[str, dict[str, float]]:

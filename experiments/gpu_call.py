@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from threading import Thread
 
+from transformer.multi30k import PAIRS
 from transformer.split_translation import write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +53,6 @@ CARRY = ROOT / "gpu-carry"
 WHEELS = ["ctranslate2==4.8.5", "PyYAML==6.0.3", "pytest==9.2.0", "pluggy==1.7.0"]
 WHEELS += ["iniconfig==2.3.1", "packaging==26.3", "Pygments==2.21.0"]
 PLATFORM = ["--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"]
-PAIRS = ("de-en", "fr-en")
 SWEEP_MAX_MINUTES = 6.0
 # Closing the sweep's runs (their averages, side by side), scoring them and the two shipped
 # models on the validation split one after the other (16 to 19 s a model on a 2-core CPU,

@@ -8,8 +8,8 @@ Every run is `python -m transformer train --config multi30k ...` with its own op
 in its own process; they share the GPU. A run stops after its epochs or, at the latest, after M
 minutes (`--time-limit`); a run that the time limit stopped is then closed with `--resume
 --epochs <its last whole epoch>`, which averages its last five epoch checkpoints, as a run that
-ends normally does. Each run's average is then scored on the validation split (sacreBLEU, beam 4,
-α 0.6; the sources come from the encoded cache, so no spaCy is needed on the GPU machine).
+ends normally does. Each run's average is then scored on the validation split (sacreBLEU, the
+paper's search; the sources come from the encoded cache, so no spaCy is needed on the GPU machine).
 
 The run of each pair with the lowest averaged validation perplexity per word (or, with
 `--choose-by bleu`, the highest validation BLEU), among those marked as candidates (the sizes
@@ -39,6 +39,7 @@ from pathlib import Path
 
 from transformer.atomic import atomic_write
 from transformer.files import read_jsonl
+from transformer.multi30k import PAIRS
 from transformer.split_translation import write_lines
 
 RECIPE = ["--config", "multi30k"]
@@ -62,7 +63,7 @@ D128 += ["--set", "n_heads=4", "--lr-factor", "1.13"]
 
 def both(name: str, options: list[str], candidate: bool = True) -> dict:
     """The same run for each pair, named <pair>-<name>."""
-    return {f"{pair}-{name}": (pair, options, candidate) for pair in ("de-en", "fr-en")}
+    return {f"{pair}-{name}": (pair, options, candidate) for pair in PAIRS}
 
 
 TINY = [
@@ -250,7 +251,8 @@ def close(runs: dict, args: argparse.Namespace) -> None:
 
 
 def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
-    """sacreBLEU of the averaged model on the validation split, beam 4, α 0.6."""
+    """sacreBLEU of the averaged model on the validation split, with the paper's
+    search (DecodeOptions())."""
     import torch
     from sacrebleu.metrics import BLEU
 
@@ -272,9 +274,7 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
         return ids
 
     tokenizer.encode_batch = cached
-    hypotheses = translate(
-        model, tokenizer, [s for s, _ in pairs], beam_size=4, alpha=0.6
-    )
+    hypotheses = translate(model, tokenizer, [s for s, _ in pairs])
     return BLEU().corpus_score(hypotheses, [[r for _, r in pairs]]).score
 
 

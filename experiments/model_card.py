@@ -1,5 +1,6 @@
 r"""Write the model card, checkpoints/<pair>/README.md, from the shipped files and a fresh
-evaluation of the shipped and last-epoch weights on test_2016_flickr (beam 4, α 0.6).
+evaluation of the shipped and last-epoch weights on test_2016_flickr (the paper's search,
+`DecodeOptions()`).
 
     python -m experiments.model_card de-en --command "python -m transformer train ..." \
         --hardware "2-core Intel Xeon CPU, ..."
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from experiments.words import word_level_evaluation
 from transformer.checkpoint import CheckpointError, load_model
+from transformer.decode_options import DecodeOptions
 from transformer.evaluate import score
 from transformer.files import read_jsonl
 from transformer.multi30k import DataError, load_pairs
@@ -35,6 +37,10 @@ def comparison_runs(pair: str, runs: Path = RUNS_DIR) -> list[str]:
     if not (runs / pair).is_dir():
         return []
     return sorted(p.name for p in (runs / pair).iterdir() if p.is_dir())
+
+
+PAPER = DecodeOptions()  # the search every score here uses, `evaluate`'s default
+SEARCH = f"beam {PAPER.beam_size}, α {PAPER.alpha}"
 
 
 def card(
@@ -111,7 +117,7 @@ def card(
     return f"""# {NAMES[pair]} Transformer, Multi30k
 
 **Status:** trained with the book's recipe on {"one GPU" if on_gpu else "a CPU"}, {n_epochs}
-in {took}; {shipped.bleu:.1f} sacreBLEU on test_2016_flickr (beam 4, α 0.6).
+in {took}; {shipped.bleu:.1f} sacreBLEU on test_2016_flickr ({SEARCH}).
 
 ## Model
 
@@ -157,7 +163,7 @@ against {wl.words:,} words; a token counts as right when all its BPE pieces are 
 probable ones, `word_level_evaluation`, measured here on the shipped weights): perplexity
 {wl.ppl_unit:.2f}, accuracy {wl.unit_accuracy:.1%}.
 
-Test (`test_2016_flickr`, beam 4, α = 0.6, `python -m transformer evaluate --pair {pair}`):
+Test (`test_2016_flickr`, {SEARCH}, `python -m transformer evaluate --pair {pair}`):
 
 | weights | sacreBLEU | chrF | BLEU lowercased, spaCy-tokenised* |
 | --- | --- | --- | --- |

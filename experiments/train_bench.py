@@ -32,11 +32,15 @@ from transformer.masking import padding_mask, target_mask
 from transformer.model import Generator, Transformer
 from transformer.schedule import make_optimizer
 from transformer.split_translation import write_lines
+from transformer.sublayers import LAYER_NORM_EPS
 
 from .decode_bench import machine
 
 DIMENSIONS = dict(d_model=256, n_heads=8, n_layers=3, d_ff=512)
-DROPOUT = 0.1
+# The paper's dropout and positions, which nn.Transformer applies on the attention weights and
+# in the feed-forward layer too.
+PAPER = TransformerConfig(src_vocab_size=1)
+DROPOUT, MAX_LEN = PAPER.dropout, PAPER.max_len
 
 
 class LibraryTransformer(nn.Module):
@@ -46,8 +50,8 @@ class LibraryTransformer(nn.Module):
         super().__init__()
         d = DIMENSIONS["d_model"]
         self.embed = TokenEmbedding(vocab_size, d)
-        self.src_pos = PositionalEncoding(d, dropout=DROPOUT)
-        self.tgt_pos = PositionalEncoding(d, dropout=DROPOUT)
+        self.src_pos = PositionalEncoding(d, MAX_LEN, DROPOUT)
+        self.tgt_pos = PositionalEncoding(d, MAX_LEN, DROPOUT)
         self.stacks = nn.Transformer(
             d_model=d,
             nhead=DIMENSIONS["n_heads"],
@@ -55,7 +59,7 @@ class LibraryTransformer(nn.Module):
             num_decoder_layers=DIMENSIONS["n_layers"],
             dim_feedforward=DIMENSIONS["d_ff"],
             dropout=DROPOUT,
-            layer_norm_eps=1e-6,
+            layer_norm_eps=LAYER_NORM_EPS,
             batch_first=True,
             norm_first=False,
         )
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = list(iterate_batches(data, tokenizer, max_tokens=args.max_tokens))
     batches = batches[: args.steps]
     pad = tokenizer.pad_id
-    loss_fn = LabelSmoothingLoss(pad_id=pad, smoothing=0.1)
+    loss_fn = LabelSmoothingLoss(pad_id=pad)  # the paper's ε_ls
 
     def ours(model, b):
         src_mask, tgt_mask = padding_mask(b.src, pad), target_mask(b.tgt_in, pad)

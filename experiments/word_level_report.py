@@ -25,20 +25,21 @@ from experiments.words import (
     word_level_evaluation,
 )
 from transformer.checkpoint import CheckpointError, load_model
+from transformer.decode_options import DecodeOptions
 from transformer.evaluate import score
 from transformer.multi30k import DataError, load_pairs
 from transformer.split_translation import translate_split, write_lines
 
 
 def val_bleu(model, tokenizer) -> dict:
-    """sacreBLEU and chrF, with their signatures, of beam-4 (α = 0.6) translations of val."""
-    found = translate_split(
-        model, tokenizer, tokenizer.pair, "val", beam_size=4, alpha=0.6
-    )
+    """sacreBLEU and chrF, with their signatures, of translations of val with the paper's
+    search (DecodeOptions())."""
+    paper = DecodeOptions()
+    found = translate_split(model, tokenizer, tokenizer.pair, "val", paper)
     s = score(found.hypotheses, found.references)
     return {
-        "beam": 4,
-        "alpha": 0.6,
+        "beam": paper.beam_size,
+        "alpha": paper.alpha,
         "sentences": s.sentences,
         "sacrebleu": s.bleu,
         "chrf": s.chrf,
@@ -72,7 +73,7 @@ def main() -> None:
     parser.add_argument(
         "--bleu",
         action="store_true",
-        help="also translate the validation split (beam 4, α = 0.6) and score it",
+        help="also translate the validation split (the paper's search) and score it",
     )
     args = parser.parse_args()
 

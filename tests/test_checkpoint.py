@@ -360,7 +360,7 @@ def test_the_export_takes_the_average_only_while_it_is_current(
 # -- the training chapter's loader ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+@pytest.mark.parametrize("pair", list(PAIRS))
 def test_the_chapters_load_trained_reads_a_shipped_model_as_load_model(pair: str):
     """The training chapter's short `load_trained` and the package's `load_model` give the
     same model (float32 weights, the shared matrix tied again, eval mode) and the same

@@ -19,11 +19,14 @@ from transformer.cli.main import main  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
-from transformer.multi30k import load_pairs  # noqa: E402
+from transformer.multi30k import (
+    PAIRS,
+    load_pairs,  # noqa: E402
+)
 from transformer.translation import load_pair_model, translate  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=["de-en", "fr-en"])
+@pytest.fixture(scope="module", params=list(PAIRS))
 def exported(request, tmp_path_factory):
     """(pair, model, tokenizer, the engine on the exported float32 model)."""
     model, tokenizer = load_pair_model(request.param)

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from transformer.multi30k import DATA_DIR, DataError, load_pairs, load_split, parse_pair
+from transformer.multi30k import (
+    DATA_DIR,
+    PAIRS,
+    DataError,
+    load_pairs,
+    load_split,
+    parse_pair,
+)
 
 
 @pytest.fixture
@@ -19,7 +26,7 @@ def data_copy(tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+@pytest.mark.parametrize("pair", list(PAIRS))
 @pytest.mark.parametrize(
     ("split", "size"), [("train", 29_000), ("val", 1_014), ("test_2016_flickr", 1_000)]
 )

@@ -24,6 +24,7 @@ from transformer.decode import beam_search, greedy_decode, length_penalty
 from transformer.decode_options import MAX_ALPHA
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
+from transformer.multi30k import PAIRS
 from transformer.search_setup import output_limits
 
 PAD, BOS, EOS = 0, 1, 2
@@ -564,7 +565,7 @@ def test_a_prefix_is_checked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+@pytest.mark.parametrize("pair", list(PAIRS))
 def test_the_chapters_searches_are_the_packages_on_200_test_sentences(pair):
     """The decoding chapter's one-sentence searches and the batched ones that `translate`
     runs give the same outputs for the shipped models, in batches of 32 sentences of similar

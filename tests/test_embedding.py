@@ -136,7 +136,7 @@ def test_token_embedding_has_unit_variance_at_initialisation():
 
 
 def test_positional_encoding_adds_the_table():
-    layer = PositionalEncoding(d_model=16, max_len=30).eval()
+    layer = PositionalEncoding(d_model=16, max_len=30, dropout=0.1).eval()
     x = torch.randn(3, 12, 16)
     assert torch.equal(layer(x), x + sinusoidal_encoding(30, 16)[:12])
     assert layer.pe.shape == (30, 16)
@@ -145,15 +145,15 @@ def test_positional_encoding_adds_the_table():
 
 @pytest.mark.parametrize("start", [0, 1, 9, 25])
 def test_start_offset_equals_slicing_the_table(start: int):
-    layer = PositionalEncoding(d_model=16, max_len=30).eval()
+    layer = PositionalEncoding(d_model=16, max_len=30, dropout=0.1).eval()
     x = torch.randn(2, 5, 16)
     assert torch.equal(layer(x, start=start), x + layer.pe[start : start + 5])
 
 
 def test_incremental_positions_match_the_whole_sequence():
     for layer in (
-        PositionalEncoding(d_model=8, max_len=20).eval(),
-        LearnedPositionalEncoding(d_model=8, max_len=20).eval(),
+        PositionalEncoding(d_model=8, max_len=20, dropout=0.1).eval(),
+        LearnedPositionalEncoding(d_model=8, max_len=20, dropout=0.1).eval(),
     ):
         x = torch.randn(2, 9, 8)
         steps = torch.cat([layer(x[:, t : t + 1], start=t) for t in range(9)], dim=1)
@@ -162,7 +162,7 @@ def test_incremental_positions_match_the_whole_sequence():
 
 @pytest.mark.parametrize("cls", [PositionalEncoding, LearnedPositionalEncoding])
 def test_exceeding_max_len_raises_a_clear_error(cls):
-    layer = cls(d_model=8, max_len=10)
+    layer = cls(d_model=8, max_len=10, dropout=0.1)
     layer(torch.zeros(1, 10, 8))  # exactly max_len positions are fine
     with pytest.raises(ValueError, match="max_len=10"):
         layer(torch.zeros(1, 11, 8))
@@ -187,7 +187,7 @@ def test_dropout_is_applied_to_the_sum_in_training_only():
 
 
 def test_learned_positional_encoding_is_a_parameter():
-    layer = LearnedPositionalEncoding(d_model=8, max_len=12).eval()
+    layer = LearnedPositionalEncoding(d_model=8, max_len=12, dropout=0.1).eval()
     assert isinstance(layer.embedding, torch.nn.Embedding)
     assert layer.embedding.weight.shape == (12, 8)
     assert "embedding.weight" in layer.state_dict()

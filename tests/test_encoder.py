@@ -12,11 +12,12 @@ from transformer.masking import padding_mask
 
 PAD = 0  # the toy vocabulary's pad id in these tests
 D_MODEL, N_HEADS, D_FF, N_LAYERS = 16, 4, 32, 2
+SIZES = dict(d_model=D_MODEL, n_heads=N_HEADS, d_ff=D_FF, dropout=0.1)
 
 
 def tiny_encoder(norm_first: bool = False) -> Encoder:
     torch.manual_seed(0)
-    return Encoder(N_LAYERS, D_MODEL, N_HEADS, D_FF, norm_first=norm_first).eval()
+    return Encoder(n_layers=N_LAYERS, **SIZES, norm_first=norm_first).eval()
 
 
 def padded_batch() -> torch.Tensor:
@@ -110,7 +111,7 @@ def test_layers_are_built_separately_not_copied():
 
 
 def test_layer_structure_and_parameter_count():
-    layer = EncoderLayer(D_MODEL, N_HEADS, D_FF)
+    layer = EncoderLayer(**SIZES)
     assert len(layer.sublayers) == 2
     expected = (
         4 * (D_MODEL**2 + D_MODEL) + 2 * D_MODEL * D_FF + D_FF + D_MODEL + 4 * D_MODEL

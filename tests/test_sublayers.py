@@ -7,10 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
+from transformer.sublayers import (
+    LAYER_NORM_EPS,
+    PositionwiseFeedForward,
+    SublayerConnection,
+)
 
 
-def layer_norm(v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def layer_norm(v: torch.Tensor, eps: float = LAYER_NORM_EPS) -> torch.Tensor:
     mean = v.mean(-1, keepdim=True)
     var = v.var(-1, keepdim=True, unbiased=False)
     return (v - mean) / torch.sqrt(var + eps)
@@ -168,10 +172,10 @@ def test_deep_stacks_post_norm_keeps_the_scale_and_pre_norm_the_gradients():
         x, rms = x0, []
         for network in networks:
             network.zero_grad()
-            x = SublayerConnection(d_model, norm_first=norm_first).eval()(x, network)
+            x = SublayerConnection(d_model, 0.1, norm_first).eval()(x, network)
             rms.append(x.pow(2).mean().sqrt().item())
         if norm_first:
-            x = nn.LayerNorm(d_model, eps=1e-6)(x)
+            x = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)(x)
         (x @ readout).mean().backward()
         grads = torch.tensor(
             [

@@ -274,7 +274,7 @@ def test_word_perplexity_divides_the_total_nll_by_the_words():
         bos_id=tok.bos_id,
         eos_id=tok.eos_id,
     )
-    result = validate(model, [batch], pad_id=tok.pad_id, words=words)
+    result = validate(model, [batch], pad_id=tok.pad_id, smoothing=0.1, words=words)
     assert result.stats.tokens == int((data.val.tgt_lengths + 1).sum())
     assert math.isclose(result.word_perplexity, math.exp(result.stats.nll_sum / words))
     metrics = result.metrics()

@@ -27,7 +27,7 @@ import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.multi30k import DataError
+from transformer.multi30k import PAIRS, DataError
 from transformer.tokenizer import MARK, normalize, train_bpe
 from transformer.translation import load_pair_model, translate
 
@@ -643,7 +643,7 @@ def decoded(model, tokenizer, sources: list[list[int]], beam_size: int) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+@pytest.mark.parametrize("pair", list(PAIRS))
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_a_shipped_model_translates_alike_on_cuda_and_on_the_cpu(pair, beam_size):
     """Float32 on both devices (no TF32): their kernels round differently in the last bits,

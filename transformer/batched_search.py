@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 
 from transformer.decode import (
+    ALPHA,
+    BEAM_SIZE,
     Hypothesis,
     forbid_specials,
     hypothesis,
@@ -217,8 +219,8 @@ def batched_beam_search(
     model: Transformer,
     src: Tensor,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     bos_id: int,
     eos_id: int,
     pad_id: int,

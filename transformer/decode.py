@@ -5,6 +5,8 @@ al., 2017, with the length penalty of Wu et al., 2016)."""
 # %% auto #0
 __all__ = [
     "EXTRA_LENGTH",
+    "BEAM_SIZE",
+    "ALPHA",
     "Hypothesis",
     "next_log_probs",
     "forbid_specials",
@@ -28,6 +30,7 @@ from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
 
 EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
+BEAM_SIZE, ALPHA = 4, 0.6  # "a beam size of 4 and length penalty α = 0.6"
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,8 @@ def beam_search(
     model: Transformer,
     src: Tensor,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     bos_id: int,
     eos_id: int,
     pad_id: int,

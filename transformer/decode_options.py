@@ -12,6 +12,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from transformer.decode import ALPHA, BEAM_SIZE
+
 # The largest α accepted: far beyond any useful one, yet small enough that lp
 # stays finite in float32 for outputs of 40,000 tokens.
 MAX_ALPHA = 10.0
@@ -34,8 +36,8 @@ class DecodeOptions:
     greedy decoding), batch_size sentences at a time, outputs of at most
     max_len tokens with EOS (None: each source's length + 50)."""
 
-    beam_size: int = 4  # Section 6.1: "a beam size of 4
-    alpha: float = 0.6  # and length penalty α = 0.6"
+    beam_size: int = BEAM_SIZE  # the paper's (Section 6.1)
+    alpha: float = ALPHA
     batch_size: int = 32
     max_len: int | None = None
 
@@ -72,6 +74,8 @@ class DecodeOptions:
 def with_changes(
     options: DecodeOptions | None = None, **changes
 ) -> DecodeOptions:
-    """`options` (default: the paper's) with `changes`, checked again: how
+    """`options` (default: the paper's) with `changes`, which are checked: how
     `translate` and its kin take both, e.g. `translate(..., beam_size=1)`."""
+    if options is not None and not changes:
+        return options  # checked when it was made
     return dataclasses.replace(options or DecodeOptions(), **changes)

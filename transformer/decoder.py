@@ -9,7 +9,11 @@ __all__ = ["DecoderLayer", "Decoder"]
 from torch import Tensor, nn
 
 from transformer.multihead import MultiHeadAttention
-from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
+from transformer.sublayers import (
+    LAYER_NORM_EPS,
+    PositionwiseFeedForward,
+    SublayerConnection,
+)
 
 
 # %% ../chapters/07_decoder.ipynb #c20cf228
@@ -18,10 +22,11 @@ class DecoderLayer(nn.Module):
 
     def __init__(
         self,
+        *,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
@@ -79,30 +84,31 @@ class Decoder(nn.Module):
 
     def __init__(
         self,
+        *,
         n_layers: int,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
     ) -> None:
         super().__init__()
+        layer = dict(
+            d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout
+        )
+        layer |= dict(
+            attention_dropout=attention_dropout, ffn_dropout=ffn_dropout
+        )
+        layer |= dict(norm_first=norm_first)
         self.layers = nn.ModuleList(
-            DecoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                ffn_dropout=ffn_dropout,
-                norm_first=norm_first,
-            )
-            for _ in range(n_layers)
+            DecoderLayer(**layer) for _ in range(n_layers)
         )
         self.final_norm = (
-            nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
+            nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
+            if norm_first
+            else nn.Identity()
         )
 
     def forward(

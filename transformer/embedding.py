@@ -72,9 +72,7 @@ def _check_positions(start: int, length: int, max_len: int) -> None:
 class PositionalEncoding(nn.Module):
     """Adds the sinusoidal table to the embeddings, then dropout (3.5, 5.4)."""
 
-    def __init__(
-        self, d_model: int, max_len: int = 512, dropout: float = 0.1
-    ) -> None:
+    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)
@@ -98,9 +96,7 @@ class PositionalEncoding(nn.Module):
 class LearnedPositionalEncoding(nn.Module):
     """A learned vector per position, not the sinusoids (Table 3, row E)."""
 
-    def __init__(
-        self, d_model: int, max_len: int = 512, dropout: float = 0.1
-    ) -> None:
+    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
         super().__init__()
         self.max_len = max_len
         self.dropout = nn.Dropout(dropout)

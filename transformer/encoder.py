@@ -9,7 +9,11 @@ __all__ = ["EncoderLayer", "Encoder"]
 from torch import Tensor, nn
 
 from transformer.multihead import MultiHeadAttention
-from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
+from transformer.sublayers import (
+    LAYER_NORM_EPS,
+    PositionwiseFeedForward,
+    SublayerConnection,
+)
 
 
 class EncoderLayer(nn.Module):
@@ -17,10 +21,11 @@ class EncoderLayer(nn.Module):
 
     def __init__(
         self,
+        *,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
@@ -61,31 +66,32 @@ class Encoder(nn.Module):
 
     def __init__(
         self,
+        *,
         n_layers: int,
         d_model: int,
         n_heads: int,
         d_ff: int,
-        dropout: float = 0.1,
+        dropout: float,
         attention_dropout: float = 0.0,
         ffn_dropout: float = 0.0,
         norm_first: bool = False,
     ) -> None:
         super().__init__()
+        layer = dict(
+            d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout
+        )
+        layer |= dict(
+            attention_dropout=attention_dropout, ffn_dropout=ffn_dropout
+        )
+        layer |= dict(norm_first=norm_first)
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                ffn_dropout=ffn_dropout,
-                norm_first=norm_first,
-            )
-            for _ in range(n_layers)
+            EncoderLayer(**layer) for _ in range(n_layers)
         )
         # Post-norm layers end normalised; a pre-norm stream needs a LayerNorm.
         self.final_norm = (
-            nn.LayerNorm(d_model, eps=1e-6) if norm_first else nn.Identity()
+            nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
+            if norm_first
+            else nn.Identity()
         )
 
     def forward(

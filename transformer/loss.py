@@ -5,6 +5,7 @@ the smoothed target to the model's distribution, padding ignored."""
 # %% auto #0
 __all__ = [
     "REDUCTIONS",
+    "LABEL_SMOOTHING",
     "smoothed_target_entropy",
     "check_log_probs",
     "LabelSmoothingLoss",
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 REDUCTIONS = ("mean", "sum", "none")
+LABEL_SMOOTHING = 0.1  # "of value ε_ls = 0.1" (Section 5.4)
 
 
 def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:
@@ -64,7 +66,11 @@ class LabelSmoothingLoss(nn.Module):
     """
 
     def __init__(
-        self, *, pad_id: int, smoothing: float = 0.1, reduction: str = "mean"
+        self,
+        *,
+        pad_id: int,
+        smoothing: float = LABEL_SMOOTHING,
+        reduction: str = "mean",
     ) -> None:
         super().__init__()
         if not 0.0 <= smoothing < 1.0:  # also rejects NaN

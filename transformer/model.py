@@ -74,10 +74,12 @@ class Transformer(nn.Module):
         )
         self.src_pos = positional_encoding(c)
         self.tgt_pos = positional_encoding(c)
-        stack = [c.n_layers, c.d_model, c.n_heads, c.d_ff, c.dropout]
-        stack += [c.attention_dropout, c.ffn_dropout, c.norm_first]
-        self.encoder = Encoder(*stack)
-        self.decoder = Decoder(*stack)
+        stack = dict(n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads)
+        stack |= dict(d_ff=c.d_ff, dropout=c.dropout, norm_first=c.norm_first)
+        stack |= dict(attention_dropout=c.attention_dropout)
+        stack |= dict(ffn_dropout=c.ffn_dropout)
+        self.encoder = Encoder(**stack)
+        self.decoder = Decoder(**stack)
         self.generator = Generator(c.d_model, c.target_vocab_size)
         init_weights(self)
         if c.tie_output:  # the same Parameter, not a copy (3.4)

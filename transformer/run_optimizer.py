@@ -14,7 +14,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from transformer.schedule import ADAM_BETAS, ADAM_EPS, noam_schedule
+from transformer.schedule import (
+    ADAM_BETAS,
+    ADAM_EPS,
+    WARMUP_STEPS,
+    noam_schedule,
+)
 
 
 def _param_groups(params: nn.Module | Iterable) -> list:
@@ -37,7 +42,7 @@ def run_optimizer(
     model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
     *,
     d_model: int,
-    warmup: int = 4000,
+    warmup: int = WARMUP_STEPS,
     factor: float = 1.0,
     fused: bool | None = None,
 ) -> tuple[torch.optim.Adam, LambdaLR]:

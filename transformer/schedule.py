@@ -6,6 +6,7 @@ equation (3)."""
 __all__ = [
     "ADAM_BETAS",
     "ADAM_EPS",
+    "WARMUP_STEPS",
     "noam_lr",
     "noam_schedule",
     "make_optimizer",
@@ -19,6 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 ADAM_BETAS = (0.9, 0.98)
 ADAM_EPS = 1e-9
+WARMUP_STEPS = 4000  # "warmup_steps = 4000" (Section 5.3)
 
 
 def noam_lr(
@@ -44,7 +46,7 @@ def noam_schedule(
     optimizer: torch.optim.Optimizer,
     *,
     d_model: int,
-    warmup: int = 4000,
+    warmup: int = WARMUP_STEPS,
     factor: float = 1.0,
 ) -> LambdaLR:
     """The scheduler that gives update n (from 1) the rate noam_lr(n), the
@@ -58,7 +60,11 @@ def noam_schedule(
 
 
 def make_optimizer(
-    model: nn.Module, *, d_model: int, warmup: int = 4000, factor: float = 1.0
+    model: nn.Module,
+    *,
+    d_model: int,
+    warmup: int = WARMUP_STEPS,
+    factor: float = 1.0,
 ) -> tuple[torch.optim.Adam, LambdaLR]:
     """Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of equation
     (3). Call `optimizer.step()`, then `scheduler.step()`."""

@@ -4,7 +4,7 @@ connection with layer normalisation around every sublayer (Sections 3.1, 5.4)
 of Vaswani et al. (2017)."""
 
 # %% auto #0
-__all__ = ["PositionwiseFeedForward", "SublayerConnection"]
+__all__ = ["LAYER_NORM_EPS", "PositionwiseFeedForward", "SublayerConnection"]
 
 # %% ../chapters/05_sublayers.ipynb #0143ffef
 
@@ -31,18 +31,20 @@ class PositionwiseFeedForward(nn.Module):
 
 
 # %% ../chapters/05_sublayers.ipynb #ec9fac66
+LAYER_NORM_EPS = 1e-6  # ε as in tensor2tensor; PyTorch's default is 1e-5
+
+
 class SublayerConnection(nn.Module):
     """Residual connection, dropout and layer normalisation around one
     sublayer: LayerNorm(x + Dropout(Sublayer(x))), the paper's post-norm, or
     with norm_first, pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
 
     def __init__(
-        self, d_model: int, dropout: float = 0.1, norm_first: bool = False
+        self, d_model: int, dropout: float, norm_first: bool = False
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        # ε = 1e-6 as in tensor2tensor; PyTorch's default is 1e-5.
-        self.norm = nn.LayerNorm(d_model, eps=1e-6)
+        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
         self.dropout = nn.Dropout(dropout)
 
     def forward(

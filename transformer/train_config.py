@@ -48,8 +48,10 @@ import torch
 from transformer.batches import MAX_TOKENS
 from transformer.config import TransformerConfig
 from transformer.config_checks import check_config
+from transformer.loss import LABEL_SMOOTHING
 from transformer.multi30k import PAIRS
 from transformer.paths import CACHE_DIR, DATA_DIR
+from transformer.schedule import WARMUP_STEPS
 from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
@@ -252,7 +254,7 @@ class TrainConfig:
         check=POSITIVE,
     )
     warmup: int = option(
-        4000,
+        WARMUP_STEPS,
         on_resume="fixed",
         help="updates of rising learning rate",
         check=POSITIVE,
@@ -264,7 +266,7 @@ class TrainConfig:
         check=RATE,
     )
     label_smoothing: float = option(
-        0.1, on_resume="fixed", help="in [0, 1)", check=SHARE
+        LABEL_SMOOTHING, on_resume="fixed", help="in [0, 1)", check=SHARE
     )
     bpe_dropout: float = option(
         0.0, on_resume="fixed", help="in [0, 1); default 0: off", check=SHARE

@@ -137,7 +137,7 @@ def validate(
     batches: Iterable[Batch],
     *,
     pad_id: int,
-    smoothing: float = 0.1,
+    smoothing: float,
     words: int | None = None,
     bf16: bool = False,
 ) -> Validation:

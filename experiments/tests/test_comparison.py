@@ -5,9 +5,10 @@ import pytest
 
 from experiments import comparison
 from experiments.comparison import QUESTION, SHIPPED
+from transformer.multi30k import PAIRS
 
 
-@pytest.mark.parametrize("pair", ["de-en", "fr-en"])
+@pytest.mark.parametrize("pair", list(PAIRS))
 def test_every_kept_run_has_a_question_and_a_reference(pair: str):
     runs = comparison.runs(pair)
     assert next(iter(runs)) == SHIPPED and len(runs) > 1

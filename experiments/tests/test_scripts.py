@@ -24,7 +24,7 @@ from test_train import tiny_config, tiny_data
 
 from transformer.checkpoint import CheckpointError
 from transformer.epoch_data import TrainingData
-from transformer.multi30k import DataError
+from transformer.multi30k import PAIRS, DataError
 from transformer.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -271,7 +271,7 @@ def test_model_card_states_measurements_not_targets(
     assert "perplexity per word 9.00, per token 5.00, token\naccuracy 50.0%. " in text
     judged = re.compile(r"\btargets?\b(?! tokens)|\bmet\b", re.IGNORECASE)
     assert not judged.findall(text)
-    for pair in ("de-en", "fr-en"):  # and the shipped cards are written this way
+    for pair in PAIRS:  # and the shipped cards are written this way
         shipped_card = (model_card.CHECKPOINTS_DIR / pair / "README.md").read_text()
         assert "**Status:** trained with the book's recipe on one GPU" in shipped_card
         assert not judged.findall(shipped_card), pair
@@ -295,7 +295,7 @@ def test_model_card_names_the_comparison_runs_where_there_are_any(
         "the experiments appendix compares them.\n" in text
     )
     # the shipped cards name the runs this repository keeps
-    for pair in ("de-en", "fr-en"):
+    for pair in PAIRS:
         shipped_card = (model_card.CHECKPOINTS_DIR / pair / "README.md").read_text()
         names = ", ".join(f"`{c}`" for c in model_card.comparison_runs(pair))
         assert (
