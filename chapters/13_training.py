@@ -86,6 +86,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from transformer import layout
 from transformer.batches import Batch
 from transformer.config import TransformerConfig
 from transformer.loss import LabelSmoothingLoss
@@ -459,9 +460,37 @@ for pair in PAIRS:
 # [Checkpoints](a06_checkpoints.ipynb)); what ships is smaller. A model's folder, such as
 # `checkpoints/de-en`, holds `config.json`, whose `"model"` entry is the model's
 # `TransformerConfig`, the tokenizer's `tokenizer.json`, and the weights in float16, which halves
-# their size, in files `model-00001.safetensors`, … of at most 16 MB. The matrix that the two
-# embeddings and the output layer share is stored once, under its first name. `load_trained`
-# reads a folder back into a model that computes in float32:
+# their size, in files `model-00001.safetensors`, … of at most 16 MB that `config.json` lists
+# (a run's checkpoint holds one float32 `model.safetensors` instead). The matrix that the two
+# embeddings and the output layer share is stored once, under its first name. The names live in
+# one module, `transformer.layout`, which every reader and writer of these folders uses:
+
+# %%
+#| export layout
+"""The files of a model's folder: a shipped model, or a run's checkpoint."""
+
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.json"  # "model": the TransformerConfig's fields, and more
+TOKENIZER = "tokenizer.json"
+METRICS = "metrics.jsonl"  # a run's records, one JSON object a line
+WEIGHTS = "model.safetensors"  # a checkpoint's weights, in float32
+SHARD = "model-{:05d}.safetensors"  # a shipped model's weights, from 1
+SHARD_PATTERN = r"model-\d{5}\.safetensors"
+
+
+def weight_files(folder: str | Path, config: dict[str, Any]) -> list[Path]:
+    """The files of a folder's weights, as its config.json says: the shards
+    its weight_map names (a shipped model), or WEIGHTS (a checkpoint)."""
+    if "weight_map" in config:
+        names = sorted(set(config["weight_map"].values()))
+        return [Path(folder) / name for name in names]
+    return [Path(folder) / WEIGHTS]
+
+
+# %% [markdown]
+# `load_trained` reads a folder back into a model that computes in float32:
 
 
 # %%
@@ -470,16 +499,16 @@ def load_trained(folder: str | Path) -> tuple[Transformer, Tokenizer]:
     """The model (float32, eval mode) and tokenizer of a shipped model's
     folder, such as checkpoints/de-en."""
     folder = Path(folder)
-    record = json.loads((folder / "config.json").read_text())
-    model = Transformer(TransformerConfig(**record["model"]))
+    config = json.loads((folder / layout.CONFIG).read_text())
+    model = Transformer(TransformerConfig(**config["model"]))
     weights = {}
-    for shard in sorted(folder.glob("model-*.safetensors")):
-        weights |= safetensors.torch.load_file(shard)  # float16
+    for path in layout.weight_files(folder, config):
+        weights |= safetensors.torch.load_file(path)  # float16
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = model.src_embed.embedding.weight  # stored under this name only
     if unexpected or any(model.get_parameter(n) is not tied for n in missing):
         raise ValueError(f"{folder}: the weights do not fit the model")
-    return model.eval(), Tokenizer.load(folder / "tokenizer.json")
+    return model.eval(), Tokenizer.load(folder / layout.TOKENIZER)
 
 
 # %% [markdown]

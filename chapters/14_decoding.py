@@ -99,6 +99,16 @@ sources[0]
 # the source's length + 50.
 
 # %%
+#| export paper_search
+"""The paper's search (Section 6.1): "beam search with a beam size of 4 and
+length penalty α = 0.6", and "maximum output length ... input length + 50"."""
+
+BEAM_SIZE = 4
+ALPHA = 0.6
+EXTRA_LENGTH = 50
+
+
+# %%
 #| export
 """Greedy decoding and beam search for one sentence (Section 6.1 of Vaswani et
 al., 2017, with the length penalty of Wu et al., 2016)."""
@@ -112,9 +122,7 @@ from torch import Tensor
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
-
-EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
-BEAM_SIZE, ALPHA = 4, 0.6  # "a beam size of 4 and length penalty α = 0.6"
+from transformer.paper_search import ALPHA, BEAM_SIZE, EXTRA_LENGTH
 
 
 @dataclass(frozen=True)
@@ -489,7 +497,8 @@ def beam_search(
 # search found a higher one, or a lower one:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.decode import ALPHA, beam_search, length_penalty
+from transformer.decode import beam_search, length_penalty
+from transformer.paper_search import ALPHA
 
 beam = [beam_search(model, src, **ids) for src in sources]  # the paper's K, α
 

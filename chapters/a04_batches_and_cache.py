@@ -570,6 +570,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
+from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.encoded_split import EncodedSplit
 from transformer.fast_words import pretokenize, with_fast_words
@@ -689,7 +690,7 @@ def _read_cache(
                         f"{name} has changed since the cache was built"
                     )
     try:
-        files = {"tokenizer.json": manifest["tokenizer_sha256"]}
+        files = {layout.TOKENIZER: manifest["tokenizer_sha256"]}
         splits = manifest["splits"]
         if set(splits) != set(SPLITS):
             problems.append(f"manifest.json lists the splits {sorted(splits)}")
@@ -738,8 +739,8 @@ def _build_cache(
     folder.mkdir(parents=True, exist_ok=True)
     # No valid cache until the build ends.
     (folder / "manifest.json").unlink(missing_ok=True)
-    tokenizer.save(folder / "tokenizer.json")
-    tokenizer_json = (folder / "tokenizer.json").read_bytes()  # as written
+    tokenizer.save(folder / layout.TOKENIZER)
+    tokenizer_json = (folder / layout.TOKENIZER).read_bytes()  # as written
     splits = {}
     for split, pairs in texts.items():
         data = EncodedSplit.from_words(
@@ -803,8 +804,8 @@ def prepare(
     # read.
     try:
         tokenizer = Tokenizer.from_json(
-            contents["tokenizer.json"].decode("utf-8"),
-            source=folder / "tokenizer.json",
+            contents[layout.TOKENIZER].decode("utf-8"),
+            source=folder / layout.TOKENIZER,
         )
     except TokenizerError as err:
         raise DataError(str(err)) from err

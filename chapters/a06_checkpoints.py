@@ -101,6 +101,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from transformer import layout
 from transformer.config import TransformerConfig
 from transformer.config_checks import config_from_dict
 from transformer.distributed import unwrap
@@ -329,6 +330,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -375,9 +377,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         file = (
-            Path(path) / "model.safetensors"
-            if Path(path).is_dir()
-            else Path(path)
+            Path(path) / layout.WEIGHTS if Path(path).is_dir() else Path(path)
         )
         tensors = read_tensors(file)
         if not total:
@@ -443,7 +443,7 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
 
 def read_record(folder: Path) -> dict[str, Any]:
     """A checkpoint's or model folder's config.json."""
-    path = Path(folder) / "config.json"
+    path = Path(folder) / layout.CONFIG
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
@@ -557,11 +557,11 @@ def write_checkpoint(
     progress.json. Without them the folder is a model (a run's average), not a
     checkpoint to resume from."""
     with atomic_folder(folder) as tmp:
-        save_weights(model, tmp / "model.safetensors")
+        save_weights(model, tmp / layout.WEIGHTS)
         if trainer_state is not None:
             save_state(tmp, "trainer", trainer_state)
-        (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-        tokenizer.save(tmp / "tokenizer.json")
+        (tmp / layout.CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+        tokenizer.save(tmp / layout.TOKENIZER)
         if progress is not None:
             # Written last: a folder with progress.json is a complete
             # checkpoint.
@@ -684,7 +684,7 @@ def resume_from(
 ) -> Progress:
     """Continue from a checkpoint: load the weights, the optimiser and the
     schedule; return where the run stands."""
-    load_weights(model, checkpoint / "model.safetensors")
+    load_weights(model, checkpoint / layout.WEIGHTS)
     state = load_state(checkpoint, "trainer")
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -704,11 +704,11 @@ def store_settings(
 ) -> None:
     """Drop the records after update `step`, which a resumed run writes again,
     and store the settings (both atomically: --resume reads them back)."""
-    for name in ("metrics.jsonl", "steps.jsonl"):
+    for name in (layout.METRICS, "steps.jsonl"):
         truncate_jsonl(out / name, step)
     settings = json.dumps(config.to_dict(), indent=2) + "\n"
     atomic_write(out / "train_config.json", settings.encode())
-    tokenizer.save(out / "tokenizer.json")
+    tokenizer.save(out / layout.TOKENIZER)
 
 
 def last_epochs(out: Path, average_last: int) -> list[Path]:
@@ -783,7 +783,7 @@ class RunFolder:
         if self.env.is_main:
             # The record first: a resumed run drops records newer than its
             # checkpoint.
-            append_jsonl(self.out / "metrics.jsonl", line)
+            append_jsonl(self.out / layout.METRICS, line)
             folder = self.out / "checkpoints" / name
             state = {"optimizer": optimizer.state_dict()}
             state["scheduler"] = scheduler.state_dict()
@@ -802,7 +802,7 @@ class RunFolder:
         """Append `line` to metrics.jsonl and write the averaged `model` into
         out/average."""
         if self.env.is_main:
-            append_jsonl(self.out / "metrics.jsonl", line)
+            append_jsonl(self.out / layout.METRICS, line)
             record = self.record | {"averaged": line["averaged"]}
             write_checkpoint(
                 self.out / "average",
@@ -843,11 +843,11 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 def _model_source(source: Path) -> Path:
     """The folder of weights a run or checkpoint path stands for: the run's
     average when it is current, else its newest checkpoint."""
-    if (source / "model.safetensors").is_file():
+    if (source / layout.WEIGHTS).is_file():
         return source
     found = [path for _, path in list_checkpoints(source)]
     average = source / "average"
-    if (average / "model.safetensors").is_file():
+    if (average / layout.WEIGHTS).is_file():
         # A run continued after it averaged (killed, stopped by its time limit,
         # or with average_last below 2) has trained past its average: the
         # average is current only while it ends with the newest epoch
@@ -868,7 +868,7 @@ def _model_source(source: Path) -> Path:
 
 # What an export writes: a destination that holds anything else is not
 # replaced.
-_EXPORT_FILES = ("config.json", "tokenizer.json", "metrics.jsonl")
+_EXPORT_FILES = (layout.CONFIG, layout.TOKENIZER, layout.METRICS)
 
 
 def check_export_destination(dest: Path, source: Path) -> None:
@@ -893,14 +893,14 @@ def check_export_destination(dest: Path, source: Path) -> None:
         if not (
             (
                 p.name in _EXPORT_FILES
-                or re.fullmatch(r"model-\d{5}\.safetensors", p.name)
+                or re.fullmatch(layout.SHARD_PATTERN, p.name)
             )
             and p.is_file()
         )
     )
-    if not others and (dest / "config.json").is_file():
+    if not others and (dest / layout.CONFIG).is_file():
         try:
-            shipped = json.loads((dest / "config.json").read_text()).get(
+            shipped = json.loads((dest / layout.CONFIG).read_text()).get(
                 "format"
             )
         except (OSError, ValueError, AttributeError):
@@ -965,18 +965,18 @@ def export_model(
     folder = _model_source(Path(source))
     record = read_record(folder)
     files = _shards(
-        read_tensors(folder / "model.safetensors"), dtype, max_file_bytes
+        read_tensors(folder / layout.WEIGHTS), dtype, max_file_bytes
     )
     weight_map = {}
     dest = Path(dest)
     candidates = (
-        folder.parent / "metrics.jsonl",
-        folder.parent.parent / "metrics.jsonl",
+        folder.parent / layout.METRICS,
+        folder.parent.parent / layout.METRICS,
     )
     metrics = next((p for p in candidates if p.is_file()), None)
     with atomic_folder(dest) as tmp:
         for k, part in enumerate(files, start=1):
-            file = f"model-{k:05d}.safetensors"
+            file = layout.SHARD.format(k)
             safetensors.torch.save_file(
                 part, tmp / file, metadata={"format": SHIPPED_FORMAT}
             )
@@ -987,10 +987,10 @@ def export_model(
             "weight_map": weight_map,
             "source": folder.name,
         }
-        (tmp / "config.json").write_text(json.dumps(shipped, indent=2) + "\n")
-        shutil.copy(folder / "tokenizer.json", tmp / "tokenizer.json")
+        (tmp / layout.CONFIG).write_text(json.dumps(shipped, indent=2) + "\n")
+        shutil.copy(folder / layout.TOKENIZER, tmp / layout.TOKENIZER)
         if metrics is not None:
-            shutil.copy(metrics, tmp / "metrics.jsonl")
+            shutil.copy(metrics, tmp / layout.METRICS)
     return dest
 
 
@@ -1009,10 +1009,10 @@ def load_model(
         raise CheckpointError(
             f"{folder / 'config.json'}: bad model config: {err}"
         ) from err
-    if not (folder / "tokenizer.json").is_file():
+    if not (folder / layout.TOKENIZER).is_file():
         raise CheckpointError(f"{folder}: no tokenizer.json")
     try:
-        tokenizer = load_tokenizer(folder / "tokenizer.json")
+        tokenizer = load_tokenizer(folder / layout.TOKENIZER)
     except TokenizerError as err:
         raise CheckpointError(str(err)) from err
     if tokenizer.vocab_size != model_config.src_vocab_size:
@@ -1026,13 +1026,9 @@ def load_model(
             f"{folder}: tokenizer.json is not the vocabulary the model was"
             " trained with (field tokenizer)"
         )
-    if record.get("format") == SHIPPED_FORMAT:
-        files = sorted(set(record.get("weight_map", {}).values()))
-    else:
-        files = ["model.safetensors"]
     tensors: dict[str, Tensor] = {}
-    for file in files:
-        tensors |= read_tensors(folder / file)
+    for path in layout.weight_files(folder, record):
+        tensors |= read_tensors(path)
     model = Transformer(model_config)
     load_tensors_into(model, tensors, folder)
     return model.to(device).eval(), tokenizer

@@ -706,6 +706,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
+from transformer import layout
 from transformer.batches import Batch
 from transformer.checked_batches import collate
 from transformer.checkpoint import Progress
@@ -1204,7 +1205,7 @@ class Trainer:
         finally:
             self.log.close()
             self.spellings.close()
-        metrics = read_jsonl(self.out / "metrics.jsonl")
+        metrics = read_jsonl(self.out / layout.METRICS)
         return TrainResult(self.out, stopped, p.step, metrics)
 
     def _train_epoch(self) -> tuple[str | None, int]:

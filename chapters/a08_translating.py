@@ -66,7 +66,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from transformer.decode import ALPHA, BEAM_SIZE
+from transformer.paper_search import ALPHA, BEAM_SIZE
 
 # The largest α accepted: far beyond any useful one, yet small enough that lp
 # stays finite in float32 for outputs of 40,000 tokens.
@@ -181,9 +181,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from transformer.decode import EXTRA_LENGTH
 from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
+from transformer.paper_search import EXTRA_LENGTH
 
 
 def output_limits(
@@ -343,8 +343,6 @@ import torch
 from torch import Tensor
 
 from transformer.decode import (
-    ALPHA,
-    BEAM_SIZE,
     Hypothesis,
     forbid_specials,
     hypothesis,
@@ -353,6 +351,7 @@ from transformer.decode import (
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 from transformer.model import Transformer
+from transformer.paper_search import ALPHA, BEAM_SIZE
 from transformer.search_setup import check_search, inference, output_limits
 
 

@@ -82,14 +82,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.checkpoint import CheckpointError
-from transformer.decode import EXTRA_LENGTH, Hypothesis
+from transformer.decode import Hypothesis
 from transformer.decode_options import DecodeOptions, with_changes
 from transformer.embedding import sinusoidal_encoding
 from transformer.fast_words import load_tokenizer
 from transformer.files import atomic_folder
 from transformer.model import Transformer
+from transformer.paper_search import EXTRA_LENGTH
 from transformer.sublayers import LAYER_NORM_EPS
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate_batches
@@ -278,7 +280,7 @@ def export_ctranslate2(
     out = Path(out)
     with atomic_folder(out) as tmp:
         spec.save(str(tmp))
-        tokenizer.save(tmp / "tokenizer.json")
+        tokenizer.save(tmp / layout.TOKENIZER)
         record = {
             "pair": tokenizer.pair,
             "max_len": model.config.max_len,
@@ -331,7 +333,7 @@ class CTranslate2Model:
                 f"{record_path}: no max_len ({err})"
             ) from err
         self.folder = folder
-        self.tokenizer = load_tokenizer(folder / "tokenizer.json")
+        self.tokenizer = load_tokenizer(folder / layout.TOKENIZER)
         self.translator = ctranslate2.Translator(
             str(folder),
             device=device,

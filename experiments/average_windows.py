@@ -24,6 +24,7 @@ from typing import NoReturn
 
 import torch
 
+from transformer import layout
 from transformer.checkpoint import (
     CheckpointError,
     check_compatible,
@@ -46,7 +47,7 @@ def epoch_folders(folder: Path) -> dict[int, Path]:
     found = {
         int(path.name.removeprefix("epoch-")): path
         for path in folder.glob("epoch-[0-9][0-9][0-9]")
-        if (path / "model.safetensors").is_file()
+        if (path / layout.WEIGHTS).is_file()
     }
     if len(found) < 2:
         raise CheckpointError(f"{folder} holds fewer than two epoch checkpoints")
@@ -82,7 +83,7 @@ def report(
     model, tokenizer = load_model(found[epochs[-1]], device=device)
     if val is None:  # the cache's ids must be the checkpoint's vocabulary's
         val = load_encoded(tokenizer.pair, "val", cache_dir)
-        cached = Tokenizer.load(Path(cache_dir) / tokenizer.pair / "tokenizer.json")
+        cached = Tokenizer.load(Path(cache_dir) / tokenizer.pair / layout.TOKENIZER)
         check_compatible(found[epochs[-1]], model_config=model.config, tokenizer=cached)
     # bfloat16 autocast where the trainer had it: the config's, or on by default on a GPU
     bf16 = TrainConfig.from_dict(train).uses_bf16(torch.device(device).type)
@@ -138,7 +139,7 @@ def main() -> None:
     def fail(message: str) -> NoReturn:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
-    if not (args.dest / "metrics.jsonl").is_file():
+    if not (args.dest / layout.METRICS).is_file():
         fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
     if args.k < 1:
         fail(f"--k must be at least 1, got {args.k}")

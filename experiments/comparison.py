@@ -14,6 +14,7 @@ import json
 from collections.abc import Collection
 from pathlib import Path
 
+from transformer import layout
 from transformer.files import read_jsonl
 from transformer.train_config import TrainConfig
 from transformer.translation import CHECKPOINTS_DIR
@@ -75,8 +76,8 @@ def read_run(folder: Path) -> tuple[dict, list[dict]]:
     if (folder / "train_config.json").is_file():
         config = json.loads((folder / "train_config.json").read_text())
     else:
-        config = json.loads((folder / "config.json").read_text())["train"]
-    return config, read_jsonl(folder / "metrics.jsonl")
+        config = json.loads((folder / layout.CONFIG).read_text())["train"]
+    return config, read_jsonl(folder / layout.METRICS)
 
 
 def runs(

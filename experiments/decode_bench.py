@@ -44,6 +44,7 @@ import sacrebleu
 import torch
 from torch import nn
 
+from transformer import layout
 from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.checkpoint import tokenizer_digest
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2
@@ -100,7 +101,7 @@ def test_set(model, tok, pair: str, sentences: int | None, cache: Path | None = 
 def same_vocabulary(cache: Path, pair: str, tok) -> bool:
     """Whether the encoded cache was made with the model's tokenizer (its fingerprint, as
     a checkpoint's config.json holds it)."""
-    path = cache / pair / "tokenizer.json"
+    path = cache / pair / layout.TOKENIZER
     theirs = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
     return theirs == tokenizer_digest(tok)
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.words import WordLevel, word_level_evaluation
+from transformer import layout
 from transformer.checkpoint import CheckpointError, load_model, read_record
 from transformer.multi30k import DataError, load_pairs
 from transformer.split_translation import write_lines
@@ -98,7 +99,7 @@ def main() -> None:
 
     if len(args.models) < 2:
         fail("an ensemble needs two or more models")
-    if not (args.dest / "metrics.jsonl").is_file():
+    if not (args.dest / layout.METRICS).is_file():
         fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
     try:
         summary = report(args.models)

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from threading import Thread
 
+from transformer import layout
 from transformer.multi30k import PAIRS
 from transformer.split_translation import write_lines
 
@@ -124,7 +125,7 @@ def problems(args: argparse.Namespace) -> list[str]:
                 f"no encoded cache {Path(args.cache_dir) / pair}: run `python -m "
                 f"transformer prepare --pair {pair}` where spaCy is installed"
             )
-        if not (ROOT / "checkpoints" / pair / "config.json").is_file():
+        if not (ROOT / "checkpoints" / pair / layout.CONFIG).is_file():
             found.append(f"no shipped model {ROOT / 'checkpoints' / pair}")
     wheels = sorted(Path(args.wheels).glob("*.whl"))
     for name in (spec.split("==")[0].lower() for spec in WHEELS):

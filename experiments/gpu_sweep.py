@@ -37,6 +37,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.files import read_jsonl
 from transformer.multi30k import PAIRS
@@ -227,7 +228,7 @@ def close(runs: dict, args: argparse.Namespace) -> None:
     procs = []
     for name, (pair, _, _) in runs.items():
         out = Path(args.runs) / name
-        metrics = read_jsonl(out / "metrics.jsonl")
+        metrics = read_jsonl(out / layout.METRICS)
         if any(r["kind"] == "average" for r in metrics):
             continue
         epochs = [r for r in metrics if r["kind"] == "epoch"]
@@ -307,7 +308,7 @@ def summarise(runs: dict, args: argparse.Namespace) -> list[dict]:
     rows = []
     for name, (pair, options, candidate) in runs.items():
         out = Path(args.runs) / name
-        metrics = read_jsonl(out / "metrics.jsonl")
+        metrics = read_jsonl(out / layout.METRICS)
         epochs = [r for r in metrics if r["kind"] == "epoch"]
         averages = [r for r in metrics if r["kind"] == "average"]
         if not epochs:
@@ -433,7 +434,7 @@ def run_files(runs: dict, args: argparse.Namespace) -> list[tuple[Path, str]]:
             if (Path(args.runs) / log).is_file():
                 kept.append((Path(args.runs) / log, log))
         for file in (
-            "metrics.jsonl",
+            layout.METRICS,
             "steps.jsonl",
             "train_config.json",
             "train.log",

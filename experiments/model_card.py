@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from experiments.words import word_level_evaluation
+from transformer import layout
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.decode_options import DecodeOptions
 from transformer.evaluate import score
@@ -59,8 +60,8 @@ def card(
         "averaged (shipped)": (model, tokenizer),
         "last epoch (`last/`)": load_model(folder / "last"),
     }
-    record = json.loads((folder / "config.json").read_text())
-    metrics = read_jsonl(folder / "metrics.jsonl")
+    record = json.loads((folder / layout.CONFIG).read_text())
+    metrics = read_jsonl(folder / layout.METRICS)
     epochs = [r for r in metrics if r["kind"] == "epoch"]
     averages = [r for r in metrics if r["kind"] == "average"]
     if not epochs or not averages:

@@ -24,6 +24,7 @@ from experiments.words import (
     english_training_counts,
     word_level_evaluation,
 )
+from transformer import layout
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.decode_options import DecodeOptions
 from transformer.evaluate import score
@@ -81,7 +82,7 @@ def main() -> None:
     def fail(message: str) -> NoReturn:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
-    if not (args.dest / "metrics.jsonl").is_file():
+    if not (args.dest / layout.METRICS).is_file():
         fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
     try:
         summary = report(args.model, bleu=args.bleu)

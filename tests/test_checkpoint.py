@@ -388,5 +388,8 @@ def test_load_trained_refuses_weights_that_do_not_fit(tmp_path: Path):
     safetensors.torch.save_file(
         {"extra.weight": torch.zeros(2)}, folder / "model-00002.safetensors"
     )
+    config = json.loads((folder / "config.json").read_text())
+    config["weight_map"]["extra.weight"] = "model-00002.safetensors"
+    (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="do not fit the model"):
         load_trained(folder)

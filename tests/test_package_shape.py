@@ -21,7 +21,7 @@ LAYERS = [
         "config_checks",
     },
     {
-        "paths", "atomic", "files", "multi30k", "vocabulary", "tokenizer",
+        "paths", "atomic", "files", "layout", "multi30k", "vocabulary", "tokenizer",
         "checked_batches", "batches", "encoded_split", "encoded_cache", "bpe_dropout",
         "checkpoint", "distributed", "french", "fast_words", "counts",
     },
@@ -30,7 +30,8 @@ LAYERS = [
         "run_checkpoints", "rdrop", "trainer", "run_optimizer", "run_step",
     },
     {
-        "decode_options", "kv_cache", "decode", "search_setup", "batched_search",
+        "paper_search", "decode_options", "kv_cache", "decode", "search_setup",
+        "batched_search",
         "translation", "split_translation", "evaluate", "ctranslate2",
     },
     {

@@ -21,8 +21,6 @@ import torch
 from torch import Tensor
 
 from transformer.decode import (
-    ALPHA,
-    BEAM_SIZE,
     Hypothesis,
     forbid_specials,
     hypothesis,
@@ -31,6 +29,7 @@ from transformer.decode import (
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 from transformer.model import Transformer
+from transformer.paper_search import ALPHA, BEAM_SIZE
 from transformer.search_setup import check_search, inference, output_limits
 
 

@@ -47,6 +47,8 @@ from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer, TokenizerError
 
+from . import layout
+
 CHECKPOINT_FORMAT = "transformer-book checkpoint 1"
 # and the form `export_model` writes (the section "Exporting and loading a
 # model")
@@ -193,7 +195,7 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
 
 def read_record(folder: Path) -> dict[str, Any]:
     """A checkpoint's or model folder's config.json."""
-    path = Path(folder) / "config.json"
+    path = Path(folder) / layout.CONFIG
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
@@ -293,11 +295,11 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 def _model_source(source: Path) -> Path:
     """The folder of weights a run or checkpoint path stands for: the run's
     average when it is current, else its newest checkpoint."""
-    if (source / "model.safetensors").is_file():
+    if (source / layout.WEIGHTS).is_file():
         return source
     found = [path for _, path in list_checkpoints(source)]
     average = source / "average"
-    if (average / "model.safetensors").is_file():
+    if (average / layout.WEIGHTS).is_file():
         # A run continued after it averaged (killed, stopped by its time limit,
         # or with average_last below 2) has trained past its average: the
         # average is current only while it ends with the newest epoch
@@ -318,7 +320,7 @@ def _model_source(source: Path) -> Path:
 
 # What an export writes: a destination that holds anything else is not
 # replaced.
-_EXPORT_FILES = ("config.json", "tokenizer.json", "metrics.jsonl")
+_EXPORT_FILES = (layout.CONFIG, layout.TOKENIZER, layout.METRICS)
 
 
 def check_export_destination(dest: Path, source: Path) -> None:
@@ -343,14 +345,14 @@ def check_export_destination(dest: Path, source: Path) -> None:
         if not (
             (
                 p.name in _EXPORT_FILES
-                or re.fullmatch(r"model-\d{5}\.safetensors", p.name)
+                or re.fullmatch(layout.SHARD_PATTERN, p.name)
             )
             and p.is_file()
         )
     )
-    if not others and (dest / "config.json").is_file():
+    if not others and (dest / layout.CONFIG).is_file():
         try:
-            shipped = json.loads((dest / "config.json").read_text()).get(
+            shipped = json.loads((dest / layout.CONFIG).read_text()).get(
                 "format"
             )
         except (OSError, ValueError, AttributeError):
@@ -415,18 +417,18 @@ def export_model(
     folder = _model_source(Path(source))
     record = read_record(folder)
     files = _shards(
-        read_tensors(folder / "model.safetensors"), dtype, max_file_bytes
+        read_tensors(folder / layout.WEIGHTS), dtype, max_file_bytes
     )
     weight_map = {}
     dest = Path(dest)
     candidates = (
-        folder.parent / "metrics.jsonl",
-        folder.parent.parent / "metrics.jsonl",
+        folder.parent / layout.METRICS,
+        folder.parent.parent / layout.METRICS,
     )
     metrics = next((p for p in candidates if p.is_file()), None)
     with atomic_folder(dest) as tmp:
         for k, part in enumerate(files, start=1):
-            file = f"model-{k:05d}.safetensors"
+            file = layout.SHARD.format(k)
             safetensors.torch.save_file(
                 part, tmp / file, metadata={"format": SHIPPED_FORMAT}
             )
@@ -437,10 +439,10 @@ def export_model(
             "weight_map": weight_map,
             "source": folder.name,
         }
-        (tmp / "config.json").write_text(json.dumps(shipped, indent=2) + "\n")
-        shutil.copy(folder / "tokenizer.json", tmp / "tokenizer.json")
+        (tmp / layout.CONFIG).write_text(json.dumps(shipped, indent=2) + "\n")
+        shutil.copy(folder / layout.TOKENIZER, tmp / layout.TOKENIZER)
         if metrics is not None:
-            shutil.copy(metrics, tmp / "metrics.jsonl")
+            shutil.copy(metrics, tmp / layout.METRICS)
     return dest
 
 
@@ -459,10 +461,10 @@ def load_model(
         raise CheckpointError(
             f"{folder / 'config.json'}: bad model config: {err}"
         ) from err
-    if not (folder / "tokenizer.json").is_file():
+    if not (folder / layout.TOKENIZER).is_file():
         raise CheckpointError(f"{folder}: no tokenizer.json")
     try:
-        tokenizer = load_tokenizer(folder / "tokenizer.json")
+        tokenizer = load_tokenizer(folder / layout.TOKENIZER)
     except TokenizerError as err:
         raise CheckpointError(str(err)) from err
     if tokenizer.vocab_size != model_config.src_vocab_size:
@@ -476,13 +478,9 @@ def load_model(
             f"{folder}: tokenizer.json is not the vocabulary the model was"
             " trained with (field tokenizer)"
         )
-    if record.get("format") == SHIPPED_FORMAT:
-        files = sorted(set(record.get("weight_map", {}).values()))
-    else:
-        files = ["model.safetensors"]
     tensors: dict[str, Tensor] = {}
-    for file in files:
-        tensors |= read_tensors(folder / file)
+    for path in layout.weight_files(folder, record):
+        tensors |= read_tensors(path)
     model = Transformer(model_config)
     load_tensors_into(model, tensors, folder)
     return model.to(device).eval(), tokenizer

@@ -4,9 +4,6 @@ al., 2017, with the length penalty of Wu et al., 2016)."""
 
 # %% auto #0
 __all__ = [
-    "EXTRA_LENGTH",
-    "BEAM_SIZE",
-    "ALPHA",
     "Hypothesis",
     "next_log_probs",
     "forbid_specials",
@@ -17,7 +14,7 @@ __all__ = [
     "beam_search",
 ]
 
-# %% ../chapters/14_decoding.ipynb #7cbcfaac
+# %% ../chapters/14_decoding.ipynb #6fbc89f9
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,9 +25,7 @@ from torch import Tensor
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
-
-EXTRA_LENGTH = 50  # "maximum output length ... input length + 50" (6.1)
-BEAM_SIZE, ALPHA = 4, 0.6  # "a beam size of 4 and length penalty α = 0.6"
+from transformer.paper_search import ALPHA, BEAM_SIZE, EXTRA_LENGTH
 
 
 @dataclass(frozen=True)

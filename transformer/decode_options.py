@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from transformer.decode import ALPHA, BEAM_SIZE
+from transformer.paper_search import ALPHA, BEAM_SIZE
 
 # The largest α accepted: far beyond any useful one, yet small enough that lp
 # stays finite in float32 for outputs of 40,000 tokens.

@@ -64,6 +64,8 @@ from transformer.train_config import (
     with_current_names,
 )
 
+from . import layout
+
 
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     """The element-wise mean of the weights of several checkpoints (folders or
@@ -78,9 +80,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         file = (
-            Path(path) / "model.safetensors"
-            if Path(path).is_dir()
-            else Path(path)
+            Path(path) / layout.WEIGHTS if Path(path).is_dir() else Path(path)
         )
         tensors = read_tensors(file)
         if not total:
@@ -123,11 +123,11 @@ def write_checkpoint(
     progress.json. Without them the folder is a model (a run's average), not a
     checkpoint to resume from."""
     with atomic_folder(folder) as tmp:
-        save_weights(model, tmp / "model.safetensors")
+        save_weights(model, tmp / layout.WEIGHTS)
         if trainer_state is not None:
             save_state(tmp, "trainer", trainer_state)
-        (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-        tokenizer.save(tmp / "tokenizer.json")
+        (tmp / layout.CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+        tokenizer.save(tmp / layout.TOKENIZER)
         if progress is not None:
             # Written last: a folder with progress.json is a complete
             # checkpoint.
@@ -229,7 +229,7 @@ def resume_from(
 ) -> Progress:
     """Continue from a checkpoint: load the weights, the optimiser and the
     schedule; return where the run stands."""
-    load_weights(model, checkpoint / "model.safetensors")
+    load_weights(model, checkpoint / layout.WEIGHTS)
     state = load_state(checkpoint, "trainer")
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -249,11 +249,11 @@ def store_settings(
 ) -> None:
     """Drop the records after update `step`, which a resumed run writes again,
     and store the settings (both atomically: --resume reads them back)."""
-    for name in ("metrics.jsonl", "steps.jsonl"):
+    for name in (layout.METRICS, "steps.jsonl"):
         truncate_jsonl(out / name, step)
     settings = json.dumps(config.to_dict(), indent=2) + "\n"
     atomic_write(out / "train_config.json", settings.encode())
-    tokenizer.save(out / "tokenizer.json")
+    tokenizer.save(out / layout.TOKENIZER)
 
 
 def last_epochs(out: Path, average_last: int) -> list[Path]:
@@ -328,7 +328,7 @@ class RunFolder:
         if self.env.is_main:
             # The record first: a resumed run drops records newer than its
             # checkpoint.
-            append_jsonl(self.out / "metrics.jsonl", line)
+            append_jsonl(self.out / layout.METRICS, line)
             folder = self.out / "checkpoints" / name
             state = {"optimizer": optimizer.state_dict()}
             state["scheduler"] = scheduler.state_dict()
@@ -347,7 +347,7 @@ class RunFolder:
         """Append `line` to metrics.jsonl and write the averaged `model` into
         out/average."""
         if self.env.is_main:
-            append_jsonl(self.out / "metrics.jsonl", line)
+            append_jsonl(self.out / layout.METRICS, line)
             record = self.record | {"averaged": line["averaged"]}
             write_checkpoint(
                 self.out / "average",

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from transformer.decode import EXTRA_LENGTH
 from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
+from transformer.paper_search import EXTRA_LENGTH
 
 
 def output_limits(

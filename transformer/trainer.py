@@ -75,6 +75,8 @@ from transformer.tokenizer import Tokenizer
 from transformer.train_config import TrainConfig
 from transformer.validation import Validation, count_words, validate
 
+from . import layout
+
 
 # %% ../chapters/a07_trainer.ipynb #f7d9e74e
 def _sync(device: torch.device) -> float:
@@ -334,7 +336,7 @@ class Trainer:
         finally:
             self.log.close()
             self.spellings.close()
-        metrics = read_jsonl(self.out / "metrics.jsonl")
+        metrics = read_jsonl(self.out / layout.METRICS)
         return TrainResult(self.out, stopped, p.step, metrics)
 
     def _train_epoch(self) -> tuple[str | None, int]:

@@ -29,6 +29,8 @@ from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 
+from . import layout
+
 
 def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
     """The model's log-probabilities of each next target token of a batch, the
@@ -123,13 +125,13 @@ def load_trained(folder: str | Path) -> tuple[Transformer, Tokenizer]:
     """The model (float32, eval mode) and tokenizer of a shipped model's
     folder, such as checkpoints/de-en."""
     folder = Path(folder)
-    record = json.loads((folder / "config.json").read_text())
-    model = Transformer(TransformerConfig(**record["model"]))
+    config = json.loads((folder / layout.CONFIG).read_text())
+    model = Transformer(TransformerConfig(**config["model"]))
     weights = {}
-    for shard in sorted(folder.glob("model-*.safetensors")):
-        weights |= safetensors.torch.load_file(shard)  # float16
+    for path in layout.weight_files(folder, config):
+        weights |= safetensors.torch.load_file(path)  # float16
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = model.src_embed.embedding.weight  # stored under this name only
     if unexpected or any(model.get_parameter(n) is not tied for n in missing):
         raise ValueError(f"{folder}: the weights do not fit the model")
-    return model.eval(), Tokenizer.load(folder / "tokenizer.json")
+    return model.eval(), Tokenizer.load(folder / layout.TOKENIZER)

@@ -23,6 +23,7 @@ from transformer.config import TransformerConfig
 from transformer.model import Transformer
 from transformer.multi30k import load_pairs
 from transformer.tokenizer import pretokenize, train_bpe
+from transformer.loss import LABEL_SMOOTHING
 from transformer.validation import validate
 
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
@@ -143,6 +144,7 @@ def test_word_level_evaluation_agrees_with_the_training_loop():
         model,
         [collate(list(zip(src, tgt, strict=True)), **ids)],
         pad_id=tokenizer.pad_id,
+        smoothing=LABEL_SMOOTHING,
         words=w.words,
     )
     assert w.nll_sum == pytest.approx(loop.stats.nll_sum, rel=1e-5)
