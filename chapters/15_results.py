@@ -237,11 +237,10 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from transformer.decode_options import DecodeOptions
 from transformer.multi30k import load_pairs
+from transformer.paper_search import ALPHA, BEAM_SIZE
 
 NAMES = {"de-en": "German→English", "fr-en": "French→English"}
-PAPER = DecodeOptions()  # the search's defaults: the paper's
 outputs = Path(tempfile.mkdtemp())
 
 
@@ -260,10 +259,10 @@ def evaluate(pair: str, beam: int) -> SimpleNamespace:
     )
 
 
-test = {pair: evaluate(pair, beam=PAPER.beam_size) for pair in NAMES}
+test = {pair: evaluate(pair, beam=BEAM_SIZE) for pair in NAMES}
 scores = {pair: score(t.hypotheses, t.references) for pair, t in test.items()}
 for pair, s in scores.items():
-    search = f"beam {PAPER.beam_size}, α = {PAPER.alpha}"
+    search = f"beam {BEAM_SIZE}, α = {ALPHA}"  # evaluate's defaults
     print(f"{NAMES[pair]}, {s.sentences:,} sentences, {search}")
     print(s.report(), end="\n\n")
 
@@ -294,7 +293,7 @@ for pair, g in greedy.items():
     )
     p_value = paired()[1]["BLEU"][1].p_value
     for search, s in (("greedy", score(g.hypotheses, g.references)),
-                      (f"beam {PAPER.beam_size}", scores[pair])):  # fmt: skip
+                      (f"beam {BEAM_SIZE}", scores[pair])):  # fmt: skip
         rows.append({"model": NAMES[pair], "search": search,
                      "sacreBLEU": s.bleu, "chrF": s.chrf,
                      "length ratio": s.length_ratio,
@@ -589,7 +588,7 @@ by_length.set_index(["model", "source words"])
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 alt.Chart(
-    by_length, title=f"sacreBLEU by source length, beam {PAPER.beam_size}"
+    by_length, title=f"sacreBLEU by source length, beam {BEAM_SIZE}"
 ).mark_bar().encode(
     x=alt.X("source words:N", sort=None, axis=alt.Axis(labelAngle=0)),
     xOffset="model:N",
