@@ -60,7 +60,7 @@ german = [
     "Zwei Kinder bauen am Strand eine Sandburg.",
     "Ein alter Mann sitzt mit seiner Zeitung auf einer Bank.",
 ]
-english = translate(model, tokenizer, german, beam_size=4, alpha=0.6)
+english = translate(model, tokenizer, german)  # the paper's search
 for source, target in zip(german, english, strict=True):
     print(f"{source}\n  → {target}")
 n_params = sum(p.numel() for p in model.parameters())

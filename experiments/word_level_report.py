@@ -9,7 +9,7 @@ comparison folder keeps only metrics, so this file is what is left of the weight
 scores: the perplexities and accuracies of `word_level_evaluation` and its tokens grouped by how
 often the training split has them (`by_frequency`). The pair is the model's vocabulary's.
 With `--bleu`, also the sacreBLEU and chrF of the model's translations of the validation
-split with the paper's search (beam 4, α = 0.6), under `val_bleu`. Needs spaCy. A bad input
+split with the paper's search (`DecodeOptions()`), under `val_bleu`. Needs spaCy. A bad input
 (a folder without a model, a missing or corrupt data file, no spaCy) is one line on standard
 error and exit status 2.
 """

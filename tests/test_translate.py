@@ -28,6 +28,7 @@ from transformer.__main__ import main as package_main
 from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.multi30k import PAIRS, DataError
+from transformer.paper_search import ALPHA, BEAM_SIZE
 from transformer.tokenizer import MARK, normalize, train_bpe
 from transformer.translation import load_pair_model, translate
 
@@ -202,17 +203,12 @@ def test_beam_1_is_greedy_decoding(shipped, loaded, capsys, monkeypatch):
         translate_args(shipped, "--beam", "1", *GERMAN), capsys, monkeypatch
     )
     assert status == 0 and out.splitlines() == expected
-    # ... and the default is the paper's beam search, K = 4 and α = 0.6.
+    # ... and the default is the paper's beam search.
     default = run(translate_args(shipped, *GERMAN), capsys, monkeypatch)[1]
     assert default.splitlines() == translate(model, tokenizer, GERMAN)
-    assert (
-        default
-        == run(
-            translate_args(shipped, "--beam", "4", "--alpha", "0.6", *GERMAN),
-            capsys,
-            monkeypatch,
-        )[1]
-    )
+    paper = ["--beam", str(BEAM_SIZE), "--alpha", str(ALPHA)]
+    explicit = run(translate_args(shipped, *paper, *GERMAN), capsys, monkeypatch)[1]
+    assert default == explicit
 
 
 def test_alpha_reaches_the_search(shipped, loaded, capsys, monkeypatch):
@@ -529,9 +525,9 @@ def test_help_from_the_package_command():
     for documented in (
         "--pair",
         "--beam N",
-        "1 is greedy decoding (default: 4",
+        f"1 is greedy decoding (default: {BEAM_SIZE}",
         "--alpha A",
-        "from 0 to 10 (default: 0.6",
+        f"from 0 to 10 (default: {ALPHA}",
         "A SENTENCE that names an existing file is translated as a sentence all the same",
         "--checkpoint DIR",
         "checkpoints/<pair>",

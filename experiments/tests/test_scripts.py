@@ -25,6 +25,7 @@ from test_train import tiny_config, tiny_data
 from transformer.checkpoint import CheckpointError
 from transformer.epoch_data import TrainingData
 from transformer.multi30k import PAIRS, DataError
+from transformer.paper_search import ALPHA, BEAM_SIZE
 from transformer.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -266,7 +267,7 @@ def test_model_card_states_measurements_not_targets(
     text = model_card.card("de-en", "c", "h", shipped, tmp_path / "runs")
     assert (
         "**Status:** trained with the book's recipe on a CPU, 1 epoch\nin 1.0 minutes; "
-        "100.0 sacreBLEU on test_2016_flickr (beam 4, α 0.6).\n" in text
+        f"100.0 sacreBLEU on test_2016_flickr (beam {BEAM_SIZE}, α {ALPHA}).\n" in text
     )
     assert "perplexity per word 9.00, per token 5.00, token\naccuracy 50.0%. " in text
     judged = re.compile(r"\btargets?\b(?! tokens)|\bmet\b", re.IGNORECASE)
