@@ -10,13 +10,15 @@ one per average of the last epochs' weights), and for some runs the scripts' rep
 `shipped`.
 """
 
+import dataclasses
 import json
 from collections.abc import Collection
 from pathlib import Path
 
 from transformer import layout
+from transformer.config import TransformerConfig
 from transformer.files import read_jsonl
-from transformer.train_config import TrainConfig
+from transformer.train_config import TrainConfig, fixed_on_resume
 from transformer.translation import CHECKPOINTS_DIR
 
 RUNS_DIR = Path(__file__).resolve().parent / "runs"
@@ -67,6 +69,32 @@ QUESTIONS = {
     "length": ["110-epochs", "recipe-seed-1-cpu-60-epochs"],
 }
 QUESTION = {run: question for question, names in QUESTIONS.items() for run in names}
+# How the table names a setting, in the order it lists them. A field shares a label with the
+# one it qualifies; a field not named here is listed under its own name, after these.
+LABELS = {
+    "n_layers": "layers",
+    "d_model": "d_model",
+    "d_ff": "d_ff",
+    "dropout": "dropout",
+    "attention_dropout": "attention/FFN dropout",
+    "ffn_dropout": "attention/FFN dropout",
+    "norm_first": "pre-norm",
+    "label_smoothing": "label smoothing",
+    "vocab_size": "vocabulary",
+    "max_tokens": "tokens per batch",
+    "warmup": "warm-up",
+    "lr_factor": "lr factor",
+    "bpe_dropout": "BPE-dropout",
+    "bpe_dropout_sides": "BPE-dropout",
+    "seed": "seed",
+    "epochs": "epochs",
+}
+# Fixed on resume, but shown through the model they make.
+_MODEL_CHOICE = ("pair", "preset", "model_overrides")
+# The model's settings are sizes, written without a thousands separator (d_ff 2048).
+_MODEL_LABELS = {
+    LABELS.get(f.name, f.name) for f in dataclasses.fields(TransformerConfig)
+}
 
 
 def read_run(folder: Path) -> tuple[dict, list[dict]]:
@@ -100,27 +128,36 @@ def trained_on(name: str, config: dict) -> str:
 
 
 def settings(config: dict) -> dict[str, object]:
-    """What a run's recipe sets: the model's shape and dropout, and the training's."""
+    """What a run's recipe sets, under the table's labels: every field of its model but the
+    vocabulary sizes, every training field fixed on resume (those that decide the updates),
+    and the epochs. Read from the dataclasses, so that a new option is listed without an edit;
+    fields that share a label give a tuple."""
     train = TrainConfig.from_dict(config)
-    model = train.model_config(train.vocab_size)
-    return {
-        "layers": model.n_layers,
-        "d_model": model.d_model,
-        "d_ff": model.d_ff,
-        "dropout": model.dropout,
-        "attention/FFN dropout": (model.attention_dropout, model.ffn_dropout),
-        "pre-norm": model.norm_first,
-        "label smoothing": train.label_smoothing,
-        "vocabulary": train.vocab_size,
-        "tokens per batch": train.max_tokens,
-        "warm-up": train.warmup,
-        "lr factor": train.lr_factor,
-        "BPE-dropout": (train.bpe_dropout, train.bpe_dropout_sides)
-        if train.bpe_dropout
-        else 0.0,
-        "seed": train.seed,
-        "epochs": train.epochs,
-    }
+    model = train.model_config(train.vocab_size).to_dict()
+    values = {k: v for k, v in model.items() if not k.endswith("vocab_size")}
+    fixed = [k for k in fixed_on_resume(type(train)) if k not in _MODEL_CHOICE]
+    values |= {k: getattr(train, k) for k in [*fixed, "epochs"]}
+    if not train.bpe_dropout:  # off: its sides are no setting
+        values["bpe_dropout_sides"] = None
+    order = [*LABELS, *(k for k in values if k not in LABELS)]
+    found: dict[str, list] = {}
+    for name in sorted(values, key=order.index):
+        found.setdefault(LABELS.get(name, name), []).append(values[name])
+    return {label: v[0] if len(v) == 1 else tuple(v) for label, v in found.items()}
+
+
+def shown(label: str, value: object) -> str:
+    """A setting's value as the table writes it."""
+    if label == "BPE-dropout":
+        rate, sides = value
+        return f"{rate} ({sides})" if rate else "off"
+    if isinstance(value, tuple):
+        return "/".join(shown(label, v) for v in value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) and label not in _MODEL_LABELS:
+        return f"{value:,}"
+    return str(value)
 
 
 def differences(name: str, config: dict, ref_name: str, ref_config: dict) -> str:
@@ -131,15 +168,7 @@ def differences(name: str, config: dict, ref_name: str, ref_config: dict) -> str
     for key, value in mine.items():
         if value == theirs[key]:
             continue
-        if key == "BPE-dropout":
-            value = f"{value[0]} ({value[1]})" if value else "off"
-        elif key == "attention/FFN dropout":
-            value = "/".join(map(str, value))
-        elif isinstance(value, bool):
-            value = "yes" if value else "no"
-        elif key in ("vocabulary", "tokens per batch", "warm-up"):
-            value = f"{value:,}"
-        changed.append(f"{key} {value}")
+        changed.append(f"{key} {shown(key, value)}")
     if trained_on(name, config) != trained_on(ref_name, ref_config):
         changed.append(trained_on(name, config))
     return ", ".join(changed)

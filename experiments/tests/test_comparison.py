@@ -1,11 +1,14 @@
 """The comparison runs as the experiments appendix reads them: every kept run is read, asks one
 question, and is measured against a reference that exists, with what differs named."""
 
+import dataclasses
+
 import pytest
 
 from experiments import comparison
 from experiments.comparison import QUESTION, SHIPPED
 from transformer.multi30k import PAIRS
+from transformer.train_config import RATE, RESUME_FIXED, TrainConfig, option
 
 
 @pytest.mark.parametrize("pair", list(PAIRS))
@@ -68,3 +71,32 @@ def test_references_differences_and_effects():
     fr = comparison.runs("fr-en")
     config = fr["dropout-0.1-cpu"][0]
     assert comparison.reference("dropout-0.1-cpu", config, fr) == SHIPPED
+
+
+def test_settings_read_every_option_from_the_config(monkeypatch):
+    """The settings compared are the model's fields and the fields fixed on resume, read
+    from the dataclasses: R-Drop and BPE-dropout's sides are among them, and an option added
+    to TrainConfig is listed, under its own name, without an edit here."""
+    config, _ = comparison.runs("de-en")[SHIPPED]
+    listed = comparison.settings(config)
+    assert listed["r_drop"] == 0.0 and listed["BPE-dropout"] == (0.0, None)
+    for name in RESUME_FIXED:
+        assert name in ("pair", "preset", "model_overrides") or (
+            comparison.LABELS.get(name, name) in listed
+        ), name
+    grad_clip = option(1.0, help="largest gradient norm", on_resume="fixed", check=RATE)
+    Clipped = dataclasses.make_dataclass(
+        "Clipped", [("grad_clip", float, grad_clip)], bases=(TrainConfig,), frozen=True
+    )
+    monkeypatch.setattr(comparison, "TrainConfig", Clipped)
+    clipped = config | {"grad_clip": 0.5}
+    assert comparison.settings(clipped)["grad_clip"] == 0.5
+    changed = comparison.differences("clipped", clipped, SHIPPED, config)
+    assert changed == "grad_clip 0.5"
+    sources = config | {
+        "bpe_dropout": 0.1,
+        "bpe_dropout_sides": "source",
+        "r_drop": 1.0,
+    }
+    changed = comparison.differences("sources", sources, SHIPPED, config)
+    assert changed == "BPE-dropout 0.1 (source), r_drop 1.0"
