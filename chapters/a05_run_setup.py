@@ -60,9 +60,10 @@ torch.set_printoptions(precision=4)
 # A run is described by one frozen dataclass, `TrainConfig`. The model is a preset of
 # `TransformerConfig` (`small`, `base` or `big`) with optional overrides of any of its fields
 # except the vocabulary size, which comes from the tokenizer. The defaults follow the paper where
-# it has a value (warm-up 4,000, label smoothing 0.1, the average of the last 5 checkpoints);
-# `bpe_dropout` samples a new segmentation of the training words each epoch (the data chapter),
-# and `r_drop` turns on R-Drop (the appendix [The Trainer](a07_trainer.ipynb)).
+# it has a value (the warm-up, label smoothing and the average of the last checkpoints: the table
+# below prints every field's default); `bpe_dropout` samples a new segmentation of the training
+# words each epoch (the data chapter), and `r_drop` turns on R-Drop (the appendix
+# [The Trainer](a07_trainer.ipynb)).
 # Each field is defined once, by `option`: its default, its help on the command line, its check
 # (a test and the message a failing value gets) and whether a resumed run may change it. The
 # command line builds its options from the fields, and the config checks every field when it is
@@ -70,7 +71,11 @@ torch.set_printoptions(precision=4)
 # own configuration is built then too, once, and the run reads it from there. The run stores the
 # config twice: as `train_config.json` in its output folder, which `--resume` reads back so that
 # the same command can be repeated after a stop, and inside each checkpoint's `config.json`,
-# with the model's `TransformerConfig` and the vocabulary's SHA-256.
+# with the model's `TransformerConfig` and the vocabulary's SHA-256. Three fields name folders:
+# the run's output (`out_dir`), the encoded cache (`cache_dir`) and the Multi30k files
+# (`data_dir`). Left at `None`, each is its default, filled in when the config is made; a
+# folder at its default is stored as `None`, so that a run resumed on another machine finds
+# that machine's cache.
 
 # %%
 #| export train_config
@@ -160,9 +165,9 @@ NON_NEGATIVE: Check = (
     lambda v: _number(v) and v >= 0,
     "must be a finite number, 0 or more",
 )
-TEXT: Check = (
-    lambda v: v is None or isinstance(v, str),
-    "must be a string or None",
+FOLDER: Check = (
+    lambda v: v is None or isinstance(v, str | Path),
+    "must be a folder's path or None",
 )
 FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
 SOME_FLAG: Check = (
@@ -212,10 +217,27 @@ def value_type(field: dataclasses.Field) -> type:
     return kinds[0] if kinds else field.type
 
 
+def field_default(field: dataclasses.Field) -> Any:
+    """A field's default value (`dataclasses.MISSING` for a required one)."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
 def fixed_on_resume(cls: type) -> tuple[str, ...]:
     """The fields of a TrainConfig class that a resumed run must keep."""
     fields = dataclasses.fields(cls)
     return tuple(f.name for f in fields if f.metadata["on_resume"] == "fixed")
+
+
+def default_folders(pair: str) -> dict[str, Path]:
+    """Where the folder fields of a run of `pair` point when left at None: the
+    run's output, the encoded cache, the Multi30k files."""
+    return {
+        "out_dir": Path("runs") / pair,
+        "cache_dir": CACHE_DIR,
+        "data_dir": DATA_DIR,
+    }
 
 
 def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
@@ -355,18 +377,21 @@ class TrainConfig:
     time_limit: float | None = option(
         None, on_resume="free", help="minutes", check=MINUTES
     )
-    out_dir: str | None = option(
+    out_dir: Path | None = option(
         None,
         on_resume="free",
         help="output folder (default: runs/<pair>)",
-        check=TEXT,
+        check=FOLDER,
         flag="--out",
     )
-    cache_dir: str | None = option(
-        None, on_resume="free", help="default: the data chapter's", check=TEXT
+    cache_dir: Path | None = option(
+        None,
+        on_resume="free",
+        help="default: the data chapter's",
+        check=FOLDER,
     )
-    data_dir: str | None = option(
-        None, on_resume="free", help="default: data/multi30k", check=TEXT
+    data_dir: Path | None = option(
+        None, on_resume="free", help="default: data/multi30k", check=FOLDER
     )
     device: str | None = option(
         None,
@@ -393,6 +418,10 @@ class TrainConfig:
             if not valid(value := getattr(self, field.name)):
                 raise ValueError(f"{field.name} {message}, got {value!r}")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))
+        for name, default in default_folders(self.pair).items():
+            folder = getattr(self, name)
+            folder = default if folder is None else Path(folder)
+            object.__setattr__(self, name, folder)
         overrides = self.model_overrides
         model = preset_model(self.preset, self.vocab_size, overrides)
         # Built once: the run's model, its optimiser and its schedule read it.
@@ -411,25 +440,14 @@ class TrainConfig:
         `device_type` device: `bf16` if set, otherwise on with CUDA only."""
         return self.bf16 if self.bf16 is not None else device_type == "cuda"
 
-    @property
-    def output_dir(self) -> Path:
-        return Path(
-            self.out_dir if self.out_dir is not None else f"runs/{self.pair}"
-        )
-
-    @property
-    def cache_path(self) -> Path:
-        return (
-            Path(self.cache_dir) if self.cache_dir is not None else CACHE_DIR
-        )
-
-    @property
-    def data_path(self) -> Path:
-        return Path(self.data_dir) if self.data_dir is not None else DATA_DIR
-
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-able dictionary."""
-        return dataclasses.asdict(self)
+        """The fields as a JSON-able dictionary; a folder at its default is
+        None, so that a stored run resumed elsewhere finds that machine's."""
+        fields = dataclasses.asdict(self)
+        for name, default in default_folders(self.pair).items():
+            folder = fields[name]
+            fields[name] = None if folder == default else str(folder)
+        return fields
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
@@ -451,19 +469,52 @@ RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 # %% [markdown]
+# Every field, read from the dataclass: the option that sets it on the command line (the model's
+# overrides have none of their own: `--set FIELD=VALUE` sets one of them), its default, and
+# whether a resumed run must keep it (`fixed`) or may change it (`free`):
+
+# %%
+import dataclasses
+
+import pandas as pd
+
+from transformer.train_config import TrainConfig, field_default, flag_of
+
+
+def default_of(field: dataclasses.Field) -> str:
+    """A field's default as the table shows it; "required" for none."""
+    value = field_default(field)
+    if value is dataclasses.MISSING:
+        return "required"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+every = dataclasses.fields(TrainConfig)
+pd.DataFrame(
+    {
+        "option": [flag_of(f) or "" for f in every],
+        "default": [default_of(f) for f in every],
+        "on resume": [f.metadata["on_resume"] for f in every],
+    },
+    index=[f.name for f in every],
+)
+
+# %% [markdown]
 # ## Presets and recipes
 #
 # A recipe is a function that returns a `TrainConfig`, and `--config NAME` on the command line
 # selects one from `RECIPES`: `multi30k`, the recipe of the book's two models (the training
 # chapter's table), and `quick`, a tiny model trained for a few dozen updates, which shows the
-# whole machinery at work on a CPU.
+# whole machinery at work on a CPU. A recipe names the preset it starts from and states only
+# what it changes, of the preset's model and of the defaults: it reads as its choices, and a
+# default it does not change is read from its one home.
 
 
 # %%
 #| export train_config
 def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     """A tiny model trained for a few dozen updates: about a minute on a 2-core
-    CPU."""
+    CPU. It states only what differs from the small preset and the defaults."""
     fields = dict(
         pair=pair,
         preset="small",
@@ -480,18 +531,15 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
 
 def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     """The recipe of the book's Multi30k models (the training chapter's table)
-    as a TrainConfig."""
+    as a TrainConfig: what differs from the small preset and the defaults."""
     fields = dict(
         pair=pair,
         preset="small",
-        model_overrides=dict(
-            n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
-        ),
+        model_overrides=dict(d_ff=512, dropout=0.3),
         epochs=35,
         max_tokens=3_000,
         warmup=800,
         lr_factor=0.7,
-        average_last=5,
         bf16=False,
     )
     return TrainConfig(**(fields | overrides))
@@ -556,7 +604,7 @@ assert n_params == 6_001_664
 #
 # ```
 # torchrun --nproc_per_node 8 -m transformer train --pair de-en \
-#     --config base --out runs/base
+#     --preset base --out runs/base
 # ```
 #
 # The Trainer's update (the appendix [The Trainer](a07_trainer.ipynb)) does this with two
@@ -745,16 +793,16 @@ def load_training_data(config: TrainConfig) -> TrainingData:
             barrier()
         tokenizer = prepare(
             config.pair,
-            config.cache_path,
+            config.cache_dir,
             vocab_size=config.vocab_size,
-            data_dir=config.data_path,
+            data_dir=config.data_dir,
         )
         splits = [
             load_encoded(
                 config.pair,
                 split,
-                config.cache_path,
-                data_dir=config.data_path,
+                config.cache_dir,
+                data_dir=config.data_dir,
             )
             for split in ("train", "val")
         ]

@@ -319,6 +319,7 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 """A training run's checkpoints: averaging them, writing and pruning them,
 what they record of the run, and the checks and chores of resuming from one."""
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Sequence
@@ -359,6 +360,7 @@ from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import (
     TrainConfig,
+    field_default,
     fixed_on_resume,
     with_current_names,
 )
@@ -588,14 +590,23 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 # %% [markdown]
 # ## Resuming a run
 #
-# Some fields of the configuration decide the updates themselves: the pair, the preset and its
-# overrides, the vocabulary, the batch size, accumulation, warm-up, learning-rate factor, label
-# smoothing, BPE-dropout and the seed. Each says so where it is defined (`on_resume="fixed"`),
-# and `RESUME_FIXED` lists them. A resumed run must keep them, and
-# `check_recipe` refuses one that does not, naming the field. The others may change on resume:
-# more `epochs` continue a finished run, and a new `time_limit` or `max_steps` fits the next
-# stretch of machine time. `resume_point` makes these checks, and those that need no data,
-# before anything is loaded.
+# Some fields of the configuration decide the updates themselves. Each says so where it is
+# defined (`on_resume="fixed"`), and `RESUME_FIXED` lists them:
+
+# %%
+from transformer.train_config import RESUME_FIXED
+
+print(", ".join(RESUME_FIXED))
+
+# %% [markdown]
+# A resumed run must keep them, and `check_recipe` refuses one that does not, naming the field.
+# A field that a checkpoint does not record, because its run began before the field existed,
+# was trained at its default: a resumed run may keep the default and no other value. The
+# model's overrides count as the model they make of the preset, so that an override written
+# out or left to the preset's equal value is the same run. The other fields may change on
+# resume: more `epochs` continue a finished run, and a new `time_limit` or `max_steps` fits
+# the next stretch of machine time. `resume_point` makes these checks, and those that need no
+# data, before anything is loaded.
 
 
 # %%
@@ -616,16 +627,32 @@ def run_record(
     }
 
 
+def _preset_fields(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The model fields that a preset with its overrides gives (the vocabulary
+    size is no override: any will do)."""
+    return getattr(TransformerConfig, preset)(1).to_dict() | (overrides or {})
+
+
 def check_recipe(folder: Path, config: TrainConfig) -> None:
-    """Raise CheckpointError, naming the folder and the field, if the
-    checkpoint in `folder` was trained with another value of a field that
-    decides the updates (one that is fixed on resume)."""
+    """Raise CheckpointError, in one line naming the folder and the field, if
+    the checkpoint in `folder` was trained with another value of a field that
+    decides the updates (one fixed on resume). A field the checkpoint does not
+    record had its default; the overrides compare as the model they make."""
     stored = with_current_names(read_record(folder).get("train", {}))
-    for name in fixed_on_resume(type(config)):
-        theirs, ours = stored.get(name), getattr(config, name)
-        # name the field of the model that differs
-        if name == "model_overrides":
-            theirs, ours = theirs or {}, ours or {}
+    fixed = fixed_on_resume(type(config))
+    for field in (f for f in dataclasses.fields(config) if f.name in fixed):
+        name, ours = field.name, getattr(config, field.name)
+        theirs, note = stored.get(name), ""
+        if name not in stored:  # its run began before the field existed
+            theirs, note = field_default(field), " (its default: not recorded)"
+            if theirs is dataclasses.MISSING:
+                raise CheckpointError(
+                    f"{folder}: the checkpoint has no {name}"
+                )
+        if name == "model_overrides":  # name the field of the model
+            preset = stored.get("preset", config.preset)
+            theirs = _preset_fields(preset, theirs)
+            ours = _preset_fields(config.preset, ours)
             for key in sorted(theirs.keys() | ours.keys()):
                 if theirs.get(key) != ours.get(key):
                     raise CheckpointError(
@@ -633,10 +660,10 @@ def check_recipe(folder: Path, config: TrainConfig) -> None:
                         f" {name}.{key}={theirs.get(key)!r}, this run asks for"
                         f" {name}.{key}={ours.get(key)!r}"
                     )
-        elif name in stored and theirs != ours:
+        elif theirs != ours:
             raise CheckpointError(
-                f"{folder}: the checkpoint was trained with {name}={theirs!r},"
-                f" this run asks for {name}={ours!r}"
+                f"{folder}: the checkpoint was trained with {name}={theirs!r}"
+                f"{note}, this run asks for {name}={ours!r}"
             )
 
 
@@ -740,7 +767,7 @@ class RunFolder:
         record: dict[str, Any],
         tokenizer: Tokenizer,
     ) -> None:
-        self.config, self.out, self.env = config, config.output_dir, env
+        self.config, self.out, self.env = config, config.out_dir, env
         self.record, self.tokenizer = record, tokenizer  # of each checkpoint
 
     def open(

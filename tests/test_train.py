@@ -3,15 +3,18 @@ that resume exactly, two processes against one, and `python -m transformer train
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
 import importlib
+import inspect
 import io
 import json
 import math
 import os
 import shutil
+import textwrap
 import time
 from pathlib import Path
 
@@ -38,8 +41,8 @@ from transformer.epoch_data import TrainingData
 from transformer.files import read_jsonl
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
-from transformer.multi30k import DataError
-from transformer.paths import DATA_DIR
+from transformer.multi30k import PAIRS, DataError
+from transformer.paths import CACHE_DIR, CHECKPOINTS_DIR, DATA_DIR
 from transformer.run_checkpoints import (
     average_checkpoints,
     check_recipe,
@@ -50,11 +53,14 @@ from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train_config import (
     RATE,
+    RECIPES,
     RESUME_FIXED,
     TrainConfig,
+    field_default,
     fixed_on_resume,
     multi30k_recipe,
     option,
+    quick_config,
 )
 from transformer.trainer import Trainer, TrainResult, train
 from transformer.training_loop import batch_log_probs, train_step
@@ -400,6 +406,106 @@ def test_a_field_brings_its_option_check_and_resume_rule(tmp_path: Path):
         check_recipe(folder, dataclasses.replace(config, grad_clip=1.0))
 
 
+def stored_run(
+    folder: Path, config: TrainConfig, *, without: tuple[str, ...] = ()
+) -> Path:
+    """A checkpoint's config.json of a run of `config` that does not record the fields
+    `without`, as a run begun before they existed."""
+    folder.mkdir(parents=True)
+    train = {k: v for k, v in config.to_dict().items() if k not in without}
+    record = {"model": config.model_config().to_dict(), "vocab": {}, "train": train}
+    (folder / "config.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_a_field_a_checkpoint_does_not_record_had_its_default(tmp_path: Path):
+    """A run begun before a fixed field existed resumes at the field's default, and refuses
+    another value in one line that names the field."""
+    config = TrainConfig(pair="de-en")
+    folder = stored_run(
+        tmp_path / "epoch-001", config, without=("r_drop", "bpe_dropout_sides")
+    )
+    check_recipe(folder, config)
+    for name, value in [("r_drop", 0.5), ("bpe_dropout_sides", "source")]:
+        with pytest.raises(CheckpointError) as refused:
+            check_recipe(folder, dataclasses.replace(config, **{name: value}))
+        message = str(refused.value)
+        assert "\n" not in message and str(folder) in message
+        default = field_default(TrainConfig.__dataclass_fields__[name])
+        assert f"{name}={default!r} (its default: not recorded)" in message
+        assert f"this run asks for {name}={value!r}" in message
+    # a new field of a copy of TrainConfig: the stored run knows nothing of it
+    grad_clip = option(1.0, help="largest gradient norm", on_resume="fixed", check=RATE)
+    Clipped = dataclasses.make_dataclass(
+        "Clipped", [("grad_clip", float, grad_clip)], bases=(TrainConfig,), frozen=True
+    )
+    check_recipe(folder, Clipped(pair="de-en"))
+    with pytest.raises(CheckpointError, match="grad_clip=1.0 .*asks for grad_clip=0.5"):
+        check_recipe(folder, Clipped(pair="de-en", grad_clip=0.5))
+
+
+def test_overrides_compare_as_the_model_they_make(tmp_path: Path):
+    """An override equal to the preset's value is the same run as none: a run whose recipe
+    wrote every size out resumes with one that states only what differs."""
+    spelled_out = TrainConfig(
+        pair="de-en", model_overrides=dict(n_layers=3, d_model=256, d_ff=512)
+    )
+    folder = stored_run(tmp_path / "epoch-001", spelled_out)
+    check_recipe(folder, TrainConfig(pair="de-en", model_overrides=dict(d_ff=512)))
+    with pytest.raises(
+        CheckpointError,
+        match="model_overrides.d_ff=512, this run asks for model_overrides.d_ff=1024",
+    ):
+        check_recipe(folder, TrainConfig(pair="de-en"))
+
+
+@pytest.mark.parametrize("pair", list(PAIRS))
+def test_the_recipe_is_the_shipped_runs(pair: str):
+    """The recipe makes the shipped model and resumes the shipped run: its fixed fields are
+    the run's, fields the run predates at their defaults."""
+    recipe = multi30k_recipe(pair)
+    record = json.loads((CHECKPOINTS_DIR / pair / "config.json").read_text())
+    assert recipe.model_config(record["vocab"]["size"]).to_dict() == record["model"]
+    check_recipe(CHECKPOINTS_DIR / pair, recipe)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_a_recipe_states_only_what_differs(name: str):
+    """A recipe names its pair and preset, and every other field it sets, and every override,
+    differs from the default or the preset's value."""
+    recipe = RECIPES[name]("de-en")
+    defaults = TrainConfig(pair="de-en", preset=recipe.preset)
+    preset = defaults.model_config().to_dict()
+    assert all(preset[k] != v for k, v in recipe.model_overrides.items())
+    source = ast.parse(textwrap.dedent(inspect.getsource(RECIPES[name])))
+    fields = next(
+        node.value
+        for node in ast.walk(source)
+        if isinstance(node, ast.Assign) and node.targets[0].id == "fields"
+    )
+    stated = {keyword.arg for keyword in fields.keywords}
+    assert {"pair", "preset", "model_overrides"} <= stated
+    for field in stated - {"pair", "preset", "model_overrides"}:
+        assert getattr(recipe, field) != getattr(defaults, field), (name, field)
+
+
+def test_folders_have_one_name_each(tmp_path: Path):
+    """A folder field is the folder: its default filled in when the config is made, and
+    stored as None, so that a run resumed on another machine finds that machine's."""
+    config = TrainConfig(pair="fr-en")
+    assert config.out_dir == Path("runs/fr-en")
+    assert (config.cache_dir, config.data_dir) == (CACHE_DIR, DATA_DIR)
+    stored = config.to_dict()
+    assert stored["out_dir"] is stored["cache_dir"] is stored["data_dir"] is None
+    assert TrainConfig.from_dict(stored) == config
+    given = TrainConfig(pair="fr-en", out_dir=str(tmp_path), cache_dir="cache")
+    assert given.out_dir == tmp_path and given.cache_dir == Path("cache")
+    assert given.to_dict()["out_dir"] == str(tmp_path)
+    assert TrainConfig.from_dict(json.loads(json.dumps(given.to_dict()))) == given
+    with pytest.raises(ValueError, match="cache_dir must be a folder's path or None"):
+        TrainConfig(pair="fr-en", cache_dir=3)
+
+
 def test_the_preset_field_reads_its_earlier_name_model(tmp_path: Path):
     """A run stored with `model`, the preset field's earlier name, still loads and resumes,
     and `--model` still works, with a one-line notice."""
@@ -426,6 +532,46 @@ def test_the_preset_field_reads_its_earlier_name_model(tmp_path: Path):
     )
     args = train_parser().parse_args(["--pair", "de-en", "--preset", "big"])
     assert config_from_args(args).preset == "big"
+
+
+def parsed_with_notice(argv: list[str]) -> tuple[TrainConfig, str]:
+    """The config that `train ARGV...` asks for, and what it says on standard error."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        config = config_from_args(train_parser().parse_args(["--pair", "de-en", *argv]))
+    return config, err.getvalue()
+
+
+def test_one_option_each_and_a_notice_for_an_earlier_spelling():
+    """`--preset` picks the preset and `--config` a recipe; `--config PRESET` and `--quick`
+    still work as before, each with a one-line notice, and the help names only the first."""
+    help_text = train_parser().format_help()
+    assert "--quick" not in help_text and "--preset" in help_text
+    assert "a recipe (multi30k, quick) or a JSON file" in " ".join(help_text.split())
+    quick, err = parsed_with_notice(["--quick"])
+    assert quick == quick_config("de-en")
+    assert err == "python -m transformer train: notice: --quick is now --config quick\n"
+    assert parsed_with_notice(["--config", "quick"]) == (quick, "")
+    base, err = parsed_with_notice(["--config", "base"])
+    assert base == TrainConfig(pair="de-en", preset="base")
+    assert err == (
+        "python -m transformer train: notice: --config base is now --preset base\n"
+    )
+    assert parsed_with_notice(["--preset", "base"]) == (base, "")
+    # an explicit --preset wins, whichever comes first; a quick run of the base preset
+    for argv in (
+        ["--config", "base", "--preset", "big"],
+        ["--preset", "big", "--config", "base"],
+    ):
+        assert parsed_with_notice(argv)[0].preset == "big"
+    assert parsed_with_notice(["--quick", "--config", "base"])[0] == quick_config(
+        "de-en", preset="base"
+    )
+    status, err = run_main(["--pair", "de-en", "--config", "huge"])
+    assert status == 2 and err.count("\n") == 1
+    assert (
+        "--config takes a recipe (multi30k, quick) or a .json file, got 'huge'" in err
+    )
 
 
 def test_the_model_config_is_built_once():
@@ -481,6 +627,15 @@ def test_a_run_writes_metrics_checkpoints_and_an_average(tmp_path: Path, data):
     assert (run / "train.log").read_text().count("epoch ") >= 3
     steps = read_jsonl(run / "steps.jsonl")
     assert [r["step"] for r in steps] == list(range(2, result.step + 1, 2))
+
+
+def test_the_trainer_holds_no_state_that_its_init_does_not_make(tmp_path: Path, data):
+    """Every attribute of a Trainer exists once it is made: training adds none, so a
+    reader finds the whole state in __init__."""
+    trainer = Trainer(tiny_config(tmp_path / "run", epochs=1), data=data, echo=False)
+    made = set(vars(trainer))
+    trainer.run()
+    assert set(vars(trainer)) == made
 
 
 def test_every_update_uses_the_learning_rate_of_equation_3(
@@ -970,7 +1125,7 @@ def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path, monkeyp
             asked.append(config)
 
         def run(self) -> TrainResult:
-            return TrainResult(asked[-1].output_dir, "completed", 0, [])
+            return TrainResult(asked[-1].out_dir, "completed", 0, [])
 
     monkeypatch.setattr(train_module, "Trainer", Asked)
 
@@ -984,9 +1139,9 @@ def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path, monkeyp
     # options given beside the recipe win over it
     changed = parsed("--epochs", "3", "--set", "d_model=64", "--dropout", "0.2")
     assert changed.epochs == 3 and changed.warmup == 800
-    assert changed.model_overrides == dict(
-        n_layers=3, d_model=64, n_heads=8, d_ff=512, dropout=0.2
-    )
+    assert changed.model_overrides == dict(d_ff=512, d_model=64, dropout=0.2)
+    model = changed.model_config()
+    assert (model.n_layers, model.d_model, model.n_heads, model.d_ff) == (3, 64, 8, 512)
     # booleans in JSON's spelling or Python's
     for spelling in ("true", "True"):
         assert parsed("--set", f"norm_first={spelling}").model_overrides["norm_first"]

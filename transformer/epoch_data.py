@@ -53,16 +53,16 @@ def load_training_data(config: TrainConfig) -> TrainingData:
             barrier()
         tokenizer = prepare(
             config.pair,
-            config.cache_path,
+            config.cache_dir,
             vocab_size=config.vocab_size,
-            data_dir=config.data_path,
+            data_dir=config.data_dir,
         )
         splits = [
             load_encoded(
                 config.pair,
                 split,
-                config.cache_path,
-                data_dir=config.data_path,
+                config.cache_dir,
+                data_dir=config.data_dir,
             )
             for split in ("train", "val")
         ]

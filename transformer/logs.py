@@ -1,6 +1,7 @@
 # Generated from chapters/a07_trainer.ipynb: edit it, not this file.
-"""What a training run writes as it goes: the progress bar, train.log, and
-the lines of steps.jsonl and metrics.jsonl."""
+"""What a training run writes: as it goes, the progress bar, train.log and
+the lines of steps.jsonl and metrics.jsonl; at its end, the table of its
+epochs."""
 
 # %% auto #0
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "average_record",
     "metrics_text",
     "epoch_line",
+    "summary_table",
 ]
 
 # %% ../chapters/a07_trainer.ipynb #a8abe46a
@@ -80,10 +82,13 @@ class StepLog:
 
     def __init__(self, path: Path | None, device: torch.device) -> None:
         self.path, self.device = path, device
+        self.start, self.tokens = time.perf_counter(), 0  # since the last line
+        self.loss = torch.zeros((), device=device, dtype=torch.float64)
 
     def restart(self, now: float) -> None:
+        """Count afresh from `now`."""
         self.start, self.tokens = now, 0
-        self.loss = torch.zeros((), device=self.device, dtype=torch.float64)
+        self.loss.zero_()
 
     def add(self, loss: Tensor, tokens: int) -> None:
         self.loss += loss
@@ -166,3 +171,23 @@ def epoch_line(r: dict[str, Any], epochs: int) -> str:
         + metrics_text(r)
         + f", {r['tokens_per_s']:,.0f} tok/s{mfu}, lr {r['lr']:.2e}"
     )
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """The epochs of a run (and its average) as a small text table."""
+    head = (
+        f"{'epoch':>7} {'step':>8} {'train loss':>10} {'val loss':>8}"
+        f" {'ppl/word':>8} {'accuracy':>8} {'tok/s':>9} {'MFU':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        epoch = "average" if r["kind"] == "average" else f"{r['epoch']:g}"
+        train_loss = f"{r['train_loss']:.3f}" if "train_loss" in r else ""
+        tok_s = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else ""
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
+        lines.append(
+            f"{epoch:>7} {r['step']:>8,} {train_loss:>10}"
+            f" {r['val_loss']:>8.3f} {r['val_ppl_word']:>8.2f}"
+            f" {r['val_accuracy']:>8.1%} {tok_s:>9} {mfu:>6}"
+        )
+    return "\n".join(lines)

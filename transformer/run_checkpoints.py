@@ -21,6 +21,7 @@ __all__ = [
 
 # %% ../chapters/a06_checkpoints.ipynb #3d67e1d3
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import (
     TrainConfig,
+    field_default,
     fixed_on_resume,
     with_current_names,
 )
@@ -151,7 +153,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
                 (path / name).unlink(missing_ok=True)
 
 
-# %% ../chapters/a06_checkpoints.ipynb #be99a18a
+# %% ../chapters/a06_checkpoints.ipynb #238d00b4
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
@@ -168,16 +170,32 @@ def run_record(
     }
 
 
+def _preset_fields(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The model fields that a preset with its overrides gives (the vocabulary
+    size is no override: any will do)."""
+    return getattr(TransformerConfig, preset)(1).to_dict() | (overrides or {})
+
+
 def check_recipe(folder: Path, config: TrainConfig) -> None:
-    """Raise CheckpointError, naming the folder and the field, if the
-    checkpoint in `folder` was trained with another value of a field that
-    decides the updates (one that is fixed on resume)."""
+    """Raise CheckpointError, in one line naming the folder and the field, if
+    the checkpoint in `folder` was trained with another value of a field that
+    decides the updates (one fixed on resume). A field the checkpoint does not
+    record had its default; the overrides compare as the model they make."""
     stored = with_current_names(read_record(folder).get("train", {}))
-    for name in fixed_on_resume(type(config)):
-        theirs, ours = stored.get(name), getattr(config, name)
-        # name the field of the model that differs
-        if name == "model_overrides":
-            theirs, ours = theirs or {}, ours or {}
+    fixed = fixed_on_resume(type(config))
+    for field in (f for f in dataclasses.fields(config) if f.name in fixed):
+        name, ours = field.name, getattr(config, field.name)
+        theirs, note = stored.get(name), ""
+        if name not in stored:  # its run began before the field existed
+            theirs, note = field_default(field), " (its default: not recorded)"
+            if theirs is dataclasses.MISSING:
+                raise CheckpointError(
+                    f"{folder}: the checkpoint has no {name}"
+                )
+        if name == "model_overrides":  # name the field of the model
+            preset = stored.get("preset", config.preset)
+            theirs = _preset_fields(preset, theirs)
+            ours = _preset_fields(config.preset, ours)
             for key in sorted(theirs.keys() | ours.keys()):
                 if theirs.get(key) != ours.get(key):
                     raise CheckpointError(
@@ -185,10 +203,10 @@ def check_recipe(folder: Path, config: TrainConfig) -> None:
                         f" {name}.{key}={theirs.get(key)!r}, this run asks for"
                         f" {name}.{key}={ours.get(key)!r}"
                     )
-        elif name in stored and theirs != ours:
+        elif theirs != ours:
             raise CheckpointError(
-                f"{folder}: the checkpoint was trained with {name}={theirs!r},"
-                f" this run asks for {name}={ours!r}"
+                f"{folder}: the checkpoint was trained with {name}={theirs!r}"
+                f"{note}, this run asks for {name}={ours!r}"
             )
 
 
@@ -285,7 +303,7 @@ class RunFolder:
         record: dict[str, Any],
         tokenizer: Tokenizer,
     ) -> None:
-        self.config, self.out, self.env = config, config.output_dir, env
+        self.config, self.out, self.env = config, config.out_dir, env
         self.record, self.tokenizer = record, tokenizer  # of each checkpoint
 
     def open(

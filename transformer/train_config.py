@@ -16,7 +16,7 @@ __all__ = [
     "DEVICE",
     "RATE",
     "NON_NEGATIVE",
-    "TEXT",
+    "FOLDER",
     "FLAG",
     "SOME_FLAG",
     "SHARE",
@@ -25,7 +25,9 @@ __all__ = [
     "option",
     "flag_of",
     "value_type",
+    "field_default",
     "fixed_on_resume",
+    "default_folders",
     "with_current_names",
     "preset_model",
     "TrainConfig",
@@ -118,9 +120,9 @@ NON_NEGATIVE: Check = (
     lambda v: _number(v) and v >= 0,
     "must be a finite number, 0 or more",
 )
-TEXT: Check = (
-    lambda v: v is None or isinstance(v, str),
-    "must be a string or None",
+FOLDER: Check = (
+    lambda v: v is None or isinstance(v, str | Path),
+    "must be a folder's path or None",
 )
 FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
 SOME_FLAG: Check = (
@@ -170,10 +172,27 @@ def value_type(field: dataclasses.Field) -> type:
     return kinds[0] if kinds else field.type
 
 
+def field_default(field: dataclasses.Field) -> Any:
+    """A field's default value (`dataclasses.MISSING` for a required one)."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
 def fixed_on_resume(cls: type) -> tuple[str, ...]:
     """The fields of a TrainConfig class that a resumed run must keep."""
     fields = dataclasses.fields(cls)
     return tuple(f.name for f in fields if f.metadata["on_resume"] == "fixed")
+
+
+def default_folders(pair: str) -> dict[str, Path]:
+    """Where the folder fields of a run of `pair` point when left at None: the
+    run's output, the encoded cache, the Multi30k files."""
+    return {
+        "out_dir": Path("runs") / pair,
+        "cache_dir": CACHE_DIR,
+        "data_dir": DATA_DIR,
+    }
 
 
 def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
@@ -308,18 +327,21 @@ class TrainConfig:
     time_limit: float | None = option(
         None, on_resume="free", help="minutes", check=MINUTES
     )
-    out_dir: str | None = option(
+    out_dir: Path | None = option(
         None,
         on_resume="free",
         help="output folder (default: runs/<pair>)",
-        check=TEXT,
+        check=FOLDER,
         flag="--out",
     )
-    cache_dir: str | None = option(
-        None, on_resume="free", help="default: the data chapter's", check=TEXT
+    cache_dir: Path | None = option(
+        None,
+        on_resume="free",
+        help="default: the data chapter's",
+        check=FOLDER,
     )
-    data_dir: str | None = option(
-        None, on_resume="free", help="default: data/multi30k", check=TEXT
+    data_dir: Path | None = option(
+        None, on_resume="free", help="default: data/multi30k", check=FOLDER
     )
     device: str | None = option(
         None,
@@ -346,6 +368,10 @@ class TrainConfig:
             if not valid(value := getattr(self, field.name)):
                 raise ValueError(f"{field.name} {message}, got {value!r}")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))
+        for name, default in default_folders(self.pair).items():
+            folder = getattr(self, name)
+            folder = default if folder is None else Path(folder)
+            object.__setattr__(self, name, folder)
         overrides = self.model_overrides
         model = preset_model(self.preset, self.vocab_size, overrides)
         # Built once: the run's model, its optimiser and its schedule read it.
@@ -364,25 +390,14 @@ class TrainConfig:
         `device_type` device: `bf16` if set, otherwise on with CUDA only."""
         return self.bf16 if self.bf16 is not None else device_type == "cuda"
 
-    @property
-    def output_dir(self) -> Path:
-        return Path(
-            self.out_dir if self.out_dir is not None else f"runs/{self.pair}"
-        )
-
-    @property
-    def cache_path(self) -> Path:
-        return (
-            Path(self.cache_dir) if self.cache_dir is not None else CACHE_DIR
-        )
-
-    @property
-    def data_path(self) -> Path:
-        return Path(self.data_dir) if self.data_dir is not None else DATA_DIR
-
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-able dictionary."""
-        return dataclasses.asdict(self)
+        """The fields as a JSON-able dictionary; a folder at its default is
+        None, so that a stored run resumed elsewhere finds that machine's."""
+        fields = dataclasses.asdict(self)
+        for name, default in default_folders(self.pair).items():
+            folder = fields[name]
+            fields[name] = None if folder == default else str(folder)
+        return fields
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
@@ -403,10 +418,10 @@ class TrainConfig:
 RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
-# %% ../chapters/a05_run_setup.ipynb #219cbbf5
+# %% ../chapters/a05_run_setup.ipynb #e20acb14
 def quick_config(pair: str, **overrides: Any) -> TrainConfig:
     """A tiny model trained for a few dozen updates: about a minute on a 2-core
-    CPU."""
+    CPU. It states only what differs from the small preset and the defaults."""
     fields = dict(
         pair=pair,
         preset="small",
@@ -423,18 +438,15 @@ def quick_config(pair: str, **overrides: Any) -> TrainConfig:
 
 def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
     """The recipe of the book's Multi30k models (the training chapter's table)
-    as a TrainConfig."""
+    as a TrainConfig: what differs from the small preset and the defaults."""
     fields = dict(
         pair=pair,
         preset="small",
-        model_overrides=dict(
-            n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3
-        ),
+        model_overrides=dict(d_ff=512, dropout=0.3),
         epochs=35,
         max_tokens=3_000,
         warmup=800,
         lr_factor=0.7,
-        average_last=5,
         bf16=False,
     )
     return TrainConfig(**(fields | overrides))

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -248,6 +248,25 @@ def _start_line(
 
 
 @dataclass(frozen=True)
+class _EpochPairs:
+    """An epoch's training pairs as it spells them, and what its updates count
+    of each pair: the target tokens and the FLOPs of its passes."""
+
+    train: EncodedSplit
+    tgt_tokens: np.ndarray  # (pairs,)
+    flops: np.ndarray  # (pairs,)
+
+    @classmethod
+    def of(cls, train: EncodedSplit, model: nn.Module, r_drop: float) -> Self:
+        """The pairs `train` that `model` trains on, R-Drop if `r_drop`."""
+        # a source with its <eos>; a target with its <bos> (input) or <eos>
+        src, tgt = train.src_lengths + 1, train.tgt_lengths + 1
+        passes = 2 if r_drop > 0 else 1  # R-Drop: two passes of each pair
+        flops = training_flops(model, src_lengths=src, tgt_lengths=tgt)
+        return cls(train, tgt, passes * flops)
+
+
+@dataclass(frozen=True)
 class TrainResult:
     out_dir: Path
     stopped: str  # "completed", "max_steps" or "time_limit"
@@ -272,7 +291,7 @@ class Trainer:
         self.env = env = Distributed.from_environ()
         self.device = device_for(c.device, env)
         self.clock = _Clock(c.time_limit, env, self.device)
-        self.out = c.output_dir
+        self.out = c.out_dir
         checkpoint = resume_point(self.out, c, env, resume=resume)
         self.data = data if data is not None else load_training_data(c)
         tokenizer = self.data.tokenizer
@@ -322,11 +341,11 @@ class Trainer:
                 if c.max_steps is not None and p.step >= c.max_steps:
                     stopped = "max_steps"
                     break
-                reason, updates = self._train_epoch()
+                reason, updates, fraction = self._train_epoch()
                 trained = trained or updates > 0
                 if reason is not None:
                     if updates > 0:
-                        self._end_period(kind="partial")
+                        self._end_period(kind="partial", fraction=fraction)
                     stopped = reason
                     break
                 self._end_period(kind="epoch")
@@ -339,18 +358,13 @@ class Trainer:
         metrics = read_jsonl(self.out / layout.METRICS)
         return TrainResult(self.out, stopped, p.step, metrics)
 
-    def _train_epoch(self) -> tuple[str | None, int]:
+    def _train_epoch(self) -> tuple[str | None, int, float]:
         """Updates until the epoch ends (None) or the run must stop (the
-        reason)."""
+        reason); returns it, the updates made and the share of the epoch's
+        batches used."""
         c, p, env, clock = self.config, self.progress, self.env, self.clock
-        self.train = self.spellings(p.epoch)
-        self.tgt_lengths = self.train.tgt_lengths + 1
-        self.pair_flops = training_flops(
-            self.model,
-            src_lengths=self.train.src_lengths + 1,
-            tgt_lengths=self.tgt_lengths,
-        ) * (2 if c.r_drop > 0 else 1)  # R-Drop: two passes of each pair
-        batches = epoch_batches(self.train, p.epoch, c)
+        pairs = _EpochPairs.of(self.spellings(p.epoch), self.model, c.r_drop)
+        batches = epoch_batches(pairs.train, p.epoch, c)
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
         self.model.train()
@@ -366,7 +380,7 @@ class Trainer:
             if updates % clock.check_every == 0 and clock.time_is_up():
                 reason = "time_limit"
                 break
-            self._update(batches[p.batch : p.batch + group])
+            self._update(pairs, batches[p.batch : p.batch + group])
             updates += 1
             bar.update(1)
             if p.step % c.log_every == 0:
@@ -374,19 +388,18 @@ class Trainer:
                 show_step(bar, r)
         bar.close()
         p.epoch_seconds += _sync(self.device) - start
-        self.fraction = p.batch / len(batches)
-        return reason, updates
+        return reason, updates, p.batch / len(batches)
 
-    def _update(self, update: list[np.ndarray]) -> None:
-        """One update over a group of batches, of which this process collates
-        its share."""
+    def _update(self, pairs: _EpochPairs, update: list[np.ndarray]) -> None:
+        """One update over a group of batches of `pairs`, of which this process
+        collates its share."""
         c, p, env = self.config, self.progress, self.env
         tok, max_len = self.data.tokenizer, self.model_config.max_len
-        mine = _collate_share(self.train, update, tok, max_len, env)
+        mine = _collate_share(pairs.train, update, tok, max_len, env)
         if c.r_drop > 0:  # both dropout passes in one batch
             mine = [doubled(batch) for batch in mine]
         every = np.concatenate(update)
-        tokens = int(self.tgt_lengths[every].sum())  # of one copy
+        tokens = int(pairs.tgt_tokens[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
         loss = run_step(
@@ -401,15 +414,15 @@ class Trainer:
         p.step += 1
         p.batch += len(update)
         p.epoch_tokens += tokens
-        p.epoch_flops += float(self.pair_flops[every].sum())
+        p.epoch_flops += float(pairs.flops[every].sum())
         self.loss_acc += loss
         self.steps.add(loss, tokens)
 
     # -- the end of an epoch, and of the run
 
-    def _end_period(self, *, kind: str) -> None:
-        """Validate, record the metrics, and write a checkpoint (the end of an
-        epoch, or a stop)."""
+    def _end_period(self, *, kind: str, fraction: float = 1.0) -> None:
+        """Validate, record the metrics, and write a checkpoint: the end of an
+        epoch, or a stop (`kind` "partial") after `fraction` of its batches."""
         c, p = self.config, self.progress
         started = time.perf_counter()
         p.epoch_loss_sum += all_sum([self.loss_acc.item()], self.device)[0]
@@ -419,7 +432,7 @@ class Trainer:
             p.epoch += 1
             epoch, name = float(p.epoch), f"epoch-{p.epoch:03d}"
         else:
-            epoch = round(p.epoch + self.fraction, 4)
+            epoch = round(p.epoch + fraction, 4)
             name = f"step-{p.step:07d}"
         wall = self._wall_time()
         peak = c.peak_flops * self.env.world_size

@@ -7,7 +7,6 @@ __all__ = [
     "train_parser",
     "parse_value",
     "config_from_args",
-    "summary_table",
     "train_command",
 ]
 
@@ -30,27 +29,44 @@ ERRORS = (DataError, CheckpointError)  # reported in one line
 # %% ../../chapters/a10_cli.ipynb #3e031bea
 from transformer.checkpoint import check_export_destination, export_model
 from transformer.distributed import Distributed
+from transformer.logs import summary_table
 from transformer.train_config import (
     MODEL_PRESETS,
     RECIPES,
     TrainConfig,
+    default_folders,
+    field_default,
     flag_of,
-    quick_config,
     value_type,
 )
 from transformer.trainer import train
 
 
+def _notice(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """The one line that an earlier spelling of an option gets."""
+    print(f"{parser.prog}: notice: {old} is now {new}", file=sys.stderr)
+
+
 class _Renamed(argparse.Action):
-    """An option's earlier name: it still works, with a one-line notice."""
+    """An option's earlier spelling: it still works, with a one-line notice.
+    With a `const`, it stands for `--dest const`."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         new = "--" + self.dest.replace("_", "-")
-        print(
-            f"{parser.prog}: notice: {option_string} is now {new}",
-            file=sys.stderr,
-        )
-        setattr(namespace, self.dest, values)
+        _notice(parser, option_string, f"{new} {self.const or ''}".rstrip())
+        setattr(namespace, self.dest, self.const or values)
+
+
+class _Config(argparse.Action):
+    """`--config`: a recipe or a JSON file. A preset's name, its earlier use,
+    still sets the preset (unless --preset does), with a notice."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values in MODEL_PRESETS:
+            _notice(parser, f"{option_string} {values}", f"--preset {values}")
+            namespace.preset = namespace.preset or values
+        else:
+            namespace.config = values
 
 
 def train_parser(
@@ -70,10 +86,7 @@ def train_parser(
         else:
             how = {"type": value_type(field)}
             how["choices"] = field.metadata["choices"]
-        required = (
-            field.default is dataclasses.MISSING
-            and field.default_factory is dataclasses.MISSING
-        )
+        required = field_default(field) is dataclasses.MISSING
         p.add_argument(
             flag,
             dest=field.name,
@@ -87,12 +100,10 @@ def train_parser(
     )
     p.add_argument(
         "--config",
+        action=_Config,
         default=None,
-        help=(
-            f"a recipe ({', '.join(RECIPES)}), a model preset"
-            f" ({', '.join(MODEL_PRESETS)}; default small) or a TrainConfig"
-            " JSON"
-        ),
+        help=f"a recipe ({', '.join(RECIPES)}) or a JSON file of TrainConfig"
+        " fields",
     )
     p.add_argument(
         "--resume",
@@ -107,9 +118,8 @@ def train_parser(
         metavar="FIELD=VALUE",
         help="override a field of the model config, e.g. --set d_model=128",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="a tiny model for a few updates"
-    )
+    quick = dict(dest="config", const="quick", nargs=0, help=argparse.SUPPRESS)
+    p.add_argument("--quick", action=_Renamed, **quick)  # --config quick
     p.add_argument(
         "--export",
         default=None,
@@ -148,24 +158,25 @@ def _json_fields(path: Path, what: str) -> dict[str, Any]:
     return fields
 
 
-def _starting_fields(args: argparse.Namespace, out: str) -> dict[str, Any]:
-    """The fields a run starts from: the stored run's on resume, a recipe, a
-    preset, a JSON file, or the quick configuration."""
-    stored = Path(out) / "train_config.json"
+def _starting_fields(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The fields a run starts from: the stored run's on resume, then the
+    recipe or the JSON file that --config names."""
+    stored = out / "train_config.json"
     fields: dict[str, Any] = {}
     if args.resume and stored.is_file():
         fields = _json_fields(stored, str(stored))
-    elif args.quick:
-        fields = quick_config(args.pair).to_dict()
     if args.config is None:
         return fields
+    if args.config in RECIPES:  # on resume, the stored run must agree with it
+        return fields | RECIPES[args.config](args.pair).to_dict()
     if args.config.endswith(".json"):
         return fields | _json_fields(
             Path(args.config), f"--config {args.config}"
         )
-    if args.config in RECIPES:  # on resume, the stored run must agree with it
-        return fields | RECIPES[args.config](args.pair).to_dict()
-    return fields | {"preset": args.config}
+    raise ValueError(
+        f"--config takes a recipe ({', '.join(RECIPES)}) or a .json file,"
+        f" got {args.config!r}"
+    )
 
 
 def config_from_args(
@@ -173,8 +184,9 @@ def config_from_args(
 ) -> TrainConfig:
     """The `config` that command-line arguments ask for (on resume, over the
     stored one)."""
-    out = args.out_dir if args.out_dir is not None else f"runs/{args.pair}"
-    fields = _starting_fields(args, out) | {"pair": args.pair, "out_dir": out}
+    out = args.out_dir or default_folders(args.pair)["out_dir"]
+    fields = _starting_fields(args, Path(out))
+    fields |= {"pair": args.pair, "out_dir": out}
     for field in dataclasses.fields(config):
         given = getattr(args, field.name, None)
         if flag_of(field) is not None and given is not None:
@@ -197,26 +209,6 @@ def config_from_args(
     return config.from_dict(fields)
 
 
-def summary_table(records: list[dict[str, Any]]) -> str:
-    """The epochs of a run (and its average) as a small text table."""
-    head = (
-        f"{'epoch':>7} {'step':>8} {'train loss':>10} {'val loss':>8}"
-        f" {'ppl/word':>8} {'accuracy':>8} {'tok/s':>9} {'MFU':>6}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in records:
-        epoch = "average" if r["kind"] == "average" else f"{r['epoch']:g}"
-        train_loss = f"{r['train_loss']:.3f}" if "train_loss" in r else ""
-        tok_s = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else ""
-        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
-        lines.append(
-            f"{epoch:>7} {r['step']:>8,} {train_loss:>10}"
-            f" {r['val_loss']:>8.3f} {r['val_ppl_word']:>8.2f}"
-            f" {r['val_accuracy']:>8.1%} {tok_s:>9} {mfu:>6}"
-        )
-    return "\n".join(lines)
-
-
 def train_command(argv: Sequence[str]) -> None:
     """`python -m transformer train ...`: train, then print the epochs."""
     args = train_parser().parse_args(argv)
@@ -225,7 +217,7 @@ def train_command(argv: Sequence[str]) -> None:
     except ValueError as err:  # a bad value for a TrainConfig field
         raise UsageError(str(err)) from err
     if args.export:  # before training, not after it
-        check_export_destination(Path(args.export), config.output_dir)
+        check_export_destination(Path(args.export), config.out_dir)
     result = train(config, resume=args.resume)
     main_process = Distributed.from_environ().is_main
     if args.export and main_process:
