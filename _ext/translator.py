@@ -36,6 +36,8 @@ from pathlib import Path
 from docutils import nodes
 from docutils.parsers.rst import Directive
 
+from transformer import layout  # torch-free: the files of a model folder
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "translator"
 # The files of the computing side, in the order they are joined into core.js.
@@ -79,7 +81,7 @@ def shipped_pairs() -> list[str]:
     from transformer.multi30k import PAIRS
     from transformer.paths import CHECKPOINTS_DIR
 
-    return [p for p in PAIRS if (CHECKPOINTS_DIR / p / "config.json").is_file()]
+    return [p for p in PAIRS if (CHECKPOINTS_DIR / p / layout.CONFIG).is_file()]
 
 
 @functools.cache
@@ -185,8 +187,8 @@ def _package_numbers(folder: Path) -> dict:
     import torch
 
     from transformer.checkpoint import load_model
-    from transformer.decode import EXTRA_LENGTH
     from transformer.decode_options import DecodeOptions
+    from transformer.paper_search import EXTRA_LENGTH
 
     model, tokenizer = load_model(folder)
     pair = folder.name
@@ -210,20 +212,13 @@ def _package_numbers(folder: Path) -> dict:
     }
 
 
-def _weight_files(folder: Path, config: dict) -> list[Path]:
-    """The safetensors files of a model folder, as checkpoint.load_model reads them."""
-    if "weight_map" in config:
-        return [folder / name for name in sorted(set(config["weight_map"].values()))]
-    return [folder / "model.safetensors"]
-
-
 def _inputs_digest(pair: str) -> str:
     """What the data of `pair` is made from: a change to any of it rewrites it."""
     from transformer.multi30k import PAIRS
     from transformer.paths import CHECKPOINTS_DIR
 
     folder = CHECKPOINTS_DIR / pair
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = json.loads((folder / layout.CONFIG).read_text(encoding="utf-8"))
     digest = hashlib.sha256()
     for part in (
         DATA_FORMAT.encode(),
@@ -231,9 +226,9 @@ def _inputs_digest(pair: str) -> str:
         spacy_fingerprint(PAIRS[pair][0]),
         Path(__file__).read_bytes(),
         (Path(__file__).parent / "js_regex.py").read_bytes(),
-        (folder / "config.json").read_bytes(),
-        (folder / "tokenizer.json").read_bytes(),
-        *(path.read_bytes() for path in _weight_files(folder, config)),
+        (folder / layout.CONFIG).read_bytes(),
+        (folder / layout.TOKENIZER).read_bytes(),
+        *(path.read_bytes() for path in layout.weight_files(folder, config)),
     ):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
@@ -250,9 +245,9 @@ def pair_data(pair: str) -> dict:
         "format": DATA_FORMAT,
         "pair": pair,
         "names": [language_name(source), language_name(target)],
-        "config": json.loads((folder / "config.json").read_text(encoding="utf-8")),
+        "config": json.loads((folder / layout.CONFIG).read_text(encoding="utf-8")),
         "tokenizer": json.loads(
-            (folder / "tokenizer.json").read_text(encoding="utf-8")
+            (folder / layout.TOKENIZER).read_text(encoding="utf-8")
         ),
         "spacy": spacy_rules(source),
         **package_numbers(pair),
@@ -371,7 +366,7 @@ def write_pair_script(pair: str, folder: Path) -> Path:
             if f.readline() == stamp:
                 return target
     data = pair_data(pair)
-    files = _weight_files(CHECKPOINTS_DIR / pair, data["config"])
+    files = layout.weight_files(CHECKPOINTS_DIR / pair, data["config"])
     weights = [base64.b64encode(path.read_bytes()).decode("ascii") for path in files]
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
@@ -454,8 +449,8 @@ def _widget_html(pairs: list[str], part: str = "main") -> str:
     def option(pair: str) -> str:
         source, target = (language_name(code) for code in PAIRS[pair])
         folder = CHECKPOINTS_DIR / pair
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        size = sum(path.stat().st_size for path in _weight_files(folder, config))
+        config = json.loads((folder / layout.CONFIG).read_text(encoding="utf-8"))
+        size = sum(path.stat().st_size for path in layout.weight_files(folder, config))
         return (
             f'<option value="{html.escape(pair)}" data-megabytes="{size / 1e6:.0f}">'
             f"{source} → {target}</option>"

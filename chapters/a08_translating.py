@@ -158,12 +158,13 @@ except OptionError as err:
 #
 # Greedy decoding and beam search start the same way:
 #
-# - **`check_search`** turns an argument that the search cannot use into a one-line
-#   `ValueError`: a `src` that is not a $(B, S)$ tensor of token ids, a row of padding alone (it
-#   would be decoded from a memory that the mask hides entirely), a `pad_id` equal to BOS or EOS
-#   (an ended sentence is recognised by its padding), or a beam size and $\alpha$ that
-#   `DecodeOptions` refuses, among them an $\alpha$ whose $lp$ overflows 32-bit floats within
-#   the model's positions: the $-\infty$ scores of ruled-out candidates would become NaN.
+# - **`check_search`** turns token ids that the search cannot use into a one-line `ValueError`:
+#   a `src` that is not a $(B, S)$ tensor of token ids, a row of padding alone (it would be
+#   decoded from a memory that the mask hides entirely), a `pad_id` equal to BOS or EOS (an ended
+#   sentence is recognised by its padding), or a forced prefix of the wrong shape. The search's
+#   options come checked, as a `DecodeOptions`; the one check that needs the model is made where
+#   the search meets it: an $\alpha$ whose $lp$ overflows 32-bit floats within the model's
+#   positions, which would turn the $-\infty$ scores of ruled-out candidates into NaN.
 # - **`output_limits`** gives each sentence the paper's length limit, its source length + 50
 #   tokens, EOS included (or `max_len` if given), never more than the positions of the model's
 #   positional encoding (`config.max_len`).
@@ -181,7 +182,6 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
 from transformer.paper_search import EXTRA_LENGTH
 
@@ -198,8 +198,6 @@ def output_limits(
     if max_len is None:
         limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
     else:
-        if max_len < 1:
-            raise ValueError(f"max_len must be at least 1, got {max_len}")
         limits = torch.full((src.size(0),), max_len, device=src.device)  # (B,)
     return limits.clamp(max=model.config.max_len)
 
@@ -211,14 +209,10 @@ def check_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    beam_size: int = 1,
-    alpha: float = 0.0,
     prefix: Tensor | None = None,
 ) -> None:
-    """Raise ValueError, in one line, for arguments that greedy decoding or
-    beam search cannot use."""
-    options = DecodeOptions(beam_size=beam_size, alpha=alpha)
-    options.check_alpha(model.config.max_len)
+    """Raise ValueError, in one line, for token ids that greedy decoding or
+    beam search cannot use (the options were checked when they were made)."""
     if pad_id in (bos_id, eos_id):
         raise ValueError(
             f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id"
@@ -348,6 +342,7 @@ from transformer.decode import (
     hypothesis,
     length_penalty,
 )
+from transformer.decode_options import DecodeOptions
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 from transformer.model import Transformer
@@ -374,18 +369,20 @@ def force_prefix(
 def batched_greedy_decode(
     model: Transformer,
     src: Tensor,
+    options: DecodeOptions | None = None,
     *,
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len: int | None = None,
     prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """The most probable next token at each step: src (B, S) token ids,
-    padded with pad_id -> B hypotheses (score: log_prob), in batch order;
-    prefix (B, P), if given, the tokens each output starts with."""
+    padded with pad_id -> B hypotheses (score: log_prob), in batch order, of
+    at most options.max_len tokens; prefix (B, P), if given, the tokens each
+    output starts with."""
     specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
     check_search(model, src, prefix=prefix, **specials)
+    max_len = (options or DecodeOptions()).max_len
     B, device = src.size(0), src.device
     if B == 0:
         return []
@@ -553,25 +550,25 @@ def _finished(kept_score, beams, limits, alpha) -> Tensor:
 def batched_beam_search(
     model: Transformer,
     src: Tensor,
+    options: DecodeOptions | None = None,
     *,
-    beam_size: int = BEAM_SIZE,
-    alpha: float = ALPHA,
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len: int | None = None,
     prefix: Tensor | None = None,
     on_step: Callable[[BeamStep], None] | None = None,
 ) -> list[Hypothesis]:
-    """Beam search with the length penalty: src (B, S) token ids, padded with
-    pad_id -> each sentence's best hypothesis, in batch order. prefix (B, P),
-    if given, the tokens each output starts with; on_step, if given, sees the
+    """Beam search with the length penalty, options' beam_size, alpha and
+    max_len (default: the paper's): src (B, S) token ids, padded with pad_id
+    -> each sentence's best hypothesis, in batch order. prefix (B, P), if
+    given, the tokens each output starts with; on_step, if given, sees the
     beams after every step."""
+    options = options or DecodeOptions()
+    options.check_alpha(model.config.max_len)  # lp finite at its positions
     specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
-    check_search(
-        model, src, beam_size=beam_size, alpha=alpha, prefix=prefix, **specials
-    )
-    B, K, device = src.size(0), beam_size, src.device
+    check_search(model, src, prefix=prefix, **specials)
+    alpha, max_len = options.alpha, options.max_len
+    B, K, device = src.size(0), options.beam_size, src.device
     if B == 0:
         return []
     with inference(model):
@@ -788,7 +785,6 @@ def translate(
     words) unless every sentence is empty.
     """
     options = with_changes(options, **changes)
-    options.check_alpha(model.config.max_len)
     special = {
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
@@ -806,16 +802,10 @@ def translate(
         src = src.to(device)
         start = torch.tensor([forced] * len(sources), dtype=torch.long)
         start = start.to(device) if forced else None  # (B, P) or None
-        search = dict(max_len=options.max_len, prefix=start, **special)
-        if options.greedy:
-            return batched_greedy_decode(model, src, **search)
-        return batched_beam_search(
-            model,
-            src,
-            beam_size=options.beam_size,
-            alpha=options.alpha,
-            **search,
+        search = (
+            batched_greedy_decode if options.greedy else batched_beam_search
         )
+        return search(model, src, options, prefix=start, **special)
 
     return translate_batches(
         decode_batch,

@@ -121,7 +121,7 @@ def package_decoder(model, tok):
             found = batched_greedy_decode(model, src, **special)
         else:
             found = batched_beam_search(
-                model, src, beam_size=beam, alpha=ALPHA, **special
+                model, src, DecodeOptions(beam_size=beam, alpha=ALPHA), **special
             )
         return [h.tokens for h in found]
 

@@ -21,7 +21,7 @@ from transformer.batched_search import (
 )
 from transformer.config import TransformerConfig
 from transformer.decode import beam_search, greedy_decode, length_penalty
-from transformer.decode_options import MAX_ALPHA
+from transformer.decode_options import MAX_ALPHA, DecodeOptions
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
 from transformer.multi30k import PAIRS
@@ -88,11 +88,10 @@ def assert_same(a: list, b: list, atol: float = 1e-4) -> None:
         assert x.score == pytest.approx(y.score, abs=atol)
 
 
-def search(kind: str, model, src, **kwargs):
-    """The package's search over the batch src (B, S)."""
-    if kind == "greedy":
-        return batched_greedy_decode(model, src, **IDS, **kwargs)
-    return batched_beam_search(model, src, **IDS, **kwargs)
+def search(kind: str, model, src, *, prefix=None, **options):
+    """The package's search over the batch src (B, S), with DecodeOptions(**options)."""
+    find = batched_greedy_decode if kind == "greedy" else batched_beam_search
+    return find(model, src, DecodeOptions(**options), prefix=prefix, **IDS)
 
 
 def one_by_one(kind: str, model, src, **kwargs):
@@ -136,7 +135,7 @@ def test_beam_size_1_equals_greedy():
     model = tiny_model(seed=4)
     src = sources([6, 2, 9, 4, 11], seed=4)
     greedy = batched_greedy_decode(model, src, **IDS)
-    beam = batched_beam_search(model, src, beam_size=1, **IDS)
+    beam = batched_beam_search(model, src, DecodeOptions(beam_size=1), **IDS)
     assert_same(one_by_one("beam", model, src, beam_size=1), beam)
     assert [h.tokens for h in beam] == [h.tokens for h in greedy]
     for g, b in zip(greedy, beam, strict=True):
@@ -170,7 +169,7 @@ def test_a_wide_beam_finds_the_best_sequence_of_a_brute_force_search(alpha, seed
     scores = {tuple(c): score(c) for c in candidates}
     best = max(scores, key=scores.get)
     [found] = batched_beam_search(
-        model, src, beam_size=31, alpha=alpha, max_len=max_len, **IDS
+        model, src, DecodeOptions(beam_size=31, alpha=alpha, max_len=max_len), **IDS
     )
     assert found.tokens == [t for t in best if t != EOS]
     assert found.ended == (best[-1] == EOS)
@@ -186,8 +185,12 @@ def test_a_narrow_beam_can_miss_what_a_wide_one_finds():
     for seed in range(20):
         model = tiny_model(vocab_size=5, seed=seed)
         src = sources([3], vocab_size=5, seed=seed)
-        narrow = batched_beam_search(model, src, beam_size=1, max_len=4, **IDS)[0]
-        wide = batched_beam_search(model, src, beam_size=31, max_len=4, **IDS)[0]
+        narrow = batched_beam_search(
+            model, src, DecodeOptions(beam_size=1, max_len=4), **IDS
+        )[0]
+        wide = batched_beam_search(
+            model, src, DecodeOptions(beam_size=31, max_len=4), **IDS
+        )[0]
         assert wide.score >= narrow.score - 1e-6
         missed += wide.score > narrow.score + 1e-6
     assert missed > 0
@@ -248,7 +251,10 @@ def test_a_narrow_beam_is_the_search_the_chapter_describes(beam_size, alpha):
         model = tiny_model(vocab_size=7, seed=seed)
         src = sources([3 + seed % 4], vocab_size=7, seed=seed)
         [found] = batched_beam_search(
-            model, src, beam_size=beam_size, alpha=alpha, max_len=8, **IDS
+            model,
+            src,
+            DecodeOptions(beam_size=beam_size, alpha=alpha, max_len=8),
+            **IDS,
         )
         tokens, score = reference_beam_search(
             model, src, beam_size=beam_size, alpha=alpha, limit=8
@@ -258,7 +264,7 @@ def test_a_narrow_beam_is_the_search_the_chapter_describes(beam_size, alpha):
         # without a limit of its own, the chapter's search is the batched one's
         chapter = beam_search(model, src[0], beam_size=beam_size, alpha=alpha, **IDS)
         [unlimited] = batched_beam_search(
-            model, src, beam_size=beam_size, alpha=alpha, **IDS
+            model, src, DecodeOptions(beam_size=beam_size, alpha=alpha), **IDS
         )
         assert_same([chapter], [unlimited])
 
@@ -363,7 +369,7 @@ def test_a_sentence_that_ends_early_stays_ended():
     steps: list[BeamStep] = []
     model.generator.step = 0
     beam = batched_beam_search(
-        model, src, beam_size=2, max_len=6, **IDS, on_step=steps.append
+        model, src, DecodeOptions(beam_size=2, max_len=6), **IDS, on_step=steps.append
     )
     assert [h.tokens for h in beam] == [[4], [5, 5, 5, 5]]
     # From its EOS (step 1) on, sentence 0's best beam outputs padding, its score unchanged,
@@ -390,7 +396,11 @@ def test_an_ended_hypothesis_pushed_out_of_the_beam_is_not_lost():
     steps: list[BeamStep] = []
     src = sources([3], vocab_size=6)
     (best,) = batched_beam_search(
-        model, src, beam_size=2, alpha=2.0, max_len=3, **IDS, on_step=steps.append
+        model,
+        src,
+        DecodeOptions(beam_size=2, alpha=2.0, max_len=3),
+        **IDS,
+        on_step=steps.append,
     )
     assert not steps[1].ended.any()  # the ended "EOS" was pushed out at step 1 ...
     assert best.tokens == [] and best.ended  # ... and is still the result
@@ -447,12 +457,12 @@ def test_stopping_early_returns_what_searching_to_the_limit_returns(
     src = sources([4, 6, 2, 8, 5], vocab_size=vocab_size, seed=seed)
     early_steps, late_steps = [], []
     early = batched_beam_search(
-        model, src, alpha=alpha, **IDS, on_step=early_steps.append
+        model, src, DecodeOptions(alpha=alpha), **IDS, on_step=early_steps.append
     )
     never = torch.zeros(src.size(0), dtype=torch.bool)
     with mock.patch.object(batched, "_finished", return_value=never):
         late = batched_beam_search(
-            model, src, alpha=alpha, **IDS, on_step=late_steps.append
+            model, src, DecodeOptions(alpha=alpha), **IDS, on_step=late_steps.append
         )
     assert len(late_steps) == 8 + 50  # the longest source's limit
     assert len(early_steps) < len(late_steps)
@@ -474,11 +484,11 @@ def test_decoding_restores_the_training_mode_and_checks_its_arguments():
     model = tiny_model().train()
     src = sources([3])
     with pytest.raises(ValueError, match="beam_size"):
-        batched_beam_search(model, src, beam_size=0, **IDS)
+        batched_beam_search(model, src, DecodeOptions(beam_size=0), **IDS)
     with pytest.raises(ValueError, match="alpha"):
-        batched_beam_search(model, src, alpha=-0.1, **IDS)
+        batched_beam_search(model, src, DecodeOptions(alpha=-0.1), **IDS)
     with pytest.raises(ValueError, match="alpha"):
-        batched_beam_search(model, src, alpha=float("nan"), **IDS)
+        batched_beam_search(model, src, DecodeOptions(alpha=float("nan")), **IDS)
     for decode_fn in (batched_greedy_decode, batched_beam_search):
         with pytest.raises(ValueError, match=r"\(B, S\) tensor of token ids"):
             decode_fn(model, src[0], **IDS)  # one sentence without its batch dimension
@@ -497,7 +507,9 @@ def test_alpha_must_be_a_number_from_0_to_10(alpha):
     # An infinite lp would make every ruled-out candidate -inf / inf = NaN, which topk
     # prefers: the search would return what it had ruled out.
     with pytest.raises(ValueError, match=r"alpha must be >= 0 and at most 10, got"):
-        batched_beam_search(tiny_model(), sources([3]), alpha=alpha, **IDS)
+        batched_beam_search(
+            tiny_model(), sources([3]), DecodeOptions(alpha=alpha), **IDS
+        )
 
 
 def test_the_length_penalty_cannot_overflow_for_an_accepted_alpha():
@@ -506,15 +518,18 @@ def test_the_length_penalty_cannot_overflow_for_an_accepted_alpha():
     src = sources([3, 5])
     steps: list[BeamStep] = []
     found = batched_beam_search(
-        tiny_model(), src, alpha=10.0, **IDS, on_step=steps.append
+        tiny_model(), src, DecodeOptions(alpha=10.0), **IDS, on_step=steps.append
     )
     assert not any(step.scores.isnan().any() for step in steps)
     assert all(h.tokens and math.isfinite(h.score) for h in found)
     # ... and for a model with still more positions, the search checks it.
     model = tiny_model(max_len=50_000)
     with pytest.raises(ValueError, match="overflow at the model's 50000 positions"):
-        batched_beam_search(model, src, alpha=10.0, **IDS)
-    assert len(batched_beam_search(model, src, alpha=0.6, max_len=4, **IDS)) == 2
+        batched_beam_search(model, src, DecodeOptions(alpha=10.0), **IDS)
+    assert (
+        len(batched_beam_search(model, src, DecodeOptions(alpha=0.6, max_len=4), **IDS))
+        == 2
+    )
     assert MAX_ALPHA == 10
 
 

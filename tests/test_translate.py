@@ -27,6 +27,7 @@ import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.checkpoint import CheckpointError, load_model
+from transformer.decode_options import DecodeOptions
 from transformer.multi30k import PAIRS, DataError
 from transformer.paper_search import ALPHA, BEAM_SIZE
 from transformer.tokenizer import MARK, normalize, train_bpe
@@ -633,7 +634,9 @@ def decoded(model, tokenizer, sources: list[list[int]], beam_size: int) -> list:
         if beam_size == 1:
             found += batched_greedy_decode(model, src, **special)
         else:
-            found += batched_beam_search(model, src, beam_size=beam_size, **special)
+            found += batched_beam_search(
+                model, src, DecodeOptions(beam_size=beam_size), **special
+            )
     return [h.tokens for h in found]
 
 

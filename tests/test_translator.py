@@ -400,7 +400,7 @@ def test_the_page_reads_the_packages_numbers():
     """The build writes the package's own numbers for the page, and no JavaScript file
     types them again: the decoding defaults, the extra output length, LayerNorm's ε
     and the special tokens."""
-    from transformer.decode import EXTRA_LENGTH
+    from transformer.paper_search import EXTRA_LENGTH
 
     model, tokenizer = load_pair_model("de-en")
     data = extension.pair_data("de-en")
@@ -451,7 +451,11 @@ def _package_steps(
             )
 
     found = batched_beam_search(
-        model, src, beam_size=beam_size, alpha=alpha, on_step=collect, **ids
+        model,
+        src,
+        DecodeOptions(beam_size=beam_size, alpha=alpha),
+        on_step=collect,
+        **ids,
     )
     return steps, found
 

@@ -26,6 +26,7 @@ from transformer.decode import (
     hypothesis,
     length_penalty,
 )
+from transformer.decode_options import DecodeOptions
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 from transformer.model import Transformer
@@ -51,18 +52,20 @@ def force_prefix(
 def batched_greedy_decode(
     model: Transformer,
     src: Tensor,
+    options: DecodeOptions | None = None,
     *,
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len: int | None = None,
     prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """The most probable next token at each step: src (B, S) token ids,
-    padded with pad_id -> B hypotheses (score: log_prob), in batch order;
-    prefix (B, P), if given, the tokens each output starts with."""
+    padded with pad_id -> B hypotheses (score: log_prob), in batch order, of
+    at most options.max_len tokens; prefix (B, P), if given, the tokens each
+    output starts with."""
     specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
     check_search(model, src, prefix=prefix, **specials)
+    max_len = (options or DecodeOptions()).max_len
     B, device = src.size(0), src.device
     if B == 0:
         return []
@@ -217,25 +220,25 @@ def _finished(kept_score, beams, limits, alpha) -> Tensor:
 def batched_beam_search(
     model: Transformer,
     src: Tensor,
+    options: DecodeOptions | None = None,
     *,
-    beam_size: int = BEAM_SIZE,
-    alpha: float = ALPHA,
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len: int | None = None,
     prefix: Tensor | None = None,
     on_step: Callable[[BeamStep], None] | None = None,
 ) -> list[Hypothesis]:
-    """Beam search with the length penalty: src (B, S) token ids, padded with
-    pad_id -> each sentence's best hypothesis, in batch order. prefix (B, P),
-    if given, the tokens each output starts with; on_step, if given, sees the
+    """Beam search with the length penalty, options' beam_size, alpha and
+    max_len (default: the paper's): src (B, S) token ids, padded with pad_id
+    -> each sentence's best hypothesis, in batch order. prefix (B, P), if
+    given, the tokens each output starts with; on_step, if given, sees the
     beams after every step."""
+    options = options or DecodeOptions()
+    options.check_alpha(model.config.max_len)  # lp finite at its positions
     specials = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id}
-    check_search(
-        model, src, beam_size=beam_size, alpha=alpha, prefix=prefix, **specials
-    )
-    B, K, device = src.size(0), beam_size, src.device
+    check_search(model, src, prefix=prefix, **specials)
+    alpha, max_len = options.alpha, options.max_len
+    B, K, device = src.size(0), options.beam_size, src.device
     if B == 0:
         return []
     with inference(model):

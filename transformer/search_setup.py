@@ -13,7 +13,6 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from transformer.decode_options import DecodeOptions
 from transformer.model import Transformer
 from transformer.paper_search import EXTRA_LENGTH
 
@@ -30,8 +29,6 @@ def output_limits(
     if max_len is None:
         limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
     else:
-        if max_len < 1:
-            raise ValueError(f"max_len must be at least 1, got {max_len}")
         limits = torch.full((src.size(0),), max_len, device=src.device)  # (B,)
     return limits.clamp(max=model.config.max_len)
 
@@ -43,14 +40,10 @@ def check_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    beam_size: int = 1,
-    alpha: float = 0.0,
     prefix: Tensor | None = None,
 ) -> None:
-    """Raise ValueError, in one line, for arguments that greedy decoding or
-    beam search cannot use."""
-    options = DecodeOptions(beam_size=beam_size, alpha=alpha)
-    options.check_alpha(model.config.max_len)
+    """Raise ValueError, in one line, for token ids that greedy decoding or
+    beam search cannot use (the options were checked when they were made)."""
     if pad_id in (bos_id, eos_id):
         raise ValueError(
             f"pad_id ({pad_id}) must differ from bos_id ({bos_id}) and eos_id"

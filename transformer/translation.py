@@ -127,7 +127,6 @@ def translate(
     words) unless every sentence is empty.
     """
     options = with_changes(options, **changes)
-    options.check_alpha(model.config.max_len)
     special = {
         "bos_id": tokenizer.bos_id,
         "eos_id": tokenizer.eos_id,
@@ -145,16 +144,10 @@ def translate(
         src = src.to(device)
         start = torch.tensor([forced] * len(sources), dtype=torch.long)
         start = start.to(device) if forced else None  # (B, P) or None
-        search = dict(max_len=options.max_len, prefix=start, **special)
-        if options.greedy:
-            return batched_greedy_decode(model, src, **search)
-        return batched_beam_search(
-            model,
-            src,
-            beam_size=options.beam_size,
-            alpha=options.alpha,
-            **search,
+        search = (
+            batched_greedy_decode if options.greedy else batched_beam_search
         )
+        return search(model, src, options, prefix=start, **special)
 
     return translate_batches(
         decode_batch,
