@@ -17,7 +17,7 @@
 # # Setting up a run
 #
 # The training chapter's loop makes updates in one process that runs until it is done. A run of
-# 35 epochs on a GPU that may be taken away needs more, and three appendices build it on the
+# hours on a GPU that may be taken away needs more, and three appendices build it on the
 # chapter's code. This one sets a run up: the configuration that says what is trained and refuses
 # bad values, the processes that share the work when there are several GPUs, and the data that
 # each epoch trains on, checked before the first update. The appendix

@@ -594,9 +594,11 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 # defined (`on_resume="fixed"`), and `RESUME_FIXED` lists them:
 
 # %%
+import textwrap
+
 from transformer.train_config import RESUME_FIXED
 
-print(", ".join(RESUME_FIXED))
+print(textwrap.fill(", ".join(RESUME_FIXED), 79))
 
 # %% [markdown]
 # A resumed run must keep them, and `check_recipe` refuses one that does not, naming the field.
@@ -848,7 +850,7 @@ class RunFolder:
 #
 # | file | holds |
 # | --- | --- |
-# | `model-00001.safetensors`, … | the weights in float16 (or bfloat16), at most 16 MB per file |
+# | `model-00001.safetensors`, … | the weights in float16 (or bfloat16), at most `MAX_FILE_BYTES` per file |
 # | `config.json` | the model's config, the training config, the vocabulary's fingerprint, and which weight is in which file |
 # | `tokenizer.json` | the tokenizer |
 # | `metrics.jsonl` | the run's metrics |
@@ -1108,7 +1110,7 @@ assert 0 < gap.abs().max() < 1e-2
 # The shipped German→English model loads in a second:
 
 # %%
-from transformer.checkpoint import read_record
+from transformer.checkpoint import MAX_FILE_BYTES, read_record
 from transformer.paths import CHECKPOINTS_DIR
 
 shipped = CHECKPOINTS_DIR / "de-en"
@@ -1116,7 +1118,8 @@ de_en, de_en_tokenizer = load_model(shipped)
 record = read_record(shipped)
 files = sorted(set(record["weight_map"].values()))
 n_params = sum(p.numel() for p in de_en.parameters())
-print(f"{record['format']!r}: {record['dtype']} weights in {files}")
+print(f"{record['format']!r}: {record['dtype']} weights in {files},")
+print(f"at most MAX_FILE_BYTES = {MAX_FILE_BYTES / 2**20:g} MiB each")
 print(
     f"{n_params:,} parameters, a vocabulary of {de_en_tokenizer.vocab_size:,}"
 )

@@ -480,7 +480,7 @@ def validate(
 #
 # over the real target tokens $t$, with $L$ the label-smoothed loss: R-Drop's loss halved, so
 # that dividing by one copy's tokens keeps the book's scale. Not in the Transformer paper,
-# `r_drop` ($\alpha$) is 0 by default; above 0, each sentence costs a second pass.
+# `r_drop` ($\alpha$) is off by default; on, each sentence costs a second pass.
 
 # %%
 #| export rdrop
@@ -671,12 +671,12 @@ def training_flops(
 #   checkpoint;
 # - `_average` validates the average of the last checkpoints and writes it to `average/`.
 #
-# Every line of `metrics.jsonl` holds `kind` (`epoch`, `partial` for a stop inside an epoch, or
-# `average`), `epoch`, `step` (updates made), the validation metrics above (`val_loss`,
-# `val_nll`, `val_ppl_token`, `val_ppl_word`, `val_accuracy`) and `wall_time`; an epoch line
-# adds `train_loss`, `train_tokens`, `tokens_per_s` (real target tokens per second of training),
-# `lr` and `mfu`, the share of the GPU's peak arithmetic rate that the model's FLOPs used (the
-# count above).
+# Every line of `metrics.jsonl` says what it measures in `kind`: `epoch`, `partial` for a stop
+# inside an epoch, or `average`. Besides where the run stands and the validation metrics above,
+# an epoch's line holds the training loss, the throughput `tokens_per_s` (real target tokens per
+# second of training), the learning rate and `mfu`, the share of the GPU's peak arithmetic rate
+# that the model's FLOPs used (the count above). The run in the section "Exact resume" prints
+# the fields of both kinds of line.
 #
 # The module's imports come first: it builds on every module above.
 
@@ -1425,6 +1425,8 @@ def train(
 # two epochs, and one stopped after two updates, then resumed.
 
 # %%
+import textwrap
+
 import numpy as np
 
 from transformer.checkpoint import read_tensors
@@ -1488,6 +1490,9 @@ for folder in ("checkpoints/epoch-002", "average"):
     b = read_tensors(scratch / "resumed" / folder / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 print("the same weights, bit for bit, after two epochs and in the average")
+for line in (straight.metrics[0], straight.metrics[-1]):
+    fields = f"a line of kind {line['kind']}: " + ", ".join(line)
+    print(textwrap.fill(fields, 79, subsequent_indent="  "))
 
 # %% [markdown]
 # Resuming with another value of a field that decides the updates is refused:
