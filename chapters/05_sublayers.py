@@ -351,4 +351,4 @@ dashed = alt.Chart(fit).mark_line(strokeDash=[4, 4], color="gray")
 # 2. Switch on `PositionwiseFeedForward(512, 2048, dropout=0.1)` (the model's `ffn_dropout`): which
 #    asserts of the position-wise cell still hold in training mode?
 # 3. Train a pre-norm model: `norm_first=True` in the copy task of *Putting it together*, or
-#    `python -m transformer train --pair de-en --quick --set norm_first=true`.
+#    `python -m transformer train --pair de-en --config quick --set norm_first=true`.

@@ -362,18 +362,18 @@ print(f"{last['train_loss']:.2f}, validation {last['val_loss']:.2f}")
 # `--config multi30k` selects. The shipped German→English model's `config.json` holds it too:
 
 # %%
-from transformer.schedule import noam_lr
+from transformer import layout
+from transformer.schedule import WARMUP_STEPS, noam_lr
 
 
 def read_metrics(pair: str) -> list[dict]:
     """A shipped run's metrics.jsonl: a line per epoch, then the average's."""
-    lines = (CHECKPOINTS_DIR / pair / "metrics.jsonl").read_text().splitlines()
+    lines = (CHECKPOINTS_DIR / pair / layout.METRICS).read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
-shipped = json.loads((CHECKPOINTS_DIR / "de-en" / "config.json").read_text())
-layers = dict(n_layers=3, d_model=256, n_heads=8, d_ff=512, dropout=0.3)
-recipe = TransformerConfig.small(V, **layers)
+shipped = json.loads((CHECKPOINTS_DIR / "de-en" / layout.CONFIG).read_text())
+recipe = TransformerConfig.small(V, d_ff=512, dropout=0.3)  # small, but these
 assert recipe.to_dict() == shipped["model"]  # the table's model
 for name, config in [
     ("the recipe's model", recipe),
@@ -385,10 +385,14 @@ for name, config in [
 epoch = read_metrics("de-en")[0]  # the first one
 n = epoch["step"]
 print(f"an epoch: {epoch['train_tokens']:,} target tokens, {n} updates")
-print(f"4,000 and 800 updates: {4000 / n:.0f} and {800 / n:.0f} epochs")
 warmup, factor = shipped["train"]["warmup"], shipped["train"]["lr_factor"]
-peak = noam_lr(warmup, d_model=256, warmup=warmup, factor=factor)
-paper = noam_lr(4000, d_model=512, warmup=4000)
+print(
+    f"{WARMUP_STEPS:,} and {warmup} updates: {WARMUP_STEPS / n:.0f} and"
+    f" {warmup / n:.0f} epochs"
+)
+peak = noam_lr(warmup, d_model=recipe.d_model, warmup=warmup, factor=factor)
+base = TransformerConfig.base(V)
+paper = noam_lr(WARMUP_STEPS, d_model=base.d_model, warmup=WARMUP_STEPS)
 print(f"peak learning rate {peak:.1e}, the paper's {paper:.1e}")
 
 # %% [markdown]

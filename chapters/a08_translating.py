@@ -346,7 +346,6 @@ from transformer.decode_options import DecodeOptions
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 from transformer.model import Transformer
-from transformer.paper_search import ALPHA, BEAM_SIZE
 from transformer.search_setup import check_search, inference, output_limits
 
 

@@ -20,10 +20,10 @@ from experiments.words import (
 )
 from transformer.checked_batches import collate
 from transformer.config import TransformerConfig
+from transformer.loss import LABEL_SMOOTHING
 from transformer.model import Transformer
 from transformer.multi30k import load_pairs
 from transformer.tokenizer import pretokenize, train_bpe
-from transformer.loss import LABEL_SMOOTHING
 from transformer.validation import validate
 
 TINY_MODEL = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.1)
