@@ -31,7 +31,7 @@ from transformer.split_translation import write_lines
 from transformer.train_config import PEAK_BF16_FLOPS, TrainConfig, multi30k_recipe
 from transformer.trainer import train
 
-BASE = dict(preset="base", max_tokens=25_000, warmup=4000)
+BASE = dict(preset="base", max_tokens=25_000)  # and the paper's warm-up
 RECIPE_25K = dict(max_tokens=25_000, warmup=100)  # the recipe's 800 in tokens seen
 VARIANTS = {
     "recipe fp32": dict(bf16=False),
