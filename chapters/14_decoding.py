@@ -370,25 +370,22 @@ def decode_step(
 # positions without a cache and $T$ with one. The projections and feed-forward networks cost the
 # same per position and dominate at sentence lengths, so that work drops from $O(T^2)$ to $O(T)$,
 # for $2\, n_\text{layers} (T + S)\, d_\text{model}$ numbers of memory per sentence. The two ways
-# give the same outputs; a hook on the output layer counts the positions each way runs through
-# the decoder, over the 50 sentences:
+# give the same outputs; a hook on the target's positional encoding counts the positions that
+# each way runs through the decoder, over the 50 sentences:
 
 
 # %% tags=["nbval-ignore-output"]
 def greedy_run(use_cache: bool) -> tuple[list, int, float]:
     """The outputs, the decoder positions computed, and the seconds taken."""
-    seen = []
-    hook = model.generator.register_forward_pre_hook(
-        lambda module, args: seen.append(args[0].size(0))
-    )  # one row per output, for each position the decoder ran on
-    hook_layer = model.decoder.layers[0].register_forward_pre_hook(
+    seen = []  # the target positions that enter the decoder, at each step
+    hook = model.tgt_pos.register_forward_pre_hook(
         lambda module, args: seen.append(args[0].shape[:2].numel())
     )
     started = time.perf_counter()
     outputs = [
         greedy_decode(model, s, **ids, use_cache=use_cache) for s in sources
     ]
-    hook.remove(), hook_layer.remove()
+    hook.remove()
     return outputs, sum(seen), time.perf_counter() - started
 
 

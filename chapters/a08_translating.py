@@ -16,13 +16,14 @@
 # %% [markdown]
 # # Translating text
 #
-# The [decoding chapter](14_decoding.ipynb) searches for translations of token ids. This appendix
-# builds what a user of the package calls on top of it, and what the command line's `translate`
-# and `evaluate` run: the checks and limits that every search starts with, `load_pair_model`,
-# which loads a shipped model, `translate`, which takes sentences and returns their
-# translations, and the translation and scoring of a whole Multi30k split that the
-# [results chapter](15_results.ipynb) reads. It exports `transformer.search_setup`,
-# `transformer.translation` and `transformer.split_translation`.
+# The [decoding chapter](14_decoding.ipynb) searches for the translation of one sentence. This
+# appendix builds what a user of the package calls on top of it, and what the command line's
+# `translate` and `evaluate` run: the options of a search, the checks and limits that every
+# search starts with, the chapter's two searches run over a batch of sentences at once (with a
+# forced start, if asked for), `load_pair_model`, which loads a shipped model, `translate`,
+# which takes sentences and returns their translations, and the translation of a whole
+# Multi30k split. It exports `transformer.decode_options`, `transformer.search_setup`,
+# `transformer.batched_search`, `transformer.translation` and `transformer.split_translation`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -986,8 +987,11 @@ print(few.sources[0], "->", few.hypotheses[0])
 # %% [markdown]
 # ## Summary
 #
-# - Every search checks its arguments in one line, limits each output to its source length + 50
-#   tokens and the model's positions, and runs without gradients or dropout.
+# - A search's options are checked once, when they are made; every search checks its token ids
+#   in one line, limits each output to its source length + 50 tokens and the model's positions,
+#   and runs without gradients or dropout.
+# - The batched searches give the decoding chapter's results a batch at a time, the finished
+#   sentences leaving the batch; a forced prefix starts every output with given tokens.
 # - `translate` turns sentences into translations: normalised, tokenised, cut to the model's
 #   positions, batched by length, with a warning for what was cut.
 # - `translate_split` and `write_lines` translate a whole split, for
