@@ -349,10 +349,10 @@ def test_the_length_limit_warning_names_the_sentences(static: Path):
     assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id) == (2, 3, 0)
     for beam, search in ((1, batched_greedy_decode), (4, batched_beam_search)):
         warnings: list[str] = []
-        options = {"beam_size": beam} if beam > 1 else {}
+        options = DecodeOptions(beam_size=beam, max_len=3)
         expected = translate_batches(
             lambda batch, search=search, options=options: search(
-                model, _padded(batch), max_len=3, **ids, **options
+                model, _padded(batch), options, **ids
             ),
             tokenizer,
             texts,
