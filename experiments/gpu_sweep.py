@@ -39,12 +39,18 @@ from pathlib import Path
 
 from transformer import layout
 from transformer.atomic import atomic_write
+from transformer.config import TransformerConfig
 from transformer.files import read_jsonl
 from transformer.multi30k import PAIRS
 from transformer.split_translation import write_lines
 
 RECIPE = ["--config", "multi30k"]
-BASE = ["--set", "n_layers=6", "--set", "d_model=512", "--set", "d_ff=2048"]
+PAPER_BASE = TransformerConfig.base(vocab_size=1)  # only its sizes are read
+BASE = [
+    a
+    for f in ("n_layers", "d_model", "d_ff")
+    for a in ("--set", f"{f}={getattr(PAPER_BASE, f)}")
+]
 # name: (pair, options after the recipe, a candidate for shipping)
 FF1024 = ["--set", "d_ff=1024", "--no-bf16"]
 LR045 = ["--lr-factor", "0.45"]  # the paper's peak learning rate for d_model 512
