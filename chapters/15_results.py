@@ -492,12 +492,8 @@ explorer(
 
 # %% tags=["hide-input"]
 #| export
-LENGTH_BOUNDS = (
-    1,
-    10,
-    15,
-    20,
-)  # the first source length, in words, of each group
+# The first source length, in words, of each group
+LENGTH_BOUNDS = (1, 10, 15, 20)
 
 
 @dataclass(frozen=True)

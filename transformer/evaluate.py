@@ -120,12 +120,8 @@ def score(
 
 
 # %% ../chapters/15_results.ipynb #49963f8b
-LENGTH_BOUNDS = (
-    1,
-    10,
-    15,
-    20,
-)  # the first source length, in words, of each group
+# The first source length, in words, of each group
+LENGTH_BOUNDS = (1, 10, 15, 20)
 
 
 @dataclass(frozen=True)
