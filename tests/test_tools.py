@@ -224,3 +224,39 @@ def test_edit_leaves_a_clean_chapter_as_it_is(scratch_repo: Path, nb_tool, capsy
         "ok: chapters/01_attention.py: synced, formatted, exported 1 module,"
         " lint clean, checks pass"
     )
+
+
+def test_edit_names_the_chapters_whose_outputs_read_what_changed(
+    scratch_repo: Path, nb_tool, capsys
+):
+    """A later chapter imports the scratch chapter's module (and another reads it through
+    a module of the package that imports it): an edit that changes the module names both
+    and the command that re-runs them; an edit that changes nothing names none."""
+    code = nbformat.v4.new_code_cell
+    lib = scratch_repo / "transformer"
+    (lib / "scratch_quad.py").write_text(
+        "from transformer.scratch_double import double\n\n\n"
+        "def quad(x: int) -> int:\n    return double(double(x))\n"
+    )
+    readers = {
+        "chapters/91_direct.ipynb": "from transformer.scratch_double import double",
+        "chapters/92_through.ipynb": "from transformer import scratch_quad",
+        "chapters/93_other.ipynb": "from transformer.attention import attend",
+    }
+    for name, source in readers.items():
+        nbformat.write(
+            nbformat.v4.new_notebook(cells=[code(source)]), scratch_repo / name
+        )
+    assert nb_tool.edit([scratch_repo / SCRATCH_TWIN], root=scratch_repo) == 0
+    assert "stored outputs read" not in capsys.readouterr().out
+    edit_twin(scratch_repo, "return 2 * x", "return x + x")
+    nb_tool.edit([scratch_repo / SCRATCH_TWIN], root=scratch_repo)
+    out = capsys.readouterr().out.splitlines()
+    for reader in ("91_direct", "92_through"):
+        assert (
+            f"chapters/{reader}.ipynb: its stored outputs read"
+            " transformer.scratch_double, which changed"
+        ) in out
+    assert not any("93_other" in line for line in out)
+    stale = "chapters/91_direct.ipynb chapters/92_through.ipynb"
+    assert out[-1].endswith(f'left: re-run `make execute NB="{stale}"`'), out[-1]

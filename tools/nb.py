@@ -392,6 +392,7 @@ class Edit:
     findings: int = 0  # ruff's and the column's, by twin line
     problems: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # other chapters reading a change
 
     def summary(self) -> str:
         if self.findings or self.problems:
@@ -477,6 +478,9 @@ def edit(args: list[str | Path], root: Path = ROOT, run: bool = False) -> int:
         )
     if left:
         parts.append(f"left: execute {', '.join(left)} (EXECUTE=1)")
+    named = {str(Path(e.twin).with_suffix(".ipynb")) for e in edits}
+    if stale := sorted({n for e in edits for n in e.stale} - named):
+        parts.append(f'left: re-run `make execute NB="{" ".join(stale)}"`')
     print(f"{'FAILED' if failed else 'ok'}: {'; '.join(parts)}")
     return 1 if failed else 0
 
@@ -528,7 +532,9 @@ def _edit(path: Path, root: Path, run: bool, twin_named: bool) -> Edit:
     lines = TwinLines(nb, report.twin, name)
     findings, parses = _lint(nb, name, root, lines)
     if parses:
+        exported = {m: _code(m.read_text()) for m in _modules_of(root, name)}
         written = export(root, [path])
+        changed = {m for m in written if _changed(root, m, exported.get(m))}
         for module in written:
             print(f"{report.twin}: exported {module.relative_to(root).as_posix()}")
         count = _count(len(written), "module") if written else "no module"
@@ -556,7 +562,8 @@ def _edit(path: Path, root: Path, run: bool, twin_named: bool) -> Edit:
             edited = 0
             report.done.append("executed")
 
-    # 4. The chapter's own checks from `check`, by twin line where they name a cell.
+    # 4. The chapter's own checks from `check`, by twin line where they name a cell, and the
+    # other chapters whose stored outputs read a module this edit changed.
     nb = nbformat.read(path, as_version=4)
     for i, what in output_problems(nb):
         problem(f"{lines.where(i, 1, 1)} cell {what}")
@@ -569,6 +576,8 @@ def _edit(path: Path, root: Path, run: bool, twin_named: bool) -> Edit:
             f" `make chapter NB={report.twin} EXECUTE=1`"
         )
         print(report.left[-1], flush=True)
+    if parses:
+        _report_stale(root, path, changed, report)
     return report
 
 
@@ -682,6 +691,120 @@ def _modules_of(root: Path, notebook: str) -> set[Path]:
         for name in module_names(lib) - HAND_WRITTEN
         if (lib / name).read_text().startswith(header)
     }
+
+
+# Which chapters' stored outputs read a module: an edit that changes a module leaves them stale.
+
+
+def _dotted(root: Path, module: Path) -> str:
+    """transformer/cli/train.py -> transformer.cli.train (a package's __init__ its name)."""
+    parts = list(module.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(source: str, known: set[str]) -> set[str]:
+    """The package's modules (of `known`) that `source` imports: `import transformer.x`,
+    `from transformer.x import y`, `from transformer import x`, and, for `-m transformer`,
+    the command line's modules, which it imports by name when a command runs."""
+    code = "\n".join(
+        "" if line.lstrip().startswith(("%", "!")) else line
+        for line in source.splitlines()
+    )
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    if re.search(r"""-m['"]?,?\s*['"]?transformer\b""", source):
+        found |= {name for name in known if name.startswith("transformer.cli")}
+    return found & known
+
+
+def stale_readers(root: Path, changed: set[Path], edited: Path) -> dict[Path, set[str]]:
+    """The notebooks other than `edited` whose code imports a module of `changed`, directly
+    or through the package's own imports, each with the changed modules it reads."""
+    lib = root / "transformer"
+    modules = {_dotted(root, lib / n): lib / n for n in module_names(lib)}
+    known = set(modules)
+    imports = {
+        name: _imported(path.read_text(), known) for name, path in modules.items()
+    }
+    reads = {
+        _dotted(root, m): {_dotted(root, m)} for m in changed
+    }  # module -> changed ones
+    grew = True
+    while grew:  # close over the package's imports: who reads a reader of a change
+        grew = False
+        for name, uses in imports.items():
+            through = set().union(*(reads.get(u, set()) for u in uses)) - reads.get(
+                name, set()
+            )
+            if through:
+                reads[name] = reads.get(name, set()) | through
+                grew = True
+    found = {}
+    for notebook in chapter_paths(root):
+        if notebook == edited:
+            continue
+        nb = nbformat.read(notebook, as_version=4)
+        uses = set().union(
+            *(_imported(c.source, known) for c in nb.cells if c.cell_type == "code")
+        )
+        if hit := set().union(*(reads.get(u, set()) for u in uses)):
+            found[notebook] = hit
+    return found
+
+
+def _code(text: str | None) -> str | None:
+    """A module's code as Python reads it: a change in a comment or in the layout is none."""
+    try:
+        return None if text is None else ast.dump(ast.parse(text))
+    except SyntaxError:
+        return text
+
+
+def _changed(root: Path, module: Path, before: str | None) -> bool:
+    """Whether `module`'s code differs from `before` (the edit's) or from the last commit."""
+    now, committed = _code(module.read_text()), _committed(root, module)
+    return now != before or (committed is not None and now != committed)
+
+
+def _committed(root: Path, module: Path) -> str | None:
+    """`module`'s code at the last commit (None where it is new or `root` has no git): the
+    code that the chapters' stored outputs were made with."""
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{module.relative_to(root).as_posix()}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    return None if shown.returncode else _code(shown.stdout)
+
+
+def _report_stale(root: Path, path: Path, changed: set[Path], report: Edit) -> None:
+    """Name the other chapters whose stored outputs read a module this edit changed, and
+    the command that re-runs them."""
+    readers = stale_readers(root, changed, path)
+    if not readers:
+        return
+    for notebook, modules in readers.items():
+        print(
+            f"{notebook.relative_to(root).as_posix()}: its stored outputs read"
+            f" {', '.join(sorted(modules))}, which changed",
+            flush=True,
+        )
+    report.stale = [n.relative_to(root).as_posix() for n in readers]
+    print(
+        f"left: re-run {_count(len(readers), 'other chapter')} that read what changed:"
+        f' `make execute NB="{" ".join(report.stale)}"`',
+        flush=True,
+    )
 
 
 def _run_in_place(path: Path, nb, lines: TwinLines) -> str | None:
