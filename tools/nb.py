@@ -11,7 +11,9 @@ twin or its notebook: jupytext --sync (the newer file wins), ruff format of its 
 export of its modules only, ruff's findings and the column check reported by the twin's
 lines, the chapter's own checks, and what is left (`--execute`: run it and store the
 outputs). An edited code cell keeps its outputs but loses its execution count, so the chapter
-reads as not executed until it runs again. It exits 1 when something is wrong.
+reads as not executed until it runs again. It also names the other chapters whose stored
+outputs read a module whose code the edit changed (directly or through the package's own
+imports), with the command that re-runs them. It exits 1 when something is wrong.
 
 The chapters are the source. `export` runs nbdev's `nb_export` (no nbdev project needed) on each
 chapter; `check` exports into a scratch copy of the repository and compares, so a hand edit of a
