@@ -396,6 +396,27 @@ def _code(path: Path) -> str:
     return re.sub(r"(?m)^\s*//.*$|\s//\s.*$", "", text)
 
 
+def _js_spellings(x: float) -> set[str]:
+    """How JavaScript source may write the number `x`: 0.6 as 0.6 or .6, 1e-6 as 1e-6 or
+    0.000001, 50 as 50 (a float that is a whole number as 1.0, not as a bare 1, which
+    would match every increment)."""
+    spelled = {repr(x), f"{x:f}".rstrip("0").rstrip(".") if x < 1e-3 else repr(x)}
+    spelled |= {s[1:] for s in spelled if s.startswith("0.")}
+    spelled |= {f"{x:.0e}".replace("e-0", "e-")} if 0 < abs(x) < 1e-3 else set()
+    return spelled
+
+
+def test_js_spellings_are_the_numbers_and_nothing_else():
+    assert _js_spellings(0.6) == {"0.6", ".6"}
+    assert _js_spellings(1.0) == {"1.0"}
+    assert _js_spellings(50) == {"50"}
+    assert _js_spellings(1e-6) == {"1e-06", "1e-6", "0.000001", ".000001"}
+    numbers = "|".join(re.escape(n) for n in _js_spellings(1.0))
+    typed = re.compile(rf"(?<![\w.])({numbers})(?![\w.])")
+    assert not typed.search("x = 100 + 140 / 120;")
+    assert typed.search("const alpha = 1.0;")
+
+
 def test_the_page_reads_the_packages_numbers():
     """The build writes the package's own numbers for the page, and no JavaScript file
     types them again: the decoding defaults, the extra output length, LayerNorm's ε
@@ -418,10 +439,12 @@ def test_the_page_reads_the_packages_numbers():
     }
     assert data["layer_norm_eps"] == model.encoder.layers[0].sublayers[0].norm.eps
     # the numbers themselves, as JavaScript would type them (a beam of 4 is any 4)
-    typed = re.compile(
-        rf"(?<![\w.])({EXTRA_LENGTH}|{defaults.alpha}|1e-6|0\.000001)(?![\w.])"
-        r"|\"<(pad|unk|bos|eos)>\""
+    numbers = "|".join(
+        re.escape(n)
+        for x in (EXTRA_LENGTH, defaults.alpha, 1e-6)
+        for n in _js_spellings(x)
     )
+    typed = re.compile(rf"(?<![\w.])({numbers})(?![\w.])|\"<(pad|unk|bos|eos)>\"")
     for path in sorted((ROOT / "translator").glob("*.js")):
         found = [m.group(0) for m in typed.finditer(_code(path))]
         assert not found, f"{path.name} types {found}"
