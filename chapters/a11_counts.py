@@ -559,6 +559,4 @@ pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename(
 
 # %% [markdown]
 # The package trains at least as fast as the library, within the few percent by which repeated
-# runs differ on a shared machine. On a GPU, `python -m experiments.decode_bench --device cuda` and
-# `python -m experiments.gpu_bench` measure decoding and the base model's MFU; the book stores no
-# GPU measurement of either yet.
+# runs differ on a shared machine.

@@ -67,10 +67,10 @@ use_book_renderer()
 # %% [markdown]
 # ## How the runs were made and measured
 #
-# The runs named `…cpu` trained on a 2-core CPU in float32. The others shared one NVIDIA H100 under
-# a time limit of about seven minutes, so some end early; the table gives each run's epochs and
-# arithmetic where they differ from its reference's. The shipped models are two of the GPU runs
-# (`shipped` in the table).
+# The runs with `cpu` in their names trained on a 2-core CPU in float32. The others shared one
+# NVIDIA H100 under a time limit of about seven minutes, so some end early; the table gives each
+# run's epochs and arithmetic where they differ from its reference's. The shipped models are two of
+# the GPU runs (`shipped` in the table).
 #
 # After each epoch a run measures its validation perplexity per word (the references' NLL over
 # their words, which compares across vocabularies), and at its end that of the average of its last
@@ -79,8 +79,8 @@ use_book_renderer()
 # Each run is compared with its *reference*, named in the table: mostly the shipped run of its
 # pair, or for the short CPU runs the **CPU baseline** `dropout-0.2-cpu` (the recipe with dropout
 # 0.2, 20 epochs, seed 0). The *effect* is the change in validation perplexity per word, between
-# the averaged models where the run is at least as long as its reference, otherwise between the
-# two runs after the run's last epoch. Positive is worse.
+# the averaged models where the run is at least as long as its reference, otherwise between the two
+# runs after the run's last epoch. Positive is worse.
 
 # %%
 rows, curves, averaged = [], [], {}
@@ -250,9 +250,10 @@ assert off_scale == ["base", "base-dropout-0.3"]
 # Multi30k is small, and the model overfits it quickly. With the paper's dropout of 0.1, the CPU
 # run's validation perplexity is lowest after epoch 16 and then rises while its training loss keeps
 # falling. On the GPU, dropout 0.2 is lowest after epochs 26 and 29 (German→English,
-# French→English) and ends about a second seed's distance above the shipped runs' 0.3. With 0.4 the training loss ends higher too (1.73 against 1.08): the
-# model no longer fits its training data. Dropout inside the sublayers (`attention_dropout`,
-# `ffn_dropout`) is within chance, so both stay at 0.
+# French→English) and ends about a second seed's distance above the shipped runs' 0.3. With 0.4 the
+# validation perplexity and even the training loss (1.73 against 1.08) end higher: the model no
+# longer fits its training data. Dropout inside the sublayers (`attention_dropout`, `ffn_dropout`)
+# is within chance, so both stay at 0.
 #
 # Label smoothing "hurts perplexity" in the paper; here the run without it ends 17% *higher*, its
 # best epoch five earlier: it overfits sooner. Smoothing of 0.05 or 0.2 ends within chance of the
@@ -323,19 +324,19 @@ assert [
 # ## Size, depth and the order of the sublayers
 #
 # Larger models do no better: a wider feed-forward layer ends level, and the paper's base model on
-# our batches learns far more slowly, even at a lower peak learning rate, and diverges at dropout
+# our batches learns far more slowly, even at a lower peak learning rate, and diverged at dropout
 # 0.3. Depth alone shows why: four post-norm layers are more than twice as high as their
-# references, while in the pre-norm order (`norm_first=True`) the same four are 16% *below* the
-# baseline after 10 epochs. That fits what is known of post-norm stacks: large gradients near the
-# output at initialisation {cite:p}`xiong2020layer`, and updates whose effect grows with depth
-# {cite:p}`liu2020understanding`.
+# references, even at half the learning rate, while in the pre-norm order (`norm_first=True`) the
+# same four are 16% *below* the baseline after 10 epochs. That fits what is known of post-norm
+# stacks: large gradients near the output at initialisation {cite:p}`xiong2020layer`, and updates
+# whose effect grows with depth {cite:p}`liu2020understanding`.
 #
 # A faster start is not a lower end. Three pre-norm layers lead the CPU baseline by more than 10%
 # up to epoch 12, are level after epoch 16 and end within chance, with a far lower training loss;
 # with the full recipe, pre-norm runs end between 2.6% below and 3.7% above the shipped runs, as
 # far as a second seed. Others found pre-norm ahead on small corpora and behind on a large one
-# {cite:p}`nguyen2019transformers`. The paper's order stays the default; pre-norm suits a budget
-# of a few epochs.
+# {cite:p}`nguyen2019transformers`. The paper's order stays the default; pre-norm suits a budget of
+# a few epochs.
 
 # %%
 assert [round(de["d_ff-1024"], 3), round(fr["d_ff-1024"], 3)] == [
