@@ -16,13 +16,11 @@
 # %% [markdown]
 # # Derivations and counts
 #
-# This appendix counts what the Transformer costs: the arithmetic of one attention layer and of
-# one training step, the share of a GPU's peak rate that training reaches, and the parameters of
-# the paper's models against its Table 3 {cite:p}`vaswani2017attention`. The three functions that
-# training uses to count, `training_flops`, `non_embedding_parameters` and
-# `cross_attention_kv_parameters`, form the module `transformer.counts`, which the appendix
-# [The Trainer](a07_trainer.ipynb) builds; this page derives and checks them. A floating-point
-# operation (FLOP) is one addition or one multiplication, so a multiply-add counts two.
+# This appendix counts what the Transformer costs: the arithmetic of an attention layer and of a
+# training step, the share of a GPU's peak that training reaches, the parameters of the paper's
+# models against its Table 3 {cite:p}`vaswani2017attention`, and where a CPU spends its time. It
+# derives and checks the module `transformer.counts`, which [The Trainer](a07_trainer.ipynb)
+# builds. A FLOP is one addition or one multiplication.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -63,21 +61,17 @@ _ = torch.manual_seed(0)  # the random inputs of the FLOP table
 # ## The cost of multi-head attention
 #
 # "Due to the reduced dimension of each head, the total computational cost is similar to that of
-# single-head attention with full dimensionality" (Section 3.2.2). Count the operations of a
-# self-attention layer over $T$ positions:
+# single-head attention with full dimensionality" (Section 3.2.2). For a self-attention layer over
+# $T$ positions:
 #
-# - the four projections $W^Q, W^K, W^V, W^O$: $4 \cdot 2 T d_\text{model}^2$, whatever $H$ is,
-#   since together the $H$ heads' projections are one $d_\text{model} \times d_\text{model}$
-#   matrix;
-# - the scores $QK^\top$: $H$ heads of $T \times T$ dot products of width $d_k$, so
-#   $2 H T^2 d_k = 2 T^2 d_\text{model}$, again independent of $H$; and the same for the weighted
-#   sum of the values;
-# - the softmax, one exponential per score: $H T^2$, the only term that grows with $H$.
+# - the projections $W^Q, W^K, W^V, W^O$ cost $4 \cdot 2 T d_\text{model}^2$ whatever $H$ is:
+#   together the heads' projections are one $d_\text{model} \times d_\text{model}$ matrix;
+# - the scores $QK^\top$, $H$ heads of $T \times T$ dot products of width $d_k$, cost
+#   $2 H T^2 d_k = 2 T^2 d_\text{model}$, and so does the weighted sum of the values;
+# - the softmax, one exponential per score, costs $H T^2$, the only term that grows with $H$.
 #
-# The table evaluates these formulas for the base model's $d_\text{model}$ = 512 and a sentence
-# of $T$ = 32 tokens, in millions of operations; its last column is what PyTorch's
-# `FlopCounterMode` counts in the matrix products the module actually runs (on its explicit path,
-# `need_weights=True`).
+# The table evaluates these for $d_\text{model}$ = 512 and $T$ = 32, in millions; its last column
+# is what PyTorch's `FlopCounterMode` counts in the module's matrix products.
 
 
 # %%
@@ -116,17 +110,14 @@ in_millions.insert(0, "d_k", flops["d_k"])
 in_millions
 
 # %% [markdown]
-# Every matrix-product column is the same for one head of width 512 and for 32 heads of width 16,
-# and the counter agrees with the formulas; only the softmax grows with $H$, and it stays under 1%
-# of the total. What grows in earnest with $H$ is memory: the explicit path stores $H$ weight
-# matrices of $T \times T$, which the fused kernels of the fast path never write.
+# The counter agrees with the formulas, and the matrix products cost the same for one head of width
+# 512 as for 32 heads of width 16; the softmax stays under 1% of the total. What grows with $H$ is
+# memory, wherever the $H$ weight matrices of $T \times T$ are stored.
 #
-# **Where the square takes over.** The two $T^2$ products, $4 T^2 d_\text{model}$ together,
-# overtake the projections' $8 T d_\text{model}^2$ only when $T > 2 d_\text{model}$: beyond
-# 1,024 tokens for the base model, far longer than a sentence. This is the paper's Table 1 with
-# its constants: self-attention costs $O(n^2 \cdot d)$ per layer against a recurrent layer's
-# $O(n \cdot d^2)$, so self-attention is the cheaper "when the sequence length $n$ is smaller than
-# the representation dimensionality $d$" (Section 4), which is the usual case in translation.
+# The two $T^2$ products, $4 T^2 d_\text{model}$, overtake the projections' $8 T d_\text{model}^2$
+# only when $T > 2 d_\text{model}$: beyond 1,024 tokens for the base model. This is the paper's
+# Table 1 with its constants: self-attention is cheaper than a recurrent layer while $n < d$
+# (Section 4).
 
 # %%
 crossover = 2 * d_cost
@@ -139,10 +130,8 @@ for T in (crossover // 2, 2 * crossover):
 # ## A training step
 #
 # A forward and backward pass costs about 6 operations per parameter and per token it is applied
-# to: 2 for the forward product, 4 for the two backward ones (the gradients of the input and of
-# the weight). To that come the attention products, whose cost grows with the square of the
-# lengths. For a pair with $S$ source and $T$ target tokens, padding excluded ($S$ counts the
-# source's `<eos>`, $T$ the decoder's `<bos>`, one position per label):
+# to: 2 for the forward product, 4 for the two backward ones. To that come the attention products,
+# quadratic in the lengths. For a pair of $S$ source and $T$ target tokens, padding excluded:
 #
 # $$
 # \begin{aligned}
@@ -151,25 +140,15 @@ for T in (crossover // 2, 2 * crossover):
 # \end{aligned}
 # $$
 #
-# where $N_{enc}$ and $N_{dec}$ are the parameters of the encoder and decoder stacks without the
-# embeddings, $L_e = L_d$ = `n_layers`, and:
-#
-# - $N_{kv}$ are the parameters of the decoder's cross-attention key and value projections. They
-#   belong to the decoder, but they are applied to the $S$ positions of the encoder's output, not
-#   to the $T$ target positions, so they are charged to $S$.
-# - $d_{model} V$ is the output layer. It is tied to the embedding table, but its matrix product is
-#   done at every target position all the same.
-# - The three attention terms are encoder self-attention, decoder self-attention and
-#   cross-attention: $QK^\top$ and the product with $V$ take $2 \cdot 2\, d_{model} S^2$
-#   operations forward in a layer (the section above), three times that forward and backward.
-#
-# The embedding look-ups and the positional encodings cost no multiplications; the softmaxes,
-# normalisations and masks are left out, as usual, since they are a small share of the arithmetic
-# (the softmax's share is measured above). The count is summed over the pairs of a batch, so
-# padding adds nothing to it.
-#
-# `training_flops` computes it. For the paper's base model with a vocabulary of 37,000, a pair of
-# 25 source and 27 target tokens:
+# where $N_{enc}$ and $N_{dec}$ are the stacks' parameters without the embeddings and
+# $L_e = L_d$ = `n_layers`. The cross-attention's key and value projections, $N_{kv}$, belong to
+# the decoder but are applied to the $S$ positions of the encoder's output. The output layer,
+# $d_{model} V$, is tied to the embedding table but still multiplies at every target position. The
+# three attention terms (encoder, decoder and cross-attention) each take $2 \cdot 2\, d_{model} S^2$
+# forward per layer, three times that forward and backward. Softmaxes, normalisations and masks are
+# left out, as usual. `training_flops` computes it, summed over the pairs of a batch, so that
+# padding adds nothing. For the base model with $V$ = 37,000 and a pair of 25 source and 27 target
+# tokens:
 
 # %%
 from transformer.counts import (
@@ -210,27 +189,21 @@ assert (
 )
 
 # %% [markdown]
-# About 10 GFLOPs, of which attention is under 1% and the output layer almost a third: at the
-# lengths of translation, the linear layers do nearly all the work, and a large vocabulary is
-# expensive even with its matrix shared.
+# About 10 GFLOPs, attention under 1% of them and the output layer almost a third: a large
+# vocabulary is expensive even when shared.
 #
 # ## Model FLOPs utilisation
 #
-# Training reports its speed two ways. **Tokens per second** counts the real target tokens
-# trained on, padding excluded. **Model FLOPs utilisation** (MFU) divides the count above, summed
-# over the pairs of an update, by the update's time and by the hardware's peak rate: the share of
-# the card's matrix units that does work the model needs. For the bfloat16 matrix products of an
-# NVIDIA H100 or H200 training uses the rate measured on those cards, about
-# $790 \times 10^{12}$ FLOP/s (`TrainConfig.peak_flops`; the data sheet gives 989 for the H100
-# SXM). Every MFU below is against that rate, float32 runs included: it says how much of the
-# card's best a run uses.
+# Training reports **tokens per second**, the real target tokens trained on, and **model FLOPs
+# utilisation** (MFU): the count above, summed over an update, divided by the update's time and by
+# the hardware's peak rate. For an NVIDIA H100 or H200 that rate is the one measured for their
+# bfloat16 matrix products, about $790 \times 10^{12}$ FLOP/s (`TrainConfig.peak_flops`), for
+# float32 runs too.
 #
-# The repository stores one measurement, `checkpoints/throughput-h100.json`, made on one NVIDIA
-# H100 80GB HBM3: the training loop alone, two epochs of German→English per variant with the
-# second one timed, one timing each. The variants are the book's recipe model (3 + 3 layers,
-# $d_\text{model}$ = 256, batches of 3,000 tokens; here at dropout 0.2) and the paper's base model
-# on the paper's batches of 25,000 tokens, each in float32 and under bfloat16 autocast. The row
-# measured twice shows the noise: compare rows as ratios, not to the last digit.
+# `checkpoints/throughput-h100.json` times the training loop alone on one H100, the second of two
+# epochs of German→English: the recipe's model (batches of 3,000 tokens, here at dropout 0.2) and
+# the paper's base model on its batches of 25,000 tokens, each in float32 and under bfloat16
+# autocast. The repeated row shows the noise.
 
 # %%
 bench = pd.DataFrame(
@@ -258,16 +231,13 @@ pd.DataFrame(
 ).set_axis(bench["variant"])
 
 # %% [markdown]
-# For the recipe's model, bfloat16 is *slower* than float32, and the MFU is about half a percent.
-# The model is small for this card: each update launches many small kernels, so the matrix
-# products are probably not what the GPU waits for, and autocast adds a
-# conversion before most of them. So the recipe trains in float32. The base model on the paper's batches has enough work per kernel for bfloat16
-# to pay, more than twice as fast, and still uses under a tenth of the card: softmax, layer
+# For the recipe's model, bfloat16 is *slower* than float32, and the MFU about half a percent: the
+# model is small for this card, each update launches many small kernels, and autocast adds a
+# conversion before most products. So the recipe trains in float32. The base model gives bfloat16
+# enough work to run more than twice as fast, yet uses under a tenth of the card: softmax,
 # normalisation, dropout and the optimiser are not matrix products, and MFU does not count them.
-#
-# The stored MFUs charge $N_{kv}$ to the target positions rather than the source. That moves a
-# count by $6 N_{kv} (S - T)$, a fraction of a percent when source and target have similar
-# lengths (the base model's example, below), well inside the noise between two timings.
+# The stored MFUs charge $N_{kv}$ to the target positions rather than the source, a fraction of a
+# percent when the lengths are similar:
 
 # %%
 moved = 6 * n_kv * (25 - 27)
@@ -280,10 +250,9 @@ assert abs(moved / flops) < 0.01
 # %% [markdown]
 # ## Parameters against Table 3
 #
-# Table 3 of the paper gives 65 million parameters for the base model and 213 million for the
-# big one, trained on English–German with a shared vocabulary of "about 37000 tokens"
-# (Section 5.1). We build both presets for $V = 37{,}000$ and count, each tensor once: the shared
-# table goes to the embeddings, and the tied output layer adds nothing.
+# Table 3 gives 65 million parameters for the base model and 213 million for the big one, with a
+# shared vocabulary of "about 37000 tokens" (Section 5.1). Both presets for $V = 37{,}000$, each
+# tensor counted once:
 
 
 # %%
@@ -338,13 +307,8 @@ counts.drop(columns="difference").map("{:,}".format).assign(
 )
 
 # %% [markdown]
-# The counts follow from the layer formulas: $V d_\text{model}$ for the shared table; per
-# encoder layer $4 d_\text{model}^2$ for the attention projections and $4 d_\text{model}$ for
-# their biases, $2 d_\text{model} d_{ff} + d_{ff} + d_\text{model}$ for the feed-forward network
-# and $2 \cdot 2 d_\text{model}$ for two LayerNorms; per decoder layer a second attention block
-# and a third LayerNorm. The sinusoidal encodings have no parameters. The attention biases are
-# not in the paper (the appendix [Deviations from the paper](a01_deviations.ipynb)): in the base model's 18 attention
-# blocks they are 36,864 parameters, 0.06% of the total.
+# Each part follows from the layers' formulas, as the cell below checks; the attention biases,
+# which the paper does not have, are 0.06% of the base model:
 
 
 # %%
@@ -388,9 +352,8 @@ print(
 )
 
 # %% [markdown]
-# The big model comes within 1% of the paper's count; the base model has about 3% fewer than 65
-# million. The gap is not in the sharing: without the tied output layer, or with a table per
-# language, the base model would have far more than 65 million parameters, not a few more.
+# The big model comes within 1% of the paper's count; the base model has about 3% fewer. The gap
+# is not in the sharing: without it the base model would have far more:
 
 # %%
 variants = {
@@ -422,14 +385,10 @@ assert (
 sharing.map("{:,}".format)
 
 # %% [markdown]
-# **It is in the embeddings.** Table 3 also counts its variants of the base model (rows C: other
-# depths $N$, widths $d_\text{model}$ and inner widths $d_{ff}$). The differences between rows of
-# one $d_\text{model}$ depend only on the layers, and ours reproduce them to the paper's rounding;
-# the offset that remains scales with $d_\text{model}$, as a larger embedding table would. Solving
-# each row for the vocabulary that would make our count equal the paper's,
-# $V = (\text{paper} - \text{encoder} - \text{decoder}) / d_\text{model}$, uncertain by
-# $\pm 0.5 \times 10^6 / d_\text{model}$ since the paper rounds to the million (row B changes
-# $d_k$ without changing $H$, which our layers do not allow, and is left out):
+# **It is in the embeddings.** Between Table 3's variants of the base model (rows C) of one
+# $d_\text{model}$, our differences match the paper's to its rounding; what remains scales with
+# $d_\text{model}$, as a larger embedding table would. Each row solved for the vocabulary that
+# would make our count the paper's:
 
 # %%
 # Table 3, quoted: (N, d_model, d_ff, h, parameters in millions).
@@ -489,14 +448,9 @@ for chain in (
 implied
 
 # %% [markdown]
-# Every base-model row fits our layers with an embedding table of about 41,000 rows, some 4,000
-# more than the "about 37000" tokens of Section 5.1: the vocabulary the counts were made with may
-# simply have been larger than the rounded figure in the text. The big row does not fit that
-# explanation: it would need about 35,800 rows. The paper does not say how it counted, so the
-# question stays open; the book keeps the architecture as the paper describes it.
-#
-# The book's own models are far smaller. The recipe's model (3 + 3 layers, $d_\text{model}$ =
-# 256, $d_{ff}$ = 512, 8 heads) with its 8,000-entry joint vocabulary:
+# Every base-model row fits a table of about 41,000 rows, some 4,000 more than Section 5.1 says;
+# the big row would need about 35,800. The paper does not say how it counted, so the question
+# stays open. The recipe's model, with its 8,000 entries, is far smaller:
 
 # %%
 with torch.device("meta"):
@@ -517,9 +471,8 @@ print(
 #
 # On a CPU, the package decodes at a little under half the speed of CTranslate2 on the same
 # weights (the results chapter's [speed section](15_results.ipynb)).
-# `python -m experiments.decode_bench --profile` also runs PyTorch's profiler over the package's
-# decoding of 96 test sentences, 32 at a time, and sorts the time of every operation into a few
-# groups. Its stored results, in percent of the time:
+# `python -m experiments.decode_bench --profile` profiles the package decoding 96 test sentences,
+# 32 at a time, and sorts the time into groups, in percent:
 
 # %%
 decode_bench = json.loads(
@@ -535,13 +488,9 @@ profile_shares.sort_values("greedy", ascending=False)
 
 # %% [markdown]
 # The matrix products dominate: the stacks' linear layers take a quarter to a third of the time,
-# and the output layer, a $d_\text{model} \times 8{,}000$ product at every step, a quarter.
-# The engine computes the same products with another library: on this AMD CPU, CTranslate2
-# multiplies float32 matrices with oneDNN, where PyTorch calls Intel MKL.
-# `python -m experiments.gemm_backends` measures what that is worth: the engine decoding with
-# its own choice and with MKL forced, each product of a decoding step in both libraries, and the
-# package with its output layer in oneDNN. Ratios of MKL's time to oneDNN's (above 1: oneDNN is
-# faster):
+# the output layer, a $d_\text{model} \times 8{,}000$ product at every step, a quarter. On this AMD
+# CPU, CTranslate2 multiplies float32 matrices with oneDNN, PyTorch with Intel MKL;
+# `python -m experiments.gemm_backends` compares the two. Ratios of MKL's time to oneDNN's:
 
 # %%
 gemm = json.loads(
@@ -586,28 +535,18 @@ display(whole.round(2))
 products.pivot(index="product", columns="rows", values="MKL / oneDNN").round(2)
 
 # %% [markdown]
-# Forced onto MKL, the engine decodes about 1.3× slower: a good part of its lead over the package.
-# MKL is as fast as oneDNN, or faster, for the stacks' small products, but 1.5 to 4 times slower
-# for the output layer's 8,000 columns at the few rows of a decoding step. Through oneDNN, with its
-# weight packed once, the package's output layer gives the same 1,000 translations, and beam search
-# gains about 15% (greedy decoding, on this run, nothing beyond the machine's noise); the operation
-# is private to PyTorch (`torch.compile` calls it when it freezes a model), which is why the package
-# does not use it. The rest of the gap is attention and some two hundred small operations per step
-# (LayerNorms, reshapes, masks, additions, the cache), each a PyTorch call from Python, where the
-# engine runs fused C++ kernels; with one sentence at a time, those calls are most of the work,
-# which is why the gap widens there. The decoder already drops the sentences that have ended from
-# its batch, ranks only each beam's $K$ best tokens and projects $Q$, $K$ and $V$ in one product;
-# compiling the step with `torch.compile` gained about 5% here after 90 seconds of compilation,
-# which does not pay for a book's test set. Dynamic int8 quantisation of the linear layers
-# (`torch.ao.quantization.quantize_dynamic`) gains 1.3 to 1.5× with 32 sentences at a time, at the
-# price of changing about one translation in six, as the speed table shows.
+# Forced onto MKL, the engine decodes about 1.3× slower: a good part of its lead. MKL keeps up on
+# the stacks' small products but is far slower on the output layer's 8,000 columns at the few rows
+# of a decoding step. Through oneDNN, the package's output layer gives the same 1,000 translations
+# and beam search gains about 15%, but the operation is private to PyTorch. The rest of the gap is
+# attention and the many small operations of a step, each a PyTorch call from Python where the
+# engine runs fused C++ kernels.
 #
 # ## Training speed against `nn.Transformer`
 #
-# PyTorch ships its own `nn.Transformer`. `python -m experiments.train_bench` trains it and the
-# package's model side by side, with the recipe's dimensions, the same embedding, sinusoids and
-# tied output layer around the stacks, the same 3,000-token batches of Multi30k, the
-# label-smoothed loss and Adam, and reports target tokens per second:
+# `python -m experiments.train_bench` trains PyTorch's `nn.Transformer` and the package's model
+# side by side, with the same dimensions, embeddings, output layer, batches, loss and optimiser.
+# Target tokens per second:
 
 # %%
 train_bench = json.loads(
@@ -620,13 +559,4 @@ pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename(
 
 # %% [markdown]
 # The package trains at least as fast as the library, within the few percent by which repeated
-# blocks differ on a shared machine. Both compute $Q$, $K$ and $V$ of self-attention with one
-# product by the three matrices stacked, and $K$, $V$ of encoder-decoder attention with one (the
-# [multi-head attention chapter](03_multihead.ipynb)); with three separate products the package
-# measured 0.99× here. The largest costs are shared: the output layer over 8,000 words and its
-# softmax, and drawing the dropout masks.
-#
-# On a GPU, the same decoding comparison (in float16 or bf16) and the training MFU of the
-# paper's base model in bf16, with and without `torch.compile`, have not been measured yet: no
-# GPU was at hand (`python -m experiments.decode_bench --device cuda` measures the former,
-# `python -m experiments.gpu_bench` the latter).
+# runs differ on a shared machine.
