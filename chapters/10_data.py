@@ -374,23 +374,21 @@ toy = {
 }
 toy_words = pretokenize(toy["de"], "de") + pretokenize(toy["en"], "en")
 merges = learn_merges(toy_words, 16)
-for row in range(0, len(merges), 4):
-    line = "".join(
-        f"{a} + {b} → {a + b}".ljust(19) for a, b in merges[row:][:4]
-    )
-    print(line.rstrip())
+shown = [f"{a} + {b} → {a + b}".ljust(19) for a, b in merges]
+for row in range(0, len(shown), 4):
+    print("".join(shown[row : row + 4]).rstrip())
 assert {"▁Hund", "▁dog", "▁run", "▁renn"} <= {a + b for a, b in merges}
 
 # %% [markdown]
-# **Four special tokens.** `<pad>` fills a batch's rows up to its longest sentence, `<unk>`
-# stands for a character never seen in training, `<bos>` starts the decoder's input and `<eos>`
-# ends a sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`,
-# `bos_id`, `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id)
-# and the tokenizer's file (`save`, `load`: one JSON file, written atomically) come from
-# `Vocabulary`, plumbing hidden below; the tokenizer adds the two directions. Anything outside the vocabulary encodes as `<unk>` and
-# decodes as the text `<unk>`, so encoding never fails; `encode` returns the pieces of the text
-# and nothing else, and never truncates. BPE works inside a word, so `segment` computes each
-# distinct word once.
+# **Four special tokens.** `<pad>` fills a batch's rows up to its longest sentence, `<unk>` stands
+# for a character never seen in training, `<bos>` starts the decoder's input and `<eos>` ends a
+# sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`, `bos_id`,
+# `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id) and the
+# tokenizer's file (`save`, `load`: one JSON file, written atomically) come from `Vocabulary`,
+# plumbing hidden below; the tokenizer adds the two directions. Anything outside the vocabulary
+# encodes as `<unk>` and decodes as the text `<unk>`, so encoding never fails; `encode` returns
+# the pieces of the text and nothing else, and never truncates. BPE works inside a word, so
+# `segment` computes each distinct word once.
 
 # %% tags=["hide-input"]
 #| export atomic
