@@ -236,7 +236,8 @@ def _inputs_digest(pair: str) -> str:
 
 def pair_data(pair: str) -> dict:
     """All that the page needs of one pair but its weights."""
-    from transformer.multi30k import PAIRS, load_split
+    from transformer.checked_data import load_split
+    from transformer.multi30k import PAIRS
     from transformer.paths import CHECKPOINTS_DIR
 
     folder = CHECKPOINTS_DIR / pair
@@ -325,7 +326,7 @@ def reported_scores(pair: str, chapter: Path = RESULTS_CHAPTER) -> dict | None:
 def test_set(pair: str) -> dict:
     """What the page's score button needs of `pair`: the test split's sources and
     references, sacreBLEU's settings and the results chapter's scores."""
-    from transformer.multi30k import load_pairs
+    from transformer.checked_data import load_pairs
 
     sources, references = zip(*load_pairs(TEST_SPLIT, pair), strict=True)
     return {

@@ -31,7 +31,7 @@
 # `transformer.multi30k` reads the text, `transformer.tokenizer` cuts it into spaCy's words and a
 # subword vocabulary shared by both languages, and `transformer.batches` pads sentences of
 # similar length into batches. Two appendices build on this code:
-# [Text and the tokenizer](a03_text_and_tokenizer.ipynb) (the files' checks at work, French
+# [Text and the tokenizer](a03_text_and_tokenizer.ipynb) (the checks of the data files, French
 # words built fast, the tokenizer's file) and
 # [Batches and the encoded cache](a04_batches_and_cache.ipynb) (the checks of a batch, a cache
 # of token ids on disk, BPE-dropout).
@@ -62,15 +62,15 @@ if importlib.util.find_spec("transformer") is None:
 #
 # The text ships with the repository in `data/multi30k/`, one gzipped file per split and
 # language: line $i$ of `train.de.gz` is the German of line $i$ of `train.en.gz`. `load_pairs`
-# reads both sides of a split, each file checked first against its SHA-256 digest, so that a
-# damaged copy fails with the file's name instead of training on other text. A translation
+# reads both sides of a split and refuses two sides of different lengths. A translation
 # direction is a *pair*, `de-en` or `fr-en`: the book always translates into English, so both
 # pairs share their references and every reader can judge the output.
 #
-# The two cells below are plumbing, hidden in the book: `transformer.paths` names the folders of
-# the data, the encoded caches and the models (the repository, or `$TRANSFORMER_HOME`), and
-# `transformer.multi30k` reads a split with its checks. The sizes of the table above, and the
-# first training pair of each direction:
+# The cells below are plumbing, hidden in the book: `transformer.paths` names the folders of
+# the data, the encoded caches and the models, and `transformer.multi30k` reads a split. The
+# package's commands also check each file against its SHA-256 digest first (appendix [Text and
+# the tokenizer](a03_text_and_tokenizer.ipynb)), so that a damaged copy fails with its name. The
+# sizes of the table above, and the first training pair of each direction:
 
 # %% tags=["hide-input"]
 #| export paths
@@ -109,13 +109,12 @@ CHECKPOINTS_DIR = HOME / "checkpoints"  # the shipped models, one per pair
 
 # %% tags=["hide-input"]
 #| export multi30k
-"""The text of Multi30k in data/multi30k: each file checked against its SHA-256
-digest before it is read."""
+"""The text of Multi30k in data/multi30k: a split of a language pair, as
+sentence pairs."""
 
 import gzip
-import hashlib
-import string
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from transformer.paths import DATA_DIR
@@ -129,20 +128,6 @@ class DataError(Exception):
     unknown."""
 
 
-def check_split(split: str, signature: str) -> None:
-    """A clear error for a split the book does not have; `signature`, the
-    caller's, is shown when `split` looks like a pair or a language (raw text
-    loaders take the split first, `load_encoded` the pair)."""
-    if split not in SPLITS:
-        swapped = split in PAIRS or any(
-            split in langs for langs in PAIRS.values()
-        )
-        hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
-        raise DataError(
-            f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
-        )
-
-
 def parse_pair(pair: str) -> tuple[str, str]:
     """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not
     have."""
@@ -153,69 +138,22 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
-_MULTI30K = (
-    "the repository's data/multi30k, which holds the data files and SHA256SUMS"
-)
-
-
-def _data_dir_advice(data_dir: Path) -> str:
-    """What to do about a data folder without SHA256SUMS: it depends on whose
-    it is."""
-    # the package's own, data/multi30k
-    if Path(data_dir).absolute() == DATA_DIR:
-        return (
-            "the package reads the data of the repository it was installed"
-            " from: install it with `pip install -e .` in a clone"
-        )
-    # A folder the user named (--data-dir): reinstalling would not help.
-    if Path(data_dir).is_dir():
-        return f"{data_dir} is not a copy of {_MULTI30K}"
-    return f"there is no folder {data_dir}: name a copy of {_MULTI30K}"
-
-
-def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
-    """File name -> SHA-256 from data_dir/SHA256SUMS."""
-    sums = Path(data_dir) / "SHA256SUMS"
-    if not sums.is_file():
+def check_split(split: str, signature: str) -> None:
+    """A clear error for a split the book does not have; `signature`, the
+    caller's, is shown when `split` looks like a pair or a language."""
+    if split not in SPLITS:
+        swapped = split in PAIRS or any(split in ls for ls in PAIRS.values())
+        hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
         raise DataError(
-            f"missing checksum file {sums} ({_data_dir_advice(data_dir)})"
+            f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
         )
-    try:
-        text = sums.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"corrupt checksum file {sums}: not UTF-8 text ({err})"
-        ) from err
-    checksums = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        # `sha256sum` writes "digest  name", or "digest *name" in binary mode
-        fields = line.split(maxsplit=1)
-        digest = fields[0].lower()
-        if (
-            len(fields) != 2
-            or len(digest) != 64
-            or set(digest) - set(string.hexdigits)
-        ):
-            raise DataError(f"{sums}:{number}: malformed line {line!r}")
-        checksums[fields[1].strip().removeprefix("*")] = digest
-    return checksums
 
 
-def read_lines(path: Path, sha256: str) -> list[str]:
-    """The lines of a gzipped UTF-8 file, after checking its SHA-256."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"missing data file {path}")
-    raw = path.read_bytes()
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != sha256:
-        raise DataError(
-            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…,"
-            f" expected {sha256[:12]}… (restore it with `git checkout --"
-            f" {path}`)"
-        )
+# %% tags=["hide-input"]
+#| export multi30k
+def gzip_lines(raw: bytes, path: Path) -> list[str]:
+    """The lines of the bytes of a gzipped UTF-8 file, cut at "\\n" only:
+    `str.splitlines` would also cut a caption at U+2028."""
     try:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
@@ -229,24 +167,25 @@ def load_split(
 ) -> list[str]:
     """The sentences of one split in one language, one per line of the file."""
     check_split(split, "load_split(split, language)")
-    name = f"{split}.{language}.gz"
-    checksums = expected_checksums(data_dir)
-    if name not in checksums:
-        raise DataError(
-            f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}"
-        )
-    return read_lines(Path(data_dir) / name, checksums[name])
+    path = Path(data_dir) / f"{split}.{language}.gz"
+    if not path.is_file():
+        raise DataError(f"missing data file {path}")
+    return gzip_lines(path.read_bytes(), path)
 
 
 def load_pairs(
-    split: str, pair: str, data_dir: Path = DATA_DIR
+    split: str,
+    pair: str,
+    data_dir: Path = DATA_DIR,
+    *,
+    load: Callable[[str, str, Path], list[str]] = load_split,
 ) -> list[tuple[str, str]]:
     """(source, target) sentence pairs of a split, e.g. load_pairs("val",
-    "de-en")."""
+    "de-en"); `load` reads one side (default `load_split`)."""
     check_split(split, "load_pairs(split, pair)")
     src_lang, tgt_lang = parse_pair(pair)
-    src = load_split(split, src_lang, data_dir)
-    tgt = load_split(split, tgt_lang, data_dir)
+    src = load(split, src_lang, data_dir)
+    tgt = load(split, tgt_lang, data_dir)
     if len(src) != len(tgt):
         raise DataError(
             f"{split}.{src_lang}.gz has {len(src)} lines but"
@@ -367,16 +306,89 @@ print(pretokenize([messy], "de")[0], pretokenize(["l'homme"], "fr")[0])
 # book, with Hugging Face's `tokenizers`: one vocabulary per pair, learned from both sides of the
 # training split only, since validation and test stand for text the model has never seen.
 #
-# **Four special tokens.** `<pad>` fills a batch's rows up to its longest sentence, `<unk>`
-# stands for a character never seen in training, `<bos>` starts the decoder's input and `<eos>`
-# ends a sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`,
-# `bos_id`, `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id)
-# and the tokenizer's file (`save`, `load`: one JSON file, which `save` writes atomically, a
-# temporary file renamed over the old one) come from `Vocabulary`, plumbing hidden below; the
-# tokenizer adds the two directions. Anything outside the vocabulary encodes as `<unk>` and
-# decodes as the text `<unk>`, so encoding never fails; `encode` returns the pieces of the text
-# and nothing else, and never truncates. BPE works inside a word, so `segment` computes each
-# distinct word once.
+# **Merges by hand.** Spelled out, the loop is short. Every word starts as its characters, its ▁
+# included; each pass counts the pairs of adjacent symbols, each word weighted by its frequency,
+# and fuses the most frequent pair wherever it occurs. The fused pairs, in order, are the merges:
+# a tokenizer encodes a word by spelling it out and replaying them. A tie goes to the pair whose
+# symbols entered the vocabulary first (characters in code-point order, then merged symbols as
+# made), the rule of the library used below.
+
+# %%
+#| export tokenizer
+from collections import Counter
+from itertools import pairwise
+
+
+def learn_merges(
+    sentences: Iterable[Sequence[str]], n_merges: int
+) -> list[tuple[str, str]]:
+    """BPE by hand: `n_merges` times, fuse the most frequent pair of adjacent
+    symbols, counted over the marked words of `sentences`."""
+    counts = Counter(word for words in sentences for word in words)
+    spelling = {word: list(word) for word in counts}  # word -> its symbols
+    # for ties: characters by code point, then merged symbols as made
+    rank = {c: i for i, c in enumerate(sorted(set("".join(counts))))}
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()  # (left, right) -> occurrences in the corpus
+        for word, count in counts.items():
+            symbols = spelling[word]
+            for pair in pairwise(symbols):
+                pairs[pair] += count
+        if not pairs:  # every word is one symbol
+            break
+        a, b = max(pairs, key=lambda p: (pairs[p], -rank[p[0]], -rank[p[1]]))
+        merges.append((a, b))
+        rank.setdefault(a + b, len(rank))
+        for word, symbols in spelling.items():
+            fused, i = [], 0
+            while i < len(symbols):  # left to right, no overlaps
+                both = symbols[i : i + 2] == [a, b]
+                fused.append(a + b if both else symbols[i])
+                i += 2 if both else 1
+            spelling[word] = fused
+    return merges
+
+
+# %% [markdown]
+# Four short captions with their German, and the loop's first merges. What recurs is fused
+# first: *un* of *Hund* and *run*, then ▁ with the letters that start words, until *▁Hund*,
+# *▁dog*, *▁run* and *▁renn* are single symbols.
+
+# %%
+from transformer.tokenizer import learn_merges
+
+toy = {
+    "de": [
+        "Ein Hund rennt.",
+        "Zwei Hunde rennen im Schnee.",
+        "Ein Mann rennt mit seinem Hund.",
+        "Die Hunde spielen im Schnee.",
+    ],
+    "en": [
+        "A dog runs.",
+        "Two dogs run in the snow.",
+        "A man runs with his dog.",
+        "The dogs play in the snow.",
+    ],
+}
+toy_words = pretokenize(toy["de"], "de") + pretokenize(toy["en"], "en")
+merges = learn_merges(toy_words, 16)
+shown = [f"{a} + {b} → {a + b}".ljust(19) for a, b in merges]
+for row in range(0, len(shown), 4):
+    print("".join(shown[row : row + 4]).rstrip())
+assert {"▁Hund", "▁dog", "▁run", "▁renn"} <= {a + b for a, b in merges}
+
+# %% [markdown]
+# **Four special tokens.** `<pad>` fills a batch's rows up to its longest sentence, `<unk>` stands
+# for a character never seen in training, `<bos>` starts the decoder's input and `<eos>` ends a
+# sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`, `bos_id`,
+# `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id) and the
+# tokenizer's file (`save`, `load`: one JSON file, written atomically) come from `Vocabulary`,
+# plumbing hidden below; the tokenizer adds the two directions. Anything outside the vocabulary
+# encodes as `<unk>` and decodes as the text `<unk>`, so encoding never fails; `encode` returns
+# the pieces of the text and nothing else, and never truncates. BPE works inside a word, so
+# `segment` computes each distinct word once.
 
 # %% tags=["hide-input"]
 #| export atomic
@@ -389,17 +401,16 @@ from pathlib import Path
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half
-    of it."""
+    """Write `data` to a temporary file beside `path`, then rename it over
+    `path`: readers see the old content or the new, never half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(
         dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
     )
     try:
-        # mkstemp makes the file readable by its owner only; give it the mode
-        # that open() would have, so that a cache or a checkpoint can be shared
-        # like any other file.
+        # mkstemp lets its owner alone read the file: give it the mode that
+        # open() would, so that a cache or a checkpoint can be shared.
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
@@ -437,87 +448,96 @@ class TokenizerError(Exception):
     special tokens."""
 
 
+def tokenizer_json(bpe: tokenizers.Tokenizer, languages: Sequence[str]) -> str:
+    """The text of a tokenizer's file: its format, its languages, and Hugging
+    Face's BPE model (vocabulary and merges)."""
+    return json.dumps(
+        {
+            "format": TOKENIZER_FORMAT,
+            "languages": list(languages),
+            "normalization": (
+                "Unicode NFC; whitespace runs to one space; stripped"
+            ),
+            "word_mark": "\u2581",  # tokenizer.MARK
+            "bpe": json.loads(bpe.to_str()),
+        },
+        ensure_ascii=False,
+    )
+
+
+def read_tokenizer_json(text: str, source: object) -> tuple:
+    """(bpe, languages) of `tokenizer_json`'s text; `source` names it in
+    errors."""
+    try:
+        spec = json.loads(text)
+        if spec.get("format") != TOKENIZER_FORMAT:
+            raise ValueError(
+                f"format {spec.get('format')!r}, not {TOKENIZER_FORMAT!r}"
+            )
+        bpe = tokenizers.Tokenizer.from_str(json.dumps(spec["bpe"]))
+        return bpe, tuple(spec["languages"])
+    # Truncated, not JSON, wrong format: one message.
+    except Exception as err:
+        raise TokenizerError(f"cannot read tokenizer {source}: {err}") from err
+
+
+# %% tags=["hide-input"]
+#| export vocabulary
 class Vocabulary:
-    """The entries of a language pair's BPE vocabulary (Hugging Face's `bpe`)
-    and the ids of its special tokens; `Tokenizer` adds encoding and
-    decoding."""
+    """A language pair's BPE vocabulary (Hugging Face's `bpe`): its entries,
+    the ids of its special tokens and its file; `Tokenizer` adds encoding."""
 
     def __init__(
         self, bpe: tokenizers.Tokenizer, *, languages: tuple[str, str]
     ) -> None:
-        self.bpe = bpe
-        self.languages = tuple(languages)
+        self.bpe, self.languages = bpe, tuple(languages)
+        self.pair = "-".join(self.languages)
         vocab = bpe.get_vocab()
-        missing = [t for t in SPECIALS if t not in vocab]
-        if missing:
+        if missing := [t for t in SPECIALS if t not in vocab]:
             raise TokenizerError(
                 f"the BPE vocabulary lacks the special tokens {missing}"
             )
-        self._pieces = [""] * len(vocab)
+        self._pieces = [""] * len(vocab)  # id -> entry
         for piece, i in vocab.items():
             self._pieces[i] = piece
+        self.vocab_size = len(self._pieces)
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
             vocab[t] for t in SPECIALS
         )
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._pieces)
-
-    @property
-    def pair(self) -> str:
-        return "-".join(self.languages)
 
     def __repr__(self) -> str:
         name = type(self).__name__
         return f"{name}(pair={self.pair!r}, vocab_size={self.vocab_size})"
 
     def check_language(self, language: str | None) -> str:
-        """`language`, or the pair's source language for None; a ValueError
-        for any other language than the pair's two."""
-        if language is None:
-            return self.languages[0]
-        if language not in self.languages:
+        """`language` (None: the source's); a ValueError for a third."""
+        if language not in (None, *self.languages):
             raise ValueError(
                 f"language {language!r} is not one of {self.languages}"
             )
-        return language
+        return language or self.languages[0]
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary entry of each id, special tokens included."""
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
-            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
+        if bad := [i for i in ids if not 0 <= i < self.vocab_size]:
             raise ValueError(
-                f"token id {bad} is outside the vocabulary of"
+                f"token id {bad[0]} is outside the vocabulary of"
                 f" {self.vocab_size}"
             )
         return [self._pieces[i] for i in ids]
 
     def to_json(self) -> str:
         """The tokenizer's file, as text."""
-        return json.dumps(
-            {
-                "format": TOKENIZER_FORMAT,
-                "languages": list(self.languages),
-                "normalization": (
-                    "Unicode NFC; whitespace runs to one space; stripped"
-                ),
-                "word_mark": "\u2581",  # tokenizer.MARK
-                "bpe": json.loads(self.bpe.to_str()),
-            },
-            ensure_ascii=False,
-        )
+        return tokenizer_json(self.bpe, self.languages)
 
     def save(self, path: Path) -> None:
-        """Write the tokenizer as one JSON file (atomically: a temporary file,
-        then a rename)."""
+        """Write the tokenizer's file, atomically."""
         atomic_write(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: Path) -> Self:
-        """Read a tokenizer written by `save`, as an instance of `cls` (a
-        Tokenizer); needs no spaCy."""
+        """Read the file of `save` as a `cls` (Tokenizer); needs no spaCy."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
@@ -529,19 +549,7 @@ class Vocabulary:
     @classmethod
     def from_json(cls, text: str, *, source: object = "JSON") -> Self:
         """The tokenizer of `to_json`'s text; `source` names it in errors."""
-        try:
-            spec = json.loads(text)
-            if spec.get("format") != TOKENIZER_FORMAT:
-                raise ValueError(
-                    f"format {spec.get('format')!r}, not {TOKENIZER_FORMAT!r}"
-                )
-            bpe = tokenizers.Tokenizer.from_str(json.dumps(spec["bpe"]))
-            languages = tuple(spec["languages"])
-        # Truncated, not JSON, wrong format: one message.
-        except Exception as err:
-            raise TokenizerError(
-                f"cannot read tokenizer {source}: {err}"
-            ) from err
+        bpe, languages = read_tokenizer_json(text, source)
         return cls(bpe, languages=languages)
 
 
@@ -602,7 +610,10 @@ class Tokenizer(Vocabulary):
 
 
 # %% [markdown]
-# Learning the merges is one call to Hugging Face's trainer:
+# The library does the same loop, fast: counting pairs once and updating only the counts that
+# a merge changes. Learning a vocabulary is one call to its trainer, which stops when the
+# vocabulary holds `vocab_size` entries: the special tokens, every character of the training
+# words, and the symbols that the merges made.
 
 
 # %%
@@ -631,6 +642,20 @@ def train_bpe(
 
 
 # %% [markdown]
+# On the four caption pairs, and with a vocabulary large enough for every word to become one
+# symbol, the library learns the loop's merges, in the same order, to the last:
+
+# %%
+import json
+
+from transformer.tokenizer import train_bpe
+
+toy_tokenizer = train_bpe(toy_words, 1_000, languages=PAIRS["de-en"])
+library = json.loads(toy_tokenizer.bpe.to_str())["model"]["merges"]
+assert [tuple(m) for m in library] == learn_merges(toy_words, 1_000)
+print(f"{len(library)} merges, the loop's and the library's alike")
+
+# %% [markdown]
 # One tokenizer per pair, learned from the words of both sides of its training split at once,
 # and a sentence of each language cut into its pieces. Frequent words
 # are one piece; a rarer word is spelled out of a few (▁ marks a piece that begins a word). A
@@ -638,7 +663,7 @@ def train_bpe(
 # becomes `<unk>`; so does a literal ▁.
 
 # %%
-from transformer.tokenizer import VOCAB_SIZE, train_bpe
+from transformer.tokenizer import VOCAB_SIZE
 
 trained = {}
 for pair, (src_lang, tgt_lang) in PAIRS.items():
@@ -901,26 +926,29 @@ for name, groups in (("by length", epoch_0), ("at random", random)):
 # %% [markdown]
 # ## Summary
 #
-# - Multi30k ships with the repository; `load_pairs` reads a split of a pair, its files checked.
-# - Text goes through one normalisation, spaCy's words marked with ▁, and a BPE vocabulary of
-#   8,000 entries shared by both languages and learned from the training split only;
-#   decode(encode(x)) = normalize(x) holds on every sentence.
+# - Multi30k ships with the repository; `load_pairs` reads a split of a pair.
+# - Text goes through one normalisation and spaCy's words, marked with ▁.
+# - BPE fuses the most frequent pair of adjacent symbols, again and again; the loop written out
+#   here learns the library's merges. The book's vocabulary has 8,000 entries, shared by both
+#   languages and learned from the training split only; decode(encode(x)) = normalize(x) holds
+#   on every sentence.
 # - `collate` adds `<bos>`, `<eos>` and padding, and `token_batches` groups pairs of similar
 #   length into batches of at most 8,000 padded tokens a side.
-# - The appendix [Text and the tokenizer](a03_text_and_tokenizer.ipynb) builds the French
-#   words fast and reads the tokenizer's file as the package does; [Batches and the encoded
-#   cache](a04_batches_and_cache.ipynb) checks every batch's arguments, caches every split as
-#   token ids so that training needs no spaCy, serves an epoch's batches (`iterate_batches`) and
-#   adds BPE-dropout, an option.
+# - The appendices [Text and the tokenizer](a03_text_and_tokenizer.ipynb) and [Batches and the
+#   encoded cache](a04_batches_and_cache.ipynb) check the data files and every batch's
+#   arguments, build the French words fast, cache every split as token ids so that training
+#   needs no spaCy, and add BPE-dropout, an option.
 #
 # ## Exercises
 #
-# 1. Build a cache with half the vocabulary,
+# 1. Give `learn_merges` another rule for ties, the alphabetically first pair, and compare its
+#    merges with the library's on the first 50 training pairs: where do they part?
+# 2. Build a cache with half the vocabulary,
 #    `python -m transformer prepare --pair de-en --vocab-size 4000 --cache-dir cache-4k`,
 #    compare its tokens per word with the appendix's table, then train on it with
 #    `--vocab-size 4000 --cache-dir cache-4k` and compare the BLEU scores.
-# 2. Call `token_batches` on the de-en training lengths with `max_tokens=2_000` and with the
+# 3. Call `token_batches` on the de-en training lengths with `max_tokens=2_000` and with the
 #    paper's 25,000: how do the number of batches and the padding change? Training takes the
 #    budget as `--max-tokens`.
-# 3. Train with `--bpe-dropout 0.1`, then with `--bpe-dropout-sides source` as well, and compare
+# 4. Train with `--bpe-dropout 0.1`, then with `--bpe-dropout-sides source` as well, and compare
 #    them with a run without it.

@@ -17,12 +17,11 @@
 # # Text and the tokenizer
 #
 # [The data: Multi30k](10_data.ipynb) reads the text, cuts it into spaCy's words and learns a
-# subword vocabulary shared by both languages. This appendix and the next,
-# [Batches and the encoded cache](a04_batches_and_cache.ipynb), hold what makes that dependable
-# and fast, in modules that build on the chapter's code. This one covers the text:
+# subword vocabulary. This appendix builds on the chapter's code what makes the text dependable
+# and fast:
 #
-# - where the package finds the data, the caches and the models, and the checks that every data
-#   file passes before it is read (both built, hidden, by the chapter);
+# - where the package finds the data, the caches and the models (built, hidden, by the chapter);
+# - `transformer.checked_data`, the chapter's loaders with a check of every data file first;
 # - `transformer.french`, spaCy's French tokenizer built in a fraction of a second;
 # - `transformer.fast_words`, which hands that build to the chapter's tokenizer: it is how the
 #   package cuts text and reads a tokenizer's file;
@@ -53,14 +52,12 @@ if importlib.util.find_spec("transformer") is None:
 # %% [markdown]
 # ## Where the data and the models are
 #
-# The commands read Multi30k from `data/multi30k`, keep the encoded caches in `cache` and find
-# the shipped models in `checkpoints`, all three in the clone of the book's repository that the
-# package was installed from (`pip install -e .`). An installed package, or a notebook run
-# elsewhere, names another folder with the environment variable `TRANSFORMER_HOME`: it holds
-# the same three, `data/multi30k`, `cache` and `checkpoints`. `transformer.paths`, built in the
-# chapter, is the one place that decides these defaults; `--data-dir`, `--cache-dir` and
-# `--checkpoint` still override them one at a time. Without either, a command run outside the
-# clone says in one line which folder it looked in and what to set.
+# The commands find `data/multi30k`, `cache` and `checkpoints` in the clone that the package was
+# installed from (`pip install -e .`), or under the folder that the environment variable
+# `TRANSFORMER_HOME` names. `transformer.paths`, built in the chapter, is the one place that
+# decides these defaults; `--data-dir`, `--cache-dir` and `--checkpoint` override them one at a
+# time. A command run outside the clone without either says in one line where it looked and
+# what to set.
 
 
 # %% [markdown]
@@ -91,24 +88,119 @@ assert found.split() == [
 # %% [markdown]
 # ## The files and their checksums
 #
-# The raw text ships with the repository, gzipped in `data/multi30k/` (about 2 MB). The chapter's
-# `load_split` and `load_pairs` (in `transformer.multi30k`) check every file against its SHA-256
-# digest in `SHA256SUMS` before they use it, and both sides of a split must have as many lines,
-# so a truncated or edited file fails at once with its name, never as a silently different data
-# set. Every reader of the package goes through them: the encoded cache, evaluation, the
-# command line. Every such failure is a `DataError` with a one-line message, which the command
-# line prints as it is.
-#
-# - `SHA256SUMS` is the output of `sha256sum`. A folder without it is either the package's own,
-#   when the package was installed without its data, or one the user named with `--data-dir`;
-#   the error gives the advice that fits.
-# - A file is read whole, its digest checked, then unzipped. Lines are cut at `"\n"` only:
-#   Python's `str.splitlines` would also cut at characters such as U+2028 that may occur inside a
-#   caption.
-# - The loaders take the split first and `load_encoded` (appendix [Batches and the encoded
-#   cache](a04_batches_and_cache.ipynb)) the pair first; `check_split` names a swap when it sees
-#   one.
-#
+# `transformer.checked_data` gives the chapter's `load_split` and `load_pairs` with a check
+# first: every file against its SHA-256 digest in `SHA256SUMS` (the output of `sha256sum`), so
+# that a truncated or edited file fails at once with its name, never as a silently different
+# data set. Every reader of the package goes through them (a test holds it to that), and every
+# failure is a `DataError` with a one-line message that the command line prints as it is. A
+# folder without `SHA256SUMS` is the package's own, installed without its data, or one named
+# with `--data-dir`: the error gives the advice that fits. A file is read once: the bytes whose
+# digest was checked are the bytes that the chapter's `gzip_lines` unzips.
+
+# %%
+#| export checked_data
+"""The package's Multi30k loaders: the chapter's `load_split` and
+`load_pairs`, each file checked first against its SHA-256 digest."""
+
+import hashlib
+import string
+from pathlib import Path
+
+from transformer import multi30k
+from transformer.multi30k import DataError, check_split, gzip_lines
+from transformer.paths import DATA_DIR
+
+_MULTI30K = (
+    "the repository's data/multi30k, which holds the data files and SHA256SUMS"
+)
+
+
+def _data_dir_advice(data_dir: Path) -> str:
+    """What to do about a data folder without SHA256SUMS: it depends on whose
+    it is."""
+    # the package's own, data/multi30k
+    if Path(data_dir).absolute() == DATA_DIR:
+        return (
+            "the package reads the data of the repository it was installed"
+            " from: install it with `pip install -e .` in a clone"
+        )
+    # A folder the user named (--data-dir): reinstalling would not help.
+    if Path(data_dir).is_dir():
+        return f"{data_dir} is not a copy of {_MULTI30K}"
+    return f"there is no folder {data_dir}: name a copy of {_MULTI30K}"
+
+
+def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
+    """File name -> SHA-256 from data_dir/SHA256SUMS."""
+    sums = Path(data_dir) / "SHA256SUMS"
+    if not sums.is_file():
+        raise DataError(
+            f"missing checksum file {sums} ({_data_dir_advice(data_dir)})"
+        )
+    try:
+        text = sums.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"corrupt checksum file {sums}: not UTF-8 text ({err})"
+        ) from err
+    checksums = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        # `sha256sum` writes "digest  name", or "digest *name" in binary mode
+        fields = line.split(maxsplit=1)
+        digest = fields[0].lower()
+        if (
+            len(fields) != 2
+            or len(digest) != 64
+            or set(digest) - set(string.hexdigits)
+        ):
+            raise DataError(f"{sums}:{number}: malformed line {line!r}")
+        checksums[fields[1].strip().removeprefix("*")] = digest
+    return checksums
+
+
+# %%
+#| export checked_data
+def checked_bytes(path: Path, sha256: str) -> bytes:
+    """The bytes of a file, after checking their SHA-256."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"missing data file {path}")
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != sha256:
+        raise DataError(
+            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…,"
+            f" expected {sha256[:12]}… (restore it with `git checkout --"
+            f" {path}`)"
+        )
+    return raw
+
+
+def load_split(
+    split: str, language: str, data_dir: Path = DATA_DIR
+) -> list[str]:
+    """The chapter's `load_split`, the file checked first."""
+    check_split(split, "load_split(split, language)")
+    name = f"{split}.{language}.gz"
+    checksums = expected_checksums(data_dir)
+    if name not in checksums:
+        raise DataError(
+            f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}"
+        )
+    path = Path(data_dir) / name
+    return gzip_lines(checked_bytes(path, checksums[name]), path)
+
+
+def load_pairs(
+    split: str, pair: str, data_dir: Path = DATA_DIR
+) -> list[tuple[str, str]]:
+    """The chapter's `load_pairs`, each file checked first."""
+    return multi30k.load_pairs(split, pair, data_dir, load=load_split)
+
+
+# %% [markdown]
 # A damaged copy of the data shows the errors: a truncated file, a side with a line missing, a
 # folder without `SHA256SUMS`, and arguments given in the wrong order.
 
@@ -119,7 +211,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from transformer.multi30k import DATA_DIR, DataError, load_pairs, load_split
+from transformer.checked_data import load_pairs, load_split
+from transformer.multi30k import DataError
+from transformer.paths import DATA_DIR
 
 copy = Path(tempfile.mkdtemp()) / "multi30k"
 shutil.copytree(DATA_DIR, copy)
@@ -352,14 +446,11 @@ def regroup(pattern: str) -> str:
 
 
 # %% [markdown]
-# The rules themselves are spaCy's files, `spacy/lang/fr/punctuation.py` and
-# `tokenizer_exceptions.py`, run here as they are but for one statement: the one that compiles
-# `TOKEN_MATCH` keeps its pattern instead. They are run without importing the package
-# `spacy.lang.fr`, whose `__init__` would import them the slow way. Prefixes, suffixes, infixes,
-# special cases and the URL matcher are put together as `spacy.blank` puts them together. Should
-# a later spaCy change the files' shape, `french_tokenizer` warns and falls back to
-# `spacy.blank("fr")`: slow, but the same words. `transformer.fast_words`, below, hands this
-# tokenizer to the chapter's `pretokenize`.
+# The rules are spaCy's files `spacy/lang/fr/punctuation.py` and `tokenizer_exceptions.py`, run
+# as they are but for the statement that compiles `TOKEN_MATCH`, and without importing
+# `spacy.lang.fr`, whose `__init__` would import them the slow way. Should a later spaCy change
+# the files' shape, `french_tokenizer` warns and falls back to `spacy.blank("fr")`: slow, but
+# the same words.
 
 
 # %%
@@ -519,13 +610,11 @@ print(
 # ## The package's words
 #
 # The chapter's `pretokenize` asks `splitter(language)` for the spaCy tokenizer of a language,
-# and a `Tokenizer` keeps that function as its `splitter` (`None`: the chapter's
-# `spacy_tokenizer`, spaCy's blank one). `transformer.fast_words` gives the one the package uses:
-# the fast French build for French, spaCy's own tokenizer for the other languages. Its
+# and a `Tokenizer` keeps that function as its `splitter`. `transformer.fast_words` gives the
+# package's: the fast build for French, spaCy's own for the other languages. Its
 # `load_tokenizer` reads a tokenizer's file with the chapter's `Tokenizer.load` and plugs it in;
 # the encoded cache, the shipped models and the command line read their tokenizers so, which
-# keeps `translate --pair fr-en` from waiting seconds for spaCy's slow compile. spaCy is
-# imported only when text is cut, as in the chapter.
+# keeps `translate --pair fr-en` from waiting seconds for spaCy's slow compile.
 
 # %%
 #| export fast_words
@@ -609,22 +698,14 @@ print(f"{sum(map(len, french.values())):,} French sentences cut alike")
 # %% [markdown]
 # ## The tokenizer's file
 #
-# The chapter's `Tokenizer` turns text into ids and back; what it inherits from `Vocabulary`
-# (hidden in the chapter) is the table beneath: the entry of each id (`pieces`, which refuses an
-# id outside the vocabulary rather than decode it as some other entry), the ids of the four
-# special tokens, which every vocabulary must hold, the pair's languages (`check_language`
-# refuses a third), and the tokenizer's file.
-#
-# A tokenizer is saved as one JSON file: the name of its format, the two languages, a
-# description of the normalisation and of the word mark, and Hugging Face's BPE model
-# (vocabulary and merges). A file that cannot be read, is cut short, or is of another format is
-# one `TokenizerError` naming the file; loading needs no spaCy. `save` writes through
-# `atomic_write` (appendix [Batches and the encoded cache](a04_batches_and_cache.ipynb) says why):
-# a failed write leaves the old file whole.
-#
-# A tokenizer saved and loaded is the same tokenizer; a file cut short, or of another format,
-# is refused with its name, and so are a language the pair lacks and an id outside the
-# vocabulary.
+# The chapter's `Tokenizer` inherits from `Vocabulary` (hidden in the chapter) the entry of each
+# id (`pieces`, which refuses an id outside the vocabulary), the ids of the four special tokens,
+# the pair's languages (`check_language` refuses a third), and the tokenizer's file: one JSON
+# file holding the name of its format, the two languages, a description of the normalisation
+# and of the word mark, and Hugging Face's BPE model (vocabulary and merges). `save` writes it
+# through `atomic_write` (appendix [Batches and the encoded cache](a04_batches_and_cache.ipynb)
+# says why); loading needs no spaCy, and a file that cannot be read, is cut short or is of
+# another format is one `TokenizerError` naming the file:
 
 # %%
 import json

@@ -16,9 +16,8 @@
 # %% [markdown]
 # # Batches and the encoded cache
 #
-# [The data: Multi30k](10_data.ipynb) pads sentence pairs into batches of similar length, and
-# [Text and the tokenizer](a03_text_and_tokenizer.ipynb) reads the text and the tokenizers as
-# the package does. This appendix builds, on the chapter's code, what training reads:
+# [The data: Multi30k](10_data.ipynb) pads sentence pairs into batches of similar length. This
+# appendix builds on the chapter's code what training reads:
 #
 # - `transformer.checked_batches` checks the arguments of the chapter's `collate` and
 #   `token_batches` before calling them, turning arguments that cannot make a batch into one
@@ -399,18 +398,17 @@ except DataError as err:
 # %% [markdown]
 # ## Atomic files
 #
-# A process can be killed at any moment: by a time limit, a full disk, a power cut. A file that
-# is being rewritten when that happens must not be left half old and half new, or a resumed run
-# would read garbage. `atomic_write` (built, hidden, in the chapter, whose tokenizer's file needs
-# it) writes the new content into a temporary file next to the
-# destination, flushes it to the disk (`fsync`), and renames it over the destination. A rename
-# within a file system is atomic: readers see the old file or the new one, never a mixture.
+# A process can be killed at any moment: by a time limit, a full disk, a power cut. A file being
+# rewritten then must not be left half old and half new. `atomic_write` (built, hidden, in the
+# chapter, whose tokenizer's file needs it) writes into a temporary file beside the destination,
+# flushes it to the disk (`fsync`) and renames it over the destination: a rename within a file
+# system is atomic, so readers see the old file or the new one.
 #
-# A checkpoint is a folder of several files, and `atomic_folder` does the same for a folder: the
-# block writes into a hidden temporary folder, which replaces the destination only when the block
-# ends without error. Every file is flushed before the rename, and the rename after it, so that a
+# `atomic_folder` does the same for a folder of several files, a checkpoint: the block writes
+# into a hidden temporary folder, which replaces the destination only when the block ends
+# without error. The files are flushed before the rename and the rename after it, so that a
 # power cut cannot leave a complete-looking folder of empty files. Every writer of the package
-# (the data cache, the tokenizer, checkpoints, exports, translations) goes through these two.
+# goes through these two.
 
 
 # %%
@@ -541,9 +539,8 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 # %% [markdown]
 # ## The encoded cache
 #
-# Training reads the same 29,000 pairs for dozens of epochs: tokenising them each time would be
-# wasted work, and a training machine need not have spaCy at all. `prepare(pair)` encodes every
-# split once into `cache/<pair>/`:
+# Training reads the same pairs for dozens of epochs, and a training machine need not have spaCy
+# at all. `prepare(pair)` encodes every split once into `cache/<pair>/`:
 #
 # | file | holds |
 # | --- | --- |
@@ -555,9 +552,8 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 # match (other data, another vocabulary size, a damaged or missing file) is never used:
 # `cache_problems` names what is wrong, `prepare` rebuilds such a cache (which needs spaCy) and
 # `load_encoded` refuses it with a `DataError` that says how to rebuild it. A build deletes the
-# manifest first and writes it last, each file atomically, so a build that is interrupted leaves
-# a cache that is recognisably unfinished. From the command line, `python -m transformer prepare`
-# builds the caches of both pairs.
+# manifest first and writes it last, each file atomically, so an interrupted build leaves a cache
+# that is recognisably unfinished. `python -m transformer prepare` builds both pairs' caches.
 
 # %%
 #| export encoded_cache
@@ -572,16 +568,10 @@ from pathlib import Path
 
 from transformer import layout
 from transformer.atomic import atomic_write
+from transformer.checked_data import expected_checksums, load_pairs
 from transformer.encoded_split import EncodedSplit
 from transformer.fast_words import pretokenize, with_fast_words
-from transformer.multi30k import (
-    SPLITS,
-    DataError,
-    check_split,
-    expected_checksums,
-    load_pairs,
-    parse_pair,
-)
+from transformer.multi30k import SPLITS, DataError, check_split, parse_pair
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, train_bpe
 from transformer.vocabulary import TokenizerError
@@ -839,13 +829,14 @@ def load_encoded(
 # what the chapter computes: the same tokenizer, and the same ids as encoding each split afresh.
 
 # %%
+from transformer.checked_data import load_pairs
 from transformer.encoded_cache import (
     cache_problems,
     load_encoded,
     prepare,
     train_tokenizer,
 )
-from transformer.multi30k import PAIRS, SPLITS, load_pairs
+from transformer.multi30k import PAIRS, SPLITS
 from transformer.tokenizer import VOCAB_SIZE
 
 trained = {
@@ -900,10 +891,8 @@ assert {p.name: p.read_bytes() for p in (copy / "de-en").iterdir()} == before
 # %% [markdown]
 # ## How large a vocabulary?
 #
-# The vocabulary size trades sequence length against how often each entry is seen: few entries
-# make long sequences, many make a long tail of rare entries whose embeddings are barely trained.
-# With the book's 8,000 entries (`VOCAB_SIZE`) an average training word takes little more than
-# one piece; the training runs that compare vocabulary sizes are in
+# With the book's 8,000 entries (`VOCAB_SIZE`), the chapter's choice, an average training word
+# takes little more than one piece; the training runs that compare vocabulary sizes are in
 # [The experiments behind the recipe](a12_experiments.ipynb).
 
 # %%

@@ -902,9 +902,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer.atomic import atomic_write
+from transformer.checked_data import load_pairs
 from transformer.decode_options import DecodeOptions, with_changes
 from transformer.model import Transformer
-from transformer.multi30k import load_pairs, parse_pair
+from transformer.multi30k import parse_pair
 from transformer.paths import DATA_DIR
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate

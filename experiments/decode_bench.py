@@ -46,11 +46,11 @@ from torch import nn
 
 from transformer import layout
 from transformer.batched_search import batched_beam_search, batched_greedy_decode
+from transformer.checked_data import load_pairs
 from transformer.checkpoint import tokenizer_digest
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2
 from transformer.decode_options import DecodeOptions
 from transformer.encoded_cache import load_encoded
-from transformer.multi30k import load_pairs
 from transformer.split_translation import write_lines
 from transformer.tokenizer import normalize
 from transformer.translation import length_sorted_batches, load_pair_model

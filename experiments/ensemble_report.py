@@ -25,8 +25,9 @@ from torch import Tensor, nn
 
 from experiments.words import WordLevel, word_level_evaluation
 from transformer import layout
+from transformer.checked_data import load_pairs
 from transformer.checkpoint import CheckpointError, load_model, read_record
-from transformer.multi30k import DataError, load_pairs
+from transformer.multi30k import DataError
 from transformer.split_translation import write_lines
 
 

@@ -263,9 +263,9 @@ def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
     import torch
     from sacrebleu.metrics import BLEU
 
+    from transformer.checked_data import load_pairs
     from transformer.checkpoint import load_model
     from transformer.encoded_cache import load_encoded
-    from transformer.multi30k import load_pairs
     from transformer.translation import translate
 
     model, tokenizer = load_model(

@@ -19,11 +19,12 @@ from pathlib import Path
 
 from experiments.words import word_level_evaluation
 from transformer import layout
+from transformer.checked_data import load_pairs
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.decode_options import DecodeOptions
 from transformer.evaluate import score
 from transformer.files import read_jsonl
-from transformer.multi30k import DataError, load_pairs
+from transformer.multi30k import DataError
 from transformer.split_translation import translate_split
 from transformer.train_config import multi30k_recipe
 from transformer.translation import CHECKPOINTS_DIR

@@ -33,7 +33,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlencode, urlparse
 
 from transformer.atomic import atomic_write
-from transformer.multi30k import PAIRS, load_split
+from transformer.checked_data import load_split
+from transformer.multi30k import PAIRS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = "chapters/16_translate.html"

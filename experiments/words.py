@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from transformer.checked_batches import collate
-from transformer.multi30k import load_split
+from transformer.checked_data import load_split
 from transformer.paths import DATA_DIR
 from transformer.tokenizer import Tokenizer, normalize, pretokenize
 from transformer.training_loop import batch_log_probs

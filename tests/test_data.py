@@ -25,12 +25,13 @@ import pytest
 import torch
 
 import transformer.batches as chapter_batches
+import transformer.checked_data as checked_data
 import transformer.encoded_cache as cache_module
-import transformer.multi30k as multi30k_module
 from transformer.atomic import atomic_write
 from transformer.batches import Batch
 from transformer.bpe_dropout import BPEDropout
 from transformer.checked_batches import collate, token_batches
+from transformer.checked_data import load_pairs, load_split
 from transformer.encoded_cache import (
     cache_problems,
     load_encoded,
@@ -38,14 +39,8 @@ from transformer.encoded_cache import (
     train_tokenizer,
 )
 from transformer.encoded_split import EncodedSplit, iterate_batches
-from transformer.multi30k import (
-    DATA_DIR,
-    PAIRS,
-    SPLITS,
-    DataError,
-    load_pairs,
-    load_split,
-)
+from transformer.multi30k import PAIRS, SPLITS, DataError
+from transformer.paths import DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, pretokenize, train_bpe
 from transformer.vocabulary import TOKENIZER_FORMAT
 
@@ -732,7 +727,7 @@ def test_a_missing_checksum_file_gives_advice_that_fits_whose_folder_it_is(
         "the repository's data/multi30k, which holds the data files and SHA256SUMS"
     )
     with pytest.raises(DataError) as missing:
-        multi30k_module.expected_checksums(nowhere)
+        checked_data.expected_checksums(nowhere)
     assert str(missing.value) == (
         f"missing checksum file {nowhere / 'SHA256SUMS'} (there is no folder "
         f"{nowhere}: name a copy of {multi30k})"
@@ -749,10 +744,10 @@ def test_a_missing_checksum_file_gives_advice_that_fits_whose_folder_it_is(
     assert status == 2 and f"there is no folder {nowhere}" in err
     assert "pip install" not in err
     # The package's own folder, by default or named: install the package from a clone.
-    monkeypatch.setattr(multi30k_module, "DATA_DIR", tmp_path / "multi30k")
+    monkeypatch.setattr(checked_data, "DATA_DIR", tmp_path / "multi30k")
     reinstall = "install it with `pip install -e .` in a clone)"
     monkeypatch.chdir(tmp_path)
-    for named in (multi30k_module.DATA_DIR, Path("multi30k")):
+    for named in (checked_data.DATA_DIR, Path("multi30k")):
         with pytest.raises(DataError, match="missing checksum file") as default:
-            multi30k_module.expected_checksums(named)
+            checked_data.expected_checksums(named)
         assert str(default.value).endswith(reinstall)

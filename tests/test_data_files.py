@@ -1,7 +1,10 @@
-"""The Multi30k files ship with the repository and are checked before use."""
+"""The Multi30k files ship with the repository and are checked before use: the
+package reads them through transformer.checked_data, the chapter's loaders with
+the checks of the appendix "Text and the tokenizer"."""
 
 from __future__ import annotations
 
+import ast
 import gzip
 import hashlib
 import shutil
@@ -9,14 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from transformer.multi30k import (
-    DATA_DIR,
-    PAIRS,
-    DataError,
-    load_pairs,
-    load_split,
-    parse_pair,
-)
+import transformer.multi30k as chapter
+from transformer.checked_data import load_pairs, load_split
+from transformer.multi30k import PAIRS, DataError, parse_pair
+from transformer.paths import DATA_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -132,3 +133,50 @@ def test_unknown_pair_and_split_are_clear():
         parse_pair("en-de")
     with pytest.raises(DataError, match="unknown split 'test'"):
         load_split("test", "de")
+
+
+@pytest.mark.parametrize("pair", list(PAIRS))
+def test_the_checked_loaders_read_what_the_chapters_read(pair: str):
+    for split in ("val", "test_2016_flickr"):
+        assert load_pairs(split, pair) == chapter.load_pairs(split, pair)
+        for language in PAIRS[pair]:
+            assert load_split(split, language) == chapter.load_split(split, language)
+
+
+def test_the_chapters_loaders_read_without_checks_and_name_what_is_missing(
+    data_copy: Path,
+):
+    """The reading line's loaders, which the chapters after the data chapter use,
+    read a file that its checksum would refuse; a missing file is still named."""
+    path = data_copy / "val.de.gz"
+    lines = gzip.decompress(path.read_bytes()).decode().split("\n")
+    path.write_bytes(gzip.compress("\n".join(["anders", *lines[1:]]).encode()))
+    assert chapter.load_split("val", "de", data_copy)[0] == "anders"
+    with pytest.raises(DataError, match="corrupt or truncated data file"):
+        load_split("val", "de", data_copy)
+    path.unlink()
+    with pytest.raises(DataError, match=r"missing data file .*val\.de\.gz"):
+        chapter.load_split("val", "de", data_copy)
+
+
+def test_every_reader_of_the_package_goes_through_the_checks():
+    """No module of the package, no experiment and no book extension reads Multi30k
+    with the chapter's unchecked loaders: they import load_split and load_pairs from
+    transformer.checked_data (which alone wraps the chapter's)."""
+    readers = [
+        *(ROOT / "transformer").rglob("*.py"),
+        *(ROOT / "experiments").glob("*.py"),
+        *(ROOT / "_ext").glob("*.py"),
+    ]
+    unchecked = []
+    for path in readers:
+        if path.name == "checked_data.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "transformer.multi30k"
+            ):
+                names = {a.name for a in node.names} & {"load_split", "load_pairs"}
+                unchecked += [f"{path.relative_to(ROOT)}: {n}" for n in sorted(names)]
+    assert unchecked == []

@@ -21,7 +21,8 @@ LAYERS = [
         "config_checks",
     },
     {
-        "paths", "atomic", "files", "layout", "multi30k", "vocabulary", "tokenizer",
+        "paths", "atomic", "files", "layout", "multi30k", "checked_data", "vocabulary",
+        "tokenizer",
         "checked_batches", "batches", "encoded_split", "encoded_cache", "bpe_dropout",
         "checkpoint", "distributed", "french", "fast_words", "counts",
     },

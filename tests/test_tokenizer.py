@@ -24,6 +24,7 @@ from transformer.tokenizer import (
     VOCAB_SIZE,
     Tokenizer,
     TokenizerError,
+    learn_merges,
     normalize,
     pretokenize,
     spacy_tokenizer,
@@ -42,6 +43,73 @@ def trained() -> dict[str, Tokenizer]:
         pair: train_tokenizer(load_pairs("train", pair), languages=languages)
         for pair, languages in PAIRS.items()
     }
+
+
+# BPE by hand and the library ------------------------------------------------------------------
+
+# The data chapter's four caption pairs, on which it prints the loop's first merges.
+TOY = {
+    "de": [
+        "Ein Hund rennt.",
+        "Zwei Hunde rennen im Schnee.",
+        "Ein Mann rennt mit seinem Hund.",
+        "Die Hunde spielen im Schnee.",
+    ],
+    "en": [
+        "A dog runs.",
+        "Two dogs run in the snow.",
+        "A man runs with his dog.",
+        "The dogs play in the snow.",
+    ],
+}
+
+
+def library_merges(words, vocab_size: int) -> list[tuple[str, str]]:
+    """The merges of Hugging Face's BpeTrainer as the package runs it (train_bpe)."""
+    bpe = train_bpe(words, vocab_size, languages=("de", "en")).bpe
+    return [tuple(m) for m in json.loads(bpe.to_str())["model"]["merges"]]
+
+
+def corpus(name: str) -> tuple[tuple[str, ...], ...]:
+    """The words of the toy captions, or of the first 50 training pairs of a pair."""
+    if name == "toy":
+        return pretokenize(TOY["de"], "de") + pretokenize(TOY["en"], "en")
+    src_lang, tgt_lang = PAIRS[name]
+    sources, targets = zip(*load_pairs("train", name)[:50], strict=True)
+    return pretokenize(sources, src_lang) + pretokenize(targets, tgt_lang)
+
+
+@pytest.mark.parametrize("name", ["toy", *PAIRS])
+def test_the_chapters_merges_are_the_librarys_to_the_last(name: str):
+    """learn_merges, the loop the data chapter writes out, learns the merges that
+    train_bpe gets from the library, in the same order, until every word is one symbol.
+    Both see the same words: pretokenize's, marked with ▁ at a word's start, which
+    train_bpe joins with spaces and the library splits there again (WhitespaceSplit, no
+    end-of-word suffix, no continuing-subword prefix).
+
+    Ties: BpeTrainer keeps the pairs in a heap ordered by count, then by the smaller
+    (left id, right id), where ids number the special tokens, then the characters in
+    code-point order, then each new symbol as a merge makes it. learn_merges ranks the
+    symbols the same way. The tail of a real sample is mostly pairs seen once, so
+    another rule (say, alphabetical order) parts from the library within the first
+    twenty merges of each pair's sample."""
+    words = corpus(name)
+    merges = library_merges(words, 100_000)
+    assert learn_merges(words, 100_000) == merges
+    assert learn_merges(words, 10) == merges[:10]
+    if name == "toy":
+        assert len(merges) == 74 and merges[:3] == [("u", "n"), ("▁", "r"), ("e", "n")]
+
+
+def test_the_library_stops_at_the_vocabulary_size_where_the_loop_stops_at_its_count():
+    """train_bpe stops when the vocabulary holds vocab_size entries (4 specials, the
+    characters, and the new symbol of each merge: here no merge makes a symbol twice);
+    learn_merges after as many merges."""
+    words = corpus("de-en")
+    characters = len(set("".join(w for sentence in words for w in sentence)))
+    merges = library_merges(words, len(SPECIALS) + characters + 300)
+    assert len(merges) == 300
+    assert learn_merges(words, 300) == merges
 
 
 # Normalisation and the round trip -------------------------------------------------------------

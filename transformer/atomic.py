@@ -13,17 +13,16 @@ from pathlib import Path
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half
-    of it."""
+    """Write `data` to a temporary file beside `path`, then rename it over
+    `path`: readers see the old content or the new, never half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(
         dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
     )
     try:
-        # mkstemp makes the file readable by its owner only; give it the mode
-        # that open() would have, so that a cache or a checkpoint can be shared
-        # like any other file.
+        # mkstemp lets its owner alone read the file: give it the mode that
+        # open() would, so that a cache or a checkpoint can be shared.
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)

@@ -1,16 +1,15 @@
 # Generated from chapters/10_data.ipynb: edit it, not this file.
-"""The text of Multi30k in data/multi30k: each file checked against its SHA-256
-digest before it is read."""
+"""The text of Multi30k in data/multi30k: a split of a language pair, as
+sentence pairs."""
 
 # %% auto #0
 __all__ = [
     "PAIRS",
     "SPLITS",
     "DataError",
-    "check_split",
     "parse_pair",
-    "expected_checksums",
-    "read_lines",
+    "check_split",
+    "gzip_lines",
     "load_split",
     "load_pairs",
 ]
@@ -18,9 +17,8 @@ __all__ = [
 # %% ../chapters/10_data.ipynb #aa55879a
 
 import gzip
-import hashlib
-import string
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from transformer.paths import DATA_DIR
@@ -34,20 +32,6 @@ class DataError(Exception):
     unknown."""
 
 
-def check_split(split: str, signature: str) -> None:
-    """A clear error for a split the book does not have; `signature`, the
-    caller's, is shown when `split` looks like a pair or a language (raw text
-    loaders take the split first, `load_encoded` the pair)."""
-    if split not in SPLITS:
-        swapped = split in PAIRS or any(
-            split in langs for langs in PAIRS.values()
-        )
-        hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
-        raise DataError(
-            f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
-        )
-
-
 def parse_pair(pair: str) -> tuple[str, str]:
     """'de-en' -> ('de', 'en'), with a clear error for a pair the book does not
     have."""
@@ -58,69 +42,21 @@ def parse_pair(pair: str) -> tuple[str, str]:
     return PAIRS[pair]
 
 
-_MULTI30K = (
-    "the repository's data/multi30k, which holds the data files and SHA256SUMS"
-)
-
-
-def _data_dir_advice(data_dir: Path) -> str:
-    """What to do about a data folder without SHA256SUMS: it depends on whose
-    it is."""
-    # the package's own, data/multi30k
-    if Path(data_dir).absolute() == DATA_DIR:
-        return (
-            "the package reads the data of the repository it was installed"
-            " from: install it with `pip install -e .` in a clone"
-        )
-    # A folder the user named (--data-dir): reinstalling would not help.
-    if Path(data_dir).is_dir():
-        return f"{data_dir} is not a copy of {_MULTI30K}"
-    return f"there is no folder {data_dir}: name a copy of {_MULTI30K}"
-
-
-def expected_checksums(data_dir: Path = DATA_DIR) -> dict[str, str]:
-    """File name -> SHA-256 from data_dir/SHA256SUMS."""
-    sums = Path(data_dir) / "SHA256SUMS"
-    if not sums.is_file():
+def check_split(split: str, signature: str) -> None:
+    """A clear error for a split the book does not have; `signature`, the
+    caller's, is shown when `split` looks like a pair or a language."""
+    if split not in SPLITS:
+        swapped = split in PAIRS or any(split in ls for ls in PAIRS.values())
+        hint = f" (the arguments are {signature}: swapped?)" if swapped else ""
         raise DataError(
-            f"missing checksum file {sums} ({_data_dir_advice(data_dir)})"
+            f"unknown split {split!r}: choose one of {', '.join(SPLITS)}{hint}"
         )
-    try:
-        text = sums.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"corrupt checksum file {sums}: not UTF-8 text ({err})"
-        ) from err
-    checksums = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        # `sha256sum` writes "digest  name", or "digest *name" in binary mode
-        fields = line.split(maxsplit=1)
-        digest = fields[0].lower()
-        if (
-            len(fields) != 2
-            or len(digest) != 64
-            or set(digest) - set(string.hexdigits)
-        ):
-            raise DataError(f"{sums}:{number}: malformed line {line!r}")
-        checksums[fields[1].strip().removeprefix("*")] = digest
-    return checksums
 
 
-def read_lines(path: Path, sha256: str) -> list[str]:
-    """The lines of a gzipped UTF-8 file, after checking its SHA-256."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"missing data file {path}")
-    raw = path.read_bytes()
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != sha256:
-        raise DataError(
-            f"corrupt or truncated data file {path}: SHA-256 {digest[:12]}…,"
-            f" expected {sha256[:12]}… (restore it with `git checkout --"
-            f" {path}`)"
-        )
+# %% ../chapters/10_data.ipynb #44cd5801
+def gzip_lines(raw: bytes, path: Path) -> list[str]:
+    """The lines of the bytes of a gzipped UTF-8 file, cut at "\\n" only:
+    `str.splitlines` would also cut a caption at U+2028."""
     try:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
@@ -134,24 +70,25 @@ def load_split(
 ) -> list[str]:
     """The sentences of one split in one language, one per line of the file."""
     check_split(split, "load_split(split, language)")
-    name = f"{split}.{language}.gz"
-    checksums = expected_checksums(data_dir)
-    if name not in checksums:
-        raise DataError(
-            f"no checksum for {name} in {Path(data_dir) / 'SHA256SUMS'}"
-        )
-    return read_lines(Path(data_dir) / name, checksums[name])
+    path = Path(data_dir) / f"{split}.{language}.gz"
+    if not path.is_file():
+        raise DataError(f"missing data file {path}")
+    return gzip_lines(path.read_bytes(), path)
 
 
 def load_pairs(
-    split: str, pair: str, data_dir: Path = DATA_DIR
+    split: str,
+    pair: str,
+    data_dir: Path = DATA_DIR,
+    *,
+    load: Callable[[str, str, Path], list[str]] = load_split,
 ) -> list[tuple[str, str]]:
     """(source, target) sentence pairs of a split, e.g. load_pairs("val",
-    "de-en")."""
+    "de-en"); `load` reads one side (default `load_split`)."""
     check_split(split, "load_pairs(split, pair)")
     src_lang, tgt_lang = parse_pair(pair)
-    src = load_split(split, src_lang, data_dir)
-    tgt = load_split(split, tgt_lang, data_dir)
+    src = load(split, src_lang, data_dir)
+    tgt = load(split, tgt_lang, data_dir)
     if len(src) != len(tgt):
         raise DataError(
             f"{split}.{src_lang}.gz has {len(src)} lines but"

@@ -8,6 +8,7 @@ __all__ = [
     "normalize",
     "spacy_tokenizer",
     "pretokenize",
+    "learn_merges",
     "Tokenizer",
     "train_bpe",
 ]
@@ -62,6 +63,42 @@ def _pretokenize(language: str, texts: tuple, splitter) -> tuple:
             after_space = bool(token.whitespace_)
         sentences.append(tuple(words))
     return tuple(sentences)
+
+
+# %% ../chapters/10_data.ipynb #0094ce71
+from collections import Counter
+from itertools import pairwise
+
+
+def learn_merges(
+    sentences: Iterable[Sequence[str]], n_merges: int
+) -> list[tuple[str, str]]:
+    """BPE by hand: `n_merges` times, fuse the most frequent pair of adjacent
+    symbols, counted over the marked words of `sentences`."""
+    counts = Counter(word for words in sentences for word in words)
+    spelling = {word: list(word) for word in counts}  # word -> its symbols
+    # for ties: characters by code point, then merged symbols as made
+    rank = {c: i for i, c in enumerate(sorted(set("".join(counts))))}
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()  # (left, right) -> occurrences in the corpus
+        for word, count in counts.items():
+            symbols = spelling[word]
+            for pair in pairwise(symbols):
+                pairs[pair] += count
+        if not pairs:  # every word is one symbol
+            break
+        a, b = max(pairs, key=lambda p: (pairs[p], -rank[p[0]], -rank[p[1]]))
+        merges.append((a, b))
+        rank.setdefault(a + b, len(rank))
+        for word, symbols in spelling.items():
+            fused, i = [], 0
+            while i < len(symbols):  # left to right, no overlaps
+                both = symbols[i : i + 2] == [a, b]
+                fused.append(a + b if both else symbols[i])
+                i += 2 if both else 1
+            spelling[word] = fused
+    return merges
 
 
 # %% ../chapters/10_data.ipynb #aa7c3ed0

@@ -11,6 +11,8 @@ __all__ = [
     "SPECIALS",
     "TOKENIZER_FORMAT",
     "TokenizerError",
+    "tokenizer_json",
+    "read_tokenizer_json",
     "Vocabulary",
 ]
 
@@ -35,87 +37,95 @@ class TokenizerError(Exception):
     special tokens."""
 
 
+def tokenizer_json(bpe: tokenizers.Tokenizer, languages: Sequence[str]) -> str:
+    """The text of a tokenizer's file: its format, its languages, and Hugging
+    Face's BPE model (vocabulary and merges)."""
+    return json.dumps(
+        {
+            "format": TOKENIZER_FORMAT,
+            "languages": list(languages),
+            "normalization": (
+                "Unicode NFC; whitespace runs to one space; stripped"
+            ),
+            "word_mark": "\u2581",  # tokenizer.MARK
+            "bpe": json.loads(bpe.to_str()),
+        },
+        ensure_ascii=False,
+    )
+
+
+def read_tokenizer_json(text: str, source: object) -> tuple:
+    """(bpe, languages) of `tokenizer_json`'s text; `source` names it in
+    errors."""
+    try:
+        spec = json.loads(text)
+        if spec.get("format") != TOKENIZER_FORMAT:
+            raise ValueError(
+                f"format {spec.get('format')!r}, not {TOKENIZER_FORMAT!r}"
+            )
+        bpe = tokenizers.Tokenizer.from_str(json.dumps(spec["bpe"]))
+        return bpe, tuple(spec["languages"])
+    # Truncated, not JSON, wrong format: one message.
+    except Exception as err:
+        raise TokenizerError(f"cannot read tokenizer {source}: {err}") from err
+
+
+# %% ../chapters/10_data.ipynb #3a63c5bf
 class Vocabulary:
-    """The entries of a language pair's BPE vocabulary (Hugging Face's `bpe`)
-    and the ids of its special tokens; `Tokenizer` adds encoding and
-    decoding."""
+    """A language pair's BPE vocabulary (Hugging Face's `bpe`): its entries,
+    the ids of its special tokens and its file; `Tokenizer` adds encoding."""
 
     def __init__(
         self, bpe: tokenizers.Tokenizer, *, languages: tuple[str, str]
     ) -> None:
-        self.bpe = bpe
-        self.languages = tuple(languages)
+        self.bpe, self.languages = bpe, tuple(languages)
+        self.pair = "-".join(self.languages)
         vocab = bpe.get_vocab()
-        missing = [t for t in SPECIALS if t not in vocab]
-        if missing:
+        if missing := [t for t in SPECIALS if t not in vocab]:
             raise TokenizerError(
                 f"the BPE vocabulary lacks the special tokens {missing}"
             )
-        self._pieces = [""] * len(vocab)
+        self._pieces = [""] * len(vocab)  # id -> entry
         for piece, i in vocab.items():
             self._pieces[i] = piece
+        self.vocab_size = len(self._pieces)
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
             vocab[t] for t in SPECIALS
         )
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._pieces)
-
-    @property
-    def pair(self) -> str:
-        return "-".join(self.languages)
 
     def __repr__(self) -> str:
         name = type(self).__name__
         return f"{name}(pair={self.pair!r}, vocab_size={self.vocab_size})"
 
     def check_language(self, language: str | None) -> str:
-        """`language`, or the pair's source language for None; a ValueError
-        for any other language than the pair's two."""
-        if language is None:
-            return self.languages[0]
-        if language not in self.languages:
+        """`language` (None: the source's); a ValueError for a third."""
+        if language not in (None, *self.languages):
             raise ValueError(
                 f"language {language!r} is not one of {self.languages}"
             )
-        return language
+        return language or self.languages[0]
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary entry of each id, special tokens included."""
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
-            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
+        if bad := [i for i in ids if not 0 <= i < self.vocab_size]:
             raise ValueError(
-                f"token id {bad} is outside the vocabulary of"
+                f"token id {bad[0]} is outside the vocabulary of"
                 f" {self.vocab_size}"
             )
         return [self._pieces[i] for i in ids]
 
     def to_json(self) -> str:
         """The tokenizer's file, as text."""
-        return json.dumps(
-            {
-                "format": TOKENIZER_FORMAT,
-                "languages": list(self.languages),
-                "normalization": (
-                    "Unicode NFC; whitespace runs to one space; stripped"
-                ),
-                "word_mark": "\u2581",  # tokenizer.MARK
-                "bpe": json.loads(self.bpe.to_str()),
-            },
-            ensure_ascii=False,
-        )
+        return tokenizer_json(self.bpe, self.languages)
 
     def save(self, path: Path) -> None:
-        """Write the tokenizer as one JSON file (atomically: a temporary file,
-        then a rename)."""
+        """Write the tokenizer's file, atomically."""
         atomic_write(Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: Path) -> Self:
-        """Read a tokenizer written by `save`, as an instance of `cls` (a
-        Tokenizer); needs no spaCy."""
+        """Read the file of `save` as a `cls` (Tokenizer); needs no spaCy."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
@@ -127,17 +137,5 @@ class Vocabulary:
     @classmethod
     def from_json(cls, text: str, *, source: object = "JSON") -> Self:
         """The tokenizer of `to_json`'s text; `source` names it in errors."""
-        try:
-            spec = json.loads(text)
-            if spec.get("format") != TOKENIZER_FORMAT:
-                raise ValueError(
-                    f"format {spec.get('format')!r}, not {TOKENIZER_FORMAT!r}"
-                )
-            bpe = tokenizers.Tokenizer.from_str(json.dumps(spec["bpe"]))
-            languages = tuple(spec["languages"])
-        # Truncated, not JSON, wrong format: one message.
-        except Exception as err:
-            raise TokenizerError(
-                f"cannot read tokenizer {source}: {err}"
-            ) from err
+        bpe, languages = read_tokenizer_json(text, source)
         return cls(bpe, languages=languages)

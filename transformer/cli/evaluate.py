@@ -17,6 +17,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformer.checked_data import load_pairs
 from transformer.cli.base import (
     PROG,
     Parser,
@@ -26,7 +27,7 @@ from transformer.cli.base import (
     load_for_command,
     warning,
 )
-from transformer.multi30k import SPLITS, DataError, load_pairs, parse_pair
+from transformer.multi30k import SPLITS, DataError, parse_pair
 from transformer.paths import DATA_DIR
 
 ERRORS = (DataError, ImportError)  # reported in one line
