@@ -596,7 +596,7 @@ products.pivot(index="product", columns="rows", values="MKL / oneDNN").round(2)
 # (LayerNorms, reshapes, masks, additions, the cache), each a PyTorch call from Python, where the
 # engine runs fused C++ kernels; with one sentence at a time, those calls are most of the work,
 # which is why the gap widens there. The decoder already drops the sentences that have ended from
-# its batch, ranks only each beam's $K$ best tokens and projects $Q$, $K$ and $V$ in one product;
+# its batch and ranks only each beam's $K$ best tokens;
 # compiling the step with `torch.compile` gained about 5% here after 90 seconds of compilation,
 # which does not pay for a book's test set. Dynamic int8 quantisation of the linear layers
 # (`torch.ao.quantization.quantize_dynamic`) gains 1.3 to 1.5× with 32 sentences at a time, at the
@@ -620,10 +620,10 @@ pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename(
 
 # %% [markdown]
 # The package trains at least as fast as the library, within the few percent by which repeated
-# blocks differ on a shared machine. Both compute $Q$, $K$ and $V$ of self-attention with one
-# product by the three matrices stacked, and $K$, $V$ of encoder-decoder attention with one (the
-# [multi-head attention chapter](03_multihead.ipynb)); with three separate products the package
-# measured 0.99× here. The largest costs are shared: the output layer over 8,000 words and its
+# blocks differ on a shared machine. The library computes $Q$, $K$ and $V$ of self-attention with
+# one product by the three matrices stacked; the package computes three, as the
+# [multi-head attention chapter](03_multihead.ipynb) writes the layer, and stacking them made it
+# no faster here. The largest costs are shared: the output layer over 8,000 words and its
 # softmax, and drawing the dropout masks.
 #
 # On a GPU, the same decoding comparison (in float16 or bf16) and the training MFU of the
