@@ -273,7 +273,10 @@ def test_the_result_does_not_depend_on_whether_the_inputs_are_one_tensor(which):
     args = (x, x, x) if which == "self" else (x, memory, memory)
     copies = tuple(a.clone() for a in args)
     linear = nn.functional.linear
-    with torch.no_grad(), mock.patch.object(nn.functional, "linear", wraps=linear) as calls:
+    with (
+        torch.no_grad(),
+        mock.patch.object(nn.functional, "linear", wraps=linear) as calls,
+    ):
         shared, _ = mha(*args)
         assert calls.call_count == 4
         used = [c.args[1] for c in calls.call_args_list]

@@ -82,6 +82,7 @@ def test_the_page_links_every_part_of_the_listing_to_its_chapter():
     assert named == defined
 
 
+@pytest.mark.slow  # builds the base model: 63 million parameters
 def test_a_copy_of_the_listing_runs_on_its_own(tmp_path):
     copy = tmp_path / "transformer_model.py"
     shutil.copy(LISTING, copy)
