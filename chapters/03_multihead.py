@@ -113,29 +113,8 @@ assert torch.equal(merge_heads(q), projected)  # concatenation undoes the split
 # `MultiHeadAttention` holds the four $d_\text{model} \times d_\text{model}$ projections `w_q`,
 # `w_k`, `w_v` (each the $H$ per-head matrices side by side) and `w_o` ($W^O$). They carry biases
 # by default, as PyTorch's `nn.MultiheadAttention` does; `bias=False` gives the paper's bias-free
-# layer (see the appendix [Deviations from the paper](a01_deviations.ipynb)). Three small pieces
-# come first.
+# layer (see the appendix [Deviations from the paper](a01_deviations.ipynb)).
 #
-# In self-attention $Q$, $K$ and $V$ are projections of the same $x$, so `project` computes
-# them as one product by $[W^Q\, W^K\, W^V]$ stacked (and encoder-decoder attention its $K$
-# and $V$ of the memory as one): the same arithmetic in one larger matrix product, which a
-# computer runs faster than three small ones.
-
-# %%
-#| export
-def project(x: Tensor, n_heads: int, *layers: nn.Linear) -> list[Tensor]:
-    """x (B, L, d_model) through each layer, split into heads (B, H, L, d_k),
-    by one matrix product with the layers' weights stacked."""
-    if len(layers) == 1:
-        return [split_heads(layers[0](x), n_heads)]
-    weight = torch.cat([p.weight for p in layers])  # (n·d_model, d_model)
-    biases = [p.bias for p in layers]
-    bias = None if biases[0] is None else torch.cat(biases)  # (n·d_model,)
-    out = F.linear(x, weight, bias)  # (B, L, n·d_model)
-    return [split_heads(y, n_heads) for y in out.chunk(len(layers), dim=-1)]
-
-
-# %% [markdown]
 # Attention itself has two paths:
 #
 # - **Fast** (the default): PyTorch's `torch.nn.functional.scaled_dot_product_attention`, whose
@@ -178,10 +157,12 @@ def attend(
 
 
 # %% [markdown]
-# `forward` takes queries, keys and values separately, since the model uses it three ways:
-# encoder self-attention, decoder self-attention under the target mask, and decoder
-# cross-attention (queries from the decoder, keys and values from the encoder's output). Masks
-# are those of the masking chapter.
+# `forward` follows the equation: it projects the queries, keys and values, each through its
+# own matrix, splits each into heads, attends with every head at once, and concatenates the
+# heads through $W^O$. It takes the three separately, since the model uses it three ways:
+# encoder self-attention ($Q$, $K$ and $V$ all the encoder's $x$), decoder self-attention under
+# the target mask, and decoder cross-attention (queries from the decoder, keys and values from
+# the encoder's output). Masks are those of the masking chapter.
 
 # %%
 #| export
@@ -220,17 +201,22 @@ class MultiHeadAttention(nn.Module):
             mask: boolean (True: may attend), broadcastable to (B, H, T_q, T_k)
             returns (B, T_q, d_model) and the weights (B, H, T_q, T_k) or None
         """
-        n = self.n_heads
-        if query is key and key is value:  # self-attention: one product
-            q, k, v = project(query, n, self.w_q, self.w_k, self.w_v)
-        else:
-            (q,) = project(query, n, self.w_q)  # (B, H, T_q, d_k)
-            if key is value:  # the memory: K and V in one product
-                k, v = project(key, n, self.w_k, self.w_v)
-            else:
-                k, v = *project(key, n, self.w_k), *project(value, n, self.w_v)
+        q = split_heads(self.w_q(query), self.n_heads)  # (B, H, T_q, d_k)
+        k = split_heads(self.w_k(key), self.n_heads)  # (B, H, T_k, d_k)
+        v = split_heads(self.w_v(value), self.n_heads)  # (B, H, T_k, d_k)
         out, weights = attend(q, k, v, mask, self.attn_dropout, need_weights)
         return self.w_o(merge_heads(out)), weights  # (B, T_q, d_model)
+
+
+# %% [markdown]
+# Decoding, in Part III, runs the layer's parts one new position at a time, from the layer's own
+# weights; `project` gives it the heads of one input through several of the projections.
+
+# %%
+#| export
+def project(x: Tensor, n_heads: int, *layers: nn.Linear) -> list[Tensor]:
+    """x (B, L, d_model) through each layer, in heads (B, H, L, d_k)."""
+    return [split_heads(layer(x), n_heads) for layer in layers]
 
 
 # %% [markdown]

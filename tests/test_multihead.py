@@ -1,5 +1,5 @@
 """transformer.multihead: against torch.nn.MultiheadAttention, fast path against explicit path,
-fully masked queries, bad construction, and the stacked projections."""
+fully masked queries, bad construction, and one projection per input, whatever the inputs."""
 
 from unittest import mock
 
@@ -262,17 +262,37 @@ def test_a_float_mask_is_refused():
         mha(x, x, x, mask=causal_mask(T).float())
 
 
-def test_stacked_projections_are_the_separate_ones():
-    """Self-attention projects Q, K and V in one product, encoder-decoder attention K and V:
-    the results are those of the three layers applied one by one."""
+@pytest.mark.parametrize("which", ["self", "cross"])
+def test_the_result_does_not_depend_on_whether_the_inputs_are_one_tensor(which):
+    """Self-attention passes one tensor three times, cross-attention the memory twice: the
+    layer gives what it gives three equal copies, bit for bit, and projects each input
+    through its own matrix, with the output's four products in all."""
     data = batch()
     mha = MultiHeadAttention(D_MODEL, H).eval()
     x, memory = data["x"], data["memory"]
+    args = (x, x, x) if which == "self" else (x, memory, memory)
+    copies = tuple(a.clone() for a in args)
+    linear = nn.functional.linear
+    with (
+        torch.no_grad(),
+        mock.patch.object(nn.functional, "linear", wraps=linear) as calls,
+    ):
+        shared, _ = mha(*args)
+        assert calls.call_count == 4
+        used = [c.args[1] for c in calls.call_args_list]
+        expected = [mha.w_q.weight, mha.w_k.weight, mha.w_v.weight, mha.w_o.weight]
+        assert all(a is b for a, b in zip(used, expected, strict=True))
+        separate, _ = mha(*copies)
+    assert torch.equal(shared, separate)
+
+
+def test_project_gives_each_layers_heads():
+    data = batch()
+    mha = MultiHeadAttention(D_MODEL, H).eval()
+    x = data["x"]
     q, k, v = multihead.project(x, H, mha.w_q, mha.w_k, mha.w_v)
-    for fused, layer in ((q, mha.w_q), (k, mha.w_k), (v, mha.w_v)):
-        assert torch.allclose(fused, multihead.split_heads(layer(x), H), atol=1e-6)
-    k, v = multihead.project(memory, H, mha.w_k, mha.w_v)
-    assert torch.allclose(v, multihead.split_heads(mha.w_v(memory), H), atol=1e-6)
+    for heads, layer in ((q, mha.w_q), (k, mha.w_k), (v, mha.w_v)):
+        assert torch.equal(heads, multihead.split_heads(layer(x), H))
 
 
 def test_split_heads_takes_each_heads_columns_and_merge_heads_undoes_it():

@@ -5,9 +5,9 @@
 __all__ = [
     "split_heads",
     "merge_heads",
-    "project",
     "attend",
     "MultiHeadAttention",
+    "project",
 ]
 
 # %% ../chapters/03_multihead.ipynb #64dfa3a3
@@ -27,19 +27,6 @@ def split_heads(x: Tensor, n_heads: int) -> Tensor:
 def merge_heads(x: Tensor) -> Tensor:
     """(B, H, L, d_k) -> (B, L, H·d_k): Concat(head_1, ..., head_H)."""
     return x.transpose(1, 2).flatten(2)
-
-
-# %% ../chapters/03_multihead.ipynb #13bfa596
-def project(x: Tensor, n_heads: int, *layers: nn.Linear) -> list[Tensor]:
-    """x (B, L, d_model) through each layer, split into heads (B, H, L, d_k),
-    by one matrix product with the layers' weights stacked."""
-    if len(layers) == 1:
-        return [split_heads(layers[0](x), n_heads)]
-    weight = torch.cat([p.weight for p in layers])  # (n·d_model, d_model)
-    biases = [p.bias for p in layers]
-    bias = None if biases[0] is None else torch.cat(biases)  # (n·d_model,)
-    out = F.linear(x, weight, bias)  # (B, L, n·d_model)
-    return [split_heads(y, n_heads) for y in out.chunk(len(layers), dim=-1)]
 
 
 # %% ../chapters/03_multihead.ipynb #35608c03
@@ -107,14 +94,14 @@ class MultiHeadAttention(nn.Module):
             mask: boolean (True: may attend), broadcastable to (B, H, T_q, T_k)
             returns (B, T_q, d_model) and the weights (B, H, T_q, T_k) or None
         """
-        n = self.n_heads
-        if query is key and key is value:  # self-attention: one product
-            q, k, v = project(query, n, self.w_q, self.w_k, self.w_v)
-        else:
-            (q,) = project(query, n, self.w_q)  # (B, H, T_q, d_k)
-            if key is value:  # the memory: K and V in one product
-                k, v = project(key, n, self.w_k, self.w_v)
-            else:
-                k, v = *project(key, n, self.w_k), *project(value, n, self.w_v)
+        q = split_heads(self.w_q(query), self.n_heads)  # (B, H, T_q, d_k)
+        k = split_heads(self.w_k(key), self.n_heads)  # (B, H, T_k, d_k)
+        v = split_heads(self.w_v(value), self.n_heads)  # (B, H, T_k, d_k)
         out, weights = attend(q, k, v, mask, self.attn_dropout, need_weights)
         return self.w_o(merge_heads(out)), weights  # (B, T_q, d_model)
+
+
+# %% ../chapters/03_multihead.ipynb #a3aaf329
+def project(x: Tensor, n_heads: int, *layers: nn.Linear) -> list[Tensor]:
+    """x (B, L, d_model) through each layer, in heads (B, H, L, d_k)."""
+    return [split_heads(layer(x), n_heads) for layer in layers]
