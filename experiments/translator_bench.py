@@ -32,6 +32,7 @@ written to OUT (atomically) names the machine, its load and the browser.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -99,7 +100,9 @@ def kind_of(path: Path) -> str:
     if path.parent.name == "translator":
         if path.name.endswith("-test.js"):
             return "test split"  # loaded by the score button only
-        return "model data" if path.name.endswith("-en.js") else "translator code"
+        # a pair's data, <pair>.js, and its weights' chunks, <pair>-1.js, ...
+        pair = re.fullmatch(r"([a-z]+-[a-z]+)(-\d+)?\.js", path.name)
+        return "model data" if pair and pair[1] in PAIRS else "translator code"
     return "the rest of the page"
 
 
@@ -397,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse(f"--repeats must be at least 1, got {args.repeats}")
     if args.loads < 1:
         refuse(f"--loads must be at least 1, got {args.loads}")
+    args.book = args.book.resolve()  # a file:// address needs the whole path
     if not (args.book / PAGE).is_file():
         refuse(f"no {PAGE} in {args.book}: build the book first (make book)")
     try:

@@ -463,21 +463,25 @@ def test_loading_shows_the_files_true_size_each_named_by_its_digest(book: Path):
             (folder / c).stat().st_size for c in chunks
         )
         assert named["bytes"] == size
-    megabytes = f"{files['de-en']['bytes'] / 1e6:.1f} MB"
+    megabytes = f"{files['fr-en']['bytes'] / 1e6:.1f}"
     with opened(address(book, None, pair="de-en", text="Hallo.")) as page:
+        assert settle(page) == "done"
+        page.select_option("#translator-pair", "fr-en")  # not loaded yet
+        page.wait_for_selector("#translator[data-state=loading]")
         assert settle(page) == "done"
         statuses = page.evaluate("window.statuses")
     loading = [
-        s for s in statuses if s[0].startswith("Loading the German → English model")
+        s for s in statuses if s[0].startswith("Loading the French → English model")
     ]
-    total = files["de-en"]["bytes"]
+    total = files["fr-en"]["bytes"]
+    assert loading[0][0] == f"Loading the French → English model ({megabytes} MB)…"
     assert loading[-1] == [
-        f"Loading the German → English model: {megabytes} of {megabytes}…",
+        f"Loading the French → English model: {megabytes} of {megabytes} MB…",
         total,
         total,
     ]
     loaded = [float(line[0].split(": ")[1].split(" ")[0]) for line in loading[1:]]
-    assert loaded == sorted(loaded), statuses
+    assert len(loaded) >= 3 and loaded == sorted(loaded), statuses
 
 
 def _few_test_sentences(route, book: Path) -> None:
@@ -672,8 +676,11 @@ PIXELS = """() => {
   };
   const style = getComputedStyle(document.documentElement);
   const page = rgb(style.getPropertyValue("--pst-color-background").trim() || "#fff");
-  const at = (canvas, x, y) =>
-    [...canvas.getContext("2d").getImageData(x, y, 1, 1).data.slice(0, 3)];
+  const at = (canvas, x, y) => {
+    const copy = document.createElement("canvas").getContext("2d"); // read once each
+    copy.drawImage(canvas, x, y, 1, 1, 0, 0, 1, 1);
+    return [...copy.getImageData(0, 0, 1, 1).data.slice(0, 3)];
+  };
   const map = document.querySelector("#translator-heatmap canvas");
   const thumb = document.querySelector("#translator-grid canvas");
   return [page, at(map, 1, 1), at(thumb, thumb.width - 1, 0)];

@@ -163,6 +163,10 @@ function createLoader(here, files) {
     if (!loads.has(pair)) {
       const entry = { listeners: new Set(), last: null };
       const tell = (step) => {
+        const read = (told) => Boolean(told) && told.loaded >= told.total;
+        if (read(step) && !read(entry.last)) {
+          performance.mark(`translator: ${pair} loaded`); // read, not yet built
+        }
         entry.last = step;
         entry.listeners.forEach((listener) => listener(step));
       };

@@ -33,6 +33,7 @@ function startWidget(loader, shipped) {
   const root = document.getElementById("translator");
   let prefix = []; // the pieces the output is forced to start with: written here only
   let running = null; // the translation under way: {cancelled}
+  const examples = new Map(); // pair -> the sentence it starts with, once loaded
 
   const defaults = () => ({
     beamSize: Number(root.dataset.beamSize),
@@ -146,10 +147,13 @@ function startWidget(loader, shipped) {
     }
   }
 
-  /** Translate the box's text with the page's settings; a new one stops the one running. */
-  async function translateNow() {
+  /**
+   * Translate the box's text with the page's settings (`example`: the pair's example
+   * sentence, once its model is loaded); a new one stops the one running.
+   */
+  async function translateNow({ example = false } = {}) {
     stopRunning();
-    const run = { cancelled: false };
+    const run = { cancelled: false, example };
     running = run;
     $("go").disabled = true;
     $("cancel").disabled = false;
@@ -204,14 +208,18 @@ function startWidget(loader, shipped) {
 
   async function translateRun(run) {
     const pair = $("pair").value;
-    const text = $("text").value;
     $("text").lang = pair.split("-")[0]; // the source language, for spelling and speech
-    if (!text.trim()) {
+    if (!run.example && !$("text").value.trim()) {
       clearShown();
       setState("error", "Type a sentence to translate: the box is empty.");
       return;
     }
     const summary = await loaded(run, pair);
+    examples.set(pair, summary.example);
+    if (run.example) {
+      $("text").value = summary.example;
+    }
+    const text = $("text").value;
     const { beamSize, alpha } = settings();
     const options = { beamSize, alpha, prefix: prefixIds(summary) };
     const way = beamSize === 1 ? "greedy decoding" : `beam search, ${beamSize} beams`;
@@ -311,7 +319,7 @@ function startWidget(loader, shipped) {
     prefix = link.prefix ?? [];
     showSettings();
     $("text").value = params.get("text") ?? ""; // a form field's value: text, not HTML
-    $("go").addEventListener("click", translateNow);
+    $("go").addEventListener("click", () => translateNow());
     $("cancel").addEventListener("click", stopRunning);
     $("text").addEventListener("input", () => {
       prefix = []; // a forced start belongs to the sentence it was chosen for
@@ -322,47 +330,22 @@ function startWidget(loader, shipped) {
         translateNow();
       }
     });
-    let previous = $("pair").value;
-    $("pair").addEventListener("change", async () => {
+    $("pair").addEventListener("change", () => {
       // an untouched example follows the pair; a forced start belongs to the other
-      const example = (pair) =>
-        loader.load(pair).then(
-          (s) => s.example,
-          () => "",
-        );
       const before = $("text").value;
-      const untouched = !before || before === (await example(previous));
-      previous = $("pair").value;
       prefix = [];
-      if (untouched) {
-        $("text").value = await example($("pair").value);
-      }
-      translateNow();
+      translateNow({ example: !before || [...examples.values()].includes(before) });
     });
     for (const name of ["beam", "alpha"]) {
       $(name).addEventListener("input", showSettings);
-      $(name).addEventListener("change", translateNow); // re-decode at once
+      $(name).addEventListener("change", () => translateNow()); // re-decode at once
     }
     $("unforce").addEventListener("click", () => setPrefix([]));
     if (link.problem) {
       setState("error", link.problem);
       return; // the reader chooses, then translates
     }
-    if (link.text === null) {
-      // the pair's example, once its model is loaded
-      const run = { cancelled: false };
-      running = run;
-      loaded(run, $("pair").value)
-        .then((summary) => {
-          if (running === run) {
-            $("text").value = summary.example;
-          }
-        })
-        .catch(() => null) // translateNow reports it
-        .finally(() => running === run && translateNow());
-      return;
-    }
-    translateNow();
+    translateNow({ example: link.text === null }); // no text: the pair's example
   }
 
   start();
