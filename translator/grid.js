@@ -5,9 +5,9 @@
 // Every layer and head of one kind of attention at once: one small heatmap per head, and
 // per layer the heads' mean, the top layer first. A click on one shows it large.
 
-// The longest side of a thumbnail's picture, in pixels: as large as an enlarged
-// thumbnail on a laptop's column, so that it stays sharp.
-const THUMB_PIXELS = 160;
+// The longest side of a thumbnail's picture, in pixels; the page scales it to the
+// thumbnail, its cells kept sharp (image-rendering: pixelated).
+const THUMB_PIXELS = 96;
 
 /**
  * The grid in `element`: onChoose(layer, head) is told of a click (head -1: the heads'

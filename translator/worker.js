@@ -310,7 +310,7 @@ function loadPair(scope, message, progress) {
  * target}} and {pair, translate: [sentence]}, and {score: {hypotheses, references,
  * settings}}. A work posts {id, step} as it goes and {id, result}, {id, ready}, {id,
  * error} or {id, cancelled} at its end. Until the first message that is not a ping, it
- * warms up, one step at a time.
+ * warms up, one step at a time, and goes on between the files of a pair it loads.
  */
 function serve(scope) {
   const translators = new Map(); // pair -> LanguagePair
@@ -342,7 +342,11 @@ function serve(scope) {
       } else if (message.cancel !== undefined) {
         cancelled.add(message.cancel);
       } else if (message.load) {
-        const loaded = loadPair(scope, message, (loaded, total) => progress({ loaded, total }));
+        // the warm-up goes on between the files, while the page waits for them anyway
+        const loaded = loadPair(scope, message, (loaded, total) => {
+          progress({ loaded, total });
+          warming.next();
+        });
         translators.set(loaded.pair, loaded);
         post({ ready: loaded.summary() });
       } else if (message.inspect !== undefined) {
