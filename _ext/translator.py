@@ -4,23 +4,30 @@ At `make book` this extension writes into the build, under `_static/translator/`
 
 - `<pair>.js` for each shipped pair (`checkpoints/<pair>`): its `config.json`, its
   `tokenizer.json` (BPE vocabulary and merges), spaCy's tokenizer rules for its source
-  language (special cases, and the prefix, suffix, infix, token and URL patterns converted
-  to JavaScript by `js_regex`), and its safetensors weights as they are, in base64. The page
-  loads it with a `<script>` element, which works from `file://` where `fetch` does not.
-  Writing it takes seconds; it is kept in the build folder and written again only when one
-  of its inputs changes (a retrained model, other spaCy rules, this code).
+  language and for its target, in which a forced prefix is written (special cases, and the
+  prefix, suffix, infix, token and URL patterns converted to JavaScript by `js_regex`), and
+  the list of `<pair>-1.js`, `<pair>-2.js`, …: its safetensors weights as they are, in
+  base64, cut into chunks of CHUNK_BYTES, so that each is a short task to read and the
+  page can show its progress. They are loaded as classic scripts (a `<script>` element,
+  or a worker's importScripts), which work from `file://` where `fetch` does not, each
+  named with a digest of its text, so that a browser may keep it in its cache.
+  Writing them takes seconds; they are kept in the build folder and written again only
+  when one of their inputs changes (a retrained model, other spaCy rules, this code).
   With them go the numbers that the package defines and the page must not type again:
   the special ids, LayerNorm's ε, the decoding defaults and the extra output length.
 - `<pair>-test.js`: the pair's test_2016_flickr sources and references, sacreBLEU's
   settings and signatures, and the scores that the results chapter reports for the
   shipped model, for the page's button that scores the test set; loaded when it is pressed.
-- `core.js`: `translator/*.js` (tokenizer, model, decoding, scoring, worker) inside one
-  function, whose source the page also starts its Web Workers from;
-- `page.js` and `translator.css`: the widget.
+- `core.js`: the computing side, CORE_FILES of `translator/` (tokenizer, model, decoding,
+  scoring, worker) inside one function, whose source the page also starts its Web Workers
+  from;
+- `page.js`: the widget, PAGE_FILES of `translator/` inside one function, and
+  `translator.css`.
 
 The directive `translator` places the widget, and `translator search` (or `attention`,
 `score`) each of its other parts, from `translator/widget.html`; only a page that has them
-loads these files. The extension imports only the package's public names.
+loads these files, and the scripts' element names each pair's data file, its test split
+and their sizes. The extension imports only the package's public names.
 """
 
 from __future__ import annotations
@@ -44,10 +51,26 @@ SOURCES = ROOT / "translator"
 CORE_FILES = (
     "spacy.js",
     "tokenizer.js",
+    "weights.js",
+    "ops.js",
     "model.js",
     "decode.js",
     "sacrebleu.js",
     "worker.js",
+)
+# The parts of the page, each with one job, in the order they are joined into page.js.
+PAGE_FILES = (
+    "view.js",  # pieces, colours and the theme
+    "loader.js",  # the pairs' data and the Web Workers that translate
+    "link.js",  # the search's settings, the link and the command line
+    "hints.js",  # input the models cannot read
+    "result_view.js",  # the translation, free and forced, and greedy beside beam
+    "search_view.js",  # the beam search, step by step
+    "heatmap.js",  # one attention heatmap
+    "grid.js",  # every layer and head at once
+    "attention_view.js",  # the pieces, the heatmap and the grid together
+    "score_view.js",  # the test set, translated and scored
+    "page.js",  # the widget's controls: the parts together
 )
 # The names that core.js hands to the page and to the tests.
 CORE_NAMES = (
@@ -66,10 +89,27 @@ CORE_NAMES = (
     "compileRegExp",
     "serve",
     "drive",
+    "loadPair",
+    "loadPairScripts",
+)
+# The names that page.js hands to the tests (its pure functions).
+PAGE_NAMES = (
+    "languageHint",
+    "unreadablePieces",
+    "readLink",
+    "linkTo",
+    "commandLine",
+    "stepSummary",
 )
 STATIC = "translator"  # the folder under _static
 # Bump when the format of what is written changes: a new key makes the build rewrite it.
-DATA_FORMAT = "transformer-book translator data 2"
+DATA_FORMAT = "transformer-book translator data 3"
+# The bytes of weights in one data chunk: a multiple of 3, so that each chunk's base64
+# stands alone; 2 MiB of base64 text, read in a few milliseconds.
+CHUNK_BYTES = 3 << 19
+# How many of a source language's most frequent words (those that are not among the
+# other languages' as many) the page knows it by, to offer the right pair.
+HINT_WORDS = 100
 # The split that the page's score button translates, as the results chapter does.
 TEST_SPLIT = "test_2016_flickr"
 # The chapter whose stored output reports the shipped models' scores (`evaluate`'s report).
@@ -223,7 +263,7 @@ def _inputs_digest(pair: str) -> str:
     for part in (
         DATA_FORMAT.encode(),
         json.dumps(package_numbers(pair)).encode(),
-        spacy_fingerprint(PAIRS[pair][0]),
+        *(spacy_fingerprint(language) for language in PAIRS[pair]),
         Path(__file__).read_bytes(),
         (Path(__file__).parent / "js_regex.py").read_bytes(),
         (folder / layout.CONFIG).read_bytes(),
@@ -251,6 +291,8 @@ def pair_data(pair: str) -> dict:
             (folder / layout.TOKENIZER).read_text(encoding="utf-8")
         ),
         "spacy": spacy_rules(source),
+        # the target's, to write a forced prefix as text that the command line reads
+        "target_spacy": spacy_rules(target),
         **package_numbers(pair),
         # the first validation sentence: what the page translates when given none
         "example": load_split("val", source)[0],
@@ -339,50 +381,95 @@ def test_set(pair: str) -> dict:
     }
 
 
-def write_test_script(pair: str, folder: Path) -> Path:
-    """Write `<pair>-test.js` into `folder` (if changed): one call of
-    translatorTestSet(data)."""
-    target = Path(folder) / f"{pair}-test.js"
-    text = (
-        f"// The {TEST_SPLIT} split of {pair}, written by _ext/translator.py.\n"
-        f"translatorTestSet({json.dumps(test_set(pair), ensure_ascii=False)});\n"
-    )
+def digest_name(name: str, text: str) -> str:
+    """`name?v=DIGEST`: the file's address with a digest of its text, which a browser
+    may cache for as long as the text stays."""
+    return f"{name}?v={hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _write_text(target: Path, text: str) -> None:
+    """Write `text` to `target` unless it holds it already (temp, then rename)."""
     if not target.is_file() or target.read_text(encoding="utf-8") != text:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(target)
-    return target
 
 
-def write_pair_script(pair: str, folder: Path) -> Path:
-    """Write `<pair>.js` into `folder` unless it is there already from the same inputs:
-    one call of translatorData(data, weights), the weights as base64 strings."""
+def write_test_script(pair: str, folder: Path) -> str:
+    """Write `<pair>-test.js` into `folder` (if changed): one call of
+    translatorTestSet(data). Its name with its digest."""
+    text = (
+        f"// The {TEST_SPLIT} split of {pair}, written by _ext/translator.py.\n"
+        f"translatorTestSet({json.dumps(test_set(pair), ensure_ascii=False)});\n"
+    )
+    _write_text(Path(folder) / f"{pair}-test.js", text)
+    return digest_name(f"{pair}-test.js", text)
+
+
+def _chunk_name(pair: str, index: int) -> str:
+    return f"{pair}-{index + 1}.js"
+
+
+def write_pair_script(pair: str, folder: Path) -> dict:
+    """Write `<pair>.js` and its weights' chunks into `folder` unless they are there
+    already from the same inputs: one call of translatorData(data), whose
+    data.weights lists the chunks, each one call of translatorWeights(pair, index,
+    base64). Returns {"data": the first's name with its digest, "bytes": the size of
+    them all}."""
     from transformer.paths import CHECKPOINTS_DIR
 
-    target = Path(folder) / f"{pair}.js"
+    folder = Path(folder)
+    target = folder / f"{pair}.js"
     stamp = f"// {DATA_FORMAT}, inputs {_inputs_digest(pair)}\n"
     if target.is_file():
-        with target.open(encoding="utf-8") as f:
-            if f.readline() == stamp:
-                return target
+        text = target.read_text(encoding="utf-8")
+        if text.startswith(stamp):
+            call = "translatorData("
+            head = json.loads(text[text.index(call) + len(call) : text.rindex(")")])
+            names = [chunk["src"].split("?")[0] for chunk in head["weights"]["chunks"]]
+            if all((folder / name).is_file() for name in names):
+                return {
+                    "data": digest_name(target.name, text),
+                    "bytes": len(text.encode())
+                    + sum((folder / name).stat().st_size for name in names),
+                }
     data = pair_data(pair)
     files = layout.weight_files(CHECKPOINTS_DIR / pair, data["config"])
-    weights = [base64.b64encode(path.read_bytes()).decode("ascii") for path in files]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(stamp)
-        f.write(
-            f"// The {pair} model of checkpoints/{pair}, written by _ext/translator.py.\n"
+    weights = b"".join(path.read_bytes() for path in files)
+    chunks = []
+    for index, start in enumerate(range(0, len(weights), CHUNK_BYTES)):
+        part = base64.b64encode(weights[start : start + CHUNK_BYTES]).decode("ascii")
+        text = f'translatorWeights("{pair}", {index}, "{part}");\n'
+        _write_text(folder / _chunk_name(pair, index), text)
+        chunks.append(
+            {
+                "src": digest_name(_chunk_name(pair, index), text),
+                "bytes": len(text.encode()),
+            }
         )
-        f.write("translatorData(")
-        f.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
-        f.write(",")
-        f.write(json.dumps(weights))
-        f.write(");\n")
-    tmp.replace(target)
-    return target
+    # the chunks of a larger model, written before, are no longer read
+    for old in folder.glob(f"{pair}-*.js"):
+        if re.fullmatch(rf"{re.escape(pair)}-(\d+)\.js", old.name) and int(
+            old.name[len(pair) + 1 : -3]
+        ) > len(chunks):
+            old.unlink()
+    data["weights"] = {
+        "files": [path.stat().st_size for path in files],
+        "chunks": chunks,
+    }
+    text = (
+        stamp
+        + f"// The {pair} model of checkpoints/{pair}, written by _ext/translator.py;"
+        + f" its weights are in {_chunk_name(pair, 0)} to"
+        + f" {_chunk_name(pair, len(chunks) - 1)}.\n"
+        + f"translatorData({json.dumps(data, ensure_ascii=False, separators=(',', ':'))});\n"
+    )
+    _write_text(target, text)
+    return {
+        "data": digest_name(target.name, text),
+        "bytes": len(text.encode()) + sum(chunk["bytes"] for chunk in chunks),
+    }
 
 
 def core_source() -> str:
@@ -404,20 +491,35 @@ def core_source() -> str:
     )
 
 
+def page_source() -> str:
+    """page.js: the page's parts inside one function, translatorPage(script), which
+    starts the widget when given its script element and returns the parts' pure
+    functions (for the tests, given null)."""
+    body = "\n".join(
+        f"// ---- translator/{name}\n{(SOURCES / name).read_text(encoding='utf-8')}"
+        for name in PAGE_FILES
+    )
+    return (
+        "// Written by _ext/translator.py from translator/*.js: edit those.\n"
+        "function translatorPage(script) {\n"
+        '"use strict";\n'
+        f"{body}\n"
+        "if (script) {\n  startPage(script);\n}\n"
+        f"return {{ {', '.join(PAGE_NAMES)} }};\n"
+        "}\n"
+        'translatorPage(typeof document === "undefined" ? null : document.currentScript);\n'
+    )
+
+
 def write_static(folder: Path) -> None:
     """core.js, page.js and translator.css into `folder` (each written only if changed)."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
     files = {
         "core.js": core_source(),
-        "page.js": (SOURCES / "page.js").read_text(encoding="utf-8"),
+        "page.js": page_source(),
         "translator.css": (SOURCES / "translator.css").read_text(encoding="utf-8"),
     }
     for name, text in files.items():
-        path = Path(folder) / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
+        _write_text(Path(folder) / name, text)
 
 
 # ---- The directive and its node
@@ -443,18 +545,37 @@ def _widget_parts() -> dict[str, str]:
     return parts
 
 
+@functools.cache
+def hint_words(language: str) -> tuple[str, ...]:
+    """The HINT_WORDS most frequent words of `language` in the training split,
+    lowercased, leaving out those among as many of another language's (the other
+    sources' and the targets'): what the page tells a language by."""
+    from collections import Counter
+
+    from transformer.multi30k import PAIRS, load_split
+
+    def frequent(code: str) -> list[str]:
+        words = Counter(
+            word
+            for sentence in load_split("train", code)
+            for word in re.findall(r"[^\W\d_]+", sentence.lower())
+        )
+        return [word for word, _ in words.most_common(HINT_WORDS)]
+
+    others = {code for pair in PAIRS.values() for code in pair} - {language}
+    common = {word for code in sorted(others) for word in frequent(code)}
+    return tuple(word for word in frequent(language) if word not in common)
+
+
 def _widget_html(pairs: list[str], part: str = "main") -> str:
     from transformer.multi30k import PAIRS
-    from transformer.paths import CHECKPOINTS_DIR
 
     def option(pair: str) -> str:
         source, target = (language_name(code) for code in PAIRS[pair])
-        folder = CHECKPOINTS_DIR / pair
-        config = json.loads((folder / layout.CONFIG).read_text(encoding="utf-8"))
-        size = sum(path.stat().st_size for path in layout.weight_files(folder, config))
+        words = " ".join(hint_words(PAIRS[pair][0]))
         return (
-            f'<option value="{html.escape(pair)}" data-megabytes="{size / 1e6:.0f}">'
-            f"{source} → {target}</option>"
+            f'<option value="{html.escape(pair)}" data-words="{html.escape(words)}"'
+            f' data-language="{html.escape(source)}">{source} → {target}</option>'
         )
 
     options = "".join(option(p) for p in pairs)
@@ -525,9 +646,14 @@ def _write_assets(app) -> None:
     static = _static_folder(app)
     folder = static / STATIC
     write_static(folder)
-    for pair in shipped_pairs():
-        write_pair_script(pair, folder)
-        write_test_script(pair, folder)
+    # what the page's script element names, in _add_page_assets
+    app.translator_files = {
+        pair: {
+            **write_pair_script(pair, folder),
+            "test": write_test_script(pair, folder),
+        }
+        for pair in shipped_pairs()
+    }
     # copied to _static/translator/ (a name that exclude_patterns must not hold: Sphinx
     # leaves out the static files that match them)
     app.config.html_static_path.append(str(static))
@@ -539,7 +665,14 @@ def _add_page_assets(app, pagename, templatename, context, doctree) -> None:
         return
     app.add_css_file(f"{STATIC}/translator.css")
     app.add_js_file(f"{STATIC}/core.js")
-    app.add_js_file(f"{STATIC}/page.js", **{"data-pairs": " ".join(shipped_pairs())})
+    files = getattr(app, "translator_files", {})
+    app.add_js_file(
+        f"{STATIC}/page.js",
+        **{
+            "data-pairs": " ".join(shipped_pairs()),
+            "data-files": json.dumps(files, separators=(",", ":")),
+        },
+    )
 
 
 def setup(app):

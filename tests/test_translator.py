@@ -3,17 +3,24 @@
 gives spaCy's words, the BPE ids, the translations (greedy and beam 4), the warnings and the
 attention weights of the package, for both shipped models and for tiny models of the other
 configurations (pre-norm, learned positions, separate embeddings and output layer); the beam
-search's every step for several widths and α, the forced prefix, the score button's
-translations, and sacreBLEU's BLEU and chrF as Python prints them."""
+search's every step for several widths and α, the forced prefix with the free translation
+beside it and the command line that gives it, the score button's translations, and
+sacreBLEU's BLEU and chrF as Python prints them. The page's own pure functions say which
+pair a text looks like and how much of it the model cannot read; the weights come in
+chunks named by their digests."""
 
 from __future__ import annotations
 
+import argparse
+import base64
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -609,6 +616,183 @@ def test_what_the_page_shows_is_the_translation(static: Path):
         unknown = shown[9]
         assert unknown["unknown"] > (len(unknown["source"]) - 1) / 2
         assert all(s["beam"]["steps"] >= len(s["outputPieces"]) for s in shown[:8])
+
+
+def _command_args(command: str) -> argparse.Namespace:
+    """The command line that the page shows, read as the package's parser reads it."""
+    from transformer.cli.translate import translate_parser
+
+    words = shlex.split(command)
+    assert words[:4] == ["python", "-m", "transformer", "translate"], command
+    return translate_parser().parse_args(words[4:])
+
+
+# Sentences whose quoting the command line must get right.
+QUOTED = ["Er sagt: „Das kostet 5 $“!", "-Zwei Hunde- spielen.", "Ein 'Hund' \\ läuft."]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", PAIRS)
+def test_a_forced_translation_keeps_the_free_one_and_names_its_command(
+    static: Path, pair: str
+):
+    """Test sentences forced to start with the first two words of their references
+    (greedy and beam 4, α 0.6 and 1.0): the page shows the free translation beside the
+    forced one, as the package gives them; the prefix's text, which the command line
+    shown beside it reads, cut into the same pieces, gives the forced translation; each
+    forced step's summary says that the forced start set its piece."""
+    chosen = load_pairs("test_2016_flickr", pair)[300:306]
+    sources = [source for source, _ in chosen] + QUOTED
+    prefixes = [" ".join(ref.split()[:2]) for _, ref in chosen] + ["Two", "A", "A"]
+    model, tokenizer = load_pair_model(pair)
+    forced = [tokenizer.encode(p, tokenizer.languages[1]) for p in prefixes]
+    defaults = DecodeOptions()
+    searches = ((1, 0.6), (4, 0.6), (4, 1.0))
+    running = [
+        start_node(
+            static,
+            pair,
+            {"inspect": sources, "prefixes": forced, "beamSize": k, "alpha": a},
+        )
+        for k, a in searches
+    ]
+    shown = []
+    for (beam, alpha), process in zip(searches, running, strict=True):
+        inspected = answer(process)["inspected"]
+        for source, prefix, ids, got in zip(
+            sources, prefixes, forced, inspected, strict=True
+        ):
+            options = {"beam_size": beam, "alpha": alpha}
+            expected = translate(model, tokenizer, [source], prefix=prefix, **options)
+            free = translate(model, tokenizer, [source], **options)
+            assert got["text"] == expected[0] and got["free"]["text"] == free[0]
+            assert got["prefix"] == {"text": tokenizer.decode(ids), "exact": True}
+            assert all(
+                line.startswith(f"Step {t + 1} is forced: ")
+                for t, line in enumerate(got["summaries"][: len(ids)])
+            ), got["summaries"]
+            assert not any("of 1 candidate" in line for line in got["summaries"])
+            shown.append(
+                {
+                    "pair": pair,
+                    "text": source,
+                    "beamSize": beam,
+                    "alpha": alpha,
+                    "prefixText": got["prefix"]["text"],
+                }
+            )
+    defaults_js = {"beamSize": defaults.beam_size, "alpha": defaults.alpha}
+    request = {"commands": shown, "defaults": defaults_js}
+    commands = run_node(static, "-", request)["commands"]
+    for command, asked in zip(commands, shown, strict=True):
+        args = _command_args(command)
+        assert (args.pair, args.prefix, args.sentences) == (
+            pair,
+            asked["prefixText"],
+            [asked["text"]],
+        ), command
+        assert (args.beam, args.alpha) == (asked["beamSize"], asked["alpha"]), command
+        assert ("--beam" in command) == (asked["beamSize"] != defaults.beam_size)
+        assert ("--alpha" in command) == (asked["alpha"] != defaults.alpha)
+
+
+@pytest.mark.slow
+def test_a_prefix_that_its_text_cuts_otherwise_has_no_command(static: Path):
+    """A forced start of pieces that its text is not cut into (a word in two pieces
+    where the tokenizer makes one): the page says that no command gives it."""
+    model, tokenizer = load_pair_model("de-en")
+    vocab = tokenizer.bpe.get_vocab()
+    whole = tokenizer.encode("Two", tokenizer.languages[1])
+    split = [vocab["\u2581T"], vocab["wo"]]
+    assert whole != split
+    request = {"inspect": ["Zwei Hunde spielen im Schnee."], "beamSize": 4}
+    (got,) = run_node(static, "de-en", {**request, "prefix": split})["inspected"]
+    assert got["prefix"] == {"text": "Two", "exact": False}
+    assert got["text"].startswith("Two")
+
+
+@pytest.mark.slow
+def test_the_page_offers_the_pair_that_the_text_looks_like(static: Path):
+    """languageHint, on 300 validation sentences of each language: German typed into
+    French → English offers German → English, French typed into German → English
+    offers French → English, and a text in the pair's own language, or in English,
+    offers nothing; the telling words are the build's."""
+    languages = [
+        {
+            "pair": pair,
+            "language": extension.language_name(source),
+            "words": list(extension.hint_words(source)),
+        }
+        for pair, source in PAIRS.items()
+    ]
+    texts = {code: load_split("val", code)[:300] for code in ("de", "fr", "en")}
+    asked = [[t, pair] for code in texts for t in texts[code] for pair in PAIRS]
+    hints = run_node(static, "-", {"hints": {"languages": languages, "texts": asked}})
+    got = iter(hints["hints"])
+    offered: dict[tuple[str, str], int] = {}
+    for code in texts:
+        for _ in texts[code]:
+            for pair in PAIRS:
+                hint = next(got)
+                key = (code, pair)
+                offered[key] = offered.get(key, 0) + (hint is not None)
+                if hint is not None:
+                    assert hint["pair"] == f"{code}-en" != pair, (code, pair, hint)
+                    assert hint["language"] == extension.language_name(code)
+    assert offered[("de", "fr-en")] >= 290 and offered[("fr", "de-en")] >= 290, offered
+    assert offered[("de", "de-en")] == offered[("fr", "fr-en")] == 0, offered
+    assert offered[("en", "de-en")] + offered[("en", "fr-en")] <= 3, offered
+
+
+@pytest.mark.slow
+def test_text_the_model_cannot_read_is_counted_as_the_package_cuts_it(static: Path):
+    """unreadablePieces counts the pieces <unk> and a bare word marker of the
+    package's encoding: a lone emoji is all of them, Cyrillic nearly all, a sentence
+    with one emoji a minority."""
+    texts = ["😀", "🐕🐕", "Привет, как дела?", "Hallo 😀", "Zwei Hunde spielen.", "…"]
+    model, tokenizer = load_pair_model("de-en")
+    got = run_node(static, "de-en", {"unreadable": texts})["unreadable"]
+    for text, have in zip(texts, got, strict=True):
+        pieces = tokenizer.pieces(tokenizer.encode(text))
+        bare = sum(piece in ("<unk>", "\u2581") for piece in pieces)
+        assert have == {"count": bare, "of": len(pieces)}, text
+    assert got[0] == {"count": 2, "of": 2}
+    assert got[2]["count"] > got[2]["of"] / 2 and got[3]["count"] <= got[3]["of"] / 2
+
+
+@pytest.mark.slow
+def test_the_weights_come_in_chunks_named_by_their_digests(static: Path):
+    """<pair>.js lists its weights' chunks, each a short script named by a digest of its
+    text, which together hold the safetensors files byte for byte; the page's
+    progress counts the files' true size up to the end; writing again with the same
+    inputs leaves every file as it is."""
+    from transformer.paths import CHECKPOINTS_DIR
+
+    folder = CHECKPOINTS_DIR / "de-en"
+    config = json.loads((folder / "config.json").read_text())
+    shards = [p.read_bytes() for p in extension.layout.weight_files(folder, config)]
+    head = (static / "de-en.js").read_text()
+    data = json.loads(head[head.index("translatorData(") + 15 : head.rindex(")")])
+    chunks = data["weights"]["chunks"]
+    assert data["weights"]["files"] == [len(shard) for shard in shards]
+    decoded = b""
+    for chunk in chunks:
+        name, digest = chunk["src"].split("?v=")
+        text = (static / name).read_text()
+        assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest
+        assert chunk["bytes"] == len(text.encode()) < 1.34 * extension.CHUNK_BYTES + 100
+        decoded += base64.b64decode(text[text.index(', "') + 3 : text.rindex('"')])
+    assert decoded == b"".join(shards) and len(chunks) >= 4
+    stamps = {p.name: p.stat().st_mtime_ns for p in static.iterdir()}
+    written = extension.write_pair_script("de-en", static)
+    assert {p.name: p.stat().st_mtime_ns for p in static.iterdir()} == stamps
+    total = len(head.encode()) + sum(chunk["bytes"] for chunk in chunks)
+    assert written == {"data": extension.digest_name("de-en.js", head), "bytes": total}
+    progress = run_node(static, "de-en", {"bytes": total})["progress"]
+    assert len(progress) == len(chunks) + 1 and progress[-1] == [total, total]
+    assert [loaded for loaded, _ in progress] == sorted(
+        loaded for loaded, _ in progress
+    )
 
 
 @pytest.mark.slow

@@ -1,22 +1,31 @@
 """The page "Translate and look inside" in headless Chromium with DNS blocked, from file://
 and over HTTP: a shared link, `?pair=…&text=…`, gives the package's translation in the
 element #translation, with the beam search's steps, the heatmap and the grid of heads; the
-step control, a forced piece and the grid each change what the page shows; a 300-word
-paragraph leaves the page responsive; Cancel stops the work; bad input gets its message; a
-phone's viewport has large controls and no overflow; what a link carries stays text; there
-is no page error and no network request; and no other page of the book loads the models."""
+step control, a forced piece and the grid each change what the page shows, and a forced
+start keeps the free translation beside it, with its command line; loading shows its
+progress in the files' true size, each file named by its digest; a 300-word paragraph
+leaves the page responsive; Cancel stops the work and clears what it replaced, as an
+error does; bad input gets its message, text in the other pair's language a hint that
+offers it; the score names its pair and opens its worst sentences above; a phone's
+viewport has large controls, a grid that enlarges and no overflow; the dark theme keeps
+every part readable; what a link carries stays text; there is no page error and no
+network request; and no other page of the book loads the models."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
+import json
 import re
+import shlex
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from html import unescape as html_unescape
 from pathlib import Path
-from urllib.parse import parse_qs, urlencode, urlparse
+from urllib.parse import parse_qs, unquote, urlencode, urlparse
 
 import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS
@@ -36,12 +45,36 @@ PARTING = "Zwei Pudel rennen durch den Schnee."
 SETTLED = (
     "#translator:is([data-state=done], [data-state=error], [data-state=cancelled])"
 )
+# Registered before the page's scripts: window.statuses, each status line shown, with
+# the progress bar's value and maximum.
+STATUSES = """
+window.statuses = [];
+new MutationObserver(() => {
+  const status = document.getElementById("translator-status");
+  if (status && status.textContent !== window.statuses.at(-1)?.[0]) {
+    const bar = document.getElementById("translator-progress");
+    window.statuses.push([status.textContent, bar.value, bar.max]);
+  }
+}).observe(document, { subtree: true, childList: true, characterData: true });
+"""
 
 
 @functools.cache
 def packages(pair: str, text: str, beam: int) -> str:
     model, tokenizer = load_pair_model(pair)
     return translate(model, tokenizer, [text], beam_size=beam)[0]
+
+
+def commanded(command: str) -> str:
+    """What the package translates for the command line that the page shows."""
+    from transformer.cli.translate import translate_parser
+
+    words = shlex.split(command)
+    assert words[:4] == ["python", "-m", "transformer", "translate"], command
+    args = translate_parser().parse_args(words[4:])
+    model, tokenizer = load_pair_model(args.pair)
+    options = {"beam_size": args.beam, "alpha": args.alpha, "prefix": args.prefix}
+    return translate(model, tokenizer, args.sentences, **options)[0]
 
 
 def paragraph(words: int = 300) -> str:
@@ -91,10 +124,19 @@ def address(book: Path, origin: str | None, **params) -> str:
 
 @contextmanager
 def opened(
-    url: str, *, width: int = 1280, height: int = 1000, touch: bool = False
+    url: str,
+    *,
+    width: int = 1280,
+    height: int = 1000,
+    touch: bool = False,
+    theme: str = "light",
+    expect: tuple[str, ...] = (),
+    routes: dict | None = None,
 ) -> Iterator:
-    """The page at `url`, loaded, in headless Chromium; on leaving, no page error, no
-    console error or warning, and no request beyond the page's own origin."""
+    """The page at `url`, loaded, in headless Chromium, in the book's `theme`, with
+    `routes` ({glob: handler}) answering some of its requests; on leaving, no page
+    error, no console error or warning but those that hold a string of `expect`, and
+    no request beyond the page's own origin."""
     from playwright.sync_api import sync_playwright
 
     origin = "file:" if url.startswith("file:") else url[: url.index("/", 8) + 1]
@@ -115,7 +157,16 @@ def opened(
             has_touch=touch,
             is_mobile=touch,
         )
+        # the theme that the book's switch stores, read as the page loads
+        context.add_init_script(
+            f"localStorage.setItem('mode', '{theme}');"
+            f" localStorage.setItem('theme', '{theme}');"
+        )
+        # every status line the widget shows, in order
+        context.add_init_script(STATUSES)
         page = context.new_page()
+        for glob, handler in (routes or {}).items():
+            page.route(glob, handler)
         page.set_default_timeout(WAIT_MS)
         page.on("pageerror", lambda exc: problems.append(f"script error: {exc}"))
         page.on(
@@ -123,6 +174,7 @@ def opened(
             lambda msg: (
                 problems.append(f"console {msg.type}: {msg.text}")
                 if msg.type in ("error", "warning")
+                and not any(e in msg.text for e in expect)
                 else None
             ),
         )
@@ -138,6 +190,16 @@ def opened(
         yield page
         browser.close()
     assert not problems, "\n".join(problems)
+
+
+def cleared(page) -> bool:
+    """Whether the page shows no translation: no text, table, link, search or heatmap."""
+    return page.evaluate(
+        """() => document.getElementById("translation").textContent === ""
+             && ["compare", "search", "inside"].every(
+                  (id) => document.getElementById(`translator-${id}`).hidden)
+             && document.getElementById("translator-link").parentElement.hidden"""
+    )
 
 
 def settle(page) -> str:
@@ -228,7 +290,27 @@ def test_the_step_control_a_forced_piece_and_the_grid_change_the_page(
         after = shown(page)
         prefix = page.locator("#translator-prefix .translator-piece")
         assert prefix.count() == 2 and prefix.nth(1).text_content() == forced
+        # the forced view: labelled rows, the free translation beside them, the first
+        # step after the forced start, and the command that gives the same
+        rows = page.locator("#translator-compare-rows tr")
+        names = rows.locator("td:first-child").all_text_contents()
+        assert [n.endswith(", forced start") for n in names] == [True, True, False]
+        assert names[2].endswith(", free")
+        assert rows.nth(2).locator("td").nth(1).text_content() == before["translation"]
+        assert (
+            page.locator("#translator-compare-rows .translator-forced-row").count() == 2
+        )
+        assert page.input_value("#translator-step") == "3"
+        assert page.text_content("#translator-step-summary").startswith("Step 3: ")
+        page.focus("#translator-step")
+        page.keyboard.press("Home")
+        assert page.text_content("#translator-step-summary").startswith(
+            "Step 1 is forced: "
+        )
+        command = page.text_content("#translator-command code")
     assert after["translation"] != before["translation"]
+    assert command.startswith("python -m transformer translate --pair de-en --prefix ")
+    assert commanded(command) == after["translation"]
     query = parse_qs(urlparse(after["link"]).query)
     assert len(query["prefix"][0].split(" ")) == 2
     # the link opens the page with the same forced start and translation
@@ -292,6 +374,8 @@ def test_cancel_stops_the_work(book: Path):
         assert page.is_enabled("#translator-go") and page.is_disabled(
             "#translator-cancel"
         )
+        # the previous sentence's translation and views are not left under it
+        assert cleared(page), shown(page)
         # the worker is free again at once
         page.fill("#translator-text", SENTENCES["de-en"])
         page.click("#translator-go")
@@ -328,13 +412,153 @@ def test_bad_input_gets_its_message(book: Path):
         assert "“xx-yy”" in status
         assert "German → English (de-en)" in status and "(fr-en)" in status
         assert page.text_content("#translation") == ""
-    with opened(address(book, None, pair="de-en", text="Привет, как дела?")) as page:
-        assert settle(page) == "done"
-        (warning,) = shown(page)["warnings"]
-        assert "<unk>" in warning and "German or French only" in warning
+    for unreadable in ("Привет, как дела?", "😀"):
+        with opened(address(book, None, pair="de-en", text=unreadable)) as page:
+            assert settle(page) == "done"
+            (warning,) = shown(page)["warnings"]
+            assert "<unk>" in warning and "German or French only" in warning
+            assert page.is_hidden("#translator-hint")
     with opened(address(book, None, pair="de-en", text="Hallo", beam="9")) as page:
         assert settle(page) == "error"
         assert "1 to 8 beams" in page.text_content("#translator-status")
+
+
+def test_text_in_the_other_pairs_language_gets_a_hint_that_offers_it(book: Path):
+    """French typed into German → English, and a link without a pair: the page
+    translates as asked, and offers French → English, which translates it."""
+    french = SENTENCES["fr-en"]
+    for url in (
+        address(book, None, pair="de-en", text=french),
+        address(book, None, text=french),
+    ):
+        with opened(url) as page:
+            assert settle(page) == "done"
+            assert page.input_value("#translator-pair") == "de-en"
+            hint = page.text_content("#translator-hint")
+            assert hint.startswith("This text looks like French."), hint
+            page.click("#translator-hint button")
+            page.wait_for_selector("#translator[data-state=translating]")
+            assert settle(page) == "done"
+            assert page.input_value("#translator-pair") == "fr-en"
+            assert page.text_content("#translation") == packages("fr-en", french, 4)
+            assert page.is_hidden("#translator-hint")
+
+
+def test_loading_shows_the_files_true_size_each_named_by_its_digest(book: Path):
+    """The status counts the model's files in MB up to their size, which the page's
+    element names with a digest of each file; the progress bar follows it."""
+    folder = book / "_static" / "translator"
+    html = (book / PAGE).read_text(encoding="utf-8")
+    files = json.loads(html_unescape(re.search(r'data-files="([^"]*)"', html).group(1)))
+    for pair, named in files.items():
+        for name in (named["data"], named["test"]):
+            path, digest = name.split("?v=")
+            text = (folder / path).read_bytes()
+            assert hashlib.sha256(text).hexdigest()[:16] == digest, name
+        head = (folder / f"{pair}.js").read_text(encoding="utf-8")
+        call = "translatorData("
+        data = json.loads(head[head.index(call) + len(call) : head.rindex(")")])
+        chunks = [chunk["src"].split("?")[0] for chunk in data["weights"]["chunks"]]
+        size = (folder / f"{pair}.js").stat().st_size + sum(
+            (folder / c).stat().st_size for c in chunks
+        )
+        assert named["bytes"] == size
+    megabytes = f"{files['fr-en']['bytes'] / 1e6:.1f}"
+    with opened(address(book, None, pair="de-en", text="Hallo.")) as page:
+        assert settle(page) == "done"
+        page.select_option("#translator-pair", "fr-en")  # not loaded yet
+        page.wait_for_selector("#translator[data-state=loading]")
+        assert settle(page) == "done"
+        statuses = page.evaluate("window.statuses")
+    loading = [
+        s for s in statuses if s[0].startswith("Loading the French → English model")
+    ]
+    total = files["fr-en"]["bytes"]
+    assert loading[0][0] == f"Loading the French → English model ({megabytes} MB)…"
+    assert loading[-1] == [
+        f"Loading the French → English model: {megabytes} of {megabytes} MB…",
+        total,
+        total,
+    ]
+    loaded = [float(line[0].split(": ")[1].split(" ")[0]) for line in loading[1:]]
+    assert len(loaded) >= 3 and loaded == sorted(loaded), statuses
+
+
+def _few_test_sentences(route, book: Path) -> None:
+    """Answer the request for de-en's test split with its first 12 sentences."""
+    path = book / unquote(urlparse(route.request.url).path).lstrip("/")
+    text = path.read_text(encoding="utf-8")
+    call = "translatorTestSet("
+    data = json.loads(text[text.index(call) + len(call) : text.rindex(")")])
+    for key in ("sources", "references"):
+        data[key] = data[key][:12]
+    route.fulfill(body=f"{call}{json.dumps(data)});", content_type="text/javascript")
+
+
+def test_the_score_names_its_pair_and_opens_its_worst_sentences_above(
+    book: Path, served: str
+):
+    """The score of a test split (its first 12 sentences, in this test) names the pair
+    and the split; a sentence of its lowest chrF opens in the translator above, with the
+    paper's search, and translates as the package does."""
+    url = address(book, served, pair="de-en", text="Hallo.", beam="2")
+    routes = {"**/de-en-test.js*": lambda route: _few_test_sentences(route, book)}
+    with opened(url, routes=routes) as page:
+        assert settle(page) == "done"
+        page.click("#translator-score-go")
+        page.wait_for_selector("#translator-score[data-state=done]")
+        named = page.text_content("#translator-score-pair")
+        worst = page.locator("#translator-score-worst tr").first
+        sentence = worst.locator("td div").first.text_content().split(" ", 1)[1]
+        worst.locator("button").click()
+        page.wait_for_selector("#translator[data-state=translating]")
+        assert settle(page) == "done"
+        text = page.input_value("#translator-text")
+        beam = page.input_value("#translator-beam")
+        translation = page.text_content("#translation")
+    assert named.startswith("German → English (de-en), the 12 sentences of"), named
+    assert "test_2016_flickr" in named
+    assert text == sentence and beam == "4"
+    assert translation == packages("de-en", sentence, 4)
+
+
+def test_a_worker_that_cannot_read_the_scripts_gets_them_from_the_page(
+    book: Path, served: str
+):
+    """The first request for the pair's data (the worker's importScripts) fails: the
+    page reads the scripts itself, hands them to the worker, and translates as the
+    package does."""
+    asked: list[str] = []
+
+    def first_fails(route) -> None:
+        asked.append(route.request.url)
+        if len(asked) == 1:
+            route.abort()
+        else:
+            route.continue_()
+
+    text = SENTENCES["de-en"]
+    url = address(book, served, pair="de-en", text=text)
+    with opened(url, routes={"**/de-en.js*": first_fails}) as page:
+        assert settle(page) == "done", page.text_content("#translator-status")
+        translation = page.text_content("#translation")
+        status = page.text_content("#translator-status")
+    assert len(asked) == 2 and translation == packages("de-en", text, 4)
+    assert "on the page itself" not in status  # the worker translated
+
+
+def test_an_error_clears_the_translation_it_replaces(book: Path, served: str):
+    """A pair whose data cannot be read: its error, and no trace of the translation
+    of the pair before."""
+    url = address(book, served, pair="de-en", text=SENTENCES["de-en"])
+    routes = {"**/fr-en*.js*": lambda route: route.abort()}
+    with opened(url, routes=routes, expect=("fr-en", "Failed to load")) as page:
+        assert settle(page) == "done" and not cleared(page)
+        page.select_option("#translator-pair", "fr-en")
+        page.wait_for_selector("#translator[data-state=error]")
+        status = page.text_content("#translator-status")
+        assert status.startswith("Something went wrong: "), status
+        assert cleared(page), shown(page)
 
 
 def test_a_phone_has_large_controls_no_overflow_and_touch(book: Path):
@@ -347,15 +571,12 @@ def test_a_phone_has_large_controls_no_overflow_and_touch(book: Path):
         overflow = page.evaluate(
             "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
         )
-        small = page.evaluate(
-            """() => [...document.querySelectorAll(
-                   '.translator button, .translator select, .translator input,'
-                   + ' .translator textarea, .translator a')]
-                 .filter(e => e.offsetParent !== null)
-                 .map(e => [e.id || e.textContent.trim().slice(0, 20),
-                            e.getBoundingClientRect().height])
-                 .filter(([, h]) => h < 40)"""
-        )
+        small = page.evaluate(SMALL_CONTROLS)
+        # the grid enlarges: three heads a row
+        thumb = page.locator("#translator-grid button").first
+        compact = thumb.bounding_box()["width"]
+        page.click("#translator-grid-large")
+        large = thumb.bounding_box()["width"]
         # tap the last cell: its value; tap again: cleared
         scroller = page.locator("#translator-heatmap .translator-map-scroll")
         scroller.scroll_into_view_if_needed()
@@ -368,10 +589,112 @@ def test_a_phone_has_large_controls_no_overflow_and_touch(book: Path):
         page.touchscreen.tap(x, y)
         value = page.text_content("#translator-cell")
         page.touchscreen.tap(x, y)
-        cleared = page.text_content("#translator-cell")
+        emptied = page.text_content("#translator-cell")
     assert overflow[0] <= overflow[1], overflow
     assert not small, small
-    assert "weight" in value and value != hint and cleared == hint
+    assert 40 <= compact and 100 <= large, (compact, large)
+    assert "weight" in value and value != hint and emptied == hint
+
+
+# The contrast of text with what lies under it (WCAG's ratio), for the first element in
+# view of each selector: {selector: ratio}.
+CONTRASTS = """(selectors) => {
+  const rgb = (css) => {
+    const c = document.createElement("canvas").getContext("2d");
+    c.fillStyle = css;
+    c.fillRect(0, 0, 1, 1);
+    return [...c.getImageData(0, 0, 1, 1).data];
+  };
+  const luminance = ([r, g, b]) => {
+    const f = (v) => ((v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const under = (e) => {
+    for (; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) return c;
+    }
+    return rgb(getComputedStyle(document.body).backgroundColor);
+  };
+  return Object.fromEntries(selectors.map((selector) => {
+    const e = [...document.querySelectorAll(selector)].find((x) => x.offsetParent);
+    if (!e) return [selector, null];
+    const [a, b] = [luminance(rgb(getComputedStyle(e).color)), luminance(under(e))];
+    return [selector, (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)];
+  }));
+}"""
+# What the dark theme must keep readable: the pieces (a new one, and ones shaded by
+# their attention, light and dark), the controls, the tables and the grid's captions.
+READABLE = [
+    "#translation",
+    "#translator-beams .translator-new",
+    "#translator-looked .translator-ink-dark",
+    "#translator-looked .translator-ink-light",
+    "#translator-entering button[aria-selected=true]",
+    "#translator-compare-rows td",
+    "#translator-step-summary",
+    "#translator-grid button span",
+    "#translator-source .translator-piece",
+]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_every_part_of_the_page_is_readable_in_both_themes(book: Path, theme: str):
+    """The book's theme switch set to light or dark: every text of the widget keeps a
+    contrast of 4.5 with what lies under it, the heatmap's label strips take the page's
+    background, and a weight of 0 is drawn in it too; switching the theme redraws."""
+    with opened(address(book, None, pair="de-en", text=PARTING), theme=theme) as page:
+        assert settle(page) == "done"
+        page.wait_for_function(
+            "performance.getEntriesByName('translator: drawn').length === 1"
+        )
+        assert page.evaluate("document.documentElement.dataset.theme") == theme
+        contrasts = page.evaluate(CONTRASTS, READABLE)
+        page.select_option("#translator-kind", "decoderSelf")
+        background = page.evaluate(PIXELS)
+        page.evaluate(
+            "(t) => document.documentElement.dataset.theme = t",
+            "light" if theme == "dark" else "dark",
+        )
+        page.wait_for_timeout(300)
+        switched = page.evaluate(PIXELS)
+    low = {k: v for k, v in contrasts.items() if v is None or v < 4.5}
+    assert not low, low
+    page_colour, strip, zero = background
+    assert strip == page_colour and zero == page_colour, background
+    assert switched[1] == switched[0] != page_colour, switched
+
+
+# The page's background, the heatmap's top-left pixel (its label strip), and the colour
+# of a weight of 0 on a thumbnail of the grid (the decoder's causal mask: top right).
+PIXELS = """() => {
+  const rgb = (css) => {
+    const c = document.createElement("canvas").getContext("2d");
+    c.fillStyle = css;
+    c.fillRect(0, 0, 1, 1);
+    return [...c.getImageData(0, 0, 1, 1).data.slice(0, 3)];
+  };
+  const style = getComputedStyle(document.documentElement);
+  const page = rgb(style.getPropertyValue("--pst-color-background").trim() || "#fff");
+  const at = (canvas, x, y) => {
+    const copy = document.createElement("canvas").getContext("2d"); // read once each
+    copy.drawImage(canvas, x, y, 1, 1, 0, 0, 1, 1);
+    return [...copy.getImageData(0, 0, 1, 1).data.slice(0, 3)];
+  };
+  const map = document.querySelector("#translator-heatmap canvas");
+  const thumb = document.querySelector("#translator-grid canvas");
+  return [page, at(map, 1, 1), at(thumb, thumb.width - 1, 0)];
+}"""
+
+
+# The controls in view that are less than 40 px wide or high: [name, width, height].
+SMALL_CONTROLS = """() => [...document.querySelectorAll(
+       '.translator button, .translator select, .translator input,'
+       + ' .translator textarea, .translator a')]
+     .filter(e => e.offsetParent !== null)
+     .map(e => [e.id || e.textContent.trim().slice(0, 20),
+                e.getBoundingClientRect().width, e.getBoundingClientRect().height])
+     .filter(([, w, h]) => w < 40 || h < 40)"""
 
 
 def test_no_other_page_loads_the_models(book: Path):

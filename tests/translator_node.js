@@ -1,6 +1,7 @@
 "use strict";
 // Runs the page's translator in Node for tests/test_translator.py, on the files that the
-// book's build writes (_ext/translator.py): core.js and one pair's <pair>.js.
+// book's build writes (_ext/translator.py): core.js, page.js (its pure functions), and one
+// pair's <pair>.js with its weights' chunks, read as a worker reads them.
 //
 //   node tests/translator_node.js FOLDER PAIR < request.json > answer.json
 //
@@ -22,9 +23,17 @@
 //                            -> steps: per search, per sentence, the record of each step
 //                               (tokens, parents, logProbs, scores, ended, lengths) and
 //                               the result's tokens
-//   inspect: [sentence], beamSize, alpha, prefix
+//   inspect: [sentence], beamSize, alpha, prefix (or prefixes: [[id]], one a sentence)
 //                            -> inspected: what the page shows of each (the worker's
-//                               LanguagePair.inspect), without its records
+//                               LanguagePair.inspect), without its records, and the
+//                               summary of each step in words (page.js's stepSummary)
+//   unreadable: [sentence]   -> unreadable: [{count, of}], page.js's unreadablePieces
+//   hints: {languages: [{pair, language, words: [word]}], texts: [[text, pair]]}
+//                            -> hints: page.js's languageHint of each, or null
+//   commands: [{pair, text, beamSize, alpha, prefixText}], defaults
+//                            -> commands: page.js's commandLine of each
+//   bytes: the size of the pair's files
+//                            -> progress: [[loaded, total]] as loadPairScripts tells it
 //   serve: [[sentence]]      -> served: the translations of each chunk, as the page's
 //                               score button asks its workers (serve's translate message)
 //   attention: [sentence], beamSize
@@ -35,10 +44,18 @@ const fs = require("fs");
 const path = require("path");
 const vm = require("vm");
 
+const url = require("url");
+
 const [folder, pair] = process.argv.slice(2);
 vm.runInThisContext(fs.readFileSync(path.join(folder, "core.js"), "utf8"));
+vm.runInThisContext(fs.readFileSync(path.join(folder, "page.js"), "utf8"));
 // eslint-disable-next-line no-undef
 const core = translatorCore(null);
+// eslint-disable-next-line no-undef
+const page = translatorPage(null);
+/** A worker's importScripts, in Node: run the script at a file:// URL. */
+const importScripts = (address) =>
+  vm.runInThisContext(fs.readFileSync(url.fileURLToPath(address.split("?")[0]), "utf8"));
 const request = JSON.parse(fs.readFileSync(0, "utf8"));
 const answer = {};
 const started = process.hrtime.bigint();
@@ -70,6 +87,15 @@ async function main() {
       };
     });
   }
+  if (request.hints) {
+    const languages = request.hints.languages.map((l) => ({ ...l, words: new Set(l.words) }));
+    answer.hints = request.hints.texts.map(([text, current]) =>
+      page.languageHint(text, current, languages),
+    );
+  }
+  if (request.commands) {
+    answer.commands = request.commands.map((c) => page.commandLine(c, request.defaults));
+  }
   if (pair !== "-") {
     await answerPair();
   }
@@ -78,13 +104,18 @@ async function main() {
 
 /** Loads the pair's data and answers the requests that need a model. */
 async function answerPair() {
-  let loaded = null;
-  globalThis.translatorData = (data, weights) => {
-    loaded = { data, weights };
-  };
-  vm.runInThisContext(fs.readFileSync(path.join(folder, `${pair}.js`), "utf8"));
-  const weights = loaded.weights.map((text) => new Uint8Array(Buffer.from(text, "base64")));
-  const translator = new core.LanguagePair(loaded.data, weights);
+  const address = url.pathToFileURL(path.resolve(folder, `${pair}.js`)).href;
+  const progress = [];
+  const { data, weights } = core.loadPairScripts(
+    address,
+    importScripts,
+    request.bytes ?? 0,
+    (...p) => progress.push(p),
+  );
+  if (request.bytes) {
+    answer.progress = progress;
+  }
+  const translator = new core.LanguagePair(data, weights);
   const { tokenizer, model } = translator;
 
   if (request.words) {
@@ -131,17 +162,30 @@ async function answerPair() {
   }
   if (request.inspect) {
     const options = { beamSize: request.beamSize, alpha: request.alpha, prefix: request.prefix };
-    answer.inspected = request.inspect.map((sentence) => {
-      const result = core.finish(translator.inspect(sentence, options));
+    const piece = (id) => tokenizer.pieces[id];
+    answer.inspected = request.inspect.map((sentence, i) => {
+      const prefix = request.prefixes ? request.prefixes[i] : options.prefix;
+      const result = core.finish(translator.inspect(sentence, { ...options, prefix }));
       if (result.beam) {
-        result.beam.steps = result.beam.record.steps.length;
+        const { record } = result.beam;
+        result.summaries = record.steps.map((_, t) =>
+          page.stepSummary(record, t, () => "…", piece),
+        );
+        result.beam.steps = record.steps.length;
         delete result.beam.record;
       }
       return result;
     });
   }
+  if (request.unreadable) {
+    const ids = { unk: tokenizer.unkId, eos: tokenizer.eosId };
+    answer.unreadable = request.unreadable.map((sentence) => {
+      const [source] = translator.sources([sentence]);
+      return page.unreadablePieces(source ?? [], ids, tokenizer.pieces);
+    });
+  }
   if (request.serve) {
-    answer.served = await serveChunks(loaded, weights, request.serve);
+    answer.served = await serveChunks(address, request.serve);
   }
   if (request.attention) {
     const nested = (flat, ...shape) => {
@@ -186,12 +230,14 @@ function configError(config) {
 }
 
 /**
- * The worker's side of the score button: serve() on a scope of its own, given the pair's
- * data, then one translate message per chunk, as page.js sends them: each chunk's texts.
+ * The worker's side of the score button: serve() on a scope of its own, which loads the
+ * pair from its scripts, then one translate message per chunk, as the page sends them:
+ * each chunk's texts.
  */
-function serveChunks(loaded, weights, chunks) {
+function serveChunks(address, chunks) {
   const waiting = new Map();
   const scope = {
+    importScripts,
     postMessage(message) {
       const call = waiting.get(message.id);
       if (message.step !== undefined || !call) {
@@ -213,7 +259,7 @@ function serveChunks(loaded, weights, chunks) {
       waiting.set(id, { resolve, reject });
       scope.onmessage({ data: { ...message, id } });
     });
-  return ask({ load: loaded.data, weights }).then(async () => {
+  return ask({ load: pair, url: address, bytes: 0 }).then(async () => {
     const texts = [];
     for (const chunk of chunks) {
       texts.push((await ask({ pair, translate: chunk })).texts);

@@ -49,7 +49,8 @@ class Tokenizer {
   /**
    * data: {tokenizer: the checkpoint's tokenizer.json, parsed; spacy: the rules of the
    * source language (see spacy.js), with Python's whitespace characters as a pattern;
-   * specialIds: {pad, unk, bos, eos}, the package's tokenizer's ids}.
+   * targetSpacy (optional): the target language's; specialIds: {pad, unk, bos, eos}, the
+   * package's tokenizer's ids}.
    */
   constructor(data) {
     const spec = data.tokenizer;
@@ -66,6 +67,7 @@ class Tokenizer {
       throw new Error(`the unknown piece's id is ${this.bpe.unkId} in the vocabulary, not ${unk}`);
     }
     this.spacy = new SpacyTokenizer(data.spacy);
+    this.targetSpacy = data.targetSpacy ? new SpacyTokenizer(data.targetSpacy) : null;
     // Python's whitespace, which is not JavaScript's \s (U+001C-U+001F, U+0085, U+FEFF)
     const space = data.spacy.whitespace;
     this.whitespace = compileRegExp(space, "g");
@@ -82,12 +84,19 @@ class Tokenizer {
     return text.normalize("NFC").replace(this.whitespace, " ").replace(/^ | $/g, "");
   }
 
-  /** spaCy's words of one sentence, each after a space marked with ▁ (pretokenize). */
-  words(text) {
+  /**
+   * spaCy's words of one sentence, each after a space marked with ▁ (pretokenize), in the
+   * source language or, given `target`, in the target's.
+   */
+  words(text, target = false) {
+    const spacy = target ? this.targetSpacy : this.spacy;
+    if (!spacy) {
+      throw new Error("this tokenizer has no rules for the target language");
+    }
     const clean = this.normalize(text).replaceAll(MARK, MARK_STAND_IN);
     const words = [];
     let afterSpace = true;
-    for (const token of this.spacy.tokenize(clean)) {
+    for (const token of spacy.tokenize(clean)) {
       words.push(afterSpace ? MARK + token.text : token.text);
       afterSpace = token.space;
     }
@@ -104,9 +113,9 @@ class Tokenizer {
     return ids;
   }
 
-  /** Token ids of one sentence, without special tokens. */
-  encode(text) {
-    return this.words(text).flatMap((word) => this.segment(word));
+  /** Token ids of one sentence, without special tokens (`target`: see words). */
+  encode(text, target = false) {
+    return this.words(text, target).flatMap((word) => this.segment(word));
   }
 
   /** Text of ids: stops at the first <eos>, skips <bos> and <pad>, ▁ becomes a space. */

@@ -1,26 +1,31 @@
 "use strict";
 /* global Tokenizer, Transformer, SacreBleu, readSafetensors, translate, greedyDecode,
-   beamSearch, prepareSources, sentencesNamed, finish, lengthPenalty */
+   beamSearch, prepareSources, sentencesNamed, finish, lengthPenalty, fromBase64,
+   loadPairScripts */
 /* exported LanguagePair, serve, Cancelled */
 
-// The page's computing side: one language pair's tokenizer and model, translating a
-// sentence with the record of its search, reading its attention, translating the test set
-// and scoring it. It runs in Web Workers made from this code (see page.js), so that the
-// page stays responsive, or on the page itself where no worker starts.
+// The page's computing side: one language pair's tokenizer and model, loaded from the
+// build's scripts, translating a sentence with the record of its search, reading its
+// attention, translating the test set and scoring it. It runs in Web Workers made from
+// this code (see loader.js), so that the page stays responsive, or on the page itself
+// where no worker starts.
 
 class LanguagePair {
   /**
-   * data: what the build wrote for one pair (_ext/translator.py): {pair, config (the
-   * checkpoint's config.json), tokenizer (its tokenizer.json), spacy (the source
-   * language's rules), special_ids, layer_norm_eps and decoding (the package's defaults
-   * and extra output length)}; weights: the bytes of its safetensors files.
+   * data: what the build wrote for one pair (_ext/translator.py): {pair, names, example,
+   * config (the checkpoint's config.json), tokenizer (its tokenizer.json), spacy and
+   * target_spacy (the source and target languages' rules), special_ids, layer_norm_eps
+   * and decoding (the package's defaults and extra output length)}; weights: the bytes of
+   * its safetensors files.
    */
   constructor(data, weights) {
     this.pair = data.pair;
     this.decoding = data.decoding;
+    this.about = { names: data.names, example: data.example };
     this.tokenizer = new Tokenizer({
       tokenizer: data.tokenizer,
       spacy: data.spacy,
+      targetSpacy: data.target_spacy,
       specialIds: data.special_ids,
     });
     const tensors = new Map();
@@ -30,6 +35,35 @@ class LanguagePair {
       }
     }
     this.model = new Transformer(data.config.model, tensors, { layerNormEps: data.layer_norm_eps });
+  }
+
+  /** What the page needs to know of the pair, once its model is loaded. */
+  summary() {
+    const { tokenizer, model } = this;
+    return {
+      pair: this.pair,
+      ...this.about,
+      pieces: tokenizer.pieces,
+      specialIds: {
+        pad: tokenizer.padId,
+        unk: tokenizer.unkId,
+        bos: tokenizer.bosId,
+        eos: tokenizer.eosId,
+      },
+      layers: model.config.n_layers,
+      heads: model.H,
+    };
+  }
+
+  /**
+   * The forced prefix as the text that `translate --prefix` takes, and whether that text
+   * is cut into the same pieces (the package writes a prefix in the target language).
+   */
+  prefixText(prefix) {
+    const text = this.tokenizer.decode(prefix);
+    const pieces = this.tokenizer.encode(text, true);
+    const exact = pieces.length === prefix.length && pieces.every((id, i) => id === prefix[i]);
+    return { text, exact };
   }
 
   get ids() {
@@ -70,7 +104,9 @@ class LanguagePair {
    * One text as the page shows it, a generator that yields after each step: the beam
    * search's translation ({beamSize, alpha, prefix} of the page; beamSize 1 is greedy
    * decoding) with the record of every step, greedy decoding's beside it, the warnings
-   * of the command line, and the pieces of both sides. An empty text gives {empty: true}.
+   * of the command line, and the pieces of both sides. With a forced prefix, also the
+   * free translation (the same search without it) and the prefix as text (prefixText).
+   * An empty text gives {empty: true}.
    */
   *inspect(text, changes = {}) {
     const { model, tokenizer, ids } = this;
@@ -100,6 +136,11 @@ class LanguagePair {
     // greedy decoding's log p over the length penalty: the score beam search ranks by
     const length = greedy.tokens.length + (greedy.ended ? 1 : 0);
     const penalised = Math.fround(greedy.logProb / lengthPenalty(length, options.alpha));
+    let free = null;
+    if (options.prefix) {
+      const found = yield* beamSearch(model, source, ids, { ...options, prefix: null });
+      free = { ...found, text: tokenizer.decode(found.tokens) }; // score: log p / lp
+    }
     return {
       text: tokenizer.decode(beam.tokens),
       warnings,
@@ -112,6 +153,8 @@ class LanguagePair {
       outputPieces: produced.map(piece),
       beam: { ...beam, record: beamRecord },
       greedy: { ...greedy, text: tokenizer.decode(greedy.tokens), penalised },
+      free,
+      prefix: options.prefix ? this.prefixText(options.prefix) : null,
     };
   }
 
@@ -238,11 +281,36 @@ function buffersOf(value, found = new Set()) {
 }
 
 /**
- * Answer the page's messages in a worker: {ping}, {load: data, weights}, {cancel: id},
- * and for a pair, {pair, inspect: text, options}, {pair, attention: {source, target}} and
- * {pair, translate: [sentence]}, and {score: {hypotheses, references, settings}}. A work
- * posts {id, step} as it goes and {id, result}, {id, error} or {id, cancelled} at its
- * end. Until the first message that is not a ping, it warms up, one step at a time.
+ * A pair's model from a load message: {load: pair, url, bytes}, the build's scripts at
+ * `url`, run by the scope's importScripts (progress(loaded, total) after each), or {load:
+ * pair, data, chunks}, the scripts' data and base64 chunks as the page read them itself.
+ */
+function loadPair(scope, message, progress) {
+  if (message.url) {
+    const run = (url) => scope.importScripts(url);
+    const { data, weights } = loadPairScripts(message.url, run, message.bytes, progress);
+    return new LanguagePair(data, weights);
+  }
+  const { data, chunks } = message;
+  const bytes = new Uint8Array(data.weights.files.reduce((a, b) => a + b, 0));
+  let at = 0;
+  for (const chunk of chunks) {
+    const part = fromBase64(chunk);
+    bytes.set(part, at);
+    at += part.length;
+  }
+  at = 0;
+  const weights = data.weights.files.map((size) => bytes.subarray(at, (at += size)));
+  return new LanguagePair(data, weights);
+}
+
+/**
+ * Answer the page's messages in a worker: {ping}, {load: pair, …} (see loadPair),
+ * {cancel: id}, and for a pair, {pair, inspect: text, options}, {pair, attention: {source,
+ * target}} and {pair, translate: [sentence]}, and {score: {hypotheses, references,
+ * settings}}. A work posts {id, step} as it goes and {id, result}, {id, ready}, {id,
+ * error} or {id, cancelled} at its end. Until the first message that is not a ping, it
+ * warms up, one step at a time, and goes on between the files of a pair it loads.
  */
 function serve(scope) {
   const translators = new Map(); // pair -> LanguagePair
@@ -274,9 +342,13 @@ function serve(scope) {
       } else if (message.cancel !== undefined) {
         cancelled.add(message.cancel);
       } else if (message.load) {
-        const loaded = new LanguagePair(message.load, message.weights);
+        // the warm-up goes on between the files, while the page waits for them anyway
+        const loaded = loadPair(scope, message, (loaded, total) => {
+          progress({ loaded, total });
+          warming.next();
+        });
         translators.set(loaded.pair, loaded);
-        post({ ready: loaded.pair });
+        post({ ready: loaded.summary() });
       } else if (message.inspect !== undefined) {
         const work = translator(message.pair).inspect(message.inspect, message.options);
         post({ result: await drive(work, stopped, progress) });

@@ -1,0 +1,102 @@
+"use strict";
+/* exported readLink, linkTo, commandLine */
+
+// The search's settings as a link carries them, and the command line that gives the same
+// translation. Pure functions of their arguments: the page's controls are read and set by
+// page.js.
+
+/**
+ * What a link's query (URLSearchParams) asks for: {pair (or null), beamSize, alpha (null:
+ * not given), prefix (pieces), text (or null)}, or {problem}: the one-line problem with
+ * it. pairs: the shipped pairs; choices: their names, for the message; limits: {beam:
+ * [min, max], alpha: [min, max]}, the range of the page's sliders.
+ */
+function readLink(params, { pairs, choices, limits }) {
+  const pair = params.get("pair");
+  if (pair !== null && !pairs.includes(pair)) {
+    return {
+      problem: `This link asks for the language pair “${pair}”, which this page does not have: choose ${choices}.`,
+    };
+  }
+  const found = { pair, beamSize: null, alpha: null, text: params.get("text") };
+  const beam = params.get("beam");
+  const [beamMin, beamMax] = limits.beam;
+  if (beam !== null) {
+    const k = Number(beam);
+    if (!Number.isInteger(k) || k < beamMin || k > beamMax) {
+      return {
+        problem: `This link asks for a beam width of “${beam}”: the page searches with ${beamMin} to ${beamMax} beams.`,
+      };
+    }
+    found.beamSize = k;
+  }
+  const alpha = params.get("alpha");
+  const [alphaMin, alphaMax] = limits.alpha;
+  if (alpha !== null) {
+    const a = Number(alpha);
+    if (alpha.trim() === "" || !(a >= alphaMin && a <= alphaMax)) {
+      return {
+        problem: `This link asks for α = “${alpha}”: the page takes α from ${alphaMin} to ${alphaMax}.`,
+      };
+    }
+    found.alpha = a;
+  }
+  found.prefix = (params.get("prefix") ?? "").split(" ").filter(Boolean);
+  return found;
+}
+
+/**
+ * The link that opens the page at `base` with this translation: its pair and text, the
+ * settings that differ from `defaults` ({beamSize, alpha}), and the forced prefix.
+ */
+function linkTo(base, { pair, text, beamSize, alpha, prefix }, defaults) {
+  const url = new URL(base);
+  url.search = "";
+  url.hash = "";
+  url.searchParams.set("pair", pair);
+  url.searchParams.set("text", text);
+  if (beamSize !== defaults.beamSize) {
+    url.searchParams.set("beam", String(beamSize));
+  }
+  if (alpha !== defaults.alpha) {
+    url.searchParams.set("alpha", String(alpha));
+  }
+  if (prefix.length) {
+    url.searchParams.set("prefix", prefix.join(" "));
+  }
+  return url.href;
+}
+
+/** One word of a POSIX shell: in double quotes where it needs no escape, else single. */
+function quote(text) {
+  if (/^[\w.,:/=+@%-]+$/u.test(text) && !text.startsWith("-")) {
+    return text;
+  }
+  return /["\\$`!]/.test(text) ? `'${text.replaceAll("'", `'\\''`)}'` : `"${text}"`;
+}
+
+/**
+ * `python -m transformer translate …`: the command that translates `text` as the page
+ * did, with the settings that differ from `defaults` and the prefix given as text.
+ */
+function commandLine({ pair, text, beamSize, alpha, prefixText }, defaults) {
+  const words = ["python -m transformer translate", "--pair", pair];
+  if (beamSize !== defaults.beamSize) {
+    words.push("--beam", String(beamSize));
+  }
+  if (alpha !== defaults.alpha) {
+    words.push("--alpha", String(alpha));
+  }
+  if (prefixText) {
+    // a prefix that starts with "-" would read as an option
+    words.push(prefixText.startsWith("-") ? `--prefix=${quote(prefixText)}` : "--prefix");
+    if (!prefixText.startsWith("-")) {
+      words.push(quote(prefixText));
+    }
+  }
+  // one line: the package reads any run of whitespace as one space
+  const sentence = text.trim().replace(/\s+/g, " ");
+  // a sentence that starts with "-" follows "--", after which nothing is an option
+  words.push(...(sentence.startsWith("-") ? ["--"] : []), quote(sentence));
+  return words.join(" ");
+}
