@@ -850,7 +850,7 @@ class RunFolder:
 #
 # | file | holds |
 # | --- | --- |
-# | `model-00001.safetensors`, … | the weights in float16 (or bfloat16), at most `MAX_FILE_BYTES` per file |
+# | `model-00001.safetensors`, … (`SHARD`) | the weights in float16 (or bfloat16), at most `MAX_FILE_BYTES` per file |
 # | `config.json` | the model's config, the training config, the vocabulary's fingerprint, and which weight is in which file |
 # | `tokenizer.json` | the tokenizer |
 # | `metrics.jsonl` | the run's metrics |
@@ -866,6 +866,10 @@ class RunFolder:
 # %%
 #| export checkpoint
 MAX_FILE_BYTES = 16 * 2**20
+# A shipped model's weight files, numbered from 1; config.json's weight_map
+# names the file of each weight.
+SHARD = "model-{:05d}.safetensors"
+SHARD_PATTERN = r"model-\d{5}\.safetensors"
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -920,10 +924,7 @@ def check_export_destination(dest: Path, source: Path) -> None:
         p.name
         for p in dest.iterdir()
         if not (
-            (
-                p.name in _EXPORT_FILES
-                or re.fullmatch(layout.SHARD_PATTERN, p.name)
-            )
+            (p.name in _EXPORT_FILES or re.fullmatch(SHARD_PATTERN, p.name))
             and p.is_file()
         )
     )
@@ -1005,7 +1006,7 @@ def export_model(
     metrics = next((p for p in candidates if p.is_file()), None)
     with atomic_folder(dest) as tmp:
         for k, part in enumerate(files, start=1):
-            file = layout.SHARD.format(k)
+            file = SHARD.format(k)
             safetensors.torch.save_file(
                 part, tmp / file, metadata={"format": SHIPPED_FORMAT}
             )

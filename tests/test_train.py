@@ -36,7 +36,8 @@ from transformer.checkpoint import (
 )
 from transformer.cli.train import config_from_args, train_parser
 from transformer.config import TransformerConfig
-from transformer.encoded_split import EncodedSplit
+from transformer.distributed import seed_update
+from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.epoch_data import TrainingData
 from transformer.files import read_jsonl
 from transformer.loss import LabelSmoothingLoss
@@ -63,7 +64,7 @@ from transformer.train_config import (
     quick_config,
 )
 from transformer.trainer import Trainer, TrainResult, train
-from transformer.training_loop import batch_log_probs, train_step
+from transformer.training_loop import batch_log_probs, train_loop, train_step
 from transformer.validation import count_words, validate
 
 # The module: `transformer.trainer` as an attribute of the package is the function train.
@@ -627,6 +628,81 @@ def test_a_run_writes_metrics_checkpoints_and_an_average(tmp_path: Path, data):
     assert (run / "train.log").read_text().count("epoch ") >= 3
     steps = read_jsonl(run / "steps.jsonl")
     assert [r["step"] for r in steps] == list(range(2, result.step + 1, 2))
+
+
+def chapter_run(config: TrainConfig, data: TrainingData) -> tuple[list, float]:
+    """The training chapter's `train_loop` on the Trainer's model, batches and dropout masks
+    for `config`: its records, and the validation loss of the average it returns."""
+    tok = data.tokenizer
+    model_config = config.model_config(tok.vocab_size)
+    torch.manual_seed(config.seed)  # the Trainer's initial weights
+    model = Transformer(model_config)
+    optimizer, scheduler = make_optimizer(
+        model,
+        d_model=model_config.d_model,
+        warmup=config.warmup,
+        factor=config.lr_factor,
+    )
+    criterion = LabelSmoothingLoss(
+        pad_id=tok.pad_id, smoothing=config.label_smoothing, reduction="sum"
+    )
+    ids = dict(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    updates = iter(range(10**6))
+
+    def epoch_batches(epoch: int):
+        lengths = (data.train.src_lengths + 1, data.train.tgt_lengths + 1)
+        order = dict(max_tokens=config.max_tokens, seed=config.seed, epoch=epoch)
+        for index in token_batches(*lengths, **order):
+            batch = collate([data.train[i] for i in index], **ids, index=index)
+            seed_update(config.seed, next(updates), 0)  # the Trainer's dropout masks
+            yield batch
+
+    val_batches = list(
+        iterate_batches(
+            data.val,
+            tok,
+            max_tokens=config.max_tokens,
+            shuffle=False,
+            max_len=model_config.max_len,
+        )
+    )
+    history, _, average = train_loop(
+        model,
+        epoch_batches,
+        val_batches,
+        epochs=config.epochs,
+        average_last=config.average_last,
+        criterion=criterion,
+        optimizer=optimizer,
+        scheduler=scheduler,
+    )
+    model.load_state_dict(average)
+    validation = validate(
+        model, val_batches, pad_id=tok.pad_id, smoothing=config.label_smoothing
+    )
+    return history, validation.loss
+
+
+def test_the_chapters_loop_makes_the_trainers_run(tmp_path: Path, data):
+    """The training chapter's loop and the Trainer, on the same data and seed, in one
+    process and in float32, without resuming (what the Trainer adds on purpose): the same
+    training loss at every update and the same validation loss after every epoch, to the
+    bit, and the same loss of the average of the last epochs (averaged in float64 by the
+    Trainer, in float32 by the loop)."""
+    config = tiny_config(tmp_path / "run", epochs=3, log_every=1, bf16=False)
+    result = train(config, data=data, echo=False)
+    steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
+    epochs = [r for r in result.metrics if r["kind"] == "epoch"]
+    history, averaged = chapter_run(config, data)
+    assert len(history) == len(steps) == result.step > 3 * 3
+    assert [r["train_loss"] for r in history] == [r["train_loss"] for r in steps]
+    chapter_epochs = [r for r in history if "val_loss" in r]
+    assert [r["step"] for r in chapter_epochs] == [r["step"] for r in epochs]
+    assert [r["val_loss"] for r in chapter_epochs] == [r["val_loss"] for r in epochs]
+    assert averaged == pytest.approx(result.metrics[-1]["val_loss"], rel=1e-6)
+    # and the loop is not merely repeating itself: another seed trains otherwise
+    other, _ = chapter_run(dataclasses.replace(config, seed=1), data)
+    assert [r["train_loss"] for r in other] != [r["train_loss"] for r in history]
 
 
 def test_the_trainer_holds_no_state_that_its_init_does_not_make(tmp_path: Path, data):
