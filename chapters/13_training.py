@@ -16,20 +16,20 @@
 # %% [markdown]
 # # The training loop
 #
-# The previous chapters built every part of the paper's training recipe on its own: the model,
-# the token-bucketed Multi30k batches, the label-smoothed loss and Adam with its learning-rate
-# schedule. This chapter puts them together: one update, a plain loop that trains a small model
-# on a CPU, the recipe that trained the book's two models, their training curves, and how a
-# trained model is saved and loaded. It exports `transformer.training_loop`. From a terminal, a whole run
-# is
+# The previous chapters built the parts of the paper's training recipe: the model, the
+# token-bucketed Multi30k batches, the label-smoothed loss, and Adam with its learning-rate
+# schedule. This chapter puts them together: one update; a loop over epochs that validates,
+# keeps the best weights and averages the last ones, run here on a small model on a CPU; the
+# recipe of the book's two models and their training curves; and how a trained model is
+# loaded. It exports `transformer.training_loop`. From a terminal, a whole run is
 #
 # ```
 # python -m transformer train --pair de-en --config multi30k --out runs/de-en
 # ```
 #
-# It makes the same updates inside a `Trainer` that also validates, writes checkpoints, resumes
-# exactly after a stop and shares the work among several GPUs: the appendix
-# [The Trainer](a07_trainer.ipynb) builds it on this chapter's code.
+# It makes the same updates in a `Trainer` that also writes checkpoints, resumes after a stop
+# and shares the work among GPUs: the appendix [The Trainer](a07_trainer.ipynb) builds it on
+# this chapter's code.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -75,11 +75,12 @@ torch.set_printoptions(precision=4)
 # %%
 #| export
 """The training loop of Vaswani et al. (2017), section 5: teacher forcing, one
-update over micro-batches, a plain loop that trains a model, and the loading of
-a trained one."""
+update over micro-batches, a loop over epochs that keeps the best checkpoint
+and averages the last ones, and the loading of a trained model."""
 
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import safetensors.torch
@@ -130,7 +131,7 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 #
 # `train_step` makes one such update, with a loss that sums over the tokens
 # (`reduction="sum"`), and returns the summed loss. The appendix
-# [The Trainer](a07_trainer.ipynb) makes the same update on several GPUs and in bfloat16.
+# [The Trainer](a07_trainer.ipynb) makes the same update on several GPUs and in 16 bits.
 
 
 # %%
@@ -196,12 +197,17 @@ assert (one - three).abs().max() < 1e-6
 print(f"{one.numel():,} gradient entries, the largest {one.abs().max():.2f}")
 
 # %% [markdown]
-# ## A plain loop
+# ## The loop
 #
-# A loop repeats the update over a stream of batches. `train_loop` makes one update per batch,
-# records its training loss, and every `validate_every` updates measures the label-smoothed loss
-# on the validation batches, in `eval` mode (no dropout) and without gradients.
-
+# Training repeats the update epoch after epoch. Each epoch, `token_batches` cuts the training
+# pairs into batches anew, in an order drawn from the seed and the epoch, and the loop makes
+# one update per batch. After each epoch it measures the label-smoothed loss on the validation
+# batches, without dropout or gradients, and copies the weights: a *checkpoint*. It keeps the
+# one that validated best, for when the validation loss turns up late in training, and
+# averages the last few weight by weight, as the paper does: "a single model obtained by
+# averaging the last 5 checkpoints" (Section 6.1). Late in training, successive checkpoints
+# sit around a minimum of the loss, each displaced by the noise of its last updates, and their
+# mean cancels much of that noise.
 
 # %%
 #| export
@@ -223,41 +229,48 @@ def validation_loss(
     return total / tokens
 
 
+def average_weights(checkpoints: Sequence[dict]) -> dict[str, Tensor]:
+    """The element-wise mean of several checkpoints of one model."""
+    names = checkpoints[0]
+    return {n: torch.stack([c[n] for c in checkpoints]).mean(0) for n in names}
+
+
 def train_loop(
     model: nn.Module,
-    batches: Iterable[Batch],
+    epoch_batches: Callable[[int], Iterable[Batch]],
     val_batches: Sequence[Batch],
     *,
+    epochs: int,
+    average_last: int,
     criterion: LabelSmoothingLoss,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    validate_every: int,
-) -> list[dict[str, float]]:
-    """One update per batch; the training loss of each update, and the
-    validation loss every `validate_every` updates."""
-    history = []
-    model.train()
-    update = dict(
-        criterion=criterion, optimizer=optimizer, scheduler=scheduler
-    )
-    for step, batch in enumerate(batches, start=1):
-        tokens = batch.n_tgt_tokens
-        loss = train_step(model, [batch], tokens=tokens, **update)
-        record = {"step": step, "train_loss": loss / tokens}
-        if step % validate_every == 0:
-            record["val_loss"] = validation_loss(
-                model, val_batches, criterion=criterion
-            )
-        history.append(record)
-    return history
+) -> tuple[list[dict[str, float]], dict[str, Tensor], dict[str, Tensor]]:
+    """Train `epochs` epochs, one update per batch of `epoch_batches(epoch)`,
+    validating after each. Returns a record per update, the checkpoint that
+    validated best, and the mean of the last `average_last` checkpoints."""
+    step = dict(criterion=criterion, optimizer=optimizer, scheduler=scheduler)
+    history, last, best, best_loss = [], [], {}, math.inf
+    for epoch in range(epochs):
+        for batch in epoch_batches(epoch):
+            tokens = batch.n_tgt_tokens
+            loss = train_step(model, [batch], tokens=tokens, **step)
+            record = {"step": len(history) + 1, "epoch": epoch + 1}
+            history.append(record | {"train_loss": loss / tokens})
+        val_loss = validation_loss(model, val_batches, criterion=criterion)
+        history[-1]["val_loss"] = val_loss
+        checkpoint = {n: w.clone() for n, w in model.state_dict().items()}
+        last = [*last, checkpoint][-average_last:]
+        if val_loss < best_loss:
+            best, best_loss = checkpoint, val_loss
+    return history, best, average_weights(last)
 
 
 # %% [markdown]
-# The loop trains a tiny model (two layers of width 64) on German→English for 60 updates of at
-# most 1,500 tokens per side, about a fifth of an epoch: enough to watch it learn, not to
-# translate. The data chapter's pieces make the batches: the text from `load_pairs`, the
-# tokenizer that the book's German→English model was trained with, and `token_batches` and
-# `collate`.
+# The loop trains a tiny model (two layers of width 64) on German→English for three epochs over
+# the first 1,700 training pairs, in batches of at most 1,500 tokens a side: enough to watch it
+# learn, not to translate. The batches come from the data chapter's `load_pairs`,
+# `token_batches` and `collate`, with the tokenizer of the book's German→English model.
 
 # %%
 from transformer.batches import token_batches
@@ -270,14 +283,19 @@ tokenizer = Tokenizer.load(CHECKPOINTS_DIR / "de-en" / "tokenizer.json")
 special = {k: getattr(tokenizer, k) for k in ("pad_id", "bos_id", "eos_id")}
 
 
-def batches_of(split: str, **options) -> list:
-    """The de-en pairs of a split, encoded, in token-bucketed batches."""
-    de, en = zip(*load_pairs(split, "de-en"), strict=True)
+def encoded(split: str, n: int | None = None) -> list:
+    """The first n de-en pairs of a split (default: all), as token ids."""
+    de, en = zip(*load_pairs(split, "de-en")[:n], strict=True)
     src = tokenizer.encode_batch(de, "de")
-    tgt = tokenizer.encode_batch(en, "en")
-    lengths = [len(x) + 1 for x in src], [len(y) + 1 for y in tgt]
+    return list(zip(src, tokenizer.encode_batch(en, "en"), strict=True))
+
+
+def batches_of(pairs: list, **options) -> list:
+    """Token-bucketed batches of pairs; the order is drawn from the epoch."""
+    src, tgt = zip(*pairs, strict=True)
+    lengths = [len(ids) + 1 for ids in src], [len(ids) + 1 for ids in tgt]
     groups = token_batches(*lengths, **options)
-    return [collate([(src[i], tgt[i]) for i in g], **special) for g in groups]
+    return [collate([pairs[i] for i in g], **special) for g in groups]
 
 
 torch.manual_seed(0)
@@ -285,41 +303,72 @@ small = dict(n_layers=2, d_model=64, n_heads=4, d_ff=256)
 model = Transformer(TransformerConfig.small(tokenizer.vocab_size, **small))
 optimizer, scheduler = make_optimizer(model, d_model=64, warmup=40)
 criterion = LabelSmoothingLoss(pad_id=tokenizer.pad_id, reduction="sum")
-batches = batches_of("train", max_tokens=1500)  # shuffled
-val_batches = batches_of("val", shuffle=False)
-update = dict(criterion=criterion, optimizer=optimizer, scheduler=scheduler)
-first_60 = batches[:60]  # about a fifth of an epoch
-history = train_loop(model, first_60, val_batches, validate_every=10, **update)
+train_pairs = encoded("train", 1700)
+val_batches = batches_of(encoded("val"), shuffle=False)
+
+
+def epoch_batches(epoch: int) -> list:
+    return batches_of(train_pairs, max_tokens=1500, epoch=epoch)
+
+
+history, best, average = train_loop(
+    model,
+    epoch_batches,
+    val_batches,
+    epochs=3,
+    average_last=2,
+    criterion=criterion,
+    optimizer=optimizer,
+    scheduler=scheduler,
+)
 
 # %% [markdown]
 # In the figure, the training loss starts a little above that of a uniform guess over the 8,000
 # tokens and falls as the model learns the most frequent tokens first; the validation loss,
-# measured every ten updates without dropout, falls with it:
+# measured without dropout at the end of each epoch, falls with it:
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 from transformer.plots import use_book_renderer
 
 use_book_renderer()
 names = {"train_loss": "training", "val_loss": "validation"}
-curve = pd.DataFrame(history).rename(columns=names)
-curve = curve.melt("step", var_name="loss of", value_name="loss")
-alt.Chart(curve.dropna().round(4)).mark_line(point=True).encode(
+curve = pd.DataFrame(history).drop(columns="epoch").rename(columns=names)
+curve = curve.melt("step", var_name="loss of", value_name="loss").dropna()
+alt.Chart(curve.round(4)).mark_line(point=True).encode(
     x=alt.X("step:Q", title="update"),
     y=alt.Y("loss:Q", title="label-smoothed loss per token (nats)"),
     color=alt.Color("loss of:N", title=None),
 ).properties(width=420, height=220)
+
+# %% [markdown]
+# Loaded into the model, the best checkpoint validates at the loss recorded for its epoch, and
+# the average of the last two is validated the same way. Averaging pays most late in a run,
+# when successive checkpoints differ by the noise of their last updates rather than by
+# learning (the section "The book's two runs" below):
 
 # %% tags=["nbval-ignore-output"]
 from transformer.loss import smoothed_target_entropy
 
 V = tokenizer.vocab_size
 uniform = math.log(V) - smoothed_target_entropy(0.1, V)
-first, last = history[0], history[-1]
-assert last["train_loss"] < first["train_loss"] - 2
-assert last["val_loss"] < uniform - 2
+first = history[0]
+epochs = [r for r in history if "val_loss" in r]
+best_epoch = min(epochs, key=lambda r: r["val_loss"])
+model.load_state_dict(best)
+loaded = validation_loss(model, val_batches, criterion=criterion)
+assert loaded == best_epoch["val_loss"]
+model.load_state_dict(average)
+averaged = validation_loss(model, val_batches, criterion=criterion)
+assert epochs[-1]["train_loss"] < first["train_loss"] - 2
+assert best_epoch["val_loss"] < uniform - 2
 print(f"a uniform guess over {V:,} tokens: {uniform:.2f}")
-print(f"update 1: {first['train_loss']:.2f}; update {last['step']}: ", end="")
-print(f"{last['train_loss']:.2f}, validation {last['val_loss']:.2f}")
+print(f"{len(history)} updates; the first's loss {first['train_loss']:.2f}")
+print("validation after epoch ", end="")
+print(", ".join(f"{r['epoch']}: {r['val_loss']:.3f}" for r in epochs))
+print(
+    f"best: epoch {best_epoch['epoch']}; the average of the last two: ", end=""
+)
+print(f"{averaged:.3f}")
 
 # %% [markdown]
 # ## Training on Multi30k
@@ -354,12 +403,12 @@ print(f"{last['train_loss']:.2f}, validation {last['val_loss']:.2f}")
 #   $7.0 \cdot 10^{-4}$ for its larger batches.
 # - At epoch 35 the validation loss is still falling slowly; averaging counts in epochs.
 # - A model this small is limited by launching its many small kernels, not by arithmetic:
-#   bfloat16 is slower.
+#   bfloat16 is slower on an H100. Which arithmetic a run gets on other GPUs, and how long the
+#   recipe takes on them and in Colab, is in the appendix [The Trainer](a07_trainer.ipynb).
 #
-# The runs behind these choices are in the appendix
-# [The experiments behind the recipe](a12_experiments.ipynb); the appendix
-# [Setting up a run](a05_run_setup.ipynb) writes the recipe as `multi30k_recipe`, which
-# `--config multi30k` selects. The shipped German→English model's `config.json` holds it too:
+# The appendix [The experiments behind the recipe](a12_experiments.ipynb) holds the runs behind
+# these choices, and `--config multi30k` selects the recipe (`multi30k_recipe`, the appendix
+# [Setting up a run](a05_run_setup.ipynb)), which the shipped model's `config.json` holds too:
 
 # %%
 from transformer import layout
@@ -420,10 +469,10 @@ alt.Chart(pd.DataFrame(rows).round(4)).mark_line().encode(
 
 # %% [markdown]
 # Both validation losses fall fast for ten epochs and slowly after. The training loss, measured
-# with dropout, starts higher and crosses below the validation loss after 10 to 12 epochs, from
-# when the model fits its training sentences better than unseen ones; the gap widens, but the
-# validation loss keeps falling, so dropout 0.3 keeps the model from overfitting within 35
-# epochs. The average of the last five epochs validates a little lower than the last epoch.
+# with dropout, crosses below the validation loss after 10 to 12 epochs, when the model starts
+# to fit its training sentences better than unseen ones; the gap widens, but the validation
+# loss keeps falling: dropout 0.3 keeps the model from overfitting within 35 epochs. The
+# average of the last five epochs validates a little lower than the last epoch.
 #
 # Besides the label-smoothed loss, the quantity training minimises, each line holds what
 # validation measures with teacher forcing:
@@ -438,9 +487,9 @@ alt.Chart(pd.DataFrame(rows).round(4)).mark_line().encode(
 # - the **token accuracy**, the share of target positions whose most probable token is the
 #   reference token.
 #
-# None of these is the translation quality itself, which needs the model to generate without
-# the reference prefix; the decoding and results chapters measure that with BLEU. The run's clock
-# (`wall_time`) gives its length:
+# None of these is translation quality, which needs the model to generate on its own: the
+# decoding and results chapters measure it with BLEU. The run's clock (`wall_time`) gives its
+# length:
 
 # %%
 for pair in PAIRS:
@@ -458,16 +507,14 @@ for pair in PAIRS:
     )
 
 # %% [markdown]
-# ## Saving and loading a model
+# ## Loading a trained model
 #
-# A run saves checkpoints that it can resume from (the appendix
-# [Checkpoints](a06_checkpoints.ipynb)); what ships is smaller. A model's folder, such as
-# `checkpoints/de-en`, holds `config.json`, whose `"model"` entry is the model's
-# `TransformerConfig`, the tokenizer's `tokenizer.json`, and the weights in float16, which halves
-# their size, in files `model-00001.safetensors`, … of at most 16 MB that `config.json` lists
-# (a run's checkpoint holds one float32 `model.safetensors` instead). The matrix that the two
-# embeddings and the output layer share is stored once, under its first name. The names live in
-# one module, `transformer.layout`, which every reader and writer of these folders uses:
+# A run writes its checkpoints to disk, and a finished run becomes a small folder that ships:
+# the appendix [Checkpoints](a06_checkpoints.ipynb) builds both. A shipped model's folder, such
+# as `checkpoints/de-en`, holds `config.json`, whose `"model"` entry is the model's
+# `TransformerConfig`, the tokenizer's `tokenizer.json`, and the weights in float16, which
+# halves their size, in the files that `config.json` names. The names live in one module,
+# `transformer.layout`, which every reader and writer of these folders uses:
 
 # %%
 #| export layout
@@ -480,13 +527,11 @@ CONFIG = "config.json"  # "model": the TransformerConfig's fields, and more
 TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"  # a run's records, one JSON object a line
 WEIGHTS = "model.safetensors"  # a checkpoint's weights, in float32
-SHARD = "model-{:05d}.safetensors"  # a shipped model's weights, from 1
-SHARD_PATTERN = r"model-\d{5}\.safetensors"
 
 
 def weight_files(folder: str | Path, config: dict[str, Any]) -> list[Path]:
-    """The files of a folder's weights, as its config.json says: the shards
-    its weight_map names (a shipped model), or WEIGHTS (a checkpoint)."""
+    """The files of a folder's weights, as its config.json says: those its
+    weight_map names (a shipped model), or WEIGHTS (a checkpoint)."""
     if "weight_map" in config:
         names = sorted(set(config["weight_map"].values()))
         return [Path(folder) / name for name in names]
@@ -494,7 +539,8 @@ def weight_files(folder: str | Path, config: dict[str, Any]) -> list[Path]:
 
 
 # %% [markdown]
-# `load_trained` reads a folder back into a model that computes in float32:
+# `load_trained` reads a folder back into a model that computes in float32. The matrix that the
+# two embeddings and the output layer share is stored once, under its first name:
 
 
 # %%
@@ -516,8 +562,8 @@ def load_trained(folder: str | Path) -> tuple[Transformer, Tokenizer]:
 
 
 # %% [markdown]
-# The shipped German→English model, loaded, measures on the validation batches of the plain
-# loop the loss that its run recorded for it, up to the rounding of its weights to float16:
+# The shipped German→English model, loaded, measures on the validation batches of the loop
+# above the loss that its run recorded for it, up to the rounding of its weights to float16:
 
 # %% tags=["nbval-ignore-output"]
 from transformer.training_loop import load_trained, validation_loss
@@ -534,9 +580,10 @@ assert abs(loss - recorded) < 1e-3
 # - An update feeds the decoder the reference shifted right (teacher forcing), sums the
 #   label-smoothed loss of every target token of a few micro-batches, divides by their token
 #   count, and takes one Adam step on the schedule of equation (3).
-# - A plain loop repeats it; validation measures the same loss without dropout, with the NLL,
-#   the perplexities per token and per word, and the token accuracy; BLEU comes later, with
-#   decoding.
+# - The loop repeats it epoch after epoch and validates after each epoch: the same loss without
+#   dropout. It keeps the checkpoint that validated best and averages the last ones. A run's
+#   validation also measures the NLL, the perplexities per token and per word, and the token
+#   accuracy; BLEU comes later, with decoding.
 # - On Multi30k the recipe is a smaller model, more dropout, smaller batches and a shorter
 #   warm-up than the paper's; it trains in minutes on one GPU.
 # - A trained model ships as its config, its tokenizer and its weights in float16;
@@ -555,4 +602,5 @@ assert abs(loss - recorded) < 1e-3
 #    (the schedule chapter) and the validation loss of the first ten epochs. Then try
 #    `--bpe-dropout 0.1`, which spells the training words differently each epoch.
 # 4. Change `train_loop` so that each update takes two batches (and their summed token count),
-#    and compare its curve over the same 60 batches with the one above.
+#    and compare its curve over the same three epochs with the one above. Then train ten epochs:
+#    from when does the average of the last two checkpoints validate better than the last?

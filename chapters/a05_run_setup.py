@@ -16,14 +16,14 @@
 # %% [markdown]
 # # Setting up a run
 #
-# The training chapter's loop makes updates in one process that runs until it is done. A run of
-# hours on a GPU that may be taken away needs more, and three appendices build it on the
-# chapter's code. This one sets a run up: the configuration that says what is trained and refuses
-# bad values, the processes that share the work when there are several GPUs, and the data that
-# each epoch trains on, checked before the first update. The appendix
-# [Checkpoints](a06_checkpoints.ipynb) saves a run so that it resumes exactly, and ships its model;
-# [The Trainer](a07_trainer.ipynb) makes the updates. This page exports
-# `transformer.train_config`, `transformer.distributed` and `transformer.epoch_data`.
+# The training chapter's loop trains in one process that runs until it is done. A run of hours
+# on a GPU that may be taken away needs more, and three appendices build it on the chapter's
+# code. This one sets a run up: the configuration, which refuses bad values; its arithmetic;
+# the processes that share the work on several GPUs; and the data each epoch trains on,
+# checked before the first update. [Checkpoints](a06_checkpoints.ipynb) saves a run and ships
+# its model, and [The Trainer](a07_trainer.ipynb) makes the updates. This page exports
+# `transformer.train_config`, `transformer.precision`, `transformer.distributed` and
+# `transformer.epoch_data`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -58,24 +58,16 @@ torch.set_printoptions(precision=4)
 # ## The configuration
 #
 # A run is described by one frozen dataclass, `TrainConfig`. The model is a preset of
-# `TransformerConfig` (`small`, `base` or `big`) with optional overrides of any of its fields
-# except the vocabulary size, which comes from the tokenizer. The defaults follow the paper where
-# it has a value (the warm-up, label smoothing and the average of the last checkpoints: the table
-# below prints every field's default); `bpe_dropout` samples a new segmentation of the training
-# words each epoch (the data chapter), and `r_drop` turns on R-Drop (the appendix
-# [The Trainer](a07_trainer.ipynb)).
-# Each field is defined once, by `option`: its default, its help on the command line, its check
-# (a test and the message a failing value gets) and whether a resumed run may change it. The
-# command line builds its options from the fields, and the config checks every field when it is
-# made, so that a bad value is refused with its field's name before anything runs. The model's
-# own configuration is built then too, once, and the run reads it from there. The run stores the
-# config twice: as `train_config.json` in its output folder, which `--resume` reads back so that
-# the same command can be repeated after a stop, and inside each checkpoint's `config.json`,
-# with the model's `TransformerConfig` and the vocabulary's SHA-256. Three fields name folders:
-# the run's output (`out_dir`), the encoded cache (`cache_dir`) and the Multi30k files
-# (`data_dir`). Left at `None`, each is its default, filled in when the config is made; a
-# folder at its default is stored as `None`, so that a run resumed on another machine finds
-# that machine's cache.
+# `TransformerConfig` (`small`, `base` or `big`) with overrides of any field but the vocabulary
+# size, which comes from the tokenizer. The defaults follow the paper where it has a value.
+# Each field is defined once, by `option`: its default, its command-line help, its check and
+# whether a resumed run may change it. The command line builds its options from the fields,
+# and the config checks every field when it is made, so a bad value is refused, with its
+# field's name, before anything runs. The run stores the config as `train_config.json`, which
+# `--resume` reads back so that the same command can be repeated after a stop, and in each
+# checkpoint's `config.json`. The folders (`out_dir`, `cache_dir`, `data_dir`) left at `None`
+# take their defaults and are stored as `None`, so that a run resumed on another machine finds
+# that machine's.
 
 # %%
 #| export train_config
@@ -98,6 +90,7 @@ from transformer.config_checks import check_config
 from transformer.loss import LABEL_SMOOTHING
 from transformer.multi30k import PAIRS
 from transformer.paths import CACHE_DIR, DATA_DIR
+from transformer.precision import PRECISIONS
 from transformer.schedule import WARMUP_STEPS
 from transformer.tokenizer import VOCAB_SIZE
 
@@ -107,7 +100,9 @@ BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
 PEAK_BF16_FLOPS = 790e12
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
 # Earlier names of fields, as stored runs and checkpoints may hold them.
-RENAMED_FIELDS = {"model": "preset"}
+RENAMED_FIELDS = {"model": "preset", "bf16": "precision"}
+# An earlier bf16 flag as the precision it named (None: the device's choice).
+BF16_FLAGS = {True: "bf16", False: "fp32", None: None}
 # A check: a test of the value, and what a value that fails it is told.
 Check = tuple[Callable[[Any], bool], str]
 
@@ -170,10 +165,6 @@ FOLDER: Check = (
     "must be a folder's path or None",
 )
 FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
-SOME_FLAG: Check = (
-    lambda v: v in (None, True, False),
-    "must be True, False or None",
-)
 SHARE: Check = (
     lambda v: _share(v) and not isinstance(v, bool),
     "must be in [0, 1)",
@@ -241,9 +232,15 @@ def default_folders(pair: str) -> dict[str, Path]:
 
 
 def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
-    """Stored TrainConfig fields under today's names (RENAMED_FIELDS); a field
-    stored under both names keeps its later value."""
-    return {RENAMED_FIELDS.get(k, k): v for k, v in fields.items()}
+    """Stored TrainConfig fields under today's names (RENAMED_FIELDS), a bf16
+    flag as its precision; a field stored under both names keeps its later
+    value."""
+    current = {}
+    for name, value in fields.items():
+        if name == "bf16" and (value is None or isinstance(value, bool)):
+            value = BF16_FLAGS[value]
+        current[RENAMED_FIELDS.get(name, name)] = value
+    return current
 
 
 def preset_model(
@@ -267,6 +264,74 @@ def preset_model(
     except (ValueError, TypeError) as err:
         raise ValueError(f"model_overrides: {err}") from err
 
+
+# %% [markdown]
+# ### Arithmetic
+#
+# A GPU multiplies matrices fastest in 16 bits, in the formats of its generation, NVIDIA's
+# *compute capability*. From 8.0 (A100, L4, H100) it has bfloat16 hardware; bfloat16 keeps
+# float32's range, and autocast to it needs nothing more. At 7.0 and 7.5 (V100, T4) it has
+# float16 tensor cores only: PyTorch emulates bfloat16 there, slowly, though
+# `torch.cuda.is_bf16_supported()` answers yes unless asked with `including_emulation=False`.
+# float16's smaller range would round small gradients to zero, so a float16 run multiplies
+# the loss by a scale before the backward pass and divides the gradients by it before Adam's
+# step (PyTorch's `GradScaler`): an update whose gradients overflow is skipped and the scale
+# halved; a run of updates without overflow doubles it. A run's `precision`, `bf16`, `fp16` or
+# `fp32`, left unset, is the fastest that the device has in hardware, and a resumed run keeps
+# its own.
+
+# %%
+#| export precision
+"""The arithmetic of a training run: bfloat16 or float16 autocast, or float32;
+by default the fastest that the device has in hardware."""
+
+import torch
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+# autocast's type for each precision (fp32 runs without autocast)
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def precision_for(capability: tuple[int, int] | None) -> str:
+    """The precision of a GPU of compute capability `capability` (None: a
+    CPU): bf16 from 8.0, fp16 with its float16 tensor cores on 7.x, fp32
+    otherwise."""
+    if capability is None or capability < (7, 0):
+        return "fp32"
+    return "bf16" if capability >= (8, 0) else "fp16"
+
+
+def default_precision(device: torch.device) -> str:
+    """The precision a run on `device` gets unless it asks for one."""
+    if device.type != "cuda":
+        return precision_for(None)
+    precision = precision_for(torch.cuda.get_device_capability(device))
+    with torch.cuda.device(device):  # it asks about the current device
+        # without the argument it also answers yes where bf16 is emulated
+        hardware = torch.cuda.is_bf16_supported(including_emulation=False)
+    return "fp16" if precision == "bf16" and not hardware else precision
+
+
+def stored_precision(precision: str | None, device_type: str) -> str:
+    """The precision of a stored run: `precision`, or for a run stored
+    without one, what it trained in: bf16 with CUDA, fp32 on a CPU."""
+    if precision is not None:
+        return precision
+    return "bf16" if device_type == "cuda" else "fp32"
+
+
+# %% [markdown]
+# The common GPUs, by their capabilities:
+
+# %%
+from transformer.precision import default_precision, precision_for
+
+gpus = {"V100": (7, 0), "T4": (7, 5), "A100": (8, 0), "L4": (8, 9)}
+for name, capability in (gpus | {"H100": (9, 0)}).items():
+    print(
+        f"{name}, compute capability {capability}: {precision_for(capability)}"
+    )
+print(f"a CPU: {default_precision(torch.device('cpu'))}")
 
 # %% [markdown]
 # The dataclass itself:
@@ -359,11 +424,18 @@ class TrainConfig:
         help="of weights, order and dropout",
         check=NATURAL,
     )
-    bf16: bool | None = option(
+    precision: str | None = option(
         None,
-        on_resume="free",
-        help="bfloat16 autocast (default: with CUDA)",
-        check=SOME_FLAG,
+        on_resume="fixed",
+        help="the arithmetic: bf16 or fp16 autocast, or fp32 (default: what"
+        " the GPU has in hardware, bf16 from compute capability 8.0, fp16 with"
+        " loss scaling on 7.x, fp32 on older GPUs and CPUs; a resumed run"
+        " keeps its own)",
+        check=(
+            lambda v: v is None or v in PRECISIONS,
+            f"must be one of {', '.join(PRECISIONS)} or None",
+        ),
+        choices=PRECISIONS,
     )
     compile: bool = option(
         False, on_resume="free", help="torch.compile the model", check=FLAG
@@ -435,11 +507,6 @@ class TrainConfig:
             return model
         return dataclasses.replace(model, src_vocab_size=vocab_size)
 
-    def uses_bf16(self, device_type: str) -> bool:
-        """Whether to train and validate under bfloat16 autocast on a
-        `device_type` device: `bf16` if set, otherwise on with CUDA only."""
-        return self.bf16 if self.bf16 is not None else device_type == "cuda"
-
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-able dictionary; a folder at its default is
         None, so that a stored run resumed elsewhere finds that machine's."""
@@ -502,13 +569,10 @@ pd.DataFrame(
 # %% [markdown]
 # ## Presets and recipes
 #
-# A recipe is a function that returns a `TrainConfig`, and `--config NAME` on the command line
-# selects one from `RECIPES`: `multi30k`, the recipe of the book's two models (the training
-# chapter's table), and `quick`, a tiny model trained for a few dozen updates, which shows the
-# whole machinery at work on a CPU. A recipe names the preset it starts from and states only
-# what it changes, of the preset's model and of the defaults: it reads as its choices, and a
-# default it does not change is read from its one home.
-
+# A recipe is a function that returns a `TrainConfig`, and `--config NAME` selects one from
+# `RECIPES`: `multi30k`, the recipe of the book's two models (the training chapter's table),
+# and `quick`, a tiny model trained for a few dozen updates on a CPU. A recipe names its preset
+# and states only what it changes, so it reads as its choices.
 
 # %%
 #| export train_config
@@ -540,7 +604,7 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
         max_tokens=3_000,
         warmup=800,
         lr_factor=0.7,
-        bf16=False,
+        precision="fp32",
     )
     return TrainConfig(**(fields | overrides))
 
@@ -582,35 +646,29 @@ assert n_params == 6_001_664
 # %% [markdown]
 # ## Several processes
 #
-# With several GPUs, PyTorch's `DistributedDataParallel` (DDP) keeps one copy of the model per
-# GPU, one process per GPU, as the paper trained on eight. Each process runs forward and
-# backward on its own batches; during the backward pass DDP adds up the gradients of all
-# processes (an *all-reduce*) and divides by their number, so that every copy takes the same
-# optimiser step and the copies stay identical.
+# With several GPUs, PyTorch's `DistributedDataParallel` (DDP) keeps a copy of the model on
+# each, one process per GPU, as the paper trained on eight. Each process runs its own batches;
+# in the backward pass DDP adds up the processes' gradients (an *all-reduce*) and divides by
+# their number, so every copy takes the same step.
 #
-# The same code serves one process or several. Each process reads its rank $r$ and
-# the number of processes $P$ from the environment that `torchrun` sets (`RANK`, `WORLD_SIZE`,
-# `LOCAL_RANK`); without them, $P = 1$. All processes compute the same list of batches for an
-# epoch, since it depends only on the seed and the epoch, and an update takes the next
-# $P \times$ `accumulation` of them: process $r$ takes batches $r, r + P, r + 2P, \dots$ of that
-# group. Since every process knows the whole list, each knows the token count $N$ of the whole
-# update without communicating, and scales its loss by $P / N$: DDP's division by $P$ then
-# leaves exactly the gradient of the summed loss over $N$, the update a single process would
-# make on all the batches (without dropout: each process draws its own dropout masks). The few
-# batches at the end of an epoch that do not fill a whole group are left out of that epoch; a
-# run whose epoch cannot fill a single group is refused before it starts, and one that leaves
-# out more than a tenth of each epoch says so in its log. Validation is split the same way, and
-# the sums are added up before the means are taken.
+# Each process reads its rank $r$ and the number of processes $P$ from the environment that
+# `torchrun` sets; without it, $P = 1$. All processes compute the same list of an epoch's
+# batches, from the seed and the epoch, and an update takes the next $P \times$ `accumulation`
+# of them, process $r$ taking batches $r, r + P, \dots$ Each knows the token count $N$ of the
+# whole update without communicating, and scales its loss by $P / N$: DDP's division by $P$
+# leaves the gradient of the summed loss over $N$, a single process's update on all the
+# batches (up to dropout: each process draws its own masks). The batches that do not fill a
+# last group are left out of the epoch; a run that leaves out over a tenth says so in its log.
+# Validation is split the same way, and the sums added up.
 #
 # ```
 # torchrun --nproc_per_node 8 -m transformer train --pair de-en \
 #     --preset base --out runs/base
 # ```
 #
-# The Trainer's update (the appendix [The Trainer](a07_trainer.ipynb)) does this with two
-# helpers: `ddp_processes` gives it $P$ when DDP wraps the model (1 otherwise), and
-# `sync_gradients` wraps the backward pass of every micro-batch but the last in DDP's `no_sync`,
-# so that the processes exchange their gradients once per update.
+# The Trainer's update does this with two helpers: `ddp_processes` gives $P$ when DDP wraps
+# the model, and `sync_gradients` exchanges the gradients only after an update's last
+# micro-batch.
 
 # %%
 #| export distributed
@@ -746,10 +804,10 @@ def sync_gradients(
 # ## What each epoch trains on
 #
 # A run reads the tokenizer and the encoded splits from the data pipeline's cache (the first
-# process builds it if needed, the others wait), and an epoch's batches come from
-# `token_batches` in an order drawn from (seed, epoch). Before the first update, the run checks
-# what would otherwise fail hours later: every sentence, with its `<bos>` or `<eos>`, fits a
-# batch and the model's table of positions, and an epoch holds at least one update.
+# process builds it if needed), and an epoch's batches come from `token_batches` in an order
+# drawn from (seed, epoch). Before the first update, the run checks what would otherwise fail
+# hours later: every sentence, with its `<bos>` or `<eos>`, fits a batch and the model's
+# positions, and an epoch holds at least one update.
 
 # %%
 #| export epoch_data

@@ -16,14 +16,13 @@
 # %% [markdown]
 # # Checkpoints
 #
-# A run that may be stopped at any moment must be saved so that it resumes exactly where it
-# stopped, and a finished run must leave a small folder that ships its model. This appendix
-# builds both on the run of [Setting up a run](a05_run_setup.ipynb): the files of a checkpoint,
-# written without pickle; the average of the last checkpoints, as the paper's models have it; a
-# run's checkpoints and the checks of resuming from one; and the export of a trained model, with
-# `load_model`, which reads it back. [The Trainer](a07_trainer.ipynb) writes the checkpoints as it
-# trains and shows a run resumed exactly. This page exports `transformer.checkpoint` and
-# `transformer.run_checkpoints`.
+# A run that may be stopped at any moment must be saved so that it resumes exactly, and a
+# finished run must leave a small folder that ships its model. This appendix builds both on
+# [Setting up a run](a05_run_setup.ipynb): a checkpoint's files, written without pickle; the
+# average of the last checkpoints; a run's checkpoints and the checks of resuming from one; and
+# the export of a trained model, with `load_model`, which reads it back.
+# [The Trainer](a07_trainer.ipynb) writes the checkpoints as it trains. This page exports
+# `transformer.checkpoint` and `transformer.run_checkpoints`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -59,30 +58,27 @@ torch.set_printoptions(precision=4)
 # %% [markdown]
 # ## A checkpoint's files
 #
-# A run writes a checkpoint at the end of every epoch, and one where it stops when it must stop
-# inside an epoch (a time limit or a step limit). A checkpoint is a folder:
+# A run writes a checkpoint at the end of every epoch, and one where a time or step limit stops
+# it inside an epoch. A checkpoint is a folder:
 #
 # | file | holds |
 # | --- | --- |
 # | `model.safetensors` | the weights, float32 |
-# | `trainer.safetensors`, `trainer.json` | Adam's moments, step counts and settings; the scheduler's state |
+# | `trainer.safetensors`, `trainer.json` | Adam's moments, step counts and settings; the scheduler's state; a float16 run's loss scale |
 # | `progress.json` | where the run stands: epochs done, batches of the current epoch used, updates made, the epoch's running sums |
 # | `config.json` | the model's `TransformerConfig`, the run's `TrainConfig`, the vocabulary's size and SHA-256 |
 # | `tokenizer.json` | the tokenizer the run was trained with |
 #
-# **No pickle.** `torch.save` writes Python pickles, and loading a pickle runs whatever code it
-# names: a checkpoint downloaded from somewhere could do anything. Tensors go into
-# [safetensors](https://huggingface.co/docs/safetensors) files, which hold only named arrays and
-# a JSON header, and everything else into plain JSON. The optimiser's and scheduler's
-# `state_dict()` are nested dictionaries and lists of tensors and numbers; `save_state` walks
-# such a structure, puts each tensor into the safetensors file under its path in the structure,
-# and writes the rest as JSON, marking tuples so that loading gives back exactly what was saved.
+# **No pickle.** Loading a pickle, which `torch.save` writes, runs whatever code it names.
+# Tensors go into [safetensors](https://huggingface.co/docs/safetensors) files, which hold only
+# named arrays and a JSON header, and the rest into JSON: `save_state` walks the optimiser's
+# and scheduler's nested `state_dict()`, stores each tensor under its path in the structure,
+# and marks tuples, so that loading gives back exactly what was saved.
 #
-# **Tied weights, once.** The source embedding, the target embedding and the output layer share
-# one matrix. `model.state_dict()` lists it three times, and safetensors refuses tensors that
-# share memory. `model_tensors` keeps each tensor once, under its first name; loading copies the
-# stored values into the parameters of a freshly built model, where the sharing is already in
-# place.
+# **Tied weights, once.** The two embeddings and the output layer share one matrix, which
+# `model.state_dict()` lists three times and safetensors refuses to store three times.
+# `model_tensors` keeps it once, under its first name; loading copies it into a freshly built
+# model, where the sharing is already in place.
 
 # %%
 #| export checkpoint
@@ -307,12 +303,10 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 # %% [markdown]
 # ## Averaging
 #
-# The paper's models average the weights of the last checkpoints (Section 6.1): five for the
-# base models, twenty for the big ones. Late in training, with a small learning rate, successive
-# checkpoints sit around a minimum of the loss, each displaced from it by the noise of its last
-# updates; their mean cancels much of that noise, as Polyak averaging does for stochastic
-# gradient descent. The sums are taken in float64, so the order of the files does not matter.
-
+# The paper's models average the weights of their last checkpoints (Section 6.1): five for the
+# base models, twenty for the big ones; the training chapter says why it helps.
+# `average_checkpoints` reads them from their files and sums in float64, so the order of the
+# files does not matter.
 
 # %%
 #| export run_checkpoints
@@ -349,7 +343,7 @@ from transformer.checkpoint import (
     tokenizer_digest,
 )
 from transformer.config import TransformerConfig
-from transformer.distributed import Distributed, barrier
+from transformer.distributed import Distributed, barrier, device_for
 from transformer.files import (
     append_jsonl,
     atomic_folder,
@@ -357,6 +351,7 @@ from transformer.files import (
     truncate_jsonl,
 )
 from transformer.model import Transformer
+from transformer.precision import default_precision, stored_precision
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import (
     TrainConfig,
@@ -424,16 +419,12 @@ mean
 # %% [markdown]
 # ## A run's checkpoints
 #
-# A run keeps its checkpoints in `checkpoints/` under its output folder, named `epoch-005` at the
-# end of an epoch and `step-0001234` for a stop inside one. A folder counts as a checkpoint once
-# it holds a readable `progress.json`, which `write_checkpoint` writes last; anything else (a
-# temporary folder of a killed run, a damaged checkpoint) is never resumed from. `config.json`
-# records the model, the run's configuration and the vocabulary's SHA-256, so that a checkpoint
-# is never loaded into another model or read with another tokenizer: `check_compatible` names
-# the field that differs. After each checkpoint, `prune_checkpoints` deletes what is no longer
-# needed: the newest checkpoint stays whole, the weights of the last `average_last` epochs stay
-# for averaging, and the rest goes.
-
+# A run keeps its checkpoints in `checkpoints/` under its output folder: `epoch-005` at the end
+# of an epoch, `step-0001234` for a stop inside one. A folder counts as a checkpoint once it
+# holds a readable `progress.json`, which `write_checkpoint` writes last; a killed run's
+# temporary folder is never resumed from. `check_compatible` refuses a checkpoint of another
+# model or vocabulary, naming the field. After each checkpoint, `prune_checkpoints` keeps the
+# newest whole and the weights of the last `average_last` epochs, and deletes the rest.
 
 # %%
 #| export checkpoint
@@ -601,15 +592,14 @@ from transformer.train_config import RESUME_FIXED
 print(textwrap.fill(", ".join(RESUME_FIXED), 79))
 
 # %% [markdown]
-# A resumed run must keep them, and `check_recipe` refuses one that does not, naming the field.
-# A field that a checkpoint does not record, because its run began before the field existed,
-# was trained at its default: a resumed run may keep the default and no other value. The
-# model's overrides count as the model they make of the preset, so that an override written
-# out or left to the preset's equal value is the same run. The other fields may change on
-# resume: more `epochs` continue a finished run, and a new `time_limit` or `max_steps` fits
-# the next stretch of machine time. `resume_point` makes these checks, and those that need no
-# data, before anything is loaded.
-
+# A resumed run must keep them: `check_recipe` refuses one that does not, naming the field. A
+# field that a checkpoint does not record, because its run began before the field existed,
+# was trained at its default, and the model's overrides count as the model they make. A
+# `precision` left unset is the checkpoint's own; a run stored before the field trained in
+# what its `bf16` flag said, or with the flag unset, in bfloat16 with CUDA and float32 on a
+# CPU. The other fields may change: more `epochs` continue a finished run, and a new
+# `time_limit` fits the next stretch of machine time. `resume_point` checks all this before
+# anything is loaded.
 
 # %%
 #| export run_checkpoints
@@ -639,13 +629,20 @@ def check_recipe(folder: Path, config: TrainConfig) -> None:
     """Raise CheckpointError, in one line naming the folder and the field, if
     the checkpoint in `folder` was trained with another value of a field that
     decides the updates (one fixed on resume). A field the checkpoint does not
-    record had its default; the overrides compare as the model they make."""
+    record had its default; the overrides compare as the model they make; a
+    precision left unset is the checkpoint's own."""
     stored = with_current_names(read_record(folder).get("train", {}))
     fixed = fixed_on_resume(type(config))
     for field in (f for f in dataclasses.fields(config) if f.name in fixed):
         name, ours = field.name, getattr(config, field.name)
         theirs, note = stored.get(name), ""
-        if name not in stored:  # its run began before the field existed
+        if name == "precision":  # unset: a resumed run keeps its own
+            device = device_for(config.device, Distributed()).type
+            if theirs is None:
+                note = f" (not recorded: the default on {device} then)"
+            theirs = stored_precision(theirs, device)
+            ours = theirs if ours is None else ours
+        elif name not in stored:  # its run began before the field existed
             theirs, note = field_default(field), " (its default: not recorded)"
             if theirs is dataclasses.MISSING:
                 raise CheckpointError(
@@ -710,14 +707,49 @@ def resume_from(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler,
+    scaler: torch.amp.GradScaler,
 ) -> Progress:
-    """Continue from a checkpoint: load the weights, the optimiser and the
-    schedule; return where the run stands."""
+    """Continue from a checkpoint: load the weights, the optimiser, the
+    schedule and a float16 run's loss scale; return where the run stands."""
     load_weights(model, checkpoint / layout.WEIGHTS)
     state = load_state(checkpoint, "trainer")
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler"):  # empty or absent without float16
+        scaler.load_state_dict(state["scaler"])
     return Progress.read(checkpoint)
+
+
+def trainer_state(
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    scaler: torch.amp.GradScaler,
+) -> dict[str, Any]:
+    """What a checkpoint keeps of the trainer, for `resume_from`: the
+    optimiser's, the schedule's and the loss scaler's states."""
+    return {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),  # {} without float16
+    }
+
+
+def run_precision(
+    config: TrainConfig, device: torch.device, checkpoint: Path | None
+) -> tuple[str, str]:
+    """The precision a run trains in, and why: the config's, a resumed run's
+    own, or the device's default."""
+    if config.precision is not None:
+        return config.precision, "asked"
+    if checkpoint is not None:
+        stored = with_current_names(read_record(checkpoint).get("train", {}))
+        own = stored_precision(stored.get("precision"), device.type)
+        return own, "the run's own"
+    if device.type != "cuda":
+        return default_precision(device), "the default on a CPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    why = f"the default of compute capability {major}.{minor}"
+    return default_precision(device), why
 
 
 def prepare_folder(out: Path) -> None:
@@ -778,6 +810,7 @@ class RunFolder:
         model: Transformer,
         optimizer: torch.optim.Optimizer,
         scheduler: LRScheduler,
+        scaler: torch.amp.GradScaler,
     ) -> Progress:
         """Check that `checkpoint`, if any, fits the model and the tokenizer,
         make the folder, continue from the checkpoint, and store the settings;
@@ -791,7 +824,9 @@ class RunFolder:
         barrier()
         progress = Progress()
         if checkpoint is not None:
-            progress = resume_from(checkpoint, model, optimizer, scheduler)
+            progress = resume_from(
+                checkpoint, model, optimizer, scheduler, scaler
+            )
         if self.env.is_main:
             store_settings(
                 self.out, self.config, self.tokenizer, progress.step
@@ -803,19 +838,16 @@ class RunFolder:
         name: str,
         line: dict[str, Any],
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: LRScheduler,
+        state: dict[str, Any],
         progress: Progress,
     ) -> None:
-        """Append `line` to metrics.jsonl, write the checkpoint `name`, and
-        prune the older ones."""
+        """Append `line` to metrics.jsonl, write the checkpoint `name` with the
+        trainer's `state`, and prune the older ones."""
         if self.env.is_main:
             # The record first: a resumed run drops records newer than its
             # checkpoint.
             append_jsonl(self.out / layout.METRICS, line)
             folder = self.out / "checkpoints" / name
-            state = {"optimizer": optimizer.state_dict()}
-            state["scheduler"] = scheduler.state_dict()
             write_checkpoint(
                 folder,
                 model,
@@ -850,22 +882,24 @@ class RunFolder:
 #
 # | file | holds |
 # | --- | --- |
-# | `model-00001.safetensors`, … | the weights in float16 (or bfloat16), at most `MAX_FILE_BYTES` per file |
+# | `model-00001.safetensors`, … (`SHARD`) | the weights in float16 (or bfloat16), at most `MAX_FILE_BYTES` per file |
 # | `config.json` | the model's config, the training config, the vocabulary's fingerprint, and which weight is in which file |
 # | `tokenizer.json` | the tokenizer |
 # | `metrics.jsonl` | the run's metrics |
 #
-# Half-precision weights halve the size; the model computes in float32 after loading, and the
-# rounding of the weights to 11 significant bits (float16) changes its log-probabilities only
-# slightly. Given a run's folder, the export takes the run's average when it is current (when it
-# ends with the run's newest epoch checkpoint: a run continued after it averaged may have trained
-# past its average), and its latest checkpoint otherwise. The export replaces its destination as
-# a whole, so it refuses one that holds anything but the files of an earlier export, and one
-# that is, or holds, the run it exports.
+# Half-precision weights halve the size; the model computes in float32 after loading. Given a
+# run's folder, the export takes the run's average if it ends with the newest epoch checkpoint
+# (a run continued after averaging has trained past it), else the latest checkpoint. It
+# replaces its destination as a whole, so it refuses one that holds anything but an earlier
+# export's files, or that holds the run itself.
 
 # %%
 #| export checkpoint
 MAX_FILE_BYTES = 16 * 2**20
+# A shipped model's weight files, numbered from 1; config.json's weight_map
+# names the file of each weight.
+SHARD = "model-{:05d}.safetensors"
+SHARD_PATTERN = r"model-\d{5}\.safetensors"
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -920,10 +954,7 @@ def check_export_destination(dest: Path, source: Path) -> None:
         p.name
         for p in dest.iterdir()
         if not (
-            (
-                p.name in _EXPORT_FILES
-                or re.fullmatch(layout.SHARD_PATTERN, p.name)
-            )
+            (p.name in _EXPORT_FILES or re.fullmatch(SHARD_PATTERN, p.name))
             and p.is_file()
         )
     )
@@ -1005,7 +1036,7 @@ def export_model(
     metrics = next((p for p in candidates if p.is_file()), None)
     with atomic_folder(dest) as tmp:
         for k, part in enumerate(files, start=1):
-            file = layout.SHARD.format(k)
+            file = SHARD.format(k)
             safetensors.torch.save_file(
                 part, tmp / file, metadata={"format": SHIPPED_FORMAT}
             )
@@ -1064,9 +1095,9 @@ def load_model(
 
 
 # %% [markdown]
-# A tiny run's one checkpoint, exported: its weights go into float16, and loaded back, the
-# model's log-probabilities stay within the rounding of its weights of the float32 checkpoint's.
-# The tokenizer is learned on a few words, as the data chapter learns it on Multi30k:
+# A tiny run's checkpoint, exported into float16 and loaded back, gives log-probabilities
+# within the rounding of its weights of the float32 checkpoint's. Its tokenizer is learned on a
+# few words:
 
 # %%
 from transformer.checkpoint import Progress, export_model, load_model

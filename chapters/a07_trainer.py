@@ -18,10 +18,10 @@
 #
 # [Setting up a run](a05_run_setup.ipynb) describes a run and reads its data, and
 # [Checkpoints](a06_checkpoints.ipynb) saves it. This appendix trains it: the training chapter's
-# update on several processes and in bfloat16; the run's optimiser; validation, with the metrics
-# that the training chapter lists; R-Drop, an option; the arithmetic an update costs; and the
-# `Trainer`, which trains epoch after epoch within a time limit, writes its logs and
-# checkpoints, and resumes exactly. It exports `transformer.trainer` (the `Trainer` and `train`),
+# update on several processes and in 16-bit arithmetic, the optimiser, validation, R-Drop, the
+# FLOPs of an update, and the `Trainer`, which trains epoch after epoch within a time limit,
+# logs, checkpoints and resumes exactly; last, what the recipe costs on common GPUs and how to
+# run it in Colab. It exports `transformer.trainer` (the `Trainer` and `train`),
 # `transformer.run_step`, `transformer.run_optimizer`, `transformer.validation`,
 # `transformer.rdrop`, `transformer.counts` and `transformer.logs`.
 
@@ -67,25 +67,26 @@ scratch = Path(tempfile.mkdtemp())  # the runs of this appendix
 # ## The update
 #
 # The training chapter's `train_step` makes an update in one process, in float32. A run's update
-# computes the same, with three additions that change where and how fast the arithmetic runs:
+# computes the same, with three additions:
 #
 # - **Several processes.** Under DDP (the appendix [Setting up a run](a05_run_setup.ipynb)) each
 #   process scales its loss by $P / N$ instead of $1 / N$, since DDP divides the sum of the
-#   processes' gradients by $P$, and runs the backward pass of every micro-batch but the last
-#   under DDP's `no_sync` (`sync_gradients`), so that the processes exchange their gradients
-#   once per update.
-# - **bfloat16.** On a GPU the forward pass can run under bfloat16 autocast: the matrix products
-#   in bfloat16, the loss in float32.
-# - **Copies that overlap.** Each batch goes to the device with `non_blocking=True`, and the
-#   summed loss stays there: reading a GPU value waits for the GPU.
+#   processes' gradients by $P$, and exchanges gradients only after the last micro-batch
+#   (`sync_gradients`).
+# - **16-bit arithmetic.** On a GPU the forward pass can run under autocast, the matrix
+#   products in bfloat16 or float16 (the run's `precision`). With float16 a `GradScaler` scales
+#   the loss up before the backward pass and the gradients back down before Adam's step, which
+#   it skips when a gradient overflowed; the schedule counts the updates taken.
+# - **Copies that overlap.** Batches go to the device with `non_blocking=True`, and the summed
+#   loss stays there: reading a GPU value waits for the GPU.
 #
-# `run_step` is `train_step` with these three; it also refuses a loss that is not summed and an
-# update without tokens.
+# `run_step` also refuses a loss that is not summed and an update without tokens.
 
 # %%
 #| export run_step
 """The update of a training run: the training chapter's `train_step` on
-several processes (DistributedDataParallel) and under bfloat16 autocast."""
+several processes (DistributedDataParallel) and under 16-bit autocast, with a
+float16 run's loss scaling."""
 
 from collections.abc import Sequence
 
@@ -106,12 +107,14 @@ def run_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokens: int,
-    bf16: bool = False,
+    autocast: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Tensor:
     """One update with the gradient of (summed loss) / `tokens`, as
     `train_step`'s; `tokens` counts the real target tokens of the whole update,
-    of every process. Returns the summed loss, detached, on the model's device.
-    """
+    of every process. `autocast`: the type of the forward pass's matrix
+    products; `scaler` scales a float16 run's loss. Returns the summed loss,
+    detached, on the model's device."""
     if criterion.reduction != "sum":  # the division by `tokens` comes below
         raise ValueError(f"need reduction='sum', got {criterion.reduction!r}")
     if not batches or tokens <= 0:
@@ -123,17 +126,26 @@ def run_step(
     for k, batch in enumerate(batches):
         batch = batch.to(device, non_blocking=True)
         with sync_gradients(model, k == len(batches) - 1):
-            with torch.autocast(
-                device.type, dtype=torch.bfloat16, enabled=bf16
-            ):
+            on = autocast is not None
+            with torch.autocast(device.type, dtype=autocast, enabled=on):
                 log_probs = batch_log_probs(
                     model, batch, pad_id=criterion.pad_id
                 )
             loss = criterion(log_probs, batch.tgt_out)  # summed over tokens
-            (loss * scale).backward()  # adds to the gradients
+            scaled = loss * scale
+            if scaler is not None:  # float16: lifts small gradients off 0
+                scaled = scaler.scale(scaled)
+            scaled.backward()  # adds to the gradients
         total += loss.detach()
-    optimizer.step()
-    scheduler.step()
+    if scaler is None:
+        optimizer.step()
+        scheduler.step()
+    else:  # unscales the gradients; skips the step if one overflowed
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        if scaler.get_scale() >= scale:  # taken: the schedule counts it
+            scheduler.step()
     return total
 
 
@@ -176,13 +188,37 @@ print(f"the last update's loss per token: {losses[0] / tokens:.4f}, both")
 assert math.isclose(losses[0], losses[1], rel_tol=1e-6)  # summed in float32
 
 # %% [markdown]
+# In float16, a gradient past float16's largest number, 65,504, is infinite: the scaler skips
+# that update, leaving the weights as they were, and halves its scale until the gradients fit.
+# PyTorch runs float16 autocast on a CPU too, so this runs here, from a scale set too high:
+
+# %%
+torch.manual_seed(0)
+model = Transformer(tiny)
+optimizer, scheduler = make_optimizer(model, d_model=32, warmup=10)
+step = dict(criterion=criterion, optimizer=optimizer, scheduler=scheduler)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
+fp16 = dict(autocast=torch.float16, scaler=scaler)
+taken = []  # whether each update changed the weights
+while not any(taken) and len(taken) < 24:
+    before = [p.detach().clone() for p in model.parameters()]
+    run_step(model, parts, tokens=tokens, **fp16, **step)
+    after = model.parameters()
+    changed = (
+        not torch.equal(a, b) for a, b in zip(before, after, strict=True)
+    )
+    taken.append(any(changed))
+skipped = taken.index(True)
+print(f"{skipped} updates skipped, one taken at scale {scaler.get_scale():g}")
+assert skipped > 0 and scaler.get_scale() == 2.0**24 / 2**skipped
+
+# %% [markdown]
 # ## The optimiser
 #
-# The schedule chapter's `make_optimizer` takes a model. A run's optimiser is built on the same
-# `noam_schedule` and the paper's Adam, and takes what `torch.optim` takes: a model, its
-# parameters, or parameter groups (a list of dictionaries, each with its `"params"`). It refuses
-# what would go wrong silently: no parameters, an empty group, and a group with its own `"lr"`,
-# which `LambdaLR` would multiply by the schedule. When every parameter is on a GPU it runs
+# The schedule chapter's `make_optimizer` takes a model. A run's optimiser, the same Adam on the
+# same `noam_schedule`, takes what `torch.optim` takes: a model, its parameters, or parameter
+# groups. It refuses what would go wrong silently: no parameters, an empty group, and a group
+# with its own `"lr"`, which `LambdaLR` would multiply by the schedule. On a GPU it runs
 # PyTorch's fused Adam, one kernel for the whole update.
 
 # %%
@@ -274,11 +310,10 @@ except ValueError as err:
 # %% [markdown]
 # ## Validation
 #
-# Validation measures what the training chapter lists: the label-smoothed loss, the NLL and the
-# perplexities per token and per word, and the token accuracy. `token_stats` returns sums and
-# counts, which add up across batches and, with several processes, across processes (each
-# validates its share of the batches); the means are taken last. The perplexity is per subword
-# token, `<eos>` included, as the paper's is "per wordpiece".
+# Validation measures the label-smoothed loss, the NLL, the perplexities per token and per
+# word, and the token accuracy (the training chapter defines them). `token_stats` returns sums
+# and counts, which add up across batches and processes; the means are taken last. The
+# perplexity is per subword token, `<eos>` included, as the paper's is "per wordpiece".
 
 # %%
 #| export validation
@@ -437,10 +472,10 @@ def validate(
     pad_id: int,
     smoothing: float,
     words: int | None = None,
-    bf16: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> Validation:
-    """Teacher-forced validation metrics, in eval mode; summed over processes
-    when distributed."""
+    """Teacher-forced validation metrics, in eval mode, under `autocast`'s type
+    if given; summed over processes when distributed."""
     criterion = LabelSmoothingLoss(
         pad_id=pad_id, smoothing=smoothing, reduction="sum"
     )
@@ -450,7 +485,8 @@ def validate(
     loss_sum, stats = 0.0, TokenStats()
     for batch in batches:
         batch = batch.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        on = autocast is not None
+        with torch.autocast(device.type, dtype=autocast, enabled=on):
             log_probs = batch_log_probs(model, batch, pad_id=pad_id)
         loss_sum += criterion(log_probs, batch.tgt_out).item()
         stats += token_stats(log_probs, batch.tgt_out, pad_id=pad_id)
@@ -578,21 +614,10 @@ for dropout in (False, True):
 # ## What an update costs
 #
 # A run reports its speed as the model FLOPs utilisation (MFU): the arithmetic that the model
-# needs, divided by the time it took and by the GPU's peak rate. The appendix
-# [Derivations and counts](a11_counts.ipynb) derives and checks the count of a forward and
-# backward pass over a pair of $S$ source and $T$ target tokens:
-#
-# $$
-# \begin{aligned}
-# \mathrm{FLOPs} = {} & 6\left((N_{enc} + N_{kv}) S + (N_{dec} - N_{kv} + d_{model} V) T\right) \\
-# & + 12\, d_{model} \left(L_e S^2 + L_d T^2 + L_d S T\right)
-# \end{aligned}
-# $$
-#
-# with $N_{enc}$ and $N_{dec}$ the parameters of the encoder and decoder stacks without the
-# embeddings, $N_{kv}$ those of the decoder's cross-attention keys and values (applied to the $S$
-# source positions), $d_{model} V$ the output layer, and $L_e = L_d$ = `n_layers`. The Trainer
-# sums it over the pairs of each update.
+# needs, over the time it took and the GPU's peak rate. The appendix
+# [Derivations and counts](a11_counts.ipynb) derives and checks the count of a training step's
+# FLOPs for a pair of $S$ source and $T$ target tokens, which `training_flops` computes; the
+# Trainer sums it over the pairs of each update.
 
 # %%
 #| export counts
@@ -655,30 +680,14 @@ def training_flops(
 # %% [markdown]
 # ## The Trainer
 #
-# `train(config)` does a whole run, and `Trainer` holds its state: the model, the optimiser,
-# the batches and `Progress`, where the run stands. Its methods each do one job:
-#
-# - `__init__` checks the output folder (a folder holding another run is an error unless
-#   resuming), loads the tokenizer and the encoded splits from the data pipeline's cache, checks
-#   that every sentence fits a batch and the model's positions, builds the model with the run's
-#   seed, Adam and the schedule, and, when resuming, loads the latest checkpoint;
-# - `run` trains epoch after epoch until the last, or until `max_steps` or the time limit, and
-#   then averages the last `average_last` epoch checkpoints;
-# - `_train_epoch` orders the training pairs into token-bucketed batches from `(seed, epoch)`
-#   and makes one `_update` per group of batches, writing a line to `steps.jsonl` every
-#   `log_every` updates; `_update` calls `run_step`;
-# - `_end_period` validates, appends the epoch's line to `metrics.jsonl` and writes a
-#   checkpoint;
-# - `_average` validates the average of the last checkpoints and writes it to `average/`.
-#
-# Every line of `metrics.jsonl` says what it measures in `kind`: `epoch`, `partial` for a stop
-# inside an epoch, or `average`. Besides where the run stands and the validation metrics above,
-# an epoch's line holds the training loss, the throughput `tokens_per_s` (real target tokens per
-# second of training), the learning rate and `mfu`, the share of the GPU's peak arithmetic rate
-# that the model's FLOPs used (the count above). The run in the section "Exact resume" prints
-# the fields of both kinds of line.
-#
-# The module's imports come first: it builds on every module above.
+# `train(config)` does a whole run, and `Trainer` holds its state: the model, the optimiser, the
+# batches, and `Progress`, where the run stands. `__init__` checks the output folder, loads the
+# data, checks that every sentence fits, builds the model from the run's seed and, resuming,
+# loads the latest checkpoint; `run` trains epoch after epoch until the last, `max_steps` or
+# the time limit, then averages the last `average_last` epoch checkpoints. Each line of
+# `metrics.jsonl` names its `kind`: `epoch`, `partial` (a stop inside an epoch) or `average`;
+# the run in the section "Exact resume" prints the fields of each kind. The module's imports
+# come first: it builds on every module above.
 
 # %%
 #| export
@@ -737,16 +746,21 @@ from transformer.logs import (
     metrics_text,
     progress_bar,
     show_step,
+    start_line,
+    starting_from,
 )
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.precision import AUTOCAST
 from transformer.rdrop import RDropLoss, doubled
 from transformer.run_checkpoints import (
     RunFolder,
     averaged_model,
     last_epochs,
     resume_point,
+    run_precision,
     run_record,
+    trainer_state,
 )
 from transformer.run_optimizer import run_optimizer
 from transformer.run_step import run_step
@@ -818,7 +832,7 @@ def _validator(
     config: TrainConfig,
     max_len: int,
     env: Distributed,
-    bf16: bool,
+    autocast: torch.dtype | None,
 ) -> Callable[[nn.Module], Validation]:
     """Validation of a model on this process's share of the batches, the
     words of all the references counted."""
@@ -835,7 +849,7 @@ def _validator(
         pad_id=data.tokenizer.pad_id,
         smoothing=config.label_smoothing,
         words=count_words(data.tokenizer, data.val),
-        bf16=bf16,
+        autocast=autocast,
     )
 
 
@@ -864,14 +878,11 @@ def _collate_share(
 # %% [markdown]
 # ### The time limit
 #
-# `time_limit` (minutes) stops a run early enough to validate and save a checkpoint, so that a
-# long run on machines lent for a few minutes at a time can be a chain of resumed ones. The run
-# asks the clock before each update whether to stop. It must stop early enough for what comes
-# after the last update: validating and saving, whose time the clock measures at each epoch's
-# end, and the stretch until the next check, whose longest length it keeps measuring. With
-# several processes every one must stop at the same update, so the first process decides and
-# broadcasts its answer; a broadcast waits for every process, so it is asked every 10 updates.
-
+# `time_limit` (minutes) stops a run early enough to validate and save, so that a long run on
+# machines lent for minutes at a time is a chain of resumed ones. Before each update the run
+# asks the clock, which reserves the time of validating and saving, measured at each epoch's
+# end, and the longest stretch between two checks. With several processes the first decides
+# and broadcasts its answer, every 10 updates, since a broadcast waits for every process.
 
 # %%
 #| export
@@ -917,14 +928,15 @@ class _Clock:
 # %% [markdown]
 # ### What a run writes
 #
-# The progress bar, `train.log`, the lines of `steps.jsonl` and `metrics.jsonl`, and the table of
-# a run's epochs that the command line prints at its end, in a module of their own:
+# The first line of `train.log`, which says where the run starts and in which precision, the
+# progress bar, the lines of `steps.jsonl` and `metrics.jsonl`, and the table of a run's epochs
+# that the command line prints at its end, in a module of their own:
 
 # %%
 #| export logs
-"""What a training run writes: as it goes, the progress bar, train.log and
-the lines of steps.jsonl and metrics.jsonl; at its end, the table of its
-epochs."""
+"""What a training run writes: its first line; as it goes, the progress bar,
+train.log and the lines of steps.jsonl and metrics.jsonl; at its end, the table
+of its epochs."""
 
 import sys
 import time
@@ -932,13 +944,43 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from transformer.checkpoint import Progress
-from transformer.distributed import all_sum
+from transformer.distributed import Distributed, all_sum
 from transformer.files import append_jsonl
+from transformer.train_config import TrainConfig
 from transformer.validation import Validation
+
+
+def starting_from(checkpoint: Path | None, resume: bool, out: Path) -> str:
+    """Where a run starts: from a checkpoint, or from scratch."""
+    if checkpoint is not None:
+        return f"resuming from {checkpoint}"
+    # The same command, repeated across stops, starts the run the first time.
+    if resume:
+        return f"nothing to resume in {out}: starting a new run"
+    return "starting"
+
+
+def start_line(
+    where: str,
+    config: TrainConfig,
+    model: nn.Module,
+    env: Distributed,
+    device: torch.device,
+    why: str,
+) -> str:
+    """The log's first line: where the run starts, its model, processes and
+    arithmetic (`why`: how its precision was chosen)."""
+    n = sum(p.numel() for p in model.parameters())
+    return (
+        f"{where}: {config.pair}, model {config.preset}"
+        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
+        f" process(es) on {device}, precision {config.precision} ({why}),"
+        f" compile {config.compile}"
+    )
 
 
 def progress_bar(
@@ -1102,39 +1144,11 @@ def summary_table(records: list[dict[str, Any]]) -> str:
 
 
 # %% [markdown]
-# The trainer's own helpers: where a run starts, and what it returns:
+# The trainer's own helpers: an epoch's pairs, and what a run returns:
 
 
 # %%
 #| export
-def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
-    """Where a run starts: from a checkpoint, or from scratch."""
-    if checkpoint is not None:
-        return f"resuming from {checkpoint}"
-    # The same command, repeated across stops, starts the run the first time.
-    if resume:
-        return f"nothing to resume in {out}: starting a new run"
-    return "starting"
-
-
-def _start_line(
-    where: str,
-    config: TrainConfig,
-    model: nn.Module,
-    env: Distributed,
-    device: torch.device,
-    bf16: bool,
-) -> str:
-    """The log's first line: where the run starts, its model, processes and
-    arithmetic."""
-    n = sum(p.numel() for p in model.parameters())
-    return (
-        f"{where}: {config.pair}, model {config.preset}"
-        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
-        f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
-    )
-
-
 @dataclass(frozen=True)
 class _EpochPairs:
     """An epoch's training pairs as it spells them, and what its updates count
@@ -1180,12 +1194,14 @@ class Trainer:
         data: TrainingData | None = None,
         echo: bool = True,
     ) -> None:
-        self.config = c = config
         self.env = env = Distributed.from_environ()
-        self.device = device_for(c.device, env)
-        self.clock = _Clock(c.time_limit, env, self.device)
-        self.out = c.out_dir
-        checkpoint = resume_point(self.out, c, env, resume=resume)
+        self.device = device_for(config.device, env)
+        self.clock = _Clock(config.time_limit, env, self.device)
+        self.out = config.out_dir
+        checkpoint = resume_point(self.out, config, env, resume=resume)
+        precision, why = run_precision(config, self.device, checkpoint)
+        # the run's config records the precision it trains in
+        self.config = c = dataclasses.replace(config, precision=precision)
         self.data = data if data is not None else load_training_data(c)
         tokenizer = self.data.tokenizer
         self.model_config = c.model_config(tokenizer.vocab_size)
@@ -1200,14 +1216,16 @@ class Trainer:
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
+        fp16 = precision == "fp16"  # its loss scaled
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=fp16)
         record = run_record(c, self.model_config, tokenizer)
         self.folder = RunFolder(c, env, record, tokenizer)
         self.progress = self.folder.open(
-            checkpoint, self.model, self.optimizer, self.scheduler
+            checkpoint, self.model, self.optimizer, self.scheduler, self.scaler
         )
         self.step_model = _wrap(self.model, c, env, self.device)
-        self.bf16 = c.uses_bf16(self.device.type)
-        self.validate = _validator(self.data, c, max_len, env, self.bf16)
+        self.autocast = AUTOCAST[precision]
+        self.validate = _validator(self.data, c, max_len, env, self.autocast)
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
@@ -1217,9 +1235,8 @@ class Trainer:
         # Opened last, so that a set-up error leaves no file open.
         main = self.out / "train.log" if env.is_main else None
         self.log = Log(main, echo and env.is_main)
-        where = _where(checkpoint, resume, self.out)
-        line = _start_line(where, c, self.model, env, self.device, self.bf16)
-        self.log(line)
+        where = starting_from(checkpoint, resume, self.out)
+        self.log(start_line(where, c, self.model, env, self.device, why))
         self.log(f"config: {json.dumps(c.to_dict())}", echo=False)
         if warning := dropped_warning(first, c.accumulation, env.world_size):
             self.log(warning)
@@ -1302,7 +1319,8 @@ class Trainer:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             tokens=tokens,
-            bf16=self.bf16,
+            autocast=self.autocast,
+            scaler=self.scaler,
         )
         p.step += 1
         p.batch += len(update)
@@ -1338,9 +1356,8 @@ class Trainer:
         saved = dataclasses.replace(
             p, wall_time=self._wall_time(), processes=self.env.world_size
         )
-        self.folder.save(
-            name, record, self.model, self.optimizer, self.scheduler, saved
-        )
+        state = trainer_state(self.optimizer, self.scheduler, self.scaler)
+        self.folder.save(name, record, self.model, state, saved)
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
 
     def _wall_time(self) -> float:
@@ -1401,28 +1418,22 @@ def train(
 # ## Exact resume
 #
 # A run stopped and resumed should end where an uninterrupted run ends, bit for bit, or a
-# long run split into several jobs would be a different experiment from the same run made in
-# one piece. Everything an update depends on is either stored in the checkpoint or a
-# function of what is:
+# long run split into several jobs would be another experiment. Everything an update depends
+# on is stored in the checkpoint or drawn from what is:
 #
 # | what an update depends on | where it comes from |
 # | --- | --- |
 # | the weights, Adam's moments and step counts | the checkpoint's safetensors files |
-# | the learning rate | the scheduler's count of updates, in `trainer.json` |
-# | the position in the epoch | `progress.json`: epochs done, batches of the epoch used |
+# | the learning rate; a float16 run's loss scale | `trainer.json` |
+# | the position in the epoch | `progress.json` |
 # | the order of the epoch's batches, and their spelling under BPE-dropout | drawn from (seed, epoch) |
-# | the dropout masks | drawn from (seed, update, process), seeded afresh before each update |
+# | the dropout masks | drawn from (seed, update, process) before each update |
 #
-# No random generator's state needs storing. Records in `metrics.jsonl` and `steps.jsonl`
-# written after the checkpoint a run resumes from are dropped, since the resumed run writes them
-# again, and a resume must run as many processes as the run it continues (the number is kept in
-# `progress.json`). On one machine, then, two epochs straight and one epoch stopped part way,
-# resumed and continued give the same weights. A GPU promises less than a CPU: some kernels (a
-# backward pass that adds with atomic operations, for one) may add in a varying order from run
-# to run.
-#
-# The check, on a tiny model and a tiny synthetic data set, a few seconds on a CPU: one run of
-# two epochs, and one stopped after two updates, then resumed.
+# No random generator's state is stored. Records written after the checkpoint a run resumes
+# from are dropped, since the resumed run writes them again, and a resume must run as many
+# processes as the run it continues. A GPU promises less than a CPU: some kernels add in a
+# varying order from run to run. The check, on a tiny model and data set: one run of two
+# epochs, and one stopped after two updates, then resumed.
 
 # %%
 import textwrap
@@ -1507,3 +1518,80 @@ except CheckpointError as err:
     print("CheckpointError:", str(err).replace(str(scratch), "<tmp>"))
 else:
     raise AssertionError("a changed seed was accepted")
+
+# %% [markdown]
+# ## On a GPU, and in Colab
+#
+# A run's precision follows its GPU unless it asks for one (the appendix
+# [Setting up a run](a05_run_setup.ipynb)), and its log's first line names it. The table gives
+# that precision for four common GPUs and the time the recipe's 35 epochs of training take in
+# it, validation left out. The H100's time is measured: the recipe's throughput in bfloat16
+# (`checkpoints/throughput-h100.json`, the appendix [Derivations and counts](a11_counts.ipynb)).
+# The others are estimates from FLOPs: the FLOPs of a training step per target token
+# (`training_flops`, over the validation pairs) times the target tokens of 35 epochs, over the
+# GPU's published dense float16 or bfloat16 rate times the share of its peak that the recipe
+# uses on the H100. A model this small leaves a GPU's matrix units mostly idle, waiting for
+# its many small kernels, so the estimates only compare the cards at equal use of their peaks.
+
+# %%
+import json
+
+import pandas as pd
+
+from transformer.counts import training_flops
+from transformer.multi30k import load_pairs
+from transformer.paths import CHECKPOINTS_DIR
+from transformer.precision import precision_for
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import multi30k_recipe
+
+# compute capability; dense float16 or bfloat16 FLOP/s, NVIDIA's data sheets
+GPUS = {
+    "T4": ((7, 5), 65e12),
+    "L4": ((8, 9), 121e12),
+    "A100": ((8, 0), 312e12),
+    "H100": ((9, 0), 989e12),  # SXM, as measured
+}
+tokenizer = Tokenizer.load(CHECKPOINTS_DIR / "de-en" / "tokenizer.json")
+recipe = multi30k_recipe("de-en")
+with torch.device("meta"):  # shapes without memory
+    recipe_model = Transformer(recipe.model_config(tokenizer.vocab_size))
+de, en = zip(*load_pairs("val", "de-en"), strict=True)
+src = [len(ids) + 1 for ids in tokenizer.encode_batch(de, "de")]  # <eos>
+tgt = [len(ids) + 1 for ids in tokenizer.encode_batch(en, "en")]  # <bos>
+flops = training_flops(recipe_model, src_lengths=src, tgt_lengths=tgt)
+per_token = flops.sum() / sum(tgt)
+metrics = (CHECKPOINTS_DIR / "de-en" / "metrics.jsonl").read_text()
+tokens = recipe.epochs * json.loads(metrics.splitlines()[0])["train_tokens"]
+bench = json.loads((CHECKPOINTS_DIR / "throughput-h100.json").read_text())
+speed = {row["variant"]: row["tokens_per_s"] for row in bench}
+used = per_token * speed["recipe bf16"] / GPUS["H100"][1]  # of the peak
+rows = {}
+for name, (capability, rate) in GPUS.items():
+    rows[name] = {
+        "compute capability": f"{capability[0]}.{capability[1]}",
+        "precision": precision_for(capability),
+        "recipe (minutes)": round(per_token * tokens / (rate * used) / 60, 1),
+        "figure": "measured" if name == "H100" else "estimate from FLOPs",
+    }
+print(f"{per_token / 1e6:.1f} MFLOP per target token; {tokens:,} tokens")
+print(f"the H100 uses {used:.2%} of its peak for the recipe in bfloat16")
+assert speed["recipe fp32"] > speed["recipe bf16"]
+minutes = tokens / speed["recipe fp32"] / 60
+print(f"the recipe in float32 on the H100: {minutes:.1f} minutes (measured)")
+pd.DataFrame(rows).T
+
+# %% [markdown]
+# The recipe itself asks for float32, as the book's models were trained, and the H100 runs it
+# faster still (printed above; the appendix [Derivations and counts](a11_counts.ipynb) says
+# why). A T4 has tensor cores for float16 only. In Colab, with a GPU chosen under *Runtime → Change runtime
+# type*, open this page with the rocket button, run its first code cell, which clones the
+# repository and installs the package, then the recipe with the table's precision for that GPU
+# (here a T4's):
+#
+# ```
+# !python -m transformer train --pair de-en --config multi30k --precision fp16
+# ```
+#
+# The run goes into `runs/de-en`; stopped by Colab, it continues with the same command and
+# `--resume`.

@@ -27,15 +27,12 @@
 # | `evaluate` | score a model on a split with sacreBLEU and chrF | `transformer.split_translation.translate_split` |
 # | `ctranslate2` | write a model for the CTranslate2 engine | `transformer.ctranslate2.export_ctranslate2` |
 #
-# This appendix builds the package `transformer/cli/`, the only code that knows about argument
-# parsing: `cli/base.py` holds the parser, the one error convention and the options that
-# several commands share; each command is a module of its own, `cli/prepare.py`,
-# `cli/train.py`, `cli/translate.py` and `cli/evaluate.py` here, and `cli/ctranslate2.py` in
-# the appendix [Deploying with CTranslate2](a09_ctranslate2.ipynb); `cli/main.py` picks the
-# command. The library functions take Python values and raise exceptions; the command line
-# turns text into those values and those exceptions into one line of text. Keeping the two
-# apart means every module below the command line can be imported, tested and reused without
-# `argparse`.
+# This appendix builds `transformer/cli/`, the only package that parses arguments: `base.py`
+# holds the parser, the error convention and the options that several commands share, each
+# command is a module of its own (`ctranslate2.py` comes with the appendix
+# [Deploying with CTranslate2](a09_ctranslate2.ipynb)), and `main.py` picks the command. The
+# library below takes Python values and raises exceptions; the command line turns text into
+# those values and those exceptions into one line, so the library needs no `argparse`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -61,14 +58,11 @@ if importlib.util.find_spec("transformer") is None:
 # %% [markdown]
 # ## One convention for errors
 #
-# A command-line tool is judged by how it fails. Every command here follows one rule: a mistake
-# the user can fix (an unknown pair, a missing model folder, a corrupt data file, no spaCy)
-# prints **one line** on standard error, `python -m transformer COMMAND: error: ...`, and exits
-# with status 2, argparse's status for bad usage. A traceback is kept for what is a bug.
-#
-# Two small pieces make this hold for every command. `Parser` is an `ArgumentParser` whose
-# `error` raises `UsageError` instead of printing a usage block and exiting, and `run` is the
-# one place that turns the exceptions a command declares into that line.
+# A mistake the user can fix (an unknown pair, a missing model folder, a corrupt data file, no
+# spaCy) prints **one line** on standard error, `python -m transformer COMMAND: error: ...`,
+# and exits with status 2, argparse's status for bad usage; a traceback is kept for bugs.
+# `Parser` is an `ArgumentParser` whose `error` raises `UsageError` instead of printing a usage
+# block, and `run` is the one place that turns the exceptions a command declares into the line.
 
 # %%
 #| export
@@ -377,20 +371,16 @@ def prepare_command(argv: Sequence[str]) -> None:
 # %% [markdown]
 # ## `train`
 #
-# `train` turns its options into a `TrainConfig`, the frozen configuration of the appendix
-# [Setting up a run](a05_run_setup.ipynb), and hands it to `train`. The configuration starts
-# from the stored run (with `--resume`), then takes the recipe or the JSON file of fields that
-# `--config` names, if any, and the defaults for the rest; every option given on the command
-# line then overrides the field of the same name, and `--set FIELD=VALUE` overrides a field of
-# the model's configuration. Nothing is validated here: `TrainConfig` checks its own fields and
-# its error becomes the one line.
-#
-# The options that set a field are not written out one by one: `train_parser` makes one for
-# each field of `TrainConfig`, with the help, type and choices the field carries, so a new field
-# is a new option. So each thing has one option: `--preset` picks the model's preset and
-# `--config` a recipe. Earlier spellings a script may hold still work, each with a one-line
-# notice on standard error: `--model` for `--preset`, `--config` with a preset's name, and
-# `--quick` for `--config quick`.
+# `train` turns its options into a `TrainConfig` (the appendix
+# [Setting up a run](a05_run_setup.ipynb)) and trains it. The configuration starts from the
+# stored run (with `--resume`), then the recipe or JSON file that `--config` names, then the
+# defaults; each option given overrides its field, and `--set FIELD=VALUE` a field of the
+# model's configuration. `TrainConfig` checks its fields, and its error becomes the one line.
+# `train_parser` makes one option per field, with the field's help, type and choices, so a new
+# field is a new option: `--precision`'s help, for one, says how its default is chosen.
+# Earlier spellings still work, each with a one-line notice: `--model` for `--preset`,
+# `--config` with a preset's name, `--quick` for `--config quick`, and `--bf16` and
+# `--no-bf16` for `--precision bf16` and `fp32`.
 
 # %%
 #| export cli.train
@@ -505,6 +495,9 @@ def train_parser(
     )
     quick = dict(dest="config", const="quick", nargs=0, help=argparse.SUPPRESS)
     p.add_argument("--quick", action=_Renamed, **quick)  # --config quick
+    bf16 = dict(dest="precision", nargs=0, help=argparse.SUPPRESS)
+    p.add_argument("--bf16", action=_Renamed, const="bf16", **bf16)
+    p.add_argument("--no-bf16", action=_Renamed, const="fp32", **bf16)
     p.add_argument(
         "--export",
         default=None,
@@ -1123,15 +1116,12 @@ shutil.rmtree(scratch)
 # %% [markdown]
 # ## Dispatching
 #
-# `python -m transformer COMMAND` runs `main`, which picks the command, imports its module
-# (only then: `--help` loads neither torch nor spaCy) and hands its `<name>_command` to `run`
-# with the errors that module reports in one line: `prepare` also reports a cache folder it
-# cannot write (`OSError`), `train` a bad checkpoint, and the commands that tokenise text report
-# a missing spaCy (`ImportError`) with how to install it. A command's old name, `export` for
-# `ctranslate2`, still works, with a one-line note. Two more endings are not errors of the
-# user's making and get one line too: Ctrl-C (status 130; every file is written atomically, so
-# what was written is whole, and `train --resume` continues from the last checkpoint) and a
-# reader that stopped reading, as in `... | head`.
+# `python -m transformer COMMAND` runs `main`, which imports the command's module (only then:
+# `--help` loads neither torch nor spaCy) and hands its `<name>_command` to `run` with the
+# errors that module reports in one line. `export`, the old name of `ctranslate2`, still works
+# with a note. Ctrl-C (status 130: every file is written atomically, and `train --resume`
+# continues from the last checkpoint) and a reader that stopped reading, as in `... | head`,
+# get one line too.
 
 # %%
 #| export cli.main

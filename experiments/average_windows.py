@@ -10,7 +10,7 @@ so a run whose other windows are wanted needs its epochs copied aside as it trai
 `--average-last`); gaps are allowed. Every window of K consecutive kept epochs (`--k`, default
 5) is averaged as the trainer averages (float64 sums) and validated as the trainer validates
 after each epoch (teacher forcing, the run's label smoothing and batch size), so the numbers
-compare with its `metrics.jsonl` (under bfloat16 autocast where the run had it); so are the
+compare with its `metrics.jsonl` (under the autocast the run had, if any); so are the
 last epoch alone, the last 10 where they are all kept, and the last stretch of epochs without a
 gap. Needs the pair's encoded cache, built with the run's vocabulary (checked), not spaCy.
 A bad input is one line on standard error and exit status 2; a `--device` that this machine
@@ -35,6 +35,7 @@ from transformer.checkpoint import (
 from transformer.encoded_cache import load_encoded
 from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.multi30k import DataError
+from transformer.precision import AUTOCAST, stored_precision
 from transformer.run_checkpoints import average_checkpoints
 from transformer.split_translation import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -85,8 +86,10 @@ def report(
         val = load_encoded(tokenizer.pair, "val", cache_dir)
         cached = Tokenizer.load(Path(cache_dir) / tokenizer.pair / layout.TOKENIZER)
         check_compatible(found[epochs[-1]], model_config=model.config, tokenizer=cached)
-    # bfloat16 autocast where the trainer had it: the config's, or on by default on a GPU
-    bf16 = TrainConfig.from_dict(train).uses_bf16(torch.device(device).type)
+    # the autocast the trainer had: the run's precision (one stored before the field: bf16
+    # on a GPU unless its bf16 flag said otherwise)
+    precision = TrainConfig.from_dict(train).precision
+    autocast = AUTOCAST[stored_precision(precision, torch.device(device).type)]
     batches = list(
         iterate_batches(
             val,
@@ -112,7 +115,7 @@ def report(
             pad_id=tokenizer.pad_id,
             smoothing=train["label_smoothing"],
             words=words,
-            bf16=bf16,
+            autocast=autocast,
         )
         rows.append({"first": first, "last": last, **validation.metrics()})
         print(

@@ -18,6 +18,7 @@ from pathlib import Path
 from transformer import layout
 from transformer.config import TransformerConfig
 from transformer.files import read_jsonl
+from transformer.precision import stored_precision
 from transformer.train_config import TrainConfig, fixed_on_resume
 from transformer.translation import CHECKPOINTS_DIR
 
@@ -89,8 +90,9 @@ LABELS = {
     "seed": "seed",
     "epochs": "epochs",
 }
-# Fixed on resume, but shown through the model they make.
-_MODEL_CHOICE = ("pair", "preset", "model_overrides")
+# Fixed on resume, but shown through the model they make, or (the precision) where the run
+# trained.
+_MODEL_CHOICE = ("pair", "preset", "model_overrides", "precision")
 # The model's settings are sizes, written without a thousands separator (d_ff 2048).
 _MODEL_LABELS = {
     LABELS.get(f.name, f.name) for f in dataclasses.fields(TransformerConfig)
@@ -119,12 +121,16 @@ def runs(
     return found
 
 
+ARITHMETIC = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
 def trained_on(name: str, config: dict) -> str:
-    """Where a run trained: a CPU (float32), or a GPU in float32 or under bfloat16 autocast
-    (`bf16` unset: autocast on a GPU)."""
+    """Where a run trained: a CPU (float32), or a GPU in its precision (a run stored before
+    the field, with `bf16` unset, under bfloat16 autocast)."""
     if "cpu" in name.split("-"):
         return "CPU"
-    return "GPU, float32" if config.get("bf16") is False else "GPU, bfloat16"
+    precision = stored_precision(TrainConfig.from_dict(config).precision, "cuda")
+    return f"GPU, {ARITHMETIC[precision]}"
 
 
 def settings(config: dict) -> dict[str, object]:

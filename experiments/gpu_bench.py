@@ -6,16 +6,19 @@ Each variant trains alone on the GPU for two epochs of real Multi30k batches (Ge
 with `transformer.trainer.train`; the numbers are those of the second epoch (the first holds
 CUDA's start-up and, with `--compile`, the compilation): target tokens per second (padding
 excluded) and MFU, the model FLOPs of `transformer.counts.training_flops` (the appendix
-"Derivations and counts") over the epoch's time and the card's measured bf16 matrix-multiply
+"Derivations and counts") over the epoch's time and the H100's measured bf16 matrix-multiply
 rate (PEAK_BF16_FLOPS). Variants: the book's Multi30k
 recipe (3,000-token batches) and the paper's base model on the paper's 25,000-token batches,
-each in float32, bf16 autocast, and bf16 with torch.compile, and the recipe's model on the
-base model's 25,000-token batches (`--only` names some of them).
+each in float32, float16 autocast with loss scaling, bf16 autocast, and bf16 with
+torch.compile, and the recipe's model on the base model's 25,000-token batches (`--only`
+names some of them). Every variant runs on any CUDA GPU: bf16 on one without bf16 hardware
+(a T4) is emulated, and measured as such.
 
-OUT holds the card, torch's and CUDA's versions, the bf16 matrix-multiply rate measured on
-this card (`measured_peak`: products of 8,192 × 8,192 matrices) beside the rate that MFU
-divides by, and a row per variant (or the error that stopped it, and the next one starts).
-It is rewritten after each variant, atomically: it always holds whole JSON.
+OUT holds the card, its compute capability, the precision a run gets there by default,
+torch's and CUDA's versions, the fp16 and bf16 matrix-multiply rates measured on this card
+(`measured_peak`: products of 8,192 × 8,192 matrices) beside the rate that MFU divides by,
+and a row per variant (or the error that stopped it, and the next one starts). It is
+rewritten after each variant, atomically: it always holds whole JSON.
 """
 
 import argparse
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from transformer.precision import default_precision
 from transformer.split_translation import write_lines
 from transformer.train_config import PEAK_BF16_FLOPS, TrainConfig, multi30k_recipe
 from transformer.trainer import train
@@ -34,20 +38,25 @@ from transformer.trainer import train
 BASE = dict(preset="base", max_tokens=25_000)  # and the paper's warm-up
 RECIPE_25K = dict(max_tokens=25_000, warmup=100)  # the recipe's 800 in tokens seen
 VARIANTS = {
-    "recipe fp32": dict(bf16=False),
-    "recipe bf16": dict(bf16=True),
-    "recipe bf16 compile": dict(bf16=True, compile=True),
-    "recipe-25k bf16": RECIPE_25K | dict(bf16=True),
-    "base-25k fp32": BASE | dict(bf16=False),
-    "base-25k bf16": BASE | dict(bf16=True),
-    "base-25k bf16 compile": BASE | dict(bf16=True, compile=True),  # compiles last
+    "recipe fp32": dict(precision="fp32"),
+    "recipe fp16": dict(precision="fp16"),
+    "recipe bf16": dict(precision="bf16"),
+    "recipe bf16 compile": dict(precision="bf16", compile=True),
+    "recipe-25k bf16": RECIPE_25K | dict(precision="bf16"),
+    "base-25k fp32": BASE | dict(precision="fp32"),
+    "base-25k fp16": BASE | dict(precision="fp16"),
+    "base-25k bf16": BASE | dict(precision="bf16"),
+    # compiles last
+    "base-25k bf16 compile": BASE | dict(precision="bf16", compile=True),
 }
 
 
-def measured_peak(n: int = 8192, repeats: int = 20) -> float:
-    """The card's bf16 matrix-multiply rate in FLOP/s: the median of `repeats` products of
-    two n × n matrices, timed with CUDA events after a warm-up."""
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+def measured_peak(
+    dtype: torch.dtype = torch.bfloat16, n: int = 8192, repeats: int = 20
+) -> float:
+    """The card's matrix-multiply rate in `dtype`, in FLOP/s: the median of `repeats`
+    products of two n × n matrices, timed with CUDA events after a warm-up."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2))
     for _ in range(3):
         a @ b
     times = []
@@ -101,11 +110,15 @@ def main() -> int:
         print("gpu_bench: no CUDA GPU", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name()
+    major, minor = torch.cuda.get_device_capability()
     result = {
         "device": device,
+        "capability": f"{major}.{minor}",
+        "default_precision": default_precision(torch.device("cuda")),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "measured_bf16_flops": measured_peak(),
+        "measured_fp16_flops": measured_peak(torch.float16),
+        "measured_bf16_flops": measured_peak(torch.bfloat16),
         "mfu_peak_flops": PEAK_BF16_FLOPS,
         "rows": [],
     }
@@ -130,7 +143,9 @@ def main() -> int:
             )
         write_lines(Path(args.out), [json.dumps(result, indent=2)])
     print(
-        f"device: {device}, torch {torch.__version__}, measured bf16 rate "
+        f"device: {device} (compute capability {major}.{minor}, precision by default "
+        f"{result['default_precision']}), torch {torch.__version__}, measured fp16 and "
+        f"bf16 rates {result['measured_fp16_flops'] / 1e12:.0f} and "
         f"{result['measured_bf16_flops'] / 1e12:.0f} TFLOP/s (MFU divides by "
         f"{PEAK_BF16_FLOPS / 1e12:.0f})"
     )

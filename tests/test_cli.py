@@ -205,3 +205,23 @@ def test_translate_takes_options_or_changes_alike(shipped):
     assert by_options == translate(model, tokenizer, LINES, beam_size=2, alpha=1.0)
     short = translate(model, tokenizer, LINES, options, max_len=3)
     assert all(len(t.split()) <= 3 for t in short)  # at most 3 tokens
+
+
+def test_train_help_explains_the_precision_and_its_default():
+    """`train --help` names the precisions and says how the default is chosen; the earlier
+    --bf16 options still work but are not offered."""
+    done = subprocess.run(
+        [sys.executable, "-m", "transformer", "train", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    text = " ".join(done.stdout.split())
+    assert "--precision {bf16,fp16,fp32}" in text
+    assert (
+        "(default: what the GPU has in hardware, bf16 from compute capability 8.0, fp16"
+        " with loss scaling on 7.x, fp32 on older GPUs and CPUs; a resumed run keeps its"
+        " own)" in text
+    )
+    assert "--bf16" not in text and "--no-bf16" not in text

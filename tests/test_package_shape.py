@@ -29,6 +29,7 @@ LAYERS = [
     {
         "train_config", "training_loop", "validation", "epoch_data", "logs",
         "run_checkpoints", "rdrop", "trainer", "run_optimizer", "run_step",
+        "precision",
     },
     {
         "paper_search", "decode_options", "kv_cache", "decode", "search_setup",

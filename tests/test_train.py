@@ -17,6 +17,7 @@ import shutil
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,13 +37,15 @@ from transformer.checkpoint import (
 )
 from transformer.cli.train import config_from_args, train_parser
 from transformer.config import TransformerConfig
-from transformer.encoded_split import EncodedSplit
+from transformer.distributed import seed_update
+from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.epoch_data import TrainingData
 from transformer.files import read_jsonl
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.multi30k import PAIRS, DataError
 from transformer.paths import CACHE_DIR, CHECKPOINTS_DIR, DATA_DIR
+from transformer.precision import default_precision, precision_for
 from transformer.run_checkpoints import (
     average_checkpoints,
     check_recipe,
@@ -52,6 +55,7 @@ from transformer.run_step import run_step
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train_config import (
+    BF16_FLAGS,
     RATE,
     RECIPES,
     RESUME_FIXED,
@@ -63,7 +67,7 @@ from transformer.train_config import (
     quick_config,
 )
 from transformer.trainer import Trainer, TrainResult, train
-from transformer.training_loop import batch_log_probs, train_step
+from transformer.training_loop import batch_log_probs, train_loop, train_step
 from transformer.validation import count_words, validate
 
 # The module: `transformer.trainer` as an attribute of the package is the function train.
@@ -329,7 +333,7 @@ def test_train_config_round_trips_through_json():
         preset="base",
         model_overrides={"dropout": 0.3},
         epochs=3,
-        bf16=False,
+        precision="fp32",
         time_limit=9.5,
         out_dir="runs/x",
     )
@@ -361,7 +365,7 @@ def test_train_config_round_trips_through_json():
         (dict(bpe_dropout_sides="target"), "bpe_dropout_sides"),
         (dict(bpe_dropout_sides=["source"]), "bpe_dropout_sides"),
         (dict(seed=-1), "seed"),
-        (dict(bf16="yes"), "bf16"),
+        (dict(precision="fp64"), "precision must be one of bf16, fp16, fp32 or None"),
         (dict(time_limit=0), "time_limit"),
         (dict(time_limit=math.inf), "time_limit must be finite"),
         (dict(max_steps=0), "max_steps"),
@@ -574,6 +578,31 @@ def test_one_option_each_and_a_notice_for_an_earlier_spelling():
     )
 
 
+def test_the_bf16_options_still_work_with_a_notice(tmp_path: Path):
+    """`--bf16` and `--no-bf16` ask for `--precision bf16` and `fp32`, each with a one-line
+    notice, and a run stored with the bf16 flag resumes in the precision it named."""
+    config, err = parsed_with_notice(["--bf16"])
+    assert config.precision == "bf16"
+    assert (
+        err == "python -m transformer train: notice: --bf16 is now --precision bf16\n"
+    )
+    config, err = parsed_with_notice(["--no-bf16"])
+    assert config.precision == "fp32"
+    assert err == (
+        "python -m transformer train: notice: --no-bf16 is now --precision fp32\n"
+    )
+    assert parsed_with_notice(["--precision", "fp16"])[0].precision == "fp16"
+    assert parsed_with_notice([])[0].precision is None  # the device chooses
+    out = tmp_path / "run"
+    out.mkdir()
+    stored = TrainConfig(pair="de-en").to_dict()
+    del stored["precision"]
+    (out / "train_config.json").write_text(json.dumps(stored | {"bf16": False}))
+    args = ["--out", str(out), "--resume"]
+    assert parsed_with_notice(args)[0].precision == "fp32"
+    assert parsed_with_notice([*args, "--precision", "bf16"])[0].precision == "bf16"
+
+
 def test_the_model_config_is_built_once():
     config = TrainConfig(pair="de-en", model_overrides={"d_model": 64, "n_heads": 4})
     assert config.model_config() is config.model_config(config.vocab_size)
@@ -627,6 +656,81 @@ def test_a_run_writes_metrics_checkpoints_and_an_average(tmp_path: Path, data):
     assert (run / "train.log").read_text().count("epoch ") >= 3
     steps = read_jsonl(run / "steps.jsonl")
     assert [r["step"] for r in steps] == list(range(2, result.step + 1, 2))
+
+
+def chapter_run(config: TrainConfig, data: TrainingData) -> tuple[list, float]:
+    """The training chapter's `train_loop` on the Trainer's model, batches and dropout masks
+    for `config`: its records, and the validation loss of the average it returns."""
+    tok = data.tokenizer
+    model_config = config.model_config(tok.vocab_size)
+    torch.manual_seed(config.seed)  # the Trainer's initial weights
+    model = Transformer(model_config)
+    optimizer, scheduler = make_optimizer(
+        model,
+        d_model=model_config.d_model,
+        warmup=config.warmup,
+        factor=config.lr_factor,
+    )
+    criterion = LabelSmoothingLoss(
+        pad_id=tok.pad_id, smoothing=config.label_smoothing, reduction="sum"
+    )
+    ids = dict(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    updates = iter(range(10**6))
+
+    def epoch_batches(epoch: int):
+        lengths = (data.train.src_lengths + 1, data.train.tgt_lengths + 1)
+        order = dict(max_tokens=config.max_tokens, seed=config.seed, epoch=epoch)
+        for index in token_batches(*lengths, **order):
+            batch = collate([data.train[i] for i in index], **ids, index=index)
+            seed_update(config.seed, next(updates), 0)  # the Trainer's dropout masks
+            yield batch
+
+    val_batches = list(
+        iterate_batches(
+            data.val,
+            tok,
+            max_tokens=config.max_tokens,
+            shuffle=False,
+            max_len=model_config.max_len,
+        )
+    )
+    history, _, average = train_loop(
+        model,
+        epoch_batches,
+        val_batches,
+        epochs=config.epochs,
+        average_last=config.average_last,
+        criterion=criterion,
+        optimizer=optimizer,
+        scheduler=scheduler,
+    )
+    model.load_state_dict(average)
+    validation = validate(
+        model, val_batches, pad_id=tok.pad_id, smoothing=config.label_smoothing
+    )
+    return history, validation.loss
+
+
+def test_the_chapters_loop_makes_the_trainers_run(tmp_path: Path, data):
+    """The training chapter's loop and the Trainer, on the same data and seed, in one
+    process and in float32, without resuming (what the Trainer adds on purpose): the same
+    training loss at every update and the same validation loss after every epoch, to the
+    bit, and the same loss of the average of the last epochs (averaged in float64 by the
+    Trainer, in float32 by the loop)."""
+    config = tiny_config(tmp_path / "run", epochs=3, log_every=1, precision="fp32")
+    result = train(config, data=data, echo=False)
+    steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
+    epochs = [r for r in result.metrics if r["kind"] == "epoch"]
+    history, averaged = chapter_run(config, data)
+    assert len(history) == len(steps) == result.step > 3 * 3
+    assert [r["train_loss"] for r in history] == [r["train_loss"] for r in steps]
+    chapter_epochs = [r for r in history if "val_loss" in r]
+    assert [r["step"] for r in chapter_epochs] == [r["step"] for r in epochs]
+    assert [r["val_loss"] for r in chapter_epochs] == [r["val_loss"] for r in epochs]
+    assert averaged == pytest.approx(result.metrics[-1]["val_loss"], rel=1e-6)
+    # and the loop is not merely repeating itself: another seed trains otherwise
+    other, _ = chapter_run(dataclasses.replace(config, seed=1), data)
+    assert [r["train_loss"] for r in other] != [r["train_loss"] for r in history]
 
 
 def test_the_trainer_holds_no_state_that_its_init_does_not_make(tmp_path: Path, data):
@@ -1116,7 +1220,7 @@ def test_the_multi30k_recipe_by_name_on_the_command_line(tmp_path: Path, monkeyp
     assert model.dropout == 0.3 and not model.norm_first and model.share_embeddings
     assert (recipe.max_tokens, recipe.warmup, recipe.lr_factor) == (3000, 800, 0.7)
     assert (recipe.label_smoothing, recipe.average_last, recipe.epochs) == (0.1, 5, 35)
-    assert recipe.bf16 is False
+    assert recipe.precision == "fp32"
     out = str(tmp_path / "run")
     asked = []
 
@@ -1292,3 +1396,172 @@ def test_cli_export_of_weights_too_large_for_float16(tmp_path: Path, data, monke
     assert f"the run in {run} is saved, but --export failed: weight {name}" in err
     assert "does not fit in float16" in err
     assert not dest.exists() and latest_checkpoint(run).name == "epoch-001"
+
+
+# -- precision --------------------------------------------------------------------------------
+
+
+def a_gpu(monkeypatch, capability: tuple[int, int]) -> None:
+    """CUDA as PyTorch sees a GPU of compute capability `capability`, on a machine without
+    one: is_bf16_supported runs as written, over the stubbed device properties, and answers
+    yes with emulation allowed, as on a real T4."""
+    properties = SimpleNamespace(major=capability[0], minor=capability[1])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device=None: properties
+    )
+    monkeypatch.setattr(
+        torch.cuda, "_check_bf16_tensor_supported", lambda device: True, raising=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [((6, 1), "fp32"), ((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"),
+     ((8, 9), "bf16"), ((9, 0), "bf16")],
+)  # fmt: skip
+def test_the_default_precision_follows_the_gpus_hardware(
+    monkeypatch, capability, expected
+):
+    """bf16 where the GPU has bfloat16 hardware (compute capability 8.0 and up), float16 with
+    loss scaling on 7.x (V100, T4), where bf16 would be emulated although
+    is_bf16_supported() answers yes, and float32 on older GPUs."""
+    a_gpu(monkeypatch, capability)
+    assert torch.cuda.is_bf16_supported()  # emulation counts here, not in the choice
+    assert default_precision(torch.device("cuda", 0)) == expected
+    assert precision_for(capability) == expected
+
+
+def test_the_default_precision_on_a_cpu_is_float32():
+    assert default_precision(torch.device("cpu")) == precision_for(None) == "fp32"
+
+
+def test_a_run_records_and_prints_its_precision(tmp_path: Path, data, monkeypatch):
+    """The precision a run gets is written in its config and named, with the reason, on its
+    log's first line: the device's default, or the one asked for."""
+    result = train(tiny_config(tmp_path / "cpu", epochs=1), data=data, echo=False)
+    stored = json.loads((result.out_dir / "train_config.json").read_text())
+    assert stored["precision"] == "fp32"
+    record = json.loads((latest_checkpoint(result.out_dir) / "config.json").read_text())
+    assert record["train"]["precision"] == "fp32"
+    first = (result.out_dir / "train.log").read_text().splitlines()[0]
+    assert "precision fp32 (the default on a CPU)" in first
+    asked = train(
+        tiny_config(tmp_path / "fp16", epochs=1, precision="fp16"),
+        data=data,
+        echo=False,
+    )
+    first = (asked.out_dir / "train.log").read_text().splitlines()[0]
+    assert "precision fp16 (asked)" in first
+
+
+def test_a_float16_step_scales_its_loss_and_skips_an_overflow():
+    """Under float16 autocast (on the CPU too) run_step scales the loss: an update whose
+    scaled gradients overflow is skipped and the scale halved; a taken one gets gradients
+    scaled back, those of float32 up to float16's rounding."""
+    pairs = copy_pairs(10, seed=3)
+    batch = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
+
+    def stepped(**arithmetic) -> Transformer:
+        model = tiny_model()
+        optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
+        run_step(
+            model,
+            [batch],
+            criterion=criterion,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            tokens=batch.n_tgt_tokens,
+            **arithmetic,
+        )
+        return model
+
+    start = tiny_model()
+    huge = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    skipped = stepped(autocast=torch.float16, scaler=huge)
+    for p, q in zip(start.parameters(), skipped.parameters(), strict=True):
+        assert torch.equal(p, q)  # the update was skipped
+    assert huge.get_scale() == 2.0**39
+    scaler = torch.amp.GradScaler("cpu")
+    fp16, fp32 = stepped(autocast=torch.float16, scaler=scaler), stepped()
+    assert scaler.get_scale() == 2.0**16  # nothing overflowed
+    for (name, p), q in zip(fp16.named_parameters(), fp32.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=0.05, atol=2e-3), name
+    assert not all(
+        torch.equal(p.grad, q.grad)
+        for p, q in zip(fp16.parameters(), fp32.parameters(), strict=True)
+    )  # float16 arithmetic did run
+
+
+def test_resume_is_exact_in_float16(tmp_path: Path, data, monkeypatch):
+    """A float16 run stopped and resumed ends as one that ran straight, bit for bit: its
+    checkpoint holds the loss scale and the count of updates since it last changed. Here the
+    scale starts high enough to overflow and grows every two updates, so that both have moved
+    by the stop."""
+    start = dict(init_scale=2.0**20, growth_interval=2)
+    scaler = functools.partial(torch.amp.GradScaler, **start)
+    monkeypatch.setattr(torch.amp, "GradScaler", scaler)
+    config = functools.partial(tiny_config, precision="fp16")
+    straight = train(config(tmp_path / "a"), data=data, echo=False)
+    b = tmp_path / "b"
+    train(config(b, max_steps=3), data=data, echo=False)
+    state = load_state(latest_checkpoint(b), "trainer")["scaler"]
+    assert state["scale"] != start["init_scale"]
+    resumed = train(config(b), resume=True, data=data, echo=False)
+    assert resumed.step == straight.step
+    for folder in ("checkpoints/epoch-002", "average"):
+        a_weights, b_weights = (
+            weights_of(tmp_path / "a" / folder),
+            weights_of(b / folder),
+        )
+        for name, value in a_weights.items():
+            assert torch.equal(value, b_weights[name]), (folder, name)
+    a_metrics = _comparable(straight.metrics)
+    assert a_metrics == [
+        r for r in _comparable(resumed.metrics) if r["kind"] != "partial"
+    ]
+
+
+def test_resume_keeps_the_runs_precision_and_refuses_another(tmp_path: Path, data):
+    """Unset, a resumed run's precision is its own, whatever the device's default; another
+    one is refused in one line that names the field."""
+    run = tmp_path / "run"
+    train(tiny_config(run, max_steps=2, precision="fp16"), data=data, echo=False)
+    resumed = train(tiny_config(run, epochs=1), resume=True, data=data, echo=False)
+    lines = (run / "train.log").read_text().splitlines()
+    resuming = [line for line in lines if "resuming from" in line]
+    assert "precision fp16 (the run's own)" in resuming[0]
+    assert json.loads((run / "train_config.json").read_text())["precision"] == "fp16"
+    assert resumed.stopped == "completed"
+    with pytest.raises(CheckpointError) as refused:
+        train(tiny_config(run, precision="bf16"), resume=True, data=data, echo=False)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "precision='fp16', this run asks for precision='bf16'" in message
+
+
+@pytest.mark.parametrize(
+    ("flag", "device", "trained"),
+    [(None, "cpu", "fp32"), (None, "cuda", "bf16"), (True, "cpu", "bf16"),
+     (False, "cuda", "fp32")],
+)  # fmt: skip
+def test_a_run_stored_before_precision_reads_as_it_trained(
+    tmp_path: Path, flag, device, trained
+):
+    """A run stored with a bf16 flag and no precision trained in what the flag said, or
+    unset, in bf16 with CUDA and fp32 on a CPU: it resumes in that precision and refuses
+    another."""
+    config = TrainConfig(pair="de-en", device=device)
+    stored = stored_run(tmp_path / "epoch-001", config, without=("precision",))
+    record = json.loads((stored / "config.json").read_text())
+    record["train"]["bf16"] = flag
+    (stored / "config.json").write_text(json.dumps(record))
+    check_recipe(stored, config)  # unset: the run's own
+    check_recipe(stored, dataclasses.replace(config, precision=trained))
+    other = "fp16"
+    with pytest.raises(CheckpointError, match=f"precision={trained!r}.*{other!r}"):
+        check_recipe(stored, dataclasses.replace(config, precision=other))
+    assert TrainConfig.from_dict(record["train"]).precision == BF16_FLAGS[flag]

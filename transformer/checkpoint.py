@@ -7,6 +7,8 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "SHIPPED_FORMAT",
     "MAX_FILE_BYTES",
+    "SHARD",
+    "SHARD_PATTERN",
     "CheckpointError",
     "save_state",
     "load_state",
@@ -289,6 +291,10 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
 
 # %% ../chapters/a06_checkpoints.ipynb #0ba5f1d8
 MAX_FILE_BYTES = 16 * 2**20
+# A shipped model's weight files, numbered from 1; config.json's weight_map
+# names the file of each weight.
+SHARD = "model-{:05d}.safetensors"
+SHARD_PATTERN = r"model-\d{5}\.safetensors"
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -343,10 +349,7 @@ def check_export_destination(dest: Path, source: Path) -> None:
         p.name
         for p in dest.iterdir()
         if not (
-            (
-                p.name in _EXPORT_FILES
-                or re.fullmatch(layout.SHARD_PATTERN, p.name)
-            )
+            (p.name in _EXPORT_FILES or re.fullmatch(SHARD_PATTERN, p.name))
             and p.is_file()
         )
     )
@@ -428,7 +431,7 @@ def export_model(
     metrics = next((p for p in candidates if p.is_file()), None)
     with atomic_folder(dest) as tmp:
         for k, part in enumerate(files, start=1):
-            file = layout.SHARD.format(k)
+            file = SHARD.format(k)
             safetensors.torch.save_file(
                 part, tmp / file, metadata={"format": SHIPPED_FORMAT}
             )

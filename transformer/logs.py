@@ -1,10 +1,12 @@
 # Generated from chapters/a07_trainer.ipynb: edit it, not this file.
-"""What a training run writes: as it goes, the progress bar, train.log and
-the lines of steps.jsonl and metrics.jsonl; at its end, the table of its
-epochs."""
+"""What a training run writes: its first line; as it goes, the progress bar,
+train.log and the lines of steps.jsonl and metrics.jsonl; at its end, the table
+of its epochs."""
 
 # %% auto #0
 __all__ = [
+    "starting_from",
+    "start_line",
     "progress_bar",
     "show_step",
     "Log",
@@ -24,13 +26,43 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from transformer.checkpoint import Progress
-from transformer.distributed import all_sum
+from transformer.distributed import Distributed, all_sum
 from transformer.files import append_jsonl
+from transformer.train_config import TrainConfig
 from transformer.validation import Validation
+
+
+def starting_from(checkpoint: Path | None, resume: bool, out: Path) -> str:
+    """Where a run starts: from a checkpoint, or from scratch."""
+    if checkpoint is not None:
+        return f"resuming from {checkpoint}"
+    # The same command, repeated across stops, starts the run the first time.
+    if resume:
+        return f"nothing to resume in {out}: starting a new run"
+    return "starting"
+
+
+def start_line(
+    where: str,
+    config: TrainConfig,
+    model: nn.Module,
+    env: Distributed,
+    device: torch.device,
+    why: str,
+) -> str:
+    """The log's first line: where the run starts, its model, processes and
+    arithmetic (`why`: how its precision was chosen)."""
+    n = sum(p.numel() for p in model.parameters())
+    return (
+        f"{where}: {config.pair}, model {config.preset}"
+        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
+        f" process(es) on {device}, precision {config.precision} ({why}),"
+        f" compile {config.compile}"
+    )
 
 
 def progress_bar(

@@ -12,6 +12,8 @@ __all__ = [
     "check_recipe",
     "resume_point",
     "resume_from",
+    "trainer_state",
+    "run_precision",
     "prepare_folder",
     "store_settings",
     "last_epochs",
@@ -50,7 +52,7 @@ from transformer.checkpoint import (
     tokenizer_digest,
 )
 from transformer.config import TransformerConfig
-from transformer.distributed import Distributed, barrier
+from transformer.distributed import Distributed, barrier, device_for
 from transformer.files import (
     append_jsonl,
     atomic_folder,
@@ -58,6 +60,7 @@ from transformer.files import (
     truncate_jsonl,
 )
 from transformer.model import Transformer
+from transformer.precision import default_precision, stored_precision
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import (
     TrainConfig,
@@ -180,13 +183,20 @@ def check_recipe(folder: Path, config: TrainConfig) -> None:
     """Raise CheckpointError, in one line naming the folder and the field, if
     the checkpoint in `folder` was trained with another value of a field that
     decides the updates (one fixed on resume). A field the checkpoint does not
-    record had its default; the overrides compare as the model they make."""
+    record had its default; the overrides compare as the model they make; a
+    precision left unset is the checkpoint's own."""
     stored = with_current_names(read_record(folder).get("train", {}))
     fixed = fixed_on_resume(type(config))
     for field in (f for f in dataclasses.fields(config) if f.name in fixed):
         name, ours = field.name, getattr(config, field.name)
         theirs, note = stored.get(name), ""
-        if name not in stored:  # its run began before the field existed
+        if name == "precision":  # unset: a resumed run keeps its own
+            device = device_for(config.device, Distributed()).type
+            if theirs is None:
+                note = f" (not recorded: the default on {device} then)"
+            theirs = stored_precision(theirs, device)
+            ours = theirs if ours is None else ours
+        elif name not in stored:  # its run began before the field existed
             theirs, note = field_default(field), " (its default: not recorded)"
             if theirs is dataclasses.MISSING:
                 raise CheckpointError(
@@ -244,14 +254,49 @@ def resume_from(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler,
+    scaler: torch.amp.GradScaler,
 ) -> Progress:
-    """Continue from a checkpoint: load the weights, the optimiser and the
-    schedule; return where the run stands."""
+    """Continue from a checkpoint: load the weights, the optimiser, the
+    schedule and a float16 run's loss scale; return where the run stands."""
     load_weights(model, checkpoint / layout.WEIGHTS)
     state = load_state(checkpoint, "trainer")
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler"):  # empty or absent without float16
+        scaler.load_state_dict(state["scaler"])
     return Progress.read(checkpoint)
+
+
+def trainer_state(
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    scaler: torch.amp.GradScaler,
+) -> dict[str, Any]:
+    """What a checkpoint keeps of the trainer, for `resume_from`: the
+    optimiser's, the schedule's and the loss scaler's states."""
+    return {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),  # {} without float16
+    }
+
+
+def run_precision(
+    config: TrainConfig, device: torch.device, checkpoint: Path | None
+) -> tuple[str, str]:
+    """The precision a run trains in, and why: the config's, a resumed run's
+    own, or the device's default."""
+    if config.precision is not None:
+        return config.precision, "asked"
+    if checkpoint is not None:
+        stored = with_current_names(read_record(checkpoint).get("train", {}))
+        own = stored_precision(stored.get("precision"), device.type)
+        return own, "the run's own"
+    if device.type != "cuda":
+        return default_precision(device), "the default on a CPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    why = f"the default of compute capability {major}.{minor}"
+    return default_precision(device), why
 
 
 def prepare_folder(out: Path) -> None:
@@ -312,6 +357,7 @@ class RunFolder:
         model: Transformer,
         optimizer: torch.optim.Optimizer,
         scheduler: LRScheduler,
+        scaler: torch.amp.GradScaler,
     ) -> Progress:
         """Check that `checkpoint`, if any, fits the model and the tokenizer,
         make the folder, continue from the checkpoint, and store the settings;
@@ -325,7 +371,9 @@ class RunFolder:
         barrier()
         progress = Progress()
         if checkpoint is not None:
-            progress = resume_from(checkpoint, model, optimizer, scheduler)
+            progress = resume_from(
+                checkpoint, model, optimizer, scheduler, scaler
+            )
         if self.env.is_main:
             store_settings(
                 self.out, self.config, self.tokenizer, progress.step
@@ -337,19 +385,16 @@ class RunFolder:
         name: str,
         line: dict[str, Any],
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: LRScheduler,
+        state: dict[str, Any],
         progress: Progress,
     ) -> None:
-        """Append `line` to metrics.jsonl, write the checkpoint `name`, and
-        prune the older ones."""
+        """Append `line` to metrics.jsonl, write the checkpoint `name` with the
+        trainer's `state`, and prune the older ones."""
         if self.env.is_main:
             # The record first: a resumed run drops records newer than its
             # checkpoint.
             append_jsonl(self.out / layout.METRICS, line)
             folder = self.out / "checkpoints" / name
-            state = {"optimizer": optimizer.state_dict()}
-            state["scheduler"] = scheduler.state_dict()
             write_checkpoint(
                 folder,
                 model,

@@ -1,6 +1,7 @@
 # Generated from chapters/a07_trainer.ipynb: edit it, not this file.
 """The update of a training run: the training chapter's `train_step` on
-several processes (DistributedDataParallel) and under bfloat16 autocast."""
+several processes (DistributedDataParallel) and under 16-bit autocast, with a
+float16 run's loss scaling."""
 
 # %% auto #0
 __all__ = ["run_step"]
@@ -26,12 +27,14 @@ def run_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokens: int,
-    bf16: bool = False,
+    autocast: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Tensor:
     """One update with the gradient of (summed loss) / `tokens`, as
     `train_step`'s; `tokens` counts the real target tokens of the whole update,
-    of every process. Returns the summed loss, detached, on the model's device.
-    """
+    of every process. `autocast`: the type of the forward pass's matrix
+    products; `scaler` scales a float16 run's loss. Returns the summed loss,
+    detached, on the model's device."""
     if criterion.reduction != "sum":  # the division by `tokens` comes below
         raise ValueError(f"need reduction='sum', got {criterion.reduction!r}")
     if not batches or tokens <= 0:
@@ -43,15 +46,24 @@ def run_step(
     for k, batch in enumerate(batches):
         batch = batch.to(device, non_blocking=True)
         with sync_gradients(model, k == len(batches) - 1):
-            with torch.autocast(
-                device.type, dtype=torch.bfloat16, enabled=bf16
-            ):
+            on = autocast is not None
+            with torch.autocast(device.type, dtype=autocast, enabled=on):
                 log_probs = batch_log_probs(
                     model, batch, pad_id=criterion.pad_id
                 )
             loss = criterion(log_probs, batch.tgt_out)  # summed over tokens
-            (loss * scale).backward()  # adds to the gradients
+            scaled = loss * scale
+            if scaler is not None:  # float16: lifts small gradients off 0
+                scaled = scaler.scale(scaled)
+            scaled.backward()  # adds to the gradients
         total += loss.detach()
-    optimizer.step()
-    scheduler.step()
+    if scaler is None:
+        optimizer.step()
+        scheduler.step()
+    else:  # unscales the gradients; skips the step if one overflowed
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        if scaler.get_scale() >= scale:  # taken: the schedule counts it
+            scheduler.step()
     return total

@@ -8,6 +8,7 @@ __all__ = [
     "BPE_DROPOUT_SIDES",
     "PEAK_BF16_FLOPS",
     "RENAMED_FIELDS",
+    "BF16_FLAGS",
     "Check",
     "POSITIVE",
     "SOME_POSITIVE",
@@ -18,7 +19,6 @@ __all__ = [
     "NON_NEGATIVE",
     "FOLDER",
     "FLAG",
-    "SOME_FLAG",
     "SHARE",
     "RESUME_FIXED",
     "RECIPES",
@@ -53,6 +53,7 @@ from transformer.config_checks import check_config
 from transformer.loss import LABEL_SMOOTHING
 from transformer.multi30k import PAIRS
 from transformer.paths import CACHE_DIR, DATA_DIR
+from transformer.precision import PRECISIONS
 from transformer.schedule import WARMUP_STEPS
 from transformer.tokenizer import VOCAB_SIZE
 
@@ -62,7 +63,9 @@ BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
 PEAK_BF16_FLOPS = 790e12
 _VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
 # Earlier names of fields, as stored runs and checkpoints may hold them.
-RENAMED_FIELDS = {"model": "preset"}
+RENAMED_FIELDS = {"model": "preset", "bf16": "precision"}
+# An earlier bf16 flag as the precision it named (None: the device's choice).
+BF16_FLAGS = {True: "bf16", False: "fp32", None: None}
 # A check: a test of the value, and what a value that fails it is told.
 Check = tuple[Callable[[Any], bool], str]
 
@@ -125,10 +128,6 @@ FOLDER: Check = (
     "must be a folder's path or None",
 )
 FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
-SOME_FLAG: Check = (
-    lambda v: v in (None, True, False),
-    "must be True, False or None",
-)
 SHARE: Check = (
     lambda v: _share(v) and not isinstance(v, bool),
     "must be in [0, 1)",
@@ -196,9 +195,15 @@ def default_folders(pair: str) -> dict[str, Path]:
 
 
 def with_current_names(fields: dict[str, Any]) -> dict[str, Any]:
-    """Stored TrainConfig fields under today's names (RENAMED_FIELDS); a field
-    stored under both names keeps its later value."""
-    return {RENAMED_FIELDS.get(k, k): v for k, v in fields.items()}
+    """Stored TrainConfig fields under today's names (RENAMED_FIELDS), a bf16
+    flag as its precision; a field stored under both names keeps its later
+    value."""
+    current = {}
+    for name, value in fields.items():
+        if name == "bf16" and (value is None or isinstance(value, bool)):
+            value = BF16_FLAGS[value]
+        current[RENAMED_FIELDS.get(name, name)] = value
+    return current
 
 
 def preset_model(
@@ -309,11 +314,18 @@ class TrainConfig:
         help="of weights, order and dropout",
         check=NATURAL,
     )
-    bf16: bool | None = option(
+    precision: str | None = option(
         None,
-        on_resume="free",
-        help="bfloat16 autocast (default: with CUDA)",
-        check=SOME_FLAG,
+        on_resume="fixed",
+        help="the arithmetic: bf16 or fp16 autocast, or fp32 (default: what"
+        " the GPU has in hardware, bf16 from compute capability 8.0, fp16 with"
+        " loss scaling on 7.x, fp32 on older GPUs and CPUs; a resumed run"
+        " keeps its own)",
+        check=(
+            lambda v: v is None or v in PRECISIONS,
+            f"must be one of {', '.join(PRECISIONS)} or None",
+        ),
+        choices=PRECISIONS,
     )
     compile: bool = option(
         False, on_resume="free", help="torch.compile the model", check=FLAG
@@ -385,11 +397,6 @@ class TrainConfig:
             return model
         return dataclasses.replace(model, src_vocab_size=vocab_size)
 
-    def uses_bf16(self, device_type: str) -> bool:
-        """Whether to train and validate under bfloat16 autocast on a
-        `device_type` device: `bf16` if set, otherwise on with CUDA only."""
-        return self.bf16 if self.bf16 is not None else device_type == "cuda"
-
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-able dictionary; a folder at its default is
         None, so that a stored run resumed elsewhere finds that machine's."""
@@ -447,7 +454,7 @@ def multi30k_recipe(pair: str, **overrides: Any) -> TrainConfig:
         max_tokens=3_000,
         warmup=800,
         lr_factor=0.7,
-        bf16=False,
+        precision="fp32",
     )
     return TrainConfig(**(fields | overrides))
 

@@ -58,16 +58,21 @@ from transformer.logs import (
     metrics_text,
     progress_bar,
     show_step,
+    start_line,
+    starting_from,
 )
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
+from transformer.precision import AUTOCAST
 from transformer.rdrop import RDropLoss, doubled
 from transformer.run_checkpoints import (
     RunFolder,
     averaged_model,
     last_epochs,
     resume_point,
+    run_precision,
     run_record,
+    trainer_state,
 )
 from transformer.run_optimizer import run_optimizer
 from transformer.run_step import run_step
@@ -135,7 +140,7 @@ def _validator(
     config: TrainConfig,
     max_len: int,
     env: Distributed,
-    bf16: bool,
+    autocast: torch.dtype | None,
 ) -> Callable[[nn.Module], Validation]:
     """Validation of a model on this process's share of the batches, the
     words of all the references counted."""
@@ -152,7 +157,7 @@ def _validator(
         pad_id=data.tokenizer.pad_id,
         smoothing=config.label_smoothing,
         words=count_words(data.tokenizer, data.val),
-        bf16=bf16,
+        autocast=autocast,
     )
 
 
@@ -219,34 +224,6 @@ class _Clock:
 
 
 # %% ../chapters/a07_trainer.ipynb #45b27491
-def _where(checkpoint: Path | None, resume: bool, out: Path) -> str:
-    """Where a run starts: from a checkpoint, or from scratch."""
-    if checkpoint is not None:
-        return f"resuming from {checkpoint}"
-    # The same command, repeated across stops, starts the run the first time.
-    if resume:
-        return f"nothing to resume in {out}: starting a new run"
-    return "starting"
-
-
-def _start_line(
-    where: str,
-    config: TrainConfig,
-    model: nn.Module,
-    env: Distributed,
-    device: torch.device,
-    bf16: bool,
-) -> str:
-    """The log's first line: where the run starts, its model, processes and
-    arithmetic."""
-    n = sum(p.numel() for p in model.parameters())
-    return (
-        f"{where}: {config.pair}, model {config.preset}"
-        f" {config.model_overrides or ''} ({n:,} parameters), {env.world_size}"
-        f" process(es) on {device}, bf16 {bf16}, compile {config.compile}"
-    )
-
-
 @dataclass(frozen=True)
 class _EpochPairs:
     """An epoch's training pairs as it spells them, and what its updates count
@@ -287,12 +264,14 @@ class Trainer:
         data: TrainingData | None = None,
         echo: bool = True,
     ) -> None:
-        self.config = c = config
         self.env = env = Distributed.from_environ()
-        self.device = device_for(c.device, env)
-        self.clock = _Clock(c.time_limit, env, self.device)
-        self.out = c.out_dir
-        checkpoint = resume_point(self.out, c, env, resume=resume)
+        self.device = device_for(config.device, env)
+        self.clock = _Clock(config.time_limit, env, self.device)
+        self.out = config.out_dir
+        checkpoint = resume_point(self.out, config, env, resume=resume)
+        precision, why = run_precision(config, self.device, checkpoint)
+        # the run's config records the precision it trains in
+        self.config = c = dataclasses.replace(config, precision=precision)
         self.data = data if data is not None else load_training_data(c)
         tokenizer = self.data.tokenizer
         self.model_config = c.model_config(tokenizer.vocab_size)
@@ -307,14 +286,16 @@ class Trainer:
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
+        fp16 = precision == "fp16"  # its loss scaled
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=fp16)
         record = run_record(c, self.model_config, tokenizer)
         self.folder = RunFolder(c, env, record, tokenizer)
         self.progress = self.folder.open(
-            checkpoint, self.model, self.optimizer, self.scheduler
+            checkpoint, self.model, self.optimizer, self.scheduler, self.scaler
         )
         self.step_model = _wrap(self.model, c, env, self.device)
-        self.bf16 = c.uses_bf16(self.device.type)
-        self.validate = _validator(self.data, c, max_len, env, self.bf16)
+        self.autocast = AUTOCAST[precision]
+        self.validate = _validator(self.data, c, max_len, env, self.autocast)
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
@@ -324,9 +305,8 @@ class Trainer:
         # Opened last, so that a set-up error leaves no file open.
         main = self.out / "train.log" if env.is_main else None
         self.log = Log(main, echo and env.is_main)
-        where = _where(checkpoint, resume, self.out)
-        line = _start_line(where, c, self.model, env, self.device, self.bf16)
-        self.log(line)
+        where = starting_from(checkpoint, resume, self.out)
+        self.log(start_line(where, c, self.model, env, self.device, why))
         self.log(f"config: {json.dumps(c.to_dict())}", echo=False)
         if warning := dropped_warning(first, c.accumulation, env.world_size):
             self.log(warning)
@@ -409,7 +389,8 @@ class Trainer:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             tokens=tokens,
-            bf16=self.bf16,
+            autocast=self.autocast,
+            scaler=self.scaler,
         )
         p.step += 1
         p.batch += len(update)
@@ -445,9 +426,8 @@ class Trainer:
         saved = dataclasses.replace(
             p, wall_time=self._wall_time(), processes=self.env.world_size
         )
-        self.folder.save(
-            name, record, self.model, self.optimizer, self.scheduler, saved
-        )
+        state = trainer_state(self.optimizer, self.scheduler, self.scaler)
+        self.folder.save(name, record, self.model, state, saved)
         self.clock.reserve = 1.5 * (time.perf_counter() - started)
 
     def _wall_time(self) -> float:

@@ -1,13 +1,14 @@
 # Generated from chapters/13_training.ipynb: edit it, not this file.
 """The training loop of Vaswani et al. (2017), section 5: teacher forcing, one
-update over micro-batches, a plain loop that trains a model, and the loading of
-a trained one."""
+update over micro-batches, a loop over epochs that keeps the best checkpoint
+and averages the last ones, and the loading of a trained model."""
 
 # %% auto #0
 __all__ = [
     "batch_log_probs",
     "train_step",
     "validation_loss",
+    "average_weights",
     "train_loop",
     "load_trained",
 ]
@@ -15,7 +16,8 @@ __all__ = [
 # %% ../chapters/13_training.ipynb #cd77ca37
 
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import safetensors.torch
@@ -91,33 +93,41 @@ def validation_loss(
     return total / tokens
 
 
+def average_weights(checkpoints: Sequence[dict]) -> dict[str, Tensor]:
+    """The element-wise mean of several checkpoints of one model."""
+    names = checkpoints[0]
+    return {n: torch.stack([c[n] for c in checkpoints]).mean(0) for n in names}
+
+
 def train_loop(
     model: nn.Module,
-    batches: Iterable[Batch],
+    epoch_batches: Callable[[int], Iterable[Batch]],
     val_batches: Sequence[Batch],
     *,
+    epochs: int,
+    average_last: int,
     criterion: LabelSmoothingLoss,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    validate_every: int,
-) -> list[dict[str, float]]:
-    """One update per batch; the training loss of each update, and the
-    validation loss every `validate_every` updates."""
-    history = []
-    model.train()
-    update = dict(
-        criterion=criterion, optimizer=optimizer, scheduler=scheduler
-    )
-    for step, batch in enumerate(batches, start=1):
-        tokens = batch.n_tgt_tokens
-        loss = train_step(model, [batch], tokens=tokens, **update)
-        record = {"step": step, "train_loss": loss / tokens}
-        if step % validate_every == 0:
-            record["val_loss"] = validation_loss(
-                model, val_batches, criterion=criterion
-            )
-        history.append(record)
-    return history
+) -> tuple[list[dict[str, float]], dict[str, Tensor], dict[str, Tensor]]:
+    """Train `epochs` epochs, one update per batch of `epoch_batches(epoch)`,
+    validating after each. Returns a record per update, the checkpoint that
+    validated best, and the mean of the last `average_last` checkpoints."""
+    step = dict(criterion=criterion, optimizer=optimizer, scheduler=scheduler)
+    history, last, best, best_loss = [], [], {}, math.inf
+    for epoch in range(epochs):
+        for batch in epoch_batches(epoch):
+            tokens = batch.n_tgt_tokens
+            loss = train_step(model, [batch], tokens=tokens, **step)
+            record = {"step": len(history) + 1, "epoch": epoch + 1}
+            history.append(record | {"train_loss": loss / tokens})
+        val_loss = validation_loss(model, val_batches, criterion=criterion)
+        history[-1]["val_loss"] = val_loss
+        checkpoint = {n: w.clone() for n, w in model.state_dict().items()}
+        last = [*last, checkpoint][-average_last:]
+        if val_loss < best_loss:
+            best, best_loss = checkpoint, val_loss
+    return history, best, average_weights(last)
 
 
 # %% ../chapters/13_training.ipynb #6b3148cd

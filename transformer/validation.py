@@ -139,10 +139,10 @@ def validate(
     pad_id: int,
     smoothing: float,
     words: int | None = None,
-    bf16: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> Validation:
-    """Teacher-forced validation metrics, in eval mode; summed over processes
-    when distributed."""
+    """Teacher-forced validation metrics, in eval mode, under `autocast`'s type
+    if given; summed over processes when distributed."""
     criterion = LabelSmoothingLoss(
         pad_id=pad_id, smoothing=smoothing, reduction="sum"
     )
@@ -152,7 +152,8 @@ def validate(
     loss_sum, stats = 0.0, TokenStats()
     for batch in batches:
         batch = batch.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        on = autocast is not None
+        with torch.autocast(device.type, dtype=autocast, enabled=on):
             log_probs = batch_log_probs(model, batch, pad_id=pad_id)
         loss_sum += criterion(log_probs, batch.tgt_out).item()
         stats += token_stats(log_probs, batch.tgt_out, pad_id=pad_id)

@@ -80,10 +80,11 @@ def test_settings_read_every_option_from_the_config(monkeypatch):
     config, _ = comparison.runs("de-en")[SHIPPED]
     listed = comparison.settings(config)
     assert listed["r_drop"] == 0.0 and listed["BPE-dropout"] == (0.0, None)
-    for name in RESUME_FIXED:
-        assert name in ("pair", "preset", "model_overrides") or (
+    for name in RESUME_FIXED:  # the precision shows where the run trained
+        assert name in ("pair", "preset", "model_overrides", "precision") or (
             comparison.LABELS.get(name, name) in listed
         ), name
+    assert comparison.trained_on("x", config | {"precision": "fp16"}) == "GPU, float16"
     grad_clip = option(1.0, help="largest gradient norm", on_resume="fixed", check=RATE)
     Clipped = dataclasses.make_dataclass(
         "Clipped", [("grad_clip", float, grad_clip)], bases=(TrainConfig,), frozen=True

@@ -2,17 +2,23 @@
 before running anything, its planned commands are accepted by the scripts they run, and it
 records every step, one that fails or runs out of time included, under OUT."""
 
+import functools
 import json
 import shutil
 import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from experiments import decode_bench, gpu_bench, gpu_call, gpu_sweep
 from experiments.tests.test_scripts import assert_one_line_error, never, run_main
+from transformer.encoded_split import EncodedSplit
+from transformer.epoch_data import TrainingData
+from transformer.precision import default_precision, precision_for
+from transformer.tokenizer import MARK, train_bpe
 
 SHIPPED = gpu_call.ROOT / "checkpoints"
 
@@ -80,7 +86,9 @@ def test_the_planned_commands_pass_their_scripts_checks(
         argv = steps[name]
         assert argv[:3] == [sys.executable, "-m", module.__name__]
         monkeypatch.setattr(module, stop, reached)
-        monkeypatch.setattr(gpu_bench, "measured_peak", lambda: 1e15)
+        monkeypatch.setattr(gpu_bench, "measured_peak", lambda dtype: 1e15)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+        monkeypatch.setattr(gpu_bench, "default_precision", lambda device: "fp16")
         with pytest.raises(Reached):
             run_main(module, argv[3:], monkeypatch, capsys)
         assert capsys.readouterr().err == "", name
@@ -104,7 +112,7 @@ def test_the_call_names_what_it_lacks_before_running_anything(
     lines = err.splitlines()
     assert sum("no encoded cache" in line for line in lines) == 2
     assert "no ctranslate2 wheel" in err and "--fetch-wheels" in err
-    assert "--minutes must be at least 7.0, got 5.0" in err
+    assert f"--minutes must be at least {gpu_call.MIN_MINUTES:.1f}, got 5.0" in err
     assert not (tmp_path / "out").exists()
     status, err = run_main(gpu_call, [], monkeypatch, capsys)
     assert_one_line_error(status, err, "--out is required")
@@ -139,7 +147,7 @@ def test_the_call_records_every_step_and_gives_it_the_carried_wheels(
         ),
     )
     monkeypatch.setattr(gpu_call, "card", lambda: "no card")
-    argv = ["--out", str(out), "--minutes", "7", *carried]
+    argv = ["--out", str(out), "--minutes", str(gpu_call.MIN_MINUTES), *carried]
     assert gpu_call.main(argv) == 1  # not every step succeeded
     record = json.loads((out / "call.json").read_text())
     assert (
@@ -153,3 +161,49 @@ def test_the_call_records_every_step_and_gives_it_the_carried_wheels(
     assert "no engine" in (out / "logs" / "decode.log").read_text()
     assert all((out / "logs" / f"{name}.log").is_file() for name in steps)
     assert not list(out.glob("**/*.tmp*"))  # every file written whole
+
+
+def tiny_training_data(seed: int = 0) -> TrainingData:
+    """A tokenizer learned on random words, and random id sequences: neither spaCy nor the
+    encoded cache, which a GPU machine may lack."""
+    rng = np.random.default_rng(seed)
+    letters = list("abcdefgh")
+    words = [
+        [MARK + "".join(rng.choice(letters, size=rng.integers(1, 4))) for _ in range(5)]
+        for _ in range(30)
+    ]
+    tokenizer = train_bpe(words, 40, languages=("de", "en"))
+
+    def split(n: int) -> EncodedSplit:
+        ids = [
+            rng.integers(4, tokenizer.vocab_size, rng.integers(1, 8)).tolist()
+            for _ in range(2 * n)
+        ]
+        return EncodedSplit.from_lists(ids[:n], ids[n:])
+
+    return TrainingData(tokenizer, split(40), split(12))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_calls_training_variants_run_on_the_gpu_it_meets(monkeypatch):
+    """Every training variant of the call runs on the GPU found here, whatever 16-bit
+    hardware it has (a T4 emulates bf16, and its float16 scales the loss), through the same
+    `measure` as the call, on tiny data in place of Multi30k; the rates of both 16-bit matrix
+    products are measured; and the default precision is the card's. A compiled variant is
+    left out: torch.compile needs a C compiler, and the call records its error if there is
+    none."""
+    data = tiny_training_data()
+    monkeypatch.setattr(
+        gpu_bench, "train", functools.partial(gpu_bench.train, data=data)
+    )
+    for name in gpu_call.TRAIN_VARIANTS:
+        fields = gpu_bench.VARIANTS[name]
+        if fields.get("compile"):
+            continue
+        row = gpu_bench.measure(name, fields, "no-cache", "de-en")
+        assert row["tokens_per_s"] > 0 and row["mfu"] > 0, name
+    for dtype in (torch.float16, torch.bfloat16):
+        assert gpu_bench.measured_peak(dtype, n=1024, repeats=3) > 0
+    capability = torch.cuda.get_device_capability()
+    assert default_precision(torch.device("cuda")) == precision_for(capability)

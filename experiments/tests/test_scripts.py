@@ -186,7 +186,9 @@ def test_gpu_bench_records_a_variant_that_fails_and_goes_on(
     gpu_bench = tool("gpu_bench")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a card")
-    monkeypatch.setattr(gpu_bench, "measured_peak", lambda: 7e14)
+    monkeypatch.setattr(gpu_bench, "measured_peak", lambda dtype: 7e14)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(gpu_bench, "default_precision", lambda device: "bf16")
 
     def measure(name, fields, cache_dir, pair):
         if name == "recipe-25k bf16":
@@ -200,6 +202,8 @@ def test_gpu_bench_records_a_variant_that_fails_and_goes_on(
     assert run_main(gpu_bench, argv, monkeypatch, capsys)[0] == 0
     result = json.loads(out.read_text())
     assert result["device"] == "a card" and result["measured_bf16_flops"] == 7e14
+    assert result["measured_fp16_flops"] == 7e14
+    assert (result["capability"], result["default_precision"]) == ("9.0", "bf16")
     assert result["rows"][0] == {
         "variant": "recipe-25k bf16",
         "error": "RuntimeError: Failed to find C compiler",

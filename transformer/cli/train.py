@@ -120,6 +120,9 @@ def train_parser(
     )
     quick = dict(dest="config", const="quick", nargs=0, help=argparse.SUPPRESS)
     p.add_argument("--quick", action=_Renamed, **quick)  # --config quick
+    bf16 = dict(dest="precision", nargs=0, help=argparse.SUPPRESS)
+    p.add_argument("--bf16", action=_Renamed, const="bf16", **bf16)
+    p.add_argument("--no-bf16", action=_Renamed, const="fp32", **bf16)
     p.add_argument(
         "--export",
         default=None,
