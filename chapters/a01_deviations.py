@@ -120,7 +120,7 @@ if importlib.util.find_spec("transformer") is None:
 # : **Book:** the last 5 epochs. **Paper:** the last 5 checkpoints, written 10 minutes apart. **Why:** the same idea, counted in epochs. **Measured:** Results (41.6 against 41.0 for the last epoch alone, German→English).
 #
 # Arithmetic
-# : **Book:** float32 (`TrainConfig` default: bfloat16 autocast on a GPU). **Paper:** not stated. **Why:** for the recipe's small model, bfloat16 autocast is slower on an H100. **Measured:** Derivations and counts.
+# : **Book:** float32 (`TrainConfig` default: bfloat16 autocast from compute capability 8.0, float16 with loss scaling on older GPUs, float32 on a CPU). **Paper:** not stated. **Why:** for the recipe's small model, bfloat16 autocast is slower on an H100. **Measured:** Derivations and counts.
 #
 # ## The attention biases
 #
