@@ -552,7 +552,8 @@ def hint_words(language: str) -> tuple[str, ...]:
     sources' and the targets'): what the page tells a language by."""
     from collections import Counter
 
-    from transformer.multi30k import PAIRS, load_split
+    from transformer.checked_data import load_split
+    from transformer.multi30k import PAIRS
 
     def frequent(code: str) -> list[str]:
         words = Counter(
