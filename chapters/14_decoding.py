@@ -511,8 +511,8 @@ def beam_search(
 #   change the result.
 #
 # Traced on a short sentence: at each step, the $K$ candidates kept and the best one pruned, as
-# text, with $\log p$, $lp$ and score. "best ended" marks an ended output that beats the one
-# kept aside, and replaces it.
+# text, with $\log p$, $lp$ and score. "best" marks an ended output that beats the one kept
+# aside, and replaces it.
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 from transformer.decode import beam_search
@@ -523,8 +523,7 @@ def trace(sentence: str) -> list:
     src = torch.tensor(tokenizer.encode(sentence) + [eos_id])
     steps = []
     found = beam_search(model, src, **ids, on_step=lambda *a: steps.append(a))
-    head = f"{'step':<6}{'hypothesis':<29}{'log p':>7}{'lp':>7}{'score':>7}"
-    lines = [sentence, head]
+    lines = [sentence, "step log p    lp  score  state   hypothesis"]
     beams, was_ended, best = [()], [False], -torch.inf  # before step 1
     for t, (log_p_next, lp, index, ended) in enumerate(steps, start=1):
         V, log_p = log_p_next.size(1), log_p_next.flatten()
@@ -542,11 +541,10 @@ def trace(sentence: str) -> list:
             text += " <eos>" if eos_id in ys else ""
             state = "kept" if k < len(index) else "pruned"
             if k < len(index) and ended[k] and score[i] > best:
-                best, state = score[i], "kept, best ended"
-            numbers = f"{log_p[i]:7.2f}{lp[i // V]:7.2f}{score[i]:7.2f}"
-            lines.append(
-                f"{t if k == 0 else '':<6}{text:<29}{numbers}  {state}"
-            )
+                best, state = score[i], "best"
+            numbers = f"{log_p[i]:6.2f}{lp[i // V]:6.2f}{score[i]:7.2f}"
+            step = f"{t if k == 0 else '':<4}"
+            lines.append(f"{step}{numbers}  {state:<8}{text}")
         beams, was_ended = tokens[: len(index)], ended.tolist()
     print(*lines, f"output: {tokenizer.decode(found.tokens)}", sep="\n")
     return steps
