@@ -401,8 +401,11 @@ print(
 #
 # Greedy decoding commits to one token at each step; a token that looked best may lead only to
 # poor continuations. Beam search keeps $K$ partial outputs, *beams*: at each step it extends
-# every beam by every token, $K \cdot V$ candidates, and keeps the $K$ best. With $K = 1$ it is
-# greedy decoding.
+# every beam by every token, $K \cdot V$ candidates, and keeps the $K$ best; with $K = 1$ it is
+# greedy decoding. A beam's extensions share its $\log p$ and length, so only its $K$ most
+# probable tokens can be kept: the batched search of the appendix and the page
+# [Translate and look inside](16_translate.md) rank those $K \cdot K$ candidates instead, and keep
+# the same beams.
 #
 # **The length penalty.** Every token multiplies an output's probability by a number below one,
 # so ranked by $\log p(Y \mid X)$ beam search prefers short outputs. The paper ranks hypotheses
@@ -412,25 +415,9 @@ print(
 # s(Y) = \frac{\log p(Y \mid X)}{lp(Y)}, \qquad lp(Y) = \frac{(5 + |Y|)^\alpha}{(5 + 1)^\alpha},
 # $$
 #
-# where $|Y|$ counts the output tokens, EOS included. With $\alpha = 0$ there is no penalty; with
-# $\alpha = 1$ the score approaches the average log-probability per token.
-#
-# **The search**, line by line below:
-#
-# - The $K$ beams are the rows of `ys`, BOS then their tokens; at the start only the first is
-#   open ($\log p = 0$, the others $-\infty$), so the beams do not begin as $K$ copies of BOS.
-# - Each step scores every extension of every beam by $\log p / lp$, and keeps the $K$ best
-#   (`topk`); each kept beam continues its parent's row, and the cache follows the rows.
-# - A beam that has output EOS is *ended*: it stays in the beam, its one continuation itself
-#   (a padding token, $\log p$ unchanged), so that it competes with the open beams until they
-#   score higher. $K = 1$ is then exactly greedy decoding.
-# - **Keep aside.** An open beam's score can *rise* as it grows, since $lp$ grows too, and push
-#   an ended beam out of the $K$. So the best ended output so far is kept outside the beam; the
-#   result is never worse than an output the search once held.
-# - **Stop.** The paper terminates "early when possible". An open beam's $\log p$ can only fall,
-#   and $lp$ only grow up to the length limit, so the best it can still score is
-#   $\log p / lp(\text{limit})$. When the kept output scores at least that, the search stops,
-#   with exactly the result that searching to the limit would give.
+# where $|Y|$ counts the output tokens, EOS included. With $\alpha = 0$ there is no penalty. With
+# $\alpha = 1$, $s(Y) = 6 \log p(Y \mid X) / (5 + |Y|)$: for a long output, six times its average
+# log-probability per token.
 
 
 # %%
@@ -440,6 +427,12 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+# %% [markdown]
+# **The search**, for one sentence, its lines numbered for the notes under it:
+
+
+# %% mystnb={"number_source_lines": true}
+#| export
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -449,10 +442,12 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    on_step: Callable[[Tensor, Tensor, Tensor], None] = lambda *step: None,
+    on_step: Callable[..., None] = lambda *step: None,
 ) -> Hypothesis:
-    """The K best outputs by log p / lp for one sentence src (S,) ending with
-    EOS; on_step sees each step's parents, tokens and ended flags (K,)."""
+    """The best output by log p / lp for one sentence src (S,) ending with
+    EOS, keeping K = beam_size beams. on_step sees each step's candidates,
+    their log p (K, V) and their beams' lp (K,), then the K kept: their flat
+    indices into the K·V, and whether they have ended."""
     K, ids = beam_size, dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     limit = output_limit(model, src)
     lp_limit = length_penalty(torch.tensor(limit), alpha)
@@ -460,27 +455,28 @@ def beam_search(
         src_mask = padding_mask(src[None], pad_id)  # (1, 1, 1, S)
         memory = model.encode(src[None], src_mask).expand(K, -1, -1)
         cache = DecoderCache.empty(len(model.decoder.layers))
-        ys = src.new_full((K, 1), bos_id)  # each beam's row: BOS, its tokens
+        ys = src.new_full((K, 1), bos_id)  # (K, 1): every beam starts at BOS
         log_p = memory.new_tensor([0.0] + [-torch.inf] * (K - 1))  # one open
         ended, length = src.new_zeros(K, dtype=torch.bool), src.new_zeros(K)
         best = Hypothesis([], -torch.inf, -torch.inf, ended=False)
         for t in range(limit):
             step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
-            step = forbid_specials(step, **ids)  # (K, V)
-            step[ended] = -torch.inf
-            step[ended, pad_id] = 0.0  # an ended beam stays as it is
+            step = forbid_specials(step, **ids)  # (K, V): log p(next token)
+            V = step.size(1)
+            step[ended] = -torch.inf  # an ended beam's one extension:
+            step[ended, pad_id] = 0.0  # a padding token, at no cost
             length = torch.where(ended, length, t + 1)  # (K,): |Y|
-            candidates = (log_p[:, None] + step).flatten()  # (K·V,)
-            lp = length_penalty(length, alpha).repeat_interleave(step.size(1))
-            score, index = (candidates / lp).topk(K)  # the K best, best first
-            parent, token = index // step.size(1), index % step.size(1)
+            log_p_next = log_p[:, None] + step  # (K, V)
+            lp = length_penalty(length, alpha)  # (K,)
+            score, index = (log_p_next / lp[:, None]).flatten().topk(K)
+            parent, token = index // V, index % V  # (K,) each
             ys = torch.cat([ys[parent], token[:, None]], dim=1)
-            cache.reorder(parent, memory=False)  # each beam its parent's keys
-            log_p, length = candidates[index], length[parent]
+            cache.reorder(parent, memory=False)
+            log_p, length = log_p_next.flatten()[index], length[parent]
             ended = ended[parent] | (token == eos_id) | (t + 1 >= limit)
-            on_step(parent, token, ended)
+            on_step(log_p_next, lp, index, ended)
             s, k = torch.where(ended, score, -torch.inf).max(dim=0)
-            if s > best.score:  # keep the best ended output aside
+            if s > best.score:  # a better ended output: keep it aside
                 best = hypothesis(ys[k, 1:], float(log_p[k]), float(s), **ids)
             reachable = torch.where(ended, -torch.inf, log_p).max() / lp_limit
             if best.score >= reachable:  # no open beam can overtake it
@@ -489,12 +485,112 @@ def beam_search(
 
 
 # %% [markdown]
+# - **Lines 24–27.** The state: each beam's row `ys` (BOS, then its tokens), its `log_p`, whether
+#   it has `ended` (output EOS), and its `length` $|Y|$. Only the first beam starts open, at
+#   $\log p = 0$, the others at $-\infty$, so that the beams are not $K$ copies of BOS. `best` is
+#   the best ended output so far.
+# - **Lines 29–30.** Each beam's next-token log-probabilities, $(K, V)$: one cached decoder step.
+# - **Lines 32–33.** An ended beam's one extension is itself plus padding, at log-probability 0:
+#   its $\log p$ stays, and it competes with the open beams until $K$ of their extensions score
+#   higher. So $K = 1$ is exactly greedy decoding.
+# - **Line 34.** `length` becomes the $|Y|$ of each beam's extensions: $t + 1$ for an open beam,
+#   unchanged for an ended one, whose $lp$ stops growing.
+# - **Lines 35–37.** Every extension's $\log p$ over its beam's $lp$ (`lp[:, None]` spreads it
+#   over the beam's row); `topk` keeps the best $K$ of these $K \cdot V$ scores, best first.
+# - **Line 38.** A kept candidate's `index` into the flattened scores names its `parent` beam and
+#   its `token`.
+# - **Lines 39–42.** Each kept candidate becomes a beam: its parent's row in `ys` plus the token,
+#   its parent's cache, its own `log_p`, its parent's `length`. It has ended if its parent had,
+#   if the token is EOS, or at the length limit.
+# - **Lines 44–46. Keep aside.** An open beam's score can *rise* as it grows, since $lp$ grows
+#   too, and push an ended beam out of the $K$. So the best ended output is kept outside the
+#   beam, in `best`: the result is never worse than an output the search once held.
+# - **Lines 47–48. Stop.** The paper terminates "early when possible". An open beam's $\log p$
+#   can only fall, and $lp$ only grow up to the length limit, so it can score at most
+#   $\log p / lp(\text{limit})$, `reachable`. Once `best` scores that much, no later step can
+#   change the result.
+#
+# Traced on a short sentence: at each step, the $K$ candidates kept and the best one pruned, as
+# text, with $\log p$, $lp$ and score. "best" marks an ended output that beats the one kept
+# aside, and replaces it.
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+from transformer.decode import beam_search
+
+
+def trace(sentence: str) -> list:
+    """Print beam search on one sentence, step by step; return its steps."""
+    src = torch.tensor(tokenizer.encode(sentence) + [eos_id])
+    steps = []
+    found = beam_search(model, src, **ids, on_step=lambda *a: steps.append(a))
+    lines = [sentence, "step log p    lp  score  state   hypothesis"]
+    beams, was_ended, best = [()], [False], -torch.inf  # before step 1
+    for t, (log_p_next, lp, index, ended) in enumerate(steps, start=1):
+        V, log_p = log_p_next.size(1), log_p_next.flatten()
+        score = (log_p_next / lp[:, None]).flatten()
+        pruned = next(
+            i for i in score.argsort(descending=True) if i not in index
+        )
+        rows = [*index.tolist(), int(pruned)]
+        tokens = [
+            beams[i // V] if was_ended[i // V] else (*beams[i // V], i % V)
+            for i in rows
+        ]
+        for k, (i, ys) in enumerate(zip(rows, tokens, strict=True)):
+            text = tokenizer.decode([w for w in ys if w != eos_id])
+            text += " <eos>" if eos_id in ys else ""
+            state = "kept" if k < len(index) else "pruned"
+            if k < len(index) and ended[k] and score[i] > best:
+                best, state = score[i], "best"
+            numbers = f"{log_p[i]:6.2f}{lp[i // V]:6.2f}{score[i]:7.2f}"
+            step = f"{t if k == 0 else '':<4}"
+            lines.append(f"{step}{numbers}  {state:<8}{text}")
+        beams, was_ended = tokens[: len(index)], ended.tolist()
+    print(*lines, f"output: {tokenizer.decode(found.tokens)}", sep="\n")
+    return steps
+
+
+steps = trace("Ein Mann schläft.")
+
+# %% [markdown]
+# What to see: a step keeps the best extensions whichever beams they extend, so beams drop out;
+# an ended beam keeps its $\log p$ and $lp$ while the open beams' $lp$ grows; the first output
+# to end is kept aside until a better one ends; once all beams have ended, the search stops.
+
+# %% tags=["remove-cell"]
+# The trace shows what the text says.
+from itertools import pairwise
+
+rows = []  # each step's K kept: their parents, log p, lp and ended flags
+for log_p_next, lp, index, ended in steps:
+    parent = index // log_p_next.size(1)
+    rows.append((parent, log_p_next.flatten()[index], lp[parent], ended))
+assert any(p.unique().numel() < len(p) for p, *_ in rows[1:])  # drop-outs
+for (_, log_p0, lp0, ended0), (parent, log_p, lp, _) in pairwise(rows):
+    stays = ended0[parent]  # an ended beam's one extension: itself
+    assert (log_p[stays] == log_p0[parent][stays]).all()
+    assert (lp[stays] == lp0[parent][stays]).all()
+assert any(ended0[p].any() for (*_, ended0), (p, *_) in pairwise(rows))
+aside = (
+    torch.stack(
+        [
+            torch.where(e, log_p / lp, -torch.inf).max()
+            for _, log_p, lp, e in rows
+        ]
+    )
+    .cummax(0)
+    .values
+)  # the score kept aside after each step
+assert aside[aside.isfinite()].unique().numel() >= 2  # replaced
+assert rows[-1][3].all()  # every beam has ended
+
+# %% [markdown]
 # Beam search against greedy decoding on the 50 sentences. A search is for a higher score
 # $s(Y)$, so we score greedy decoding's outputs the same way and count the sentences on which beam
 # search found a higher one, or a lower one:
 
 # %% tags=["nbval-ignore-output"]
-from transformer.decode import beam_search, length_penalty
+from transformer.decode import length_penalty
 from transformer.paper_search import ALPHA
 
 beam = [beam_search(model, src, **ids) for src in sources]  # the paper's K, α
@@ -509,14 +605,17 @@ def s(h) -> float:
 gains = torch.tensor(
     [b.score - s(g) for g, b in zip(greedy, beam, strict=True)]
 )
-higher, lower = (gains > 1e-6).float().mean(), (gains < -1e-6).float().mean()
-print(f"beam search scores higher on {higher:.0%}, lower on {lower:.0%}")
-assert higher > 0.15 and lower < higher / 3
+higher, lower, n = (gains > 1e-6).sum(), (gains < -1e-6).sum(), len(gains)
+print(
+    f"beam search scores higher on {higher} of the {n} sentences"
+    f" ({higher / n:.0%}), lower on {lower} ({lower / n:.0%})"
+)
+assert higher > 0.15 * n and lower < higher / 3
 
 # %% [markdown]
-# On two sentences in five the search finds an output that the model prefers to greedy
-# decoding's, and it is rarely worse. Whether a higher $s(Y)$ is a better translation is the
-# [results chapter](15_results.ipynb)'s question, in BLEU.
+# On the sentences counted first the search finds an output that the model prefers to greedy
+# decoding's; it finds a worse one less than a third as often. Whether a higher $s(Y)$ is a
+# better translation is the [results chapter](15_results.ipynb)'s question, in BLEU.
 #
 # ### What the length penalty does
 #
@@ -547,14 +646,11 @@ by_alpha.round(3)
 # ## A beam search tree
 #
 # Beam search drawn for one sentence: the shortest of the 50 whose beam-search output differs
-# from greedy decoding's and scores higher. Each column is a step and each point one of the
-# $K = 4$ hypotheses kept, placed by its rank (1 = best score) and labelled with the token it has
-# just added; a line joins it to the hypothesis it extends (hover for the whole hypothesis). Red
-# points have just output EOS; grey ones ended earlier and are carried along. What to see: the
-# orange path is greedy decoding's, the black one leads to beam search's result. Where they part,
-# the black path takes a runner-up token that greedy decoding discarded for good, and it ends
-# ahead. The page [Translate and look inside](16_translate.md) draws the same for a sentence you
-# type, step by step.
+# from greedy decoding's and scores higher. Each column is a step, each point a kept hypothesis
+# at its rank, labelled with its new token (hover for the whole hypothesis); a line joins it to
+# the beam it extends. Red points have just output EOS, grey ones ended earlier. What to see: the
+# orange path is greedy decoding's, the black one beam search's; where they part, the black path
+# takes a runner-up token that greedy decoding discarded for good, and it ends ahead.
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 chosen = min(
@@ -563,6 +659,8 @@ chosen = min(
 )
 steps = []
 beam_search(model, sources[chosen], **ids, on_step=lambda *a: steps.append(a))
+V = steps[0][0].size(1)  # each step's kept: parents, tokens, ended
+steps = [(index // V, index % V, ended) for _, _, index, ended in steps]
 paths = {"beam search": beam[chosen], "greedy": greedy[chosen]}
 paths = {name: (*h.tokens, eos_id) for name, h in paths.items()}
 bos = {"step": 0, "rank": 1, "token": "<bos>", "state": "open"}
@@ -633,11 +731,10 @@ for pair, sentences in examples.items():
 
 # %% [markdown]
 # The appendix [Translating text](a08_translating.ipynb) runs the same searches over batches of
-# sentences of similar length, which a computer runs much faster than one sentence at a time,
-# and a test holds its translations identical to this chapter's. From a shell,
-# `python -m transformer translate` translates its arguments, or standard input line by line,
-# and prints one translation per line; `--beam`, `--alpha` and `--checkpoint` choose the search
-# and the model.
+# sentences of similar length, much faster, and a test holds its translations identical to this
+# chapter's. From a shell, `python -m transformer translate` translates its arguments, or
+# standard input line by line; `--beam`, `--alpha` and `--checkpoint` choose the search and the
+# model.
 #
 # ```
 # python -m transformer translate --pair de-en "Zwei Hunde spielen im Schnee."

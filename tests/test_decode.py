@@ -576,6 +576,61 @@ def test_a_prefix_is_checked():
             batched_beam_search(model, src, prefix=prefix, **IDS)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_only_a_beams_k_most_probable_tokens_can_be_kept(seed):
+    """A beam's extensions share its log p and lp, so each kept one is among its beam's K
+    most probable next tokens: the K·K candidates of the batched search and the translator
+    page keep what the chapter's K·V keep."""
+    model = tiny_model(seed=seed)
+    steps = []
+    for row in sources([7, 3, 12], seed=seed):
+        beam_search(
+            model,
+            row[row != PAD],
+            beam_size=3,
+            **IDS,
+            on_step=lambda *a: steps.append(a),
+        )
+    kept = 0
+    for log_p_next, _, index, _ in steps:
+        K, V = len(index), log_p_next.size(1)
+        assert V > K  # so that the K·K candidates are fewer than the K·V
+        best_tokens = log_p_next.topk(K, dim=1).indices  # (K, K)
+        for i in index.tolist():
+            assert i % V in best_tokens[i // V], (seed, i)
+            kept += 1
+    assert kept > 3 * 3
+
+
+def test_the_chapters_notes_on_beam_search_quote_the_lines_they_number():
+    """The decoding chapter numbers beam_search's lines and explains them in notes that start
+    with the line numbers, "**Lines 32–33.**": every `code` span a note quotes is on its
+    lines, so that a change to the function that moves a line fails here."""
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "chapters" / "14_decoding.ipynb"
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    [at] = [
+        i
+        for i, c in enumerate(cells)
+        if c["metadata"].get("mystnb", {}).get("number_source_lines")
+    ]
+    lines = "".join(cells[at]["source"]).split("\n")
+    assert any(line.startswith("def beam_search(") for line in lines)
+    notes = "".join(cells[at + 1]["source"])
+    quoted = 0
+    for first, last, text in re.findall(
+        r"^- \*\*Lines? (\d+)(?:–(\d+))?\.(.*?)(?=^- |^$|\Z)", notes, re.M | re.S
+    ):
+        numbered = "\n".join(lines[int(first) - 1 : int(last or first)])
+        for span in re.findall(r"`([^`]+)`", text):
+            assert span in numbered, (first, last, span)
+            quoted += 1
+    assert quoted >= 10
+
+
 # -- the shipped models ----------------------------------------------------------------------
 
 

@@ -113,6 +113,7 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+# %% ../chapters/14_decoding.ipynb #4776bbe3
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -122,10 +123,12 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    on_step: Callable[[Tensor, Tensor, Tensor], None] = lambda *step: None,
+    on_step: Callable[..., None] = lambda *step: None,
 ) -> Hypothesis:
-    """The K best outputs by log p / lp for one sentence src (S,) ending with
-    EOS; on_step sees each step's parents, tokens and ended flags (K,)."""
+    """The best output by log p / lp for one sentence src (S,) ending with
+    EOS, keeping K = beam_size beams. on_step sees each step's candidates,
+    their log p (K, V) and their beams' lp (K,), then the K kept: their flat
+    indices into the K·V, and whether they have ended."""
     K, ids = beam_size, dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     limit = output_limit(model, src)
     lp_limit = length_penalty(torch.tensor(limit), alpha)
@@ -133,27 +136,28 @@ def beam_search(
         src_mask = padding_mask(src[None], pad_id)  # (1, 1, 1, S)
         memory = model.encode(src[None], src_mask).expand(K, -1, -1)
         cache = DecoderCache.empty(len(model.decoder.layers))
-        ys = src.new_full((K, 1), bos_id)  # each beam's row: BOS, its tokens
+        ys = src.new_full((K, 1), bos_id)  # (K, 1): every beam starts at BOS
         log_p = memory.new_tensor([0.0] + [-torch.inf] * (K - 1))  # one open
         ended, length = src.new_zeros(K, dtype=torch.bool), src.new_zeros(K)
         best = Hypothesis([], -torch.inf, -torch.inf, ended=False)
         for t in range(limit):
             step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
-            step = forbid_specials(step, **ids)  # (K, V)
-            step[ended] = -torch.inf
-            step[ended, pad_id] = 0.0  # an ended beam stays as it is
+            step = forbid_specials(step, **ids)  # (K, V): log p(next token)
+            V = step.size(1)
+            step[ended] = -torch.inf  # an ended beam's one extension:
+            step[ended, pad_id] = 0.0  # a padding token, at no cost
             length = torch.where(ended, length, t + 1)  # (K,): |Y|
-            candidates = (log_p[:, None] + step).flatten()  # (K·V,)
-            lp = length_penalty(length, alpha).repeat_interleave(step.size(1))
-            score, index = (candidates / lp).topk(K)  # the K best, best first
-            parent, token = index // step.size(1), index % step.size(1)
+            log_p_next = log_p[:, None] + step  # (K, V)
+            lp = length_penalty(length, alpha)  # (K,)
+            score, index = (log_p_next / lp[:, None]).flatten().topk(K)
+            parent, token = index // V, index % V  # (K,) each
             ys = torch.cat([ys[parent], token[:, None]], dim=1)
-            cache.reorder(parent, memory=False)  # each beam its parent's keys
-            log_p, length = candidates[index], length[parent]
+            cache.reorder(parent, memory=False)
+            log_p, length = log_p_next.flatten()[index], length[parent]
             ended = ended[parent] | (token == eos_id) | (t + 1 >= limit)
-            on_step(parent, token, ended)
+            on_step(log_p_next, lp, index, ended)
             s, k = torch.where(ended, score, -torch.inf).max(dim=0)
-            if s > best.score:  # keep the best ended output aside
+            if s > best.score:  # a better ended output: keep it aside
                 best = hypothesis(ys[k, 1:], float(log_p[k]), float(s), **ids)
             reachable = torch.where(ended, -torch.inf, log_p).max() / lp_limit
             if best.score >= reachable:  # no open beam can overtake it
