@@ -112,14 +112,12 @@ assert torch.equal(merge_heads(q), projected)  # concatenation undoes the split
 # %% [markdown]
 # ## The layer's sizes
 #
-# The layer needs two sizes, the width $d_\text{model}$ and the number of heads $H$, and one rate:
-# dropout on the attention weights, which the paper does not use. It reads them from one small
-# frozen dataclass, `AttentionConfig`, as nanoGPT's blocks read theirs from one config. The
-# paper's base model (Table 3) is named once, `PAPER_D_MODEL` and `PAPER_N_HEADS`, and the
-# config's defaults are set from those names. The config checks the paper's one constraint when
-# it is made: a width the heads cannot split fails at once, with a `ValueError` that names both
-# numbers. The later chapters extend it with the fields their layers need, and the model's
-# `TransformerConfig` holds them all, so that one object configures every layer.
+# The layer reads its width $d_\text{model}$, its number of heads $H$ and a dropout rate on the
+# attention weights, which the paper does not use, from one frozen dataclass, `AttentionConfig`.
+# Its defaults are set from the paper's base model (Table 3), named once as `PAPER_D_MODEL` and
+# `PAPER_N_HEADS`, and a width that the heads cannot split is refused when the config is made,
+# with both numbers named. Later chapters extend the config with what their layers need; the
+# model's `TransformerConfig` holds it all, and each layer reads its part.
 
 # %%
 #| export attention_config

@@ -73,14 +73,13 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # with $W_1 \in \mathbb{R}^{d_\text{model} \times d_{ff}}$ and
 # $W_2 \in \mathbb{R}^{d_{ff} \times d_\text{model}}$: "two convolutions with kernel size 1".
 #
-# **The layer's config.** `LayerConfig` extends the multi-head chapter's `AttentionConfig` with
-# what the rest of an encoder or decoder layer needs: the inner width $d_{ff}$, and for the
-# residual connections below, the dropout rate $P_{drop}$ (Section 5.4), the order of the
-# normalisation and LayerNorm's $\epsilon$. The paper's values are named once, $d_{ff}$ and
-# $P_{drop}$ of the base model (Table 3), and, as the paper states no $\epsilon$, that of its
-# reference code, tensor2tensor {cite:p}`vaswani2018tensor2tensor` (PyTorch's default is
-# $10^{-5}$); the config's defaults are set from those names. The options that the paper does not
-# have are off: `ffn_dropout`, on the network's hidden units, and `norm_first`.
+# **The layer's config.** `LayerConfig` extends `AttentionConfig` with what the rest of a layer
+# needs: the inner width $d_{ff}$ and, for the residual connections below, the dropout rate
+# $P_{drop}$ (Section 5.4), the order of the normalisation and LayerNorm's $\epsilon$. Its defaults
+# are set from the paper's values, named once: the base model's $d_{ff}$ and $P_{drop}$ (Table 3)
+# and, as the paper states no $\epsilon$, that of its reference code, tensor2tensor
+# {cite:p}`vaswani2018tensor2tensor` (PyTorch's default is $10^{-5}$). The two options that the
+# paper lacks are off: `ffn_dropout`, on the hidden units, and `norm_first`.
 
 # %%
 #| export layer_config
