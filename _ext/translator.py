@@ -2,7 +2,9 @@
 
 At `make book` this extension writes into the build, under `_static/translator/`:
 
-- `<pair>.js` for each shipped pair (`checkpoints/<pair>`): its `config.json`, its
+- `<pair>.js` for each shipped pair (`checkpoints/<pair>`): its `config.json`, whose
+  model config the package reads in full (a field added since the model was saved, such
+  as LayerNorm's ε, at the value that model was built with), its
   `tokenizer.json` (BPE vocabulary and merges), spaCy's tokenizer rules for its source
   language and for its target, in which a forced prefix is written (special cases, and the
   prefix, suffix, infix, token and URL patterns converted to JavaScript by `js_regex`), and
@@ -14,13 +16,14 @@ At `make book` this extension writes into the build, under `_static/translator/`
   Writing them takes seconds; they are kept in the build folder and written again only
   when one of their inputs changes (a retrained model, other spaCy rules, this code).
   With them go the numbers that the package defines and the page must not type again:
-  the special ids, LayerNorm's ε, the decoding defaults and the extra output length.
+  the special ids, the decoding defaults and the extra output length.
 - `<pair>-test.js`: the pair's test_2016_flickr sources and references, sacreBLEU's
   settings and signatures, and the scores that the results chapter reports for the
   shipped model, for the page's button that scores the test set; loaded when it is pressed.
 - `core.js`: the computing side, CORE_FILES of `translator/` (tokenizer, model, decoding,
   scoring, worker) inside one function, whose source the page also starts its Web Workers
-  from;
+  from, with WARM_UP, what a worker warms up on before a pair loads: a tiny model's
+  config, every field of the package's, and the package's decoding defaults;
 - `page.js`: the widget, PAGE_FILES of `translator/` inside one function, and
   `translator.css`.
 
@@ -78,6 +81,8 @@ CORE_NAMES = (
     "Tokenizer",
     "Transformer",
     "CONFIG_KEYS",
+    "WARM_UP",
+    "warmUp",
     "readSafetensors",
     "translate",
     "greedyDecode",
@@ -103,7 +108,7 @@ PAGE_NAMES = (
 )
 STATIC = "translator"  # the folder under _static
 # Bump when the format of what is written changes: a new key makes the build rewrite it.
-DATA_FORMAT = "transformer-book translator data 3"
+DATA_FORMAT = "transformer-book translator data 4"
 # The bytes of weights in one data chunk: a multiple of 3, so that each chunk's base64
 # stands alone; 2 MiB of base64 text, read in a few milliseconds.
 CHUNK_BYTES = 3 << 19
@@ -215,27 +220,31 @@ def spacy_rules(language: str) -> dict:
 
 def package_numbers(pair: str) -> dict:
     """What the package defines that the page needs, read from the package: the
-    tokenizer's special ids, the ε of the model's LayerNorm layers, and decoding's
-    defaults (DecodeOptions) and extra output length (EXTRA_LENGTH)."""
+    tokenizer's special ids, and decoding's defaults (DecodeOptions) and extra output
+    length (EXTRA_LENGTH)."""
     from transformer.paths import CHECKPOINTS_DIR
 
     return _package_numbers(CHECKPOINTS_DIR / pair)
 
 
-@functools.cache
-def _package_numbers(folder: Path) -> dict:
-    import torch
-
-    from transformer.checkpoint import load_model
+def decoding_defaults() -> dict:
+    """The package's search: DecodeOptions' defaults and EXTRA_LENGTH."""
     from transformer.decode_options import DecodeOptions
     from transformer.paper_search import EXTRA_LENGTH
 
-    model, tokenizer = load_model(folder)
-    pair = folder.name
-    eps = {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)}
-    if len(eps) != 1:
-        raise ValueError(f"translator: the {pair} model's LayerNorm layers use ε {eps}")
     defaults = DecodeOptions()
+    return {
+        "beam_size": defaults.beam_size,
+        "alpha": defaults.alpha,
+        "extra_length": EXTRA_LENGTH,
+    }
+
+
+@functools.cache
+def _package_numbers(folder: Path) -> dict:
+    from transformer.checkpoint import load_model
+
+    _, tokenizer = load_model(folder)  # and the model checked against it
     return {
         "special_ids": {
             "pad": tokenizer.pad_id,
@@ -243,13 +252,29 @@ def _package_numbers(folder: Path) -> dict:
             "bos": tokenizer.bos_id,
             "eos": tokenizer.eos_id,
         },
-        "layer_norm_eps": eps.pop(),
-        "decoding": {
-            "beam_size": defaults.beam_size,
-            "alpha": defaults.alpha,
-            "extra_length": EXTRA_LENGTH,
-        },
+        "decoding": decoding_defaults(),
     }
+
+
+def config_record(folder: Path) -> dict:
+    """A model folder's config.json, its model config as the package reads it: every
+    field, one that the config gained after the model was saved at the value that model
+    was built with (LayerNorm's ε)."""
+    from transformer.config_checks import config_from_dict
+
+    record = json.loads((folder / layout.CONFIG).read_text(encoding="utf-8"))
+    return record | {"model": config_from_dict(record["model"]).to_dict()}
+
+
+def warm_up_data() -> dict:
+    """What a worker warms up on before a pair loads (worker.js): the config of a tiny
+    model of the package's TransformerConfig, every field with its default but the sizes,
+    and the package's search."""
+    from transformer.config import TransformerConfig
+
+    sizes = dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=32)
+    config = TransformerConfig(src_vocab_size=1000, **sizes)
+    return {"config": config.to_dict(), "decoding": decoding_defaults()}
 
 
 def _inputs_digest(pair: str) -> str:
@@ -267,6 +292,7 @@ def _inputs_digest(pair: str) -> str:
         Path(__file__).read_bytes(),
         (Path(__file__).parent / "js_regex.py").read_bytes(),
         (folder / layout.CONFIG).read_bytes(),
+        json.dumps(config_record(folder)).encode(),
         (folder / layout.TOKENIZER).read_bytes(),
         *(path.read_bytes() for path in layout.weight_files(folder, config)),
     ):
@@ -286,7 +312,7 @@ def pair_data(pair: str) -> dict:
         "format": DATA_FORMAT,
         "pair": pair,
         "names": [language_name(source), language_name(target)],
-        "config": json.loads((folder / layout.CONFIG).read_text(encoding="utf-8")),
+        "config": config_record(folder),
         "tokenizer": json.loads(
             (folder / layout.TOKENIZER).read_text(encoding="utf-8")
         ),
@@ -479,11 +505,14 @@ def core_source() -> str:
         f"// ---- translator/{name}\n{(SOURCES / name).read_text(encoding='utf-8')}"
         for name in CORE_FILES
     )
+    warm_up = json.dumps(warm_up_data(), separators=(",", ":"))
     return (
         "// Written by _ext/translator.py from translator/*.js: edit those.\n"
         "// eslint-disable-next-line no-unused-vars\n"
         "function translatorCore(scope) {\n"
         '"use strict";\n'
+        "// What a worker warms up on: a tiny model's config, and the package's search.\n"
+        f"const WARM_UP = {warm_up};\n"
         f"{body}\n"
         "if (scope) {\n  serve(scope);\n}\n"
         f"return {{ {', '.join(CORE_NAMES)} }};\n"

@@ -36,8 +36,9 @@
 # With a single attention head, averaging inhibits this." In the code $h$ is `n_heads`, and a
 # tensor's heads dimension is $H$.
 #
-# This chapter writes the layer as `transformer.multihead.MultiHeadAttention`, checks it against
-# the equation computed head by head, and draws what the heads of an untrained layer look at.
+# This chapter writes the layer as `transformer.multihead.MultiHeadAttention`, configured by
+# `AttentionConfig`, checks it against the equation computed head by head, and draws what the
+# heads of an untrained layer look at.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -81,6 +82,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.attention import scaled_dot_product_attention
+from transformer.attention_config import AttentionConfig
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
@@ -108,6 +110,73 @@ assert torch.equal(q[:, 2], projected[..., 2 * d_k : 3 * d_k])  # head 2
 assert torch.equal(merge_heads(q), projected)  # concatenation undoes the split
 
 # %% [markdown]
+# ## The layer's sizes
+#
+# The layer reads its width $d_\text{model}$, its number of heads $H$ and a dropout rate on the
+# attention weights, which the paper does not use, from one frozen dataclass, `AttentionConfig`.
+# Its defaults are set from the paper's base model (Table 3), named once as `PAPER_D_MODEL` and
+# `PAPER_N_HEADS`, and a width that the heads cannot split is refused when the config is made,
+# with both numbers named. Later chapters extend the config with what their layers need; the
+# model's `TransformerConfig` holds it all, and each layer reads its part.
+
+# %%
+#| export attention_config
+"""The sizes of multi-head attention (Section 3.2.2), by default those of the
+paper's base model."""
+
+from dataclasses import dataclass
+
+# The paper's base model (Table 3): d_model = 512, split into h = 8 heads.
+PAPER_D_MODEL = 512
+PAPER_N_HEADS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+    """The width, the heads, and dropout on the attention weights (not in the
+    paper: 0, off)."""
+
+    d_model: int = PAPER_D_MODEL
+    n_heads: int = PAPER_N_HEADS
+    attention_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        # d_k = d_model / h (3.2.2): the heads split the width between them.
+        for name in ("d_model", "n_heads"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:  # True is not a size
+                raise ValueError(
+                    f"{name} must be a positive integer, got {value!r}"
+                )
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads"
+                f" ({self.n_heads}): each head works in d_model / n_heads"
+                " dimensions"
+            )
+
+    @property
+    def d_k(self) -> int:
+        """Width of one head's queries, keys and values."""
+        return self.d_model // self.n_heads
+
+
+# %%
+from transformer.attention_config import (
+    PAPER_D_MODEL,
+    PAPER_N_HEADS,
+    AttentionConfig,
+)
+
+paper = AttentionConfig(d_model=PAPER_D_MODEL, n_heads=PAPER_N_HEADS)
+print(f"the paper's base model: d_model {paper.d_model}, H {paper.n_heads}")
+print(f"each head works in d_k = {paper.d_k} dimensions")
+try:
+    AttentionConfig(d_model=PAPER_D_MODEL, n_heads=7)
+except ValueError as err:
+    print(f"ValueError: {err}")
+
+# %% [markdown]
 # ## The module
 #
 # `MultiHeadAttention` holds the four $d_\text{model} \times d_\text{model}$ projections `w_q`,
@@ -124,7 +193,7 @@ assert torch.equal(merge_heads(q), projected)  # concatenation undoes the split
 #
 # On the fast path a query whose keys are all masked is shown every key and its output then
 # zeroed, so both paths give it zero, whatever a kernel makes of a row of $-\infty$, and no NaN
-# reaches the gradients. Dropout on the attention weights defaults to 0, as in the paper.
+# reaches the gradients.
 
 # %%
 #| export
@@ -169,22 +238,20 @@ def attend(
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O (Section 3.2.2)."""
 
-    def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0, bias: bool = True
-    ) -> None:
+    def __init__(self, config: AttentionConfig, bias: bool = True) -> None:
         super().__init__()
-        if n_heads <= 0 or d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model ({d_model}) must be a multiple of"
-                f" n_heads ({n_heads})"
-            )
-        self.d_model, self.n_heads = d_model, n_heads
-        self.d_k = d_model // n_heads
+        d_model = config.d_model
+        self.d_model, self.n_heads, self.d_k = (
+            d_model,
+            config.n_heads,
+            config.d_k,
+        )
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
-        self.attn_dropout = nn.Dropout(dropout)  # on the weights
+        # on the weights
+        self.attn_dropout = nn.Dropout(config.attention_dropout)
 
     def forward(
         self,
@@ -253,7 +320,7 @@ src_ids = torch.tensor([[5, 6, 7, pad_id, pad_id], [pad_id] * 5])
 memory = torch.randn(B, 5, d_model)  # stands in for the encoder's output
 self_attention = (x, x, x, target_mask(tgt_ids, pad_id))
 cross_attention = (x, memory, memory, padding_mask(src_ids, pad_id))
-mha = MultiHeadAttention(d_model, H).eval()
+mha = MultiHeadAttention(AttentionConfig(d_model=d_model, n_heads=H)).eval()
 with torch.no_grad():
     for *args, mask in (self_attention, cross_attention):
         expected = head_by_head(mha, *args, mask)
@@ -279,8 +346,9 @@ from transformer.plots import heatmap, use_book_renderer
 words = ["the", "cat", "sat", "on", "the", "mat"]
 vectors = {w: torch.randn(32) for w in sorted(set(words))}
 X = torch.stack([vectors[w] for w in words])[None]  # (1, T, d_model = 32)
+layer = MultiHeadAttention(AttentionConfig(d_model=32, n_heads=4))
 with torch.no_grad():
-    _, weights = MultiHeadAttention(32, 4)(X, X, X, need_weights=True)
+    _, weights = layer(X, X, X, need_weights=True)
 favourite = weights[0].argmax(dim=-1)  # (H, T): each head's most-weighted key
 assert (favourite != favourite[0]).any()  # the heads disagree somewhere
 use_book_renderer()
@@ -307,7 +375,7 @@ alt.vconcat(alt.hconcat(*panels[:2]), alt.hconcat(*panels[2:])).resolve_scale(
 #
 # 1. Train the copy task of the chapter that puts the model together with `n_heads=1` and with
 #    `n_heads=8` in its `TransformerConfig`, at the same `d_model`: which learns faster?
-# 2. Build `MultiHeadAttention(64, 4, bias=True)`, back-propagate a random loss, and look at
+# 2. Build `MultiHeadAttention(AttentionConfig(d_model=64, n_heads=4))`, back-propagate a random loss, and look at
 #    `w_k.bias.grad`. Why is it zero? (A constant added to every score of a row leaves the
 #    softmax unchanged.) Then compare with `bias=False`, the paper's layer.
 # 3. Time the fast path against `need_weights=True` on a batch of long sequences, on the CPU and,

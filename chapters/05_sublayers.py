@@ -24,7 +24,8 @@
 #
 # This chapter writes `transformer.sublayers`: `PositionwiseFeedForward`, the network of
 # Section 3.3, and `SublayerConnection`, which wraps every sublayer in that residual connection,
-# dropout and layer normalisation.
+# dropout and layer normalisation; both read their sizes from `LayerConfig`, the multi-head
+# chapter's `AttentionConfig` with the fields a whole layer needs.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -70,9 +71,47 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # $$
 #
 # with $W_1 \in \mathbb{R}^{d_\text{model} \times d_{ff}}$ and
-# $W_2 \in \mathbb{R}^{d_{ff} \times d_\text{model}}$ (512 to 2048 and back in the base model):
-# "two convolutions with kernel size 1". The optional `dropout` on the hidden units is not in the
-# paper and is off by default.
+# $W_2 \in \mathbb{R}^{d_{ff} \times d_\text{model}}$: "two convolutions with kernel size 1".
+#
+# **The layer's config.** `LayerConfig` extends `AttentionConfig` with what the rest of a layer
+# needs: the inner width $d_{ff}$ and, for the residual connections below, the dropout rate
+# $P_{drop}$ (Section 5.4), the order of the normalisation and LayerNorm's $\epsilon$. Its defaults
+# are set from the paper's values, named once: the base model's $d_{ff}$ and $P_{drop}$ (Table 3)
+# and, as the paper states no $\epsilon$, that of its reference code, tensor2tensor
+# {cite:p}`vaswani2018tensor2tensor` (PyTorch's default is $10^{-5}$). The two options that the
+# paper lacks are off: `ffn_dropout`, on the hidden units, and `norm_first`.
+
+# %%
+#| export layer_config
+"""The sizes and options of one encoder or decoder layer (Sections 3.1, 3.3,
+5.4): attention's, and those of its other sublayers."""
+
+from dataclasses import dataclass
+
+from transformer.attention_config import AttentionConfig
+
+# The paper's base model (Table 3; Sections 3.3 and 5.4): d_ff = 2048, and
+# P_drop = 0.1 on the output of each sublayer.
+PAPER_D_FF = 2048
+PAPER_DROPOUT = 0.1
+# LayerNorm's ε, which the paper does not state: its reference code's.
+TENSOR2TENSOR_LAYER_NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerConfig(AttentionConfig):
+    """An AttentionConfig, the feed-forward network's inner width, dropout on
+    each sublayer's output, the normalisation's order and LayerNorm's ε."""
+
+    d_ff: int = PAPER_D_FF
+    dropout: float = PAPER_DROPOUT
+    ffn_dropout: float = 0.0  # on the hidden units: not in the paper
+    norm_first: bool = False  # pre-norm: not in the paper
+    layer_norm_eps: float = TENSOR2TENSOR_LAYER_NORM_EPS
+
+
+# %% [markdown]
+# The network reads $d_\text{model}$, $d_{ff}$ and `ffn_dropout` from the config:
 
 # %%
 #| export
@@ -85,17 +124,19 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from transformer.layer_config import LayerConfig
+
 
 class PositionwiseFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two linear maps at every
     position (3.3)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+    def __init__(self, config: LayerConfig) -> None:
         super().__init__()
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
+        self.w_1 = nn.Linear(config.d_model, config.d_ff)
+        self.w_2 = nn.Linear(config.d_ff, config.d_model)
         # Dropout on the hidden units is not in the paper (0 = off).
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.ffn_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """Shapes: x (..., d_model) -> (..., d_model), through (..., d_ff)."""
@@ -107,9 +148,18 @@ class PositionwiseFeedForward(nn.Module):
 # 1-wide convolutions give:
 
 # %%
+from transformer.layer_config import (
+    PAPER_D_FF,
+    PAPER_DROPOUT,
+    TENSOR2TENSOR_LAYER_NORM_EPS,
+    LayerConfig,
+)
 from transformer.sublayers import PositionwiseFeedForward
 
-ffn = PositionwiseFeedForward(d_model=512, d_ff=2048).eval()
+print(f"the paper's d_ff {PAPER_D_FF} and P_drop {PAPER_DROPOUT}")
+print(f"tensor2tensor's ε {TENSOR2TENSOR_LAYER_NORM_EPS}")
+base = LayerConfig(d_model=512, d_ff=2048)  # 512 to 2048 and back
+ffn = PositionwiseFeedForward(base).eval()
 x = torch.randn(2, 10, 512)  # (B, L, d_model)
 whole = ffn(x)
 one_by_one = torch.stack([ffn(x[:, t]) for t in range(10)], dim=1)
@@ -127,7 +177,7 @@ assert torch.allclose(whole, conv, atol=1e-5)
 # thirds of an encoder layer, just under half of a decoder layer:
 
 # %%
-d_model, d_ff = 512, 2048
+d_model, d_ff = base.d_model, base.d_ff
 ffn_size = sum(p.numel() for p in ffn.parameters())
 assert ffn_size == 2 * d_model * d_ff + d_ff + d_model
 attention, norm = 4 * (d_model**2 + d_model), 2 * d_model
@@ -179,21 +229,16 @@ print(
 
 # %%
 #| export
-LAYER_NORM_EPS = 1e-6  # ε as in tensor2tensor; PyTorch's default is 1e-5
-
-
 class SublayerConnection(nn.Module):
     """Residual connection, dropout and layer normalisation around one
     sublayer: LayerNorm(x + Dropout(Sublayer(x))), the paper's post-norm, or
     with norm_first, pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
 
-    def __init__(
-        self, d_model: int, dropout: float, norm_first: bool = False
-    ) -> None:
+    def __init__(self, config: LayerConfig) -> None:
         super().__init__()
-        self.norm_first = norm_first
-        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
-        self.dropout = nn.Dropout(dropout)
+        self.norm_first = config.norm_first
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self, x: Tensor, sublayer: Callable[[Tensor], Tensor]
@@ -211,10 +256,14 @@ class SublayerConnection(nn.Module):
 # $x$'s scale:
 
 # %%
-from transformer.sublayers import LAYER_NORM_EPS, SublayerConnection
+import dataclasses
+
+from transformer.sublayers import SublayerConnection
 
 
-def layer_norm(v: torch.Tensor, eps: float = LAYER_NORM_EPS) -> torch.Tensor:
+def layer_norm(
+    v: torch.Tensor, eps: float = base.layer_norm_eps
+) -> torch.Tensor:
     """LayerNorm with γ = 1, β = 0 (their initial values), by hand."""
     mean = v.mean(-1, keepdim=True)
     var = v.var(-1, keepdim=True, unbiased=False)
@@ -222,8 +271,11 @@ def layer_norm(v: torch.Tensor, eps: float = LAYER_NORM_EPS) -> torch.Tensor:
 
 
 x = 3 + 2 * torch.randn(2, 10, 512)  # far from mean 0, variance 1
-post_norm = SublayerConnection(512, dropout=0.0).eval()
-pre_norm = SublayerConnection(512, dropout=0.0, norm_first=True).eval()
+no_dropout = dataclasses.replace(base, dropout=0.0)
+post_norm = SublayerConnection(no_dropout).eval()
+pre_norm = SublayerConnection(
+    dataclasses.replace(no_dropout, norm_first=True)
+).eval()
 with torch.no_grad():
     post_out, pre_out = post_norm(x, ffn), pre_norm(x, ffn)
     assert torch.allclose(post_out, layer_norm(x + ffn(x)), atol=1e-5)
@@ -241,7 +293,9 @@ pd.DataFrame(
 # that returns zeros leaves $x$ unchanged (normalised, in post-norm).
 
 # %%
-training = SublayerConnection(512, dropout=0.5, norm_first=True).train()
+training = SublayerConnection(
+    dataclasses.replace(base, dropout=0.5, norm_first=True)
+).train()
 assert torch.equal(training(x, torch.zeros_like), x)
 training.norm_first = False
 assert torch.allclose(training(x, torch.zeros_like), layer_norm(x), atol=1e-5)
@@ -258,7 +312,7 @@ assert torch.allclose(training(x, torch.zeros_like), layer_norm(x), atol=1e-5)
 
 # %%
 torch.manual_seed(0)
-networks = [PositionwiseFeedForward(d_model, d_ff) for _ in range(24)]
+networks = [PositionwiseFeedForward(base) for _ in range(24)]
 for network in networks:  # Glorot weights and zero biases, as in our model
     for linear in (network.w_1, network.w_2):
         nn.init.xavier_uniform_(linear.weight)
@@ -272,11 +326,11 @@ def run_stack(norm_first: bool) -> pd.DataFrame:
     x, rms = x0, []
     for network in networks:
         network.zero_grad()
-        connection = SublayerConnection(d_model, 0.0, norm_first).eval()
-        x = connection(x, network)
+        order = dataclasses.replace(no_dropout, norm_first=norm_first)
+        x = SublayerConnection(order).eval()(x, network)
         rms.append(x.pow(2).mean().sqrt().item())
     if norm_first:  # a pre-norm stack ends with one more LayerNorm
-        x = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)(x)
+        x = nn.LayerNorm(d_model, eps=base.layer_norm_eps)(x)
     (x @ readout).mean().backward()
     grads = [
         torch.stack([p.grad.norm() for p in n.parameters()]).norm().item()
@@ -348,7 +402,7 @@ dashed = alt.Chart(fit).mark_line(strokeDash=[4, 4], color="gray")
 #
 # 1. Stack 96 networks instead of 24. Does pre-norm's RMS still follow the fit, and how large
 #    does post-norm's gradient ratio grow?
-# 2. Switch on `PositionwiseFeedForward(512, 2048, dropout=0.1)` (the model's `ffn_dropout`): which
+# 2. Switch on `PositionwiseFeedForward(LayerConfig(ffn_dropout=0.1))`: which
 #    asserts of the position-wise cell still hold in training mode?
 # 3. Train a pre-norm model: `norm_first=True` in the copy task of *Putting it together*, or
 #    `python -m transformer train --pair de-en --config quick --set norm_first=true`.

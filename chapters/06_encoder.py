@@ -66,6 +66,7 @@ from torch import nn
 # *Self*-attention takes queries, keys and values from the same sequence, and the source's padding
 # mask, $(B, 1, 1, S)$, hides the padding keys. The attention sublayer is a closure that feeds its
 # input in three times and *returns* the weights when asked for: a forward pass stores nothing.
+# The layer hands its one `LayerConfig` to each part, which reads the sizes it needs.
 
 # %%
 #| export
@@ -73,38 +74,20 @@ from torch import nn
 
 from torch import Tensor, nn
 
+from transformer.layer_config import LayerConfig
 from transformer.multihead import MultiHeadAttention
-from transformer.sublayers import (
-    LAYER_NORM_EPS,
-    PositionwiseFeedForward,
-    SublayerConnection,
-)
+from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
 class EncoderLayer(nn.Module):
     """Self-attention and a feed-forward network in sublayer connections."""
 
-    def __init__(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float,
-        attention_dropout: float = 0.0,
-        ffn_dropout: float = 0.0,
-        norm_first: bool = False,
-    ) -> None:
+    def __init__(self, config: LayerConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=attention_dropout
-        )
-        self.feed_forward = PositionwiseFeedForward(
-            d_model, d_ff, dropout=ffn_dropout
-        )
+        self.self_attn = MultiHeadAttention(config)
+        self.feed_forward = PositionwiseFeedForward(config)
         self.sublayers = nn.ModuleList(
-            SublayerConnection(d_model, dropout=dropout, norm_first=norm_first)
-            for _ in range(2)
+            SublayerConnection(config) for _ in range(2)
         )
 
     def forward(
@@ -136,6 +119,7 @@ class EncoderLayer(nn.Module):
 # %%
 from transformer.embedding import PositionalEncoding, TokenEmbedding
 from transformer.encoder import EncoderLayer
+from transformer.layer_config import LayerConfig
 from transformer.masking import padding_mask
 
 sentences = [
@@ -153,23 +137,23 @@ src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
 
 torch.manual_seed(0)
 d_model = 32
-sizes = dict(d_model=d_model, n_heads=4, d_ff=64, dropout=0.1)
+config = LayerConfig(d_model=d_model, n_heads=4, d_ff=64, dropout=0.1)
 embed = TokenEmbedding(len(vocab), d_model)
 position = PositionalEncoding(d_model, max_len=64, dropout=0.1).eval()
-layer = EncoderLayer(**sizes).eval()
+layer = EncoderLayer(config).eval()
 with torch.no_grad():
     x = position(embed(src))  # (B, S, d_model)
     _, weights = layer(x, src_mask, need_weights=True)  # (B, H, S, S)
 real = src_mask[:, 0, 0, :]  # (B, S)
 assert (weights.masked_select(~real[:, None, None, :]) == 0).all()
-assert torch.allclose(weights.sum(-1), torch.ones(3, sizes["n_heads"], S))
+assert torch.allclose(weights.sum(-1), torch.ones(3, config.n_heads, S))
 
 # %% [markdown]
 # ## The stack
 #
 # The encoder is `n_layers` such layers, each with its own weights; the last one's output is the
 # *memory* that the decoder attends to. The layers are built explicitly,
-# `nn.ModuleList(EncoderLayer(...) for _ in range(n_layers))`, which reads as the paper's "stack
+# `nn.ModuleList(EncoderLayer(config) for _ in range(n_layers))`, which reads as the paper's "stack
 # of $N$ identical layers": identical in shape, not in values, since each layer draws its own
 # initial weights. (The Annotated Transformer deep-copies one prototype layer instead, and its
 # `make_model` then draws every matrix again, so that its layers start apart too.)
@@ -183,33 +167,15 @@ assert torch.allclose(weights.sum(-1), torch.ones(3, sizes["n_heads"], S))
 class Encoder(nn.Module):
     """N identical encoder layers, each with its own weights (Section 3.1)."""
 
-    def __init__(
-        self,
-        *,
-        n_layers: int,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float,
-        attention_dropout: float = 0.0,
-        ffn_dropout: float = 0.0,
-        norm_first: bool = False,
-    ) -> None:
+    def __init__(self, config: LayerConfig, n_layers: int) -> None:
         super().__init__()
-        layer = dict(
-            d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout
-        )
-        layer |= dict(
-            attention_dropout=attention_dropout, ffn_dropout=ffn_dropout
-        )
-        layer |= dict(norm_first=norm_first)
         self.layers = nn.ModuleList(
-            EncoderLayer(**layer) for _ in range(n_layers)
+            EncoderLayer(config) for _ in range(n_layers)
         )
         # Post-norm layers end normalised; a pre-norm stream needs a LayerNorm.
         self.final_norm = (
-            nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
-            if norm_first
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            if config.norm_first
             else nn.Identity()
         )
 
@@ -229,7 +195,7 @@ class Encoder(nn.Module):
 # %%
 from transformer.encoder import Encoder
 
-encoder = Encoder(n_layers=3, **sizes).eval()
+encoder = Encoder(config, n_layers=3).eval()
 w_q = [layer.self_attn.w_q.weight for layer in encoder.layers]
 assert not any(torch.equal(w_q[0], w) for w in w_q[1:])  # each its own start
 
@@ -293,9 +259,9 @@ alt.hconcat(
 # %% [markdown]
 # ## Exercises
 #
-# 1. Repeat the padding test with `Encoder(n_layers=3, **sizes, norm_first=True)`. Does it still
-#    hold?
-# 2. Build the layer with `attention_dropout=0.1` and call it in training mode: do each query's
-#    weights still sum to one, and why not?
-# 3. Redraw the figure for `Encoder(n_layers=6, **sizes)`: does depth alone sharpen a random
+# 1. Repeat the padding test with a pre-norm encoder,
+#    `Encoder(dataclasses.replace(config, norm_first=True), n_layers=3)`. Does it still hold?
+# 2. Build the layer with `attention_dropout=0.1` in its config and call it in training mode: do
+#    each query's weights still sum to one, and why not?
+# 3. Redraw the figure for `Encoder(config, n_layers=6)`: does depth alone sharpen a random
 #    encoder's attention?

@@ -54,33 +54,19 @@ import torch.nn.functional as F
 # %% [markdown]
 # ## The configuration
 #
-# `TransformerConfig` is a frozen dataclass whose defaults are the paper's base model (Table 3):
+# `TransformerConfig` is the sublayers chapter's `LayerConfig`, itself the multi-head chapter's
+# `AttentionConfig` extended, with the fields of the whole model: the vocabulary sizes, the number
+# of layers $N$ in each stack, the longest sequence that the positional encoding covers, the kind
+# of positional encoding (Table 3, row E) and the two uses of the embedding table (below). One
+# frozen object holds every hyperparameter, and the model hands it to each layer, which reads the
+# fields it needs. The paper's $N$ is named once, like the base model's other sizes, and Table 3's
+# base and big models are written from those names.
 #
-# | field | default | meaning |
-# | --- | --- | --- |
-# | `src_vocab_size` | required | source vocabulary size $V$ |
-# | `tgt_vocab_size` | `None` | target vocabulary size; `None` means one shared vocabulary |
-# | `d_model` | 512 | width of the embeddings and of every sublayer's output |
-# | `n_heads` | 8 | heads $h$, each of width $d_k = d_\text{model}/h$ |
-# | `n_layers` | 6 | layers $N$ in the encoder, and as many in the decoder |
-# | `d_ff` | 2048 | inner width of the feed-forward network |
-# | `dropout` | 0.1 | $P_{drop}$, on sublayer outputs and embedding sums (Section 5.4) |
-# | `attention_dropout` | 0.0 | on the attention weights (option) |
-# | `ffn_dropout` | 0.0 | after the feed-forward ReLU (option) |
-# | `max_len` | 512 | longest sequence the positional encoding covers |
-# | `norm_first` | `False` | pre-norm sublayers instead of post-norm (option) |
-# | `positional` | `"sinusoidal"` | or `"learned"`, Table 3 row E (option) |
-# | `share_embeddings` | `True` | one embedding table for both languages (Section 3.4) |
-# | `tie_output` | `True` | the output layer reuses the target embedding (Section 3.4) |
-#
-# The options are off by default; the appendix [Deviations from the paper](a01_deviations.ipynb)
-# lists them. The config is **frozen**: nobody changes `d_model` of a model that exists. It
-# checks the paper's one constraint when it is made: a width the heads cannot split fails at
-# once, with a `ValueError` that names the fields, not ten modules later with a shape error. A
-# configuration that comes from a file or the command line is checked in full where it enters
-# (the appendix [Engineering the model](a02_model_engineering.ipynb)). `to_dict` writes the
-# fields for a checkpoint; the presets `base`, `big` and `small` take the vocabulary size and any
-# field to override.
+# The config is **frozen**: nobody changes `d_model` of a model that exists. A configuration that
+# comes from a file or the command line is checked in full where it enters (the appendix
+# [Engineering the model](a02_model_engineering.ipynb)). `to_dict` writes the fields for a
+# checkpoint; the presets `base`, `big` and `small` take the vocabulary size and any field to
+# override.
 
 # %%
 #| export config
@@ -90,37 +76,35 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from transformer.attention_config import PAPER_D_MODEL, PAPER_N_HEADS
+from transformer.layer_config import PAPER_D_FF, PAPER_DROPOUT, LayerConfig
+
+# The paper's stacks: N = 6 identical layers each (Section 3.1, Table 3).
+PAPER_N_LAYERS = 6
+# Table 3's base and big models: N, d_model, h, d_ff and P_drop.
+PAPER_BASE = dict(
+    n_layers=PAPER_N_LAYERS,
+    d_model=PAPER_D_MODEL,
+    n_heads=PAPER_N_HEADS,
+    d_ff=PAPER_D_FF,
+    dropout=PAPER_DROPOUT,
+)
+PAPER_BIG = PAPER_BASE | dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
+
 
 @dataclass(frozen=True)
-class TransformerConfig:
-    """Hyperparameters of the encoder-decoder Transformer, by default the
-    paper's base model; tgt_vocab_size=None: one vocabulary for both sides."""
+class TransformerConfig(LayerConfig):
+    """Hyperparameters of the encoder-decoder Transformer: a LayerConfig, the
+    vocabularies, N layers per stack, the positions and the shared weights;
+    tgt_vocab_size=None: one vocabulary for both sides."""
 
     src_vocab_size: int
     tgt_vocab_size: int | None = None
-    d_model: int = 512
-    n_heads: int = 8
-    n_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    ffn_dropout: float = 0.0
+    n_layers: int = PAPER_N_LAYERS
     max_len: int = 512
-    norm_first: bool = False
     positional: str = "sinusoidal"
     share_embeddings: bool = True
     tie_output: bool = True
-
-    def __post_init__(self) -> None:
-        # d_k = d_model / h (3.2.2): the heads split the width between them.
-        heads, width = self.n_heads, self.d_model
-        sizes = all(type(n) is int and n > 0 for n in (heads, width))
-        if sizes and width % heads != 0:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads"
-                f" ({self.n_heads}): each head works in d_model / n_heads"
-                " dimensions"
-            )
 
     @property
     def target_vocab_size(self) -> int:
@@ -129,21 +113,15 @@ class TransformerConfig:
             return self.src_vocab_size
         return self.tgt_vocab_size
 
-    @property
-    def d_k(self) -> int:
-        """Width of one head's queries, keys and values."""
-        return self.d_model // self.n_heads
-
     @classmethod
     def base(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
         """The paper's base model (Table 3)."""
-        return cls(src_vocab_size=vocab_size, **overrides)
+        return cls(src_vocab_size=vocab_size, **(PAPER_BASE | overrides))
 
     @classmethod
     def big(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
         """The paper's big model (Table 3)."""
-        fields = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
-        return cls(src_vocab_size=vocab_size, **(fields | overrides))
+        return cls(src_vocab_size=vocab_size, **(PAPER_BIG | overrides))
 
     @classmethod
     def small(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
@@ -157,12 +135,41 @@ class TransformerConfig:
 
 
 # %% [markdown]
+# Every field, with its default and the chapter's class that declares it. The options that the
+# paper does not have are off by default; the appendix
+# [Deviations from the paper](a01_deviations.ipynb) lists them.
+
+# %%
+import inspect
+from dataclasses import MISSING, fields
+
+from transformer.config import TransformerConfig
+
+
+def declared_in(name: str) -> str:
+    """The class of TransformerConfig's chain that declares field `name`."""
+    chain = TransformerConfig.__mro__
+    return next(
+        k.__name__ for k in chain if name in inspect.get_annotations(k)
+    )
+
+
+pd.DataFrame(
+    [
+        {
+            "field": f.name,
+            "default": "required" if f.default is MISSING else f.default,
+            "declared by": declared_in(f.name),
+        }
+        for f in fields(TransformerConfig)
+    ]
+).set_index("field")
+
+# %% [markdown]
 # The presets reproduce the rows of the paper's Table 3, typed in below from the paper, and a
 # config that cannot work is refused at once:
 
 # %%
-from transformer.config import TransformerConfig
-
 VOCAB = 37_000  # the paper's shared English-German vocabulary, "about 37000"
 presets = {"base": TransformerConfig.base(VOCAB)}
 presets["big"] = TransformerConfig.big(VOCAB)
@@ -269,12 +276,9 @@ class Transformer(nn.Module):
         )
         self.src_pos = positional_encoding(c)
         self.tgt_pos = positional_encoding(c)
-        stack = dict(n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads)
-        stack |= dict(d_ff=c.d_ff, dropout=c.dropout, norm_first=c.norm_first)
-        stack |= dict(attention_dropout=c.attention_dropout)
-        stack |= dict(ffn_dropout=c.ffn_dropout)
-        self.encoder = Encoder(**stack)
-        self.decoder = Decoder(**stack)
+        # Each layer reads the sizes it needs from the config; N per stack.
+        self.encoder = Encoder(c, c.n_layers)
+        self.decoder = Decoder(c, c.n_layers)
         self.generator = Generator(c.d_model, c.target_vocab_size)
         init_weights(self)
         if c.tie_output:  # the same Parameter, not a copy (3.4)

@@ -92,9 +92,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+# The paper's (Section 5.3): "β1 = 0.9, β2 = 0.98 and ε = 10^-9",
+# "warmup_steps = 4000".
 ADAM_BETAS = (0.9, 0.98)
 ADAM_EPS = 1e-9
-WARMUP_STEPS = 4000  # "warmup_steps = 4000" (Section 5.3)
+PAPER_WARMUP_STEPS = 4000
+WARMUP_STEPS = PAPER_WARMUP_STEPS  # the package's default
 
 
 def noam_lr(
@@ -120,15 +123,18 @@ def noam_lr(
 # ($d_{\text{model}} = 1024$, 300,000 steps), both with 4,000 warm-up steps:
 
 # %%
-from transformer.schedule import noam_lr
+from transformer.schedule import PAPER_WARMUP_STEPS, noam_lr
 
+warmup = PAPER_WARMUP_STEPS
 for name, d_model, steps in [("base", 512, 100_000), ("big", 1024, 300_000)]:
-    lr = [noam_lr(s, d_model=d_model, warmup=4000) for s in (1, 4000, steps)]
+    lr = [
+        noam_lr(s, d_model=d_model, warmup=warmup) for s in (1, warmup, steps)
+    ]
     print(
-        f"{name}: updates 1, 4,000, {steps:,}: "
+        f"{name}: updates 1, {warmup:,}, {steps:,}: "
         + ", ".join(f"{r:.2e}" for r in lr)
     )
-    assert math.isclose(lr[1], d_model**-0.5 * 4000**-0.5, rel_tol=1e-12)
+    assert math.isclose(lr[1], d_model**-0.5 * warmup**-0.5, rel_tol=1e-12)
 
 # %% [markdown]
 # ## The shape of the schedule
@@ -295,7 +301,7 @@ for k in range(500):  # k scheduler.step() calls so far: update k + 1 comes
 # ## Exercises
 #
 # 1. Train with a shorter warm-up, `python -m transformer train --pair de-en --warmup 1000`, and
-#    compare the first epochs' validation loss with the default 4,000.
+#    compare the first epochs' validation loss with the paper's `--warmup 4000`.
 # 2. Scale the whole curve with `--lr-factor 2` (`TrainConfig(lr_factor=2)`): does training
 #    converge faster, or diverge?
 # 3. Try the shorter warm-up on a pre-norm model, adding `--set norm_first=true`.

@@ -134,10 +134,13 @@ if importlib.util.find_spec("transformer") is None:
 # %%
 import torch
 
+from transformer.attention_config import AttentionConfig
 from transformer.multihead import MultiHeadAttention
 
 torch.manual_seed(0)
-attention = MultiHeadAttention(d_model=16, n_heads=4, bias=True)
+attention = MultiHeadAttention(
+    AttentionConfig(d_model=16, n_heads=4), bias=True
+)
 # Biases away from zero, so that no gradient vanishes by accident.
 for bias in (attention.w_q.bias, attention.w_k.bias, attention.w_v.bias):
     torch.nn.init.normal_(bias)

@@ -54,9 +54,11 @@ import json
 # options given on the command line, is checked in full where it enters, by `check_config`, so
 # that one which cannot build a model fails at once, with a `ValueError` whose message starts
 # with the field's name: sizes are positive integers (a `bool` is not one, although Python counts
-# it as an `int`), the heads split the width, dropout rates lie in $[0, 1)$, the switches are
-# booleans, the positional encoding is one of the two kinds, the sinusoids get an even width, and
-# shared embeddings get one vocabulary.
+# it as an `int`), the heads split the width, dropout rates lie in $[0, 1)$, LayerNorm's
+# $\epsilon$ is positive, the switches are booleans, the positional encoding is one of the two
+# kinds, the sinusoids get an even width, and shared embeddings get one vocabulary. The sizes and
+# the switches are found by their type, so that a new integer or boolean field is checked without
+# a line here.
 
 # %%
 #| export
@@ -64,23 +66,24 @@ import json
 line: each bad field is a ValueError that names it."""
 
 import dataclasses
+import math
+import typing
 from typing import Any
 
 from transformer.config import TransformerConfig
+from transformer.layer_config import TENSOR2TENSOR_LAYER_NORM_EPS
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
+RATES = ("dropout", "attention_dropout", "ffn_dropout")
 
 
 def check_sizes(c: Any) -> None:
-    """Sizes are positive integers, and the heads split the width."""
-    sizes = ["src_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"]
-    sizes += (
-        ["max_len"]
-        if c.tgt_vocab_size is None
-        else ["max_len", "tgt_vocab_size"]
-    )
-    for name in sizes:
+    """The integer fields are positive integers (one that may be None, when
+    set), and the heads split the width."""
+    for name, kind in typing.get_type_hints(type(c)).items():
         value = getattr(c, name)
+        if kind not in (int, int | None) or value is None:
+            continue
         # bool is a subclass of int: True is not a size.
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(
@@ -104,7 +107,7 @@ def check_sizes(c: Any) -> None:
 def check_config(c: Any) -> None:
     """A ValueError, naming the field, if config c cannot build a model."""
     check_sizes(c)
-    for name in ("dropout", "attention_dropout", "ffn_dropout"):
+    for name in RATES:
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(
@@ -112,11 +115,16 @@ def check_config(c: Any) -> None:
             )
         if not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    for name in ("norm_first", "share_embeddings", "tie_output"):
-        if not isinstance(getattr(c, name), bool):
-            raise ValueError(
-                f"{name} must be True or False, got {getattr(c, name)!r}"
-            )
+    eps = c.layer_norm_eps
+    number = isinstance(eps, int | float) and not isinstance(eps, bool)
+    if not (number and 0 < eps and math.isfinite(eps)):
+        raise ValueError(
+            f"layer_norm_eps must be a positive number, got {eps!r}"
+        )
+    for name, kind in typing.get_type_hints(type(c)).items():
+        value = getattr(c, name)
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
     if c.positional not in POSITIONAL_KINDS:
         raise ValueError(
             "positional must be one of"
@@ -160,6 +168,7 @@ bad_configs = {
     "heads do not divide the width": dict(d_model=512, n_heads=7),
     "a non-positive size": dict(n_layers=0),
     "a dropout rate of 1": dict(dropout=1.0),
+    "LayerNorm's ε at 0": dict(layer_norm_eps=0.0),
     "an unknown positional encoding": dict(positional="rotary"),
     "an odd width for the sinusoids": dict(d_model=513, n_heads=9),
     "shared embeddings with two vocabularies": dict(tgt_vocab_size=9_000),
@@ -177,12 +186,22 @@ for what, overrides in bad_configs.items():
 #
 # A checkpoint stores the config as JSON beside the weights: `to_dict` writes every field and
 # `config_from_dict` rebuilds and checks the config, after `check_record` has compared the
-# record's keys with the fields. An unknown key is an error, and so is a missing one, even with a default:
-# a record without `norm_first` would otherwise come back post-norm, whatever model wrote it.
+# record's keys with the fields. An unknown key is an error, and so is a missing one, even with a
+# default: a record without `norm_first` would otherwise come back post-norm, whatever model
+# wrote it. The exceptions are the fields that the config gained after models were saved
+# without them, `ADDED_FIELDS`: such a record reads as the value its model was built with, which
+# is not the field's default, since a default may change. LayerNorm's $\epsilon$ is one: every
+# model saved before the config recorded it, the shipped ones too, was built with
+# tensor2tensor's.
 
 
 # %%
 #| export
+# Fields added to TransformerConfig after models were saved without them, and
+# the value those models were built with (not the default, which may change).
+ADDED_FIELDS = {"layer_norm_eps": TENSOR2TENSOR_LAYER_NORM_EPS}
+
+
 def check_record(record: dict[str, Any], cls: type) -> None:
     """A saved config lists every field of dataclass cls, and nothing else.
 
@@ -206,8 +225,10 @@ def check_record(record: dict[str, Any], cls: type) -> None:
 
 
 def config_from_dict(record: dict[str, Any]) -> TransformerConfig:
-    """A config saved by to_dict, rebuilt: every field required, every value
-    checked."""
+    """A config saved by to_dict, rebuilt: every field required but those of
+    ADDED_FIELDS, which read as the value of the models saved before them;
+    every value checked."""
+    record = ADDED_FIELDS | record
     check_record(record, TransformerConfig)
     config = TransformerConfig(**record)
     check_config(config)
@@ -215,7 +236,9 @@ def config_from_dict(record: dict[str, Any]) -> TransformerConfig:
 
 
 # %%
+from transformer import layout
 from transformer.config_checks import config_from_dict
+from transformer.paths import CHECKPOINTS_DIR
 
 prenorm = dataclasses.replace(base, norm_first=True)
 saved = json.dumps(prenorm.to_dict())
@@ -231,9 +254,17 @@ for record in (prenorm.to_dict() | {"n_head": 8}, incomplete):
     else:
         raise AssertionError("a damaged record was accepted")
 
+# The shipped models were saved before their config recorded ε.
+folder = CHECKPOINTS_DIR / "de-en"
+shipped = json.loads((folder / layout.CONFIG).read_text())["model"]
+assert "layer_norm_eps" not in shipped
+eps = config_from_dict(shipped).layer_norm_eps
+print(f"the shipped de-en model, saved without its ε, reads as ε = {eps}")
+
 # %% [markdown]
 # ## Summary
 #
 # - `check_config` refuses, by name, a field that cannot build a model; `check_record` refuses a
 #   saved configuration with a key too many or too few; `config_from_dict` does both for a saved
-#   configuration.
+#   configuration, and reads a field that the config gained after a model was saved as the value
+#   that model was built with.

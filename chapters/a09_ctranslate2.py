@@ -92,7 +92,6 @@ from transformer.fast_words import load_tokenizer
 from transformer.files import atomic_folder
 from transformer.model import Transformer
 from transformer.paper_search import EXTRA_LENGTH
-from transformer.sublayers import LAYER_NORM_EPS
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate_batches
 
@@ -128,7 +127,7 @@ def check_convertible(model: Transformer) -> None:
     if not c.tie_output:
         problems.append("an output layer not tied to the embeddings")
     norms = {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)}
-    if norms - {LAYER_NORM_EPS}:
+    if norms - {c.layer_norm_eps}:
         problems.append(f"LayerNorm epsilon {sorted(norms)}")
     if problems:
         raise ValueError(
@@ -239,7 +238,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         pieces
     )  # the same list: saved as one shared file
     config = spec.config
-    config.layer_norm_epsilon = LAYER_NORM_EPS
+    config.layer_norm_epsilon = c.layer_norm_eps
     config.unk_token = pieces[tokenizer.unk_id]
     config.bos_token = config.decoder_start_token = pieces[tokenizer.bos_id]
     config.eos_token = pieces[tokenizer.eos_id]

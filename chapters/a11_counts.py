@@ -50,6 +50,7 @@ from IPython.display import display
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from transformer.attention_config import AttentionConfig
 from transformer.config import TransformerConfig
 from transformer.model import Transformer
 from transformer.multihead import MultiHeadAttention
@@ -91,7 +92,9 @@ T_cost, d_cost = 32, 512
 rows = []
 for n_heads in (1, 2, 4, 8, 16, 32):
     row = attention_flops(T_cost, d_cost, n_heads)
-    layer = MultiHeadAttention(d_cost, n_heads)
+    layer = MultiHeadAttention(
+        AttentionConfig(d_model=d_cost, n_heads=n_heads)
+    )
     tokens = torch.randn(1, T_cost, d_cost)  # (B, T, d_model)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         layer(tokens, tokens, tokens, need_weights=True)

@@ -32,7 +32,6 @@ from transformer.masking import padding_mask, target_mask
 from transformer.model import Generator, Transformer
 from transformer.schedule import make_optimizer
 from transformer.split_translation import write_lines
-from transformer.sublayers import LAYER_NORM_EPS
 
 from .decode_bench import machine
 
@@ -59,7 +58,7 @@ class LibraryTransformer(nn.Module):
             num_decoder_layers=DIMENSIONS["n_layers"],
             dim_feedforward=DIMENSIONS["d_ff"],
             dropout=DROPOUT,
-            layer_norm_eps=LAYER_NORM_EPS,
+            layer_norm_eps=PAPER.layer_norm_eps,
             batch_first=True,
             norm_first=False,
         )

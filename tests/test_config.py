@@ -3,14 +3,17 @@ made, every field where a configuration enters), and JSON round trips."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import typing
 from pathlib import Path
 
 import pytest
 
 from transformer.config import TransformerConfig
-from transformer.config_checks import check_config, config_from_dict
+from transformer.config_checks import ADDED_FIELDS, check_config, config_from_dict
+from transformer.layer_config import TENSOR2TENSOR_LAYER_NORM_EPS
 
 
 def test_defaults_are_the_papers_base_model():
@@ -81,6 +84,7 @@ def test_frozen():
         ({"dropout": "0.1"}, "dropout"),
         ({"attention_dropout": 1.5}, "attention_dropout"),
         ({"ffn_dropout": -0.01}, "ffn_dropout"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
         ({"norm_first": "yes"}, "norm_first"),
         ({"tie_output": 1}, "tie_output"),
         ({"positional": "rotary"}, "positional"),
@@ -154,14 +158,51 @@ SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
 
 def test_every_shipped_model_config_has_every_field_and_loads():
     # The shipped models' config.json files are read by from_dict (train.load_model); a
-    # stricter from_dict must still rebuild exactly the configs they record.
+    # stricter from_dict must still rebuild exactly the configs they record, and the
+    # fields added since, at the values those models were built with.
     records = [
         json.loads(path.read_text()) for path in sorted(SHIPPED.rglob("config.json"))
     ]
     models = [r["model"] for r in records if isinstance(r.get("model"), dict)]
     assert len(models) >= 4  # de-en and fr-en, each with its last/ checkpoint
     for model in models:
-        assert config_from_dict(model).to_dict() == model
+        assert config_from_dict(model).to_dict() == ADDED_FIELDS | model
+
+
+def test_a_record_without_epsilon_reads_as_the_epsilon_of_the_models_saved_before_it():
+    """The shipped models were trained with tensor2tensor's ε before the config recorded
+    it: a record without ε reads as that fact, not as the field's default, and a record
+    that holds an ε keeps it."""
+    assert ADDED_FIELDS == {"layer_norm_eps": TENSOR2TENSOR_LAYER_NORM_EPS}
+    assert TENSOR2TENSOR_LAYER_NORM_EPS == 1e-6
+    record = TransformerConfig.small(8_000).to_dict()
+    del record["layer_norm_eps"]
+    assert config_from_dict(record).layer_norm_eps == 1e-6
+    assert config_from_dict(record | {"layer_norm_eps": 1e-5}).layer_norm_eps == 1e-5
+    for bad in (0.0, -1e-6, float("inf"), float("nan"), True, "1e-6"):
+        with pytest.raises(ValueError, match=r"^layer_norm_eps must be a positive"):
+            config_from_dict(record | {"layer_norm_eps": bad})
+
+
+def test_the_checks_find_integer_and_boolean_fields_by_their_type():
+    """A new size or switch is checked without a line of its own: every integer field
+    must be a positive integer, every boolean field True or False."""
+    hints = typing.get_type_hints(TransformerConfig)
+    sizes = [n for n, t in hints.items() if t in (int, int | None)]
+    switches = [n for n, t in hints.items() if t is bool]
+    assert {"d_model", "n_heads", "d_ff", "n_layers", "max_len"} <= set(sizes)
+    assert set(switches) == {"norm_first", "share_embeddings", "tie_output"}
+    base = TransformerConfig.small(8_000, tgt_vocab_size=None)
+    for name in sizes:
+        broken = copy.copy(base)
+        object.__setattr__(broken, name, 0)
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive integer"):
+            check_config(broken)
+    for name in switches:
+        broken = copy.copy(base)
+        object.__setattr__(broken, name, "yes")
+        with pytest.raises(ValueError, match=rf"^{name} must be True or False"):
+            check_config(broken)
 
 
 def test_from_dict_validates():

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import assert_gradients_reach_every_parameter
 from torch import nn
 
 from transformer.decoder import Decoder, DecoderLayer
+from transformer.layer_config import LayerConfig
 from transformer.masking import causal_mask, padding_mask, target_mask
 
 PAD = 0  # the toy vocabulary's pad id in these tests
 VOCAB = 20
 D_MODEL, N_HEADS, D_FF, N_LAYERS = 16, 4, 32, 2
-SIZES = dict(d_model=D_MODEL, n_heads=N_HEADS, d_ff=D_FF, dropout=0.1)
+CONFIG = LayerConfig(d_model=D_MODEL, n_heads=N_HEADS, d_ff=D_FF, dropout=0.1)
 
 
 def tiny_decoder(norm_first: bool = False) -> Decoder:
     torch.manual_seed(0)
-    return Decoder(n_layers=N_LAYERS, **SIZES, norm_first=norm_first).eval()
+    config = dataclasses.replace(CONFIG, norm_first=norm_first)
+    return Decoder(config, N_LAYERS).eval()
 
 
 def ids_with_padding(lengths: list[int], seed: int) -> torch.Tensor:
@@ -153,7 +157,7 @@ def test_source_padding_changes_nothing(norm_first: bool):
 
 def test_masks_are_keyword_only():
     # Both masks are boolean tensors; when S == T a swapped pair would broadcast silently.
-    layer = DecoderLayer(**SIZES)
+    layer = DecoderLayer(CONFIG)
     x = torch.randn(1, 3, D_MODEL)
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     with pytest.raises(TypeError):
@@ -163,7 +167,7 @@ def test_masks_are_keyword_only():
 
 
 def test_layer_structure_and_parameter_count():
-    layer = DecoderLayer(**SIZES)
+    layer = DecoderLayer(CONFIG)
     assert len(layer.sublayers) == 3
     assert layer.self_attn is not layer.cross_attn
     expected = (
@@ -207,16 +211,10 @@ def test_prenorm_stack_has_a_final_layernorm_and_postnorm_does_not():
 def test_dropout_is_active_in_training_and_gradients_reach_every_parameter(
     norm_first: bool,
 ):
-    decoder = Decoder(
-        n_layers=N_LAYERS,
-        d_model=D_MODEL,
-        n_heads=N_HEADS,
-        d_ff=D_FF,
-        dropout=0.1,
-        attention_dropout=0.1,
-        ffn_dropout=0.1,
-        norm_first=norm_first,
-    ).train()
+    config = dataclasses.replace(
+        CONFIG, attention_dropout=0.1, ffn_dropout=0.1, norm_first=norm_first
+    )
+    decoder = Decoder(config, N_LAYERS).train()
     src, tgt, memory = batch()
     memory.requires_grad_(True)
     masks = {"src_mask": padding_mask(src, PAD), "tgt_mask": target_mask(tgt, PAD)}

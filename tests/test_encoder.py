@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import assert_gradients_reach_every_parameter
 from torch import nn
 
 from transformer.encoder import Encoder, EncoderLayer
+from transformer.layer_config import LayerConfig
 from transformer.masking import padding_mask
 
 PAD = 0  # the toy vocabulary's pad id in these tests
 D_MODEL, N_HEADS, D_FF, N_LAYERS = 16, 4, 32, 2
-SIZES = dict(d_model=D_MODEL, n_heads=N_HEADS, d_ff=D_FF, dropout=0.1)
+CONFIG = LayerConfig(d_model=D_MODEL, n_heads=N_HEADS, d_ff=D_FF, dropout=0.1)
 
 
 def tiny_encoder(norm_first: bool = False) -> Encoder:
     torch.manual_seed(0)
-    return Encoder(n_layers=N_LAYERS, **SIZES, norm_first=norm_first).eval()
+    config = dataclasses.replace(CONFIG, norm_first=norm_first)
+    return Encoder(config, N_LAYERS).eval()
 
 
 def padded_batch() -> torch.Tensor:
@@ -111,7 +115,7 @@ def test_layers_are_built_separately_not_copied():
 
 
 def test_layer_structure_and_parameter_count():
-    layer = EncoderLayer(**SIZES)
+    layer = EncoderLayer(CONFIG)
     assert len(layer.sublayers) == 2
     expected = (
         4 * (D_MODEL**2 + D_MODEL) + 2 * D_MODEL * D_FF + D_FF + D_MODEL + 4 * D_MODEL

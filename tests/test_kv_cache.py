@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import transformer.kv_cache as kv_cache
+from transformer.attention_config import AttentionConfig
 from transformer.config import TransformerConfig
 from transformer.kv_cache import DecoderCache, KVCache, cached_attention, decode_step
 from transformer.masking import causal_mask, padding_mask
@@ -61,7 +62,7 @@ def test_decode_step_equals_the_decoder_over_the_whole_output(overrides):
 
 
 def test_cached_attention_projects_the_memory_once():
-    mha = MultiHeadAttention(D_MODEL, H).eval()
+    mha = MultiHeadAttention(AttentionConfig(d_model=D_MODEL, n_heads=H)).eval()
     x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, S, D_MODEL)
     mask = padding_mask(sources(), PAD)
     cache = KVCache()
@@ -80,7 +81,7 @@ def test_cached_attention_projects_the_memory_once():
 
 
 def test_cached_self_attention_grows_by_one_position_a_step():
-    mha = MultiHeadAttention(D_MODEL, H).eval()
+    mha = MultiHeadAttention(AttentionConfig(d_model=D_MODEL, n_heads=H)).eval()
     x = torch.randn(B, T, D_MODEL)
     cache = KVCache()
     with torch.no_grad():

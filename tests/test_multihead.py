@@ -9,11 +9,13 @@ from torch import nn
 
 import transformer.multihead as multihead
 from transformer.attention import scaled_dot_product_attention as explicit_attention
+from transformer.attention_config import PAPER_D_MODEL, PAPER_N_HEADS, AttentionConfig
 from transformer.masking import causal_mask, padding_mask, target_mask
 from transformer.multihead import MultiHeadAttention
 
 PAD = 0
 B, T, S, D_MODEL, H = 3, 5, 6, 16, 4
+CONFIG = AttentionConfig(d_model=D_MODEL, n_heads=H)
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +54,7 @@ def torch_twin(ours: MultiHeadAttention) -> nn.MultiheadAttention:
 
 def test_matches_torch_with_a_padding_mask():
     data = batch()
-    ours = MultiHeadAttention(D_MODEL, H).eval()
+    ours = MultiHeadAttention(CONFIG).eval()
     theirs = torch_twin(ours)
     mask = padding_mask(data["src"], PAD)  # (B, 1, 1, S)
     x, memory = data["x"], data["memory"]
@@ -72,7 +74,7 @@ def test_matches_torch_with_a_padding_mask():
 
 def test_matches_torch_with_a_causal_mask():
     data = batch()
-    ours = MultiHeadAttention(D_MODEL, H).eval()
+    ours = MultiHeadAttention(CONFIG).eval()
     theirs = torch_twin(ours)
     x = data["x"]
     with torch.no_grad():
@@ -90,7 +92,7 @@ def test_matches_torch_with_a_causal_mask():
 
 def test_matches_torch_with_a_target_mask():
     data = batch()
-    ours = MultiHeadAttention(D_MODEL, H).eval()
+    ours = MultiHeadAttention(CONFIG).eval()
     theirs = torch_twin(ours)
     x = data["x"]
     with torch.no_grad():
@@ -108,7 +110,7 @@ def test_matches_torch_with_a_target_mask():
 @pytest.mark.parametrize("which", ["none", "padding", "causal", "target", "cross"])
 def test_fast_and_explicit_paths_agree(which):
     data = batch()
-    mha = MultiHeadAttention(D_MODEL, H).eval()
+    mha = MultiHeadAttention(CONFIG).eval()
     x, memory = data["x"], data["memory"]
     key = memory if which in ("cross", "padding") else x
     mask = {
@@ -129,7 +131,7 @@ def test_fast_and_explicit_paths_agree(which):
 
 def test_the_fast_path_is_taken_unless_weights_are_requested():
     data = batch()
-    mha = MultiHeadAttention(D_MODEL, H).eval()
+    mha = MultiHeadAttention(CONFIG).eval()
     x, mask = data["x"], target_mask(data["tgt"], PAD)
     fused = multihead.F.scaled_dot_product_attention
     with (
@@ -148,7 +150,9 @@ def test_the_fast_path_is_taken_unless_weights_are_requested():
 
 def test_attention_dropout_reaches_both_paths_in_training_only():
     data = batch()
-    mha = MultiHeadAttention(D_MODEL, H, dropout=0.5)
+    mha = MultiHeadAttention(
+        AttentionConfig(d_model=D_MODEL, n_heads=H, attention_dropout=0.5)
+    )
     x = data["x"]
     fused = multihead.F.scaled_dot_product_attention
     with mock.patch.object(
@@ -184,7 +188,7 @@ def blind_masks() -> dict:
 def test_fully_masked_queries_give_zeros_and_finite_gradients(case, need_weights):
     data = batch()
     mask, blind = blind_masks()[case]
-    mha = MultiHeadAttention(D_MODEL, H, bias=False)
+    mha = MultiHeadAttention(CONFIG, bias=False)
     x, memory = data["x"], data["memory"].requires_grad_()
     out, weights = mha(x, memory, memory, mask=mask, need_weights=need_weights)
     assert not out.isnan().any()
@@ -200,7 +204,7 @@ def test_fully_masked_queries_give_zeros_and_finite_gradients(case, need_weights
 def test_a_blind_query_gets_the_output_bias():
     data = batch()
     mask, blind = blind_masks()["sentence"]
-    mha = MultiHeadAttention(D_MODEL, H).eval()
+    mha = MultiHeadAttention(CONFIG).eval()
     x, memory = data["x"], data["memory"]
     with torch.no_grad():
         out, _ = mha(x, memory, memory, mask=mask)
@@ -225,7 +229,7 @@ def test_the_fast_path_does_not_rely_on_the_kernel_for_blind_queries():
         .isnan()
         .any()
     )
-    mha = MultiHeadAttention(D_MODEL, H, bias=False).eval()
+    mha = MultiHeadAttention(CONFIG, bias=False).eval()
     with mock.patch.object(multihead.F, "scaled_dot_product_attention", naive_kernel):
         out, _ = mha(data["x"], data["memory"], data["memory"], mask=mask)
     assert not out.isnan().any()
@@ -233,7 +237,7 @@ def test_the_fast_path_does_not_rely_on_the_kernel_for_blind_queries():
 
 
 def test_shapes_and_parameters():
-    mha = MultiHeadAttention(D_MODEL, H, bias=False)
+    mha = MultiHeadAttention(CONFIG, bias=False)
     assert (mha.n_heads, mha.d_k) == (H, D_MODEL // H)
     for linear in (mha.w_q, mha.w_k, mha.w_v, mha.w_o):
         assert linear.weight.shape == (D_MODEL, D_MODEL) and linear.bias is None
@@ -246,17 +250,39 @@ def test_shapes_and_parameters():
     assert out.shape == (2, 3, D_MODEL) and weights is None
 
 
-@pytest.mark.parametrize("d_model, n_heads", [(10, 3), (512, 6), (8, 0)])
-def test_bad_construction_names_both_numbers(d_model, n_heads):
+@pytest.mark.parametrize("d_model, n_heads", [(10, 3), (512, 6)])
+def test_heads_that_do_not_split_the_width_are_refused_naming_both_numbers(
+    d_model, n_heads
+):
     with pytest.raises(
         ValueError, match=rf"d_model \({d_model}\).*n_heads \({n_heads}\)"
     ):
-        MultiHeadAttention(d_model, n_heads)
+        AttentionConfig(d_model=d_model, n_heads=n_heads)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("n_heads", 0), ("d_model", -8), ("n_heads", True), ("d_model", 8.0)],
+)
+def test_a_size_that_is_no_positive_integer_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=rf"^{field} must be a positive integer"):
+        AttentionConfig(**{field: value})
+
+
+def test_the_layer_takes_its_sizes_from_the_config():
+    config = AttentionConfig(d_model=24, n_heads=3, attention_dropout=0.25)
+    mha = MultiHeadAttention(config)
+    assert (mha.d_model, mha.n_heads, mha.d_k) == (24, 3, 8) == (24, 3, config.d_k)
+    assert mha.w_q.weight.shape == (24, 24) and mha.attn_dropout.p == 0.25
+    default = AttentionConfig()
+    assert (
+        (default.d_model, default.n_heads) == (PAPER_D_MODEL, PAPER_N_HEADS) == (512, 8)
+    )
 
 
 def test_a_float_mask_is_refused():
     data = batch()
-    mha = MultiHeadAttention(D_MODEL, H)
+    mha = MultiHeadAttention(CONFIG)
     x = data["x"]
     with pytest.raises(TypeError, match="boolean"):
         mha(x, x, x, mask=causal_mask(T).float())
@@ -268,7 +294,7 @@ def test_the_result_does_not_depend_on_whether_the_inputs_are_one_tensor(which):
     layer gives what it gives three equal copies, bit for bit, and projects each input
     through its own matrix, with the output's four products in all."""
     data = batch()
-    mha = MultiHeadAttention(D_MODEL, H).eval()
+    mha = MultiHeadAttention(CONFIG).eval()
     x, memory = data["x"], data["memory"]
     args = (x, x, x) if which == "self" else (x, memory, memory)
     copies = tuple(a.clone() for a in args)
@@ -288,7 +314,7 @@ def test_the_result_does_not_depend_on_whether_the_inputs_are_one_tensor(which):
 
 def test_project_gives_each_layers_heads():
     data = batch()
-    mha = MultiHeadAttention(D_MODEL, H).eval()
+    mha = MultiHeadAttention(CONFIG).eval()
     x = data["x"]
     q, k, v = multihead.project(x, H, mha.w_q, mha.w_k, mha.w_v)
     for heads, layer in ((q, mha.w_q), (k, mha.w_k), (v, mha.w_v)):

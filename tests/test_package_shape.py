@@ -16,9 +16,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "transformer"
 LAYERS = [
     {
-        "attention", "masking", "multihead", "embedding", "sublayers", "encoder",
-        "decoder", "config", "model", "loss", "schedule", "plots",
-        "config_checks",
+        "attention", "masking", "attention_config", "multihead", "embedding",
+        "layer_config", "sublayers", "encoder", "decoder", "config", "model", "loss",
+        "schedule", "plots", "config_checks",
     },
     {
         "paths", "atomic", "files", "layout", "multi30k", "checked_data", "vocabulary",

@@ -7,14 +7,18 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.sublayers import (
-    LAYER_NORM_EPS,
-    PositionwiseFeedForward,
-    SublayerConnection,
-)
+from transformer.layer_config import TENSOR2TENSOR_LAYER_NORM_EPS, LayerConfig
+from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
+
+EPS = LayerConfig().layer_norm_eps
 
 
-def layer_norm(v: torch.Tensor, eps: float = LAYER_NORM_EPS) -> torch.Tensor:
+def layer(d_model: int, **fields) -> LayerConfig:
+    """A LayerConfig of width d_model, in one head so that any width splits."""
+    return LayerConfig(d_model=d_model, n_heads=1, **fields)
+
+
+def layer_norm(v: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     mean = v.mean(-1, keepdim=True)
     var = v.var(-1, keepdim=True, unbiased=False)
     return (v - mean) / torch.sqrt(var + eps)
@@ -32,7 +36,7 @@ def stream() -> torch.Tensor:
 
 
 def test_ffn_shapes_and_attributes():
-    ffn = PositionwiseFeedForward(d_model=16, d_ff=64)
+    ffn = PositionwiseFeedForward(layer(16, d_ff=64))
     assert ffn.w_1.weight.shape == (64, 16) and ffn.w_2.weight.shape == (16, 64)
     assert ffn(torch.randn(3, 5, 16)).shape == (3, 5, 16)
     assert ffn(torch.randn(16)).shape == (16,)
@@ -40,7 +44,7 @@ def test_ffn_shapes_and_attributes():
 
 def test_ffn_matches_equation_2():
     torch.manual_seed(0)
-    ffn = PositionwiseFeedForward(d_model=8, d_ff=32).eval()
+    ffn = PositionwiseFeedForward(layer(8, d_ff=32)).eval()
     x = torch.randn(2, 4, 8)
     w1, b1 = ffn.w_1.weight.T, ffn.w_1.bias
     w2, b2 = ffn.w_2.weight.T, ffn.w_2.bias
@@ -50,7 +54,7 @@ def test_ffn_matches_equation_2():
 
 def test_ffn_is_position_wise():
     torch.manual_seed(0)
-    ffn = PositionwiseFeedForward(d_model=16, d_ff=48).eval()
+    ffn = PositionwiseFeedForward(layer(16, d_ff=48)).eval()
     x = torch.randn(3, 9, 16)
     whole = ffn(x)
     for t in range(9):
@@ -61,7 +65,7 @@ def test_ffn_is_position_wise():
 
 
 def test_ffn_relu_zeroes_negative_pre_activations():
-    ffn = PositionwiseFeedForward(d_model=2, d_ff=2)
+    ffn = PositionwiseFeedForward(layer(2, d_ff=2))
     with torch.no_grad():
         ffn.w_1.weight.copy_(torch.eye(2))
         ffn.w_1.bias.zero_()
@@ -79,14 +83,14 @@ def test_ffn_relu_zeroes_negative_pre_activations():
 def test_ffn_dropout_is_off_by_default_and_optional():
     torch.manual_seed(0)
     x = torch.randn(4, 8, 16)
-    plain = PositionwiseFeedForward(16, 64).train()
+    plain = PositionwiseFeedForward(layer(16, d_ff=64)).train()
     assert torch.equal(plain(x), plain.eval()(x))
-    dropping = PositionwiseFeedForward(16, 64, dropout=0.5).train()
+    dropping = PositionwiseFeedForward(layer(16, d_ff=64, ffn_dropout=0.5)).train()
     assert not torch.allclose(dropping(x), dropping.eval()(x))
 
 
 def test_post_norm_is_the_default_and_matches_its_formula(stream):
-    connection = SublayerConnection(16, dropout=0.0)
+    connection = SublayerConnection(layer(16, dropout=0.0))
     assert connection.norm_first is False
     assert isinstance(connection.norm, nn.LayerNorm)
     out = connection(stream, known_sublayer)
@@ -97,7 +101,7 @@ def test_post_norm_is_the_default_and_matches_its_formula(stream):
 
 
 def test_pre_norm_matches_its_formula(stream):
-    connection = SublayerConnection(16, dropout=0.0, norm_first=True)
+    connection = SublayerConnection(layer(16, dropout=0.0, norm_first=True))
     out = connection(stream, known_sublayer)
     assert torch.allclose(out, stream + known_sublayer(layer_norm(stream)), atol=1e-5)
     assert not torch.allclose(
@@ -106,10 +110,12 @@ def test_pre_norm_matches_its_formula(stream):
 
 
 def test_post_norm_output_is_normalised_and_pre_norm_output_is_not(stream):
-    post = SublayerConnection(16, dropout=0.0)(stream, known_sublayer)
+    post = SublayerConnection(layer(16, dropout=0.0))(stream, known_sublayer)
     assert post.mean(-1).abs().max() < 1e-5
     assert (post.std(-1, unbiased=False) - 1).abs().max() < 1e-4
-    pre = SublayerConnection(16, dropout=0.0, norm_first=True)(stream, known_sublayer)
+    pre = SublayerConnection(layer(16, dropout=0.0, norm_first=True))(
+        stream, known_sublayer
+    )
     assert pre.mean(-1).abs().min() > 1.0  # keeps the stream's offset of about 3
     assert (pre.std(-1, unbiased=False) - 1).abs().max() > 0.1
 
@@ -117,12 +123,14 @@ def test_post_norm_output_is_normalised_and_pre_norm_output_is_not(stream):
 def test_dropout_acts_on_the_sublayer_output_only(stream):
     torch.manual_seed(0)
     for norm_first in (False, True):
-        connection = SublayerConnection(16, dropout=0.5, norm_first=norm_first).train()
+        connection = SublayerConnection(
+            layer(16, dropout=0.5, norm_first=norm_first)
+        ).train()
         # A zero sublayer output leaves nothing to drop: the residual path is untouched.
         out = connection(stream, torch.zeros_like)
         expected = stream if norm_first else layer_norm(stream)
         assert torch.allclose(out, expected, atol=1e-5)
-    pre = SublayerConnection(16, dropout=0.5, norm_first=True).train()
+    pre = SublayerConnection(layer(16, dropout=0.5, norm_first=True)).train()
     delta = pre(stream, known_sublayer) - stream  # = dropout(sublayer(norm(x)))
     update = known_sublayer(layer_norm(stream))
     dropped = delta == 0
@@ -130,8 +138,19 @@ def test_dropout_acts_on_the_sublayer_output_only(stream):
     assert torch.allclose(delta[~dropped], (update / 0.5)[~dropped], atol=1e-5)
 
 
+def test_layer_norm_takes_its_epsilon_from_the_config(stream):
+    """ε is the config's, by default tensor2tensor's, and any other reaches the LayerNorm."""
+    assert EPS == TENSOR2TENSOR_LAYER_NORM_EPS == 1e-6
+    small = stream[..., :4] * 1e-3  # a variance near ε, where ε shows
+    for eps in (EPS, 1e-5, 0.5):
+        connection = SublayerConnection(layer(4, dropout=0.0, layer_norm_eps=eps))
+        assert connection.norm.eps == eps
+        out = connection(small, torch.zeros_like)
+        assert torch.allclose(out, layer_norm(small, eps), atol=1e-6, rtol=0), eps
+
+
 def test_sublayer_connection_in_eval_mode_is_deterministic(stream):
-    connection = SublayerConnection(16, dropout=0.3).eval()
+    connection = SublayerConnection(layer(16, dropout=0.3)).eval()
     assert torch.equal(
         connection(stream, known_sublayer), connection(stream, known_sublayer)
     )
@@ -142,8 +161,8 @@ def test_gradients_reach_the_input_through_both_paths(stream):
     weight = torch.linspace(-1, 1, 16)
     for norm_first in (False, True):
         x = stream.clone().requires_grad_(True)
-        ffn = PositionwiseFeedForward(16, 32)
-        out = SublayerConnection(16, dropout=0.0, norm_first=norm_first)(x, ffn)
+        ffn = PositionwiseFeedForward(layer(16, d_ff=32))
+        out = SublayerConnection(layer(16, dropout=0.0, norm_first=norm_first))(x, ffn)
         (out * weight).sum().backward()
         assert x.grad is not None and x.grad.abs().max() > 1e-3
         assert ffn.w_1.weight.grad.abs().max() > 1e-3
@@ -160,7 +179,7 @@ def test_deep_stacks_post_norm_keeps_the_scale_and_pre_norm_the_gradients():
     gradients stay within 25% of the first sublayer's."""
     torch.manual_seed(0)
     d_model, d_ff = 512, 2048
-    networks = [PositionwiseFeedForward(d_model, d_ff) for _ in range(24)]
+    networks = [PositionwiseFeedForward(layer(d_model, d_ff=d_ff)) for _ in range(24)]
     for network in networks:
         for linear in (network.w_1, network.w_2):
             nn.init.xavier_uniform_(linear.weight)
@@ -172,10 +191,12 @@ def test_deep_stacks_post_norm_keeps_the_scale_and_pre_norm_the_gradients():
         x, rms = x0, []
         for network in networks:
             network.zero_grad()
-            x = SublayerConnection(d_model, 0.1, norm_first).eval()(x, network)
+            x = SublayerConnection(
+                layer(d_model, dropout=0.1, norm_first=norm_first)
+            ).eval()(x, network)
             rms.append(x.pow(2).mean().sqrt().item())
         if norm_first:
-            x = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)(x)
+            x = nn.LayerNorm(d_model, eps=EPS)(x)
         (x @ readout).mean().backward()
         grads = torch.tensor(
             [

@@ -347,6 +347,34 @@ def test_a_retrained_model_translates_and_warns_as_the_package(
 
 
 @pytest.mark.slow
+def test_the_page_computes_with_the_epsilon_of_the_models_config(
+    tmp_path: Path, monkeypatch
+):
+    """A model whose config holds another LayerNorm ε: the page's attention weights are
+    the package's, and far from those of the same weights at tensor2tensor's ε."""
+    monkeypatch.setattr("transformer.paths.CHECKPOINTS_DIR", tmp_path)
+    tiny_model(tmp_path / "de-en", layer_norm_eps=0.5)
+    static = tmp_path / "static"
+    extension.write_static(static)
+    extension.write_pair_script("de-en", static)
+    model, _ = load_pair_model("de-en", tmp_path / "de-en")
+    assert model.config.layer_norm_eps == 0.5
+    usual = Transformer(dataclasses.replace(model.config, layer_norm_eps=1e-6))
+    usual.load_state_dict(model.state_dict())
+    one = run_node(static, "de-en", {"attention": TINY_TEXTS[2:3], "beamSize": 1})
+    one = one["attention"][0]
+    src, tgt = torch.tensor([one["source"]]), torch.tensor([one["target"]])
+    masks = dict(src_mask=padding_mask(src, 0), tgt_mask=causal_mask(tgt.size(1)))
+    gaps = []
+    for reference in (model, usual.eval()):
+        with torch.inference_mode():
+            want = attention_weights(reference, src, tgt, **masks)["decoder_cross"]
+        have = torch.tensor(one["decoderCross"])  # (layers, H, T, S)
+        gaps.append((have - torch.stack(want)[:, 0]).abs().max().item())
+    assert gaps[0] < 1e-5 < 1e-3 < gaps[1], gaps
+
+
+@pytest.mark.slow
 def test_the_length_limit_warning_names_the_sentences(static: Path):
     """With an output limit of 3 tokens (decoding's max_len), the shipped model's warning
     names each sentence it stopped, as the package's."""
@@ -387,14 +415,55 @@ def test_model_js_knows_the_fields_of_transformer_config(static: Path):
     know, or a missing one, in one line that names it."""
     keys = [f.name for f in dataclasses.fields(TransformerConfig)]
     config = extension.pair_data("de-en")["config"]["model"]
-    assert run_node(static, "-", {"configKeys": True})["configKeys"] == keys
+    known = run_node(static, "-", {"configKeys": True})["configKeys"]
+    assert sorted(known) == sorted(keys) and len(known) == len(keys)
     assert run_node(static, "-", {"config": config})["configError"] is None
     unknown = run_node(static, "-", {"config": {**config, "rotary": True}})
     assert "does not know: rotary" in unknown["configError"]
-    lacking = {k: v for k, v in config.items() if k != "norm_first"}
+    for name in ("norm_first", "layer_norm_eps"):
+        lacking = {k: v for k, v in config.items() if k != name}
+        error = run_node(static, "-", {"config": lacking})["configError"]
+        assert f"lacks {name}" in error
+    zero = run_node(static, "-", {"config": {**config, "layer_norm_eps": 0}})
+    assert "layer_norm_eps must be a positive number" in zero["configError"]
+
+
+def test_the_page_takes_epsilon_from_the_models_config():
+    """The shipped models' config.json predates the field: the build writes their config
+    as the package reads it, with the ε they were trained with, every LayerNorm's."""
+    for pair in PAIRS:
+        model, _ = load_pair_model(pair)
+        record = json.loads((ROOT / "checkpoints" / pair / "config.json").read_text())
+        assert "layer_norm_eps" not in record["model"]
+        written = extension.pair_data(pair)["config"]
+        assert written == record | {"model": model.config.to_dict()}
+        norms = {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)}
+        assert norms == {written["model"]["layer_norm_eps"]} == {1e-6}
+
+
+def test_the_warm_up_takes_its_config_and_search_from_the_build(static: Path):
+    """worker.js warms up on what the build writes into core.js: a tiny model's config,
+    every field of TransformerConfig at the package's default but the sizes, and the
+    package's search; no ε and no beam is typed in JavaScript."""
+    got = run_node(static, "-", {"warmUp": True})["warmUp"]
+    data = extension.warm_up_data()
+    assert got["data"] == data
+    config = TransformerConfig(src_vocab_size=1000)
+    sizes = {"d_model", "n_heads", "n_layers", "d_ff", "max_len"}
+    assert data["config"].keys() == config.to_dict().keys()
+    assert {k: v for k, v in data["config"].items() if k not in sizes} == {
+        k: v for k, v in config.to_dict().items() if k not in sizes
+    }
+    assert data["decoding"] == extension.package_numbers("de-en")["decoding"]
     assert (
-        "lacks norm_first" in run_node(static, "-", {"config": lacking})["configError"]
-    )
+        got["steps"] == 9
+    )  # three rounds of a greedy search, a beam search, attention
+    for name in ("worker.js", "model.js"):
+        code = _code(ROOT / "translator" / name)
+        typed = re.findall(
+            r"\b(?:beamSize|alpha|extraLength|eps|layerNormEps)\s*:\s*[\d.]", code
+        )
+        assert not typed, f"{name} types {typed}"
 
 
 def _code(path: Path) -> str:
@@ -427,7 +496,7 @@ def test_js_spellings_are_the_numbers_and_nothing_else():
 def test_the_page_reads_the_packages_numbers():
     """The build writes the package's own numbers for the page, and no JavaScript file
     types them again: the decoding defaults, the extra output length, LayerNorm's ε
-    and the special tokens."""
+    (in the model's config) and the special tokens."""
     from transformer.paper_search import EXTRA_LENGTH
 
     model, tokenizer = load_pair_model("de-en")
@@ -444,11 +513,12 @@ def test_the_page_reads_the_packages_numbers():
         "bos": tokenizer.bos_id,
         "eos": tokenizer.eos_id,
     }
-    assert data["layer_norm_eps"] == model.encoder.layers[0].sublayers[0].norm.eps
+    eps = data["config"]["model"]["layer_norm_eps"]
+    assert eps == model.encoder.layers[0].sublayers[0].norm.eps
     # the numbers themselves, as JavaScript would type them (a beam of 4 is any 4)
     numbers = "|".join(
         re.escape(n)
-        for x in (EXTRA_LENGTH, defaults.alpha, 1e-6)
+        for x in (EXTRA_LENGTH, defaults.alpha, eps)
         for n in _js_spellings(x)
     )
     typed = re.compile(rf"(?<![\w.])({numbers})(?![\w.])|\"<(pad|unk|bos|eos)>\"")

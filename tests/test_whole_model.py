@@ -122,6 +122,8 @@ def test_the_package_takes_the_papers_options_by_default():
         0.0,
     )
     assert c.share_embeddings and c.tie_output and c.tgt_vocab_size is None
+    # and LayerNorm's ε, which the listing types: tensor2tensor's
+    assert c.layer_norm_eps == listing.SublayerConnection(8, 0.1).norm.eps
 
 
 def test_the_same_seed_builds_the_same_weights_under_the_same_names():

@@ -10,6 +10,8 @@
 //   regex: [{pattern, strings}]
 //                            -> per pattern, per string: {search, match, finditer} spans
 //   configKeys: true         -> configKeys: the keys model.js accepts
+//   warmUp: true             -> warmUp: {data: core.js's WARM_UP, steps: how many steps the
+//                               worker's warm-up ran}
 //   score: {settings, references, hypotheses: [[hypothesis]]}
 //                            -> scores: per set {bleu, chrf, sentences}, as printed
 //   words: [sentence]        -> words: [[marked spaCy word]]  (pretokenize)
@@ -71,6 +73,9 @@ async function main() {
   }
   if (request.configKeys) {
     answer.configKeys = core.CONFIG_KEYS;
+  }
+  if (request.warmUp) {
+    answer.warmUp = { data: core.WARM_UP, steps: [...core.warmUp()].length };
   }
   if (request.config) {
     answer.configError = configError(request.config);
@@ -222,7 +227,7 @@ function configError(config) {
     for (const [name, shape] of core.Transformer.tensorShapes(config)) {
       tensors.set(name, { shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
     }
-    new core.Transformer(config, tensors, { layerNormEps: 1e-6 });
+    new core.Transformer(config, tensors);
     return null;
   } catch (error) {
     return error.message;

@@ -2,7 +2,7 @@
 """The model's hyperparameters: a frozen, validated dataclass (Table 3)."""
 
 # %% auto #0
-__all__ = ["TransformerConfig"]
+__all__ = ["PAPER_N_LAYERS", "PAPER_BASE", "PAPER_BIG", "TransformerConfig"]
 
 # %% ../chapters/08_model.ipynb #388ebca3
 
@@ -10,37 +10,35 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from transformer.attention_config import PAPER_D_MODEL, PAPER_N_HEADS
+from transformer.layer_config import PAPER_D_FF, PAPER_DROPOUT, LayerConfig
+
+# The paper's stacks: N = 6 identical layers each (Section 3.1, Table 3).
+PAPER_N_LAYERS = 6
+# Table 3's base and big models: N, d_model, h, d_ff and P_drop.
+PAPER_BASE = dict(
+    n_layers=PAPER_N_LAYERS,
+    d_model=PAPER_D_MODEL,
+    n_heads=PAPER_N_HEADS,
+    d_ff=PAPER_D_FF,
+    dropout=PAPER_DROPOUT,
+)
+PAPER_BIG = PAPER_BASE | dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
+
 
 @dataclass(frozen=True)
-class TransformerConfig:
-    """Hyperparameters of the encoder-decoder Transformer, by default the
-    paper's base model; tgt_vocab_size=None: one vocabulary for both sides."""
+class TransformerConfig(LayerConfig):
+    """Hyperparameters of the encoder-decoder Transformer: a LayerConfig, the
+    vocabularies, N layers per stack, the positions and the shared weights;
+    tgt_vocab_size=None: one vocabulary for both sides."""
 
     src_vocab_size: int
     tgt_vocab_size: int | None = None
-    d_model: int = 512
-    n_heads: int = 8
-    n_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    ffn_dropout: float = 0.0
+    n_layers: int = PAPER_N_LAYERS
     max_len: int = 512
-    norm_first: bool = False
     positional: str = "sinusoidal"
     share_embeddings: bool = True
     tie_output: bool = True
-
-    def __post_init__(self) -> None:
-        # d_k = d_model / h (3.2.2): the heads split the width between them.
-        heads, width = self.n_heads, self.d_model
-        sizes = all(type(n) is int and n > 0 for n in (heads, width))
-        if sizes and width % heads != 0:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads"
-                f" ({self.n_heads}): each head works in d_model / n_heads"
-                " dimensions"
-            )
 
     @property
     def target_vocab_size(self) -> int:
@@ -49,21 +47,15 @@ class TransformerConfig:
             return self.src_vocab_size
         return self.tgt_vocab_size
 
-    @property
-    def d_k(self) -> int:
-        """Width of one head's queries, keys and values."""
-        return self.d_model // self.n_heads
-
     @classmethod
     def base(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
         """The paper's base model (Table 3)."""
-        return cls(src_vocab_size=vocab_size, **overrides)
+        return cls(src_vocab_size=vocab_size, **(PAPER_BASE | overrides))
 
     @classmethod
     def big(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":
         """The paper's big model (Table 3)."""
-        fields = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
-        return cls(src_vocab_size=vocab_size, **(fields | overrides))
+        return cls(src_vocab_size=vocab_size, **(PAPER_BIG | overrides))
 
     @classmethod
     def small(cls, vocab_size: int, **overrides: Any) -> "TransformerConfig":

@@ -5,6 +5,8 @@ line: each bad field is a ValueError that names it."""
 # %% auto #0
 __all__ = [
     "POSITIONAL_KINDS",
+    "RATES",
+    "ADDED_FIELDS",
     "check_sizes",
     "check_config",
     "check_record",
@@ -14,23 +16,24 @@ __all__ = [
 # %% ../chapters/a02_model_engineering.ipynb #821aca7f
 
 import dataclasses
+import math
+import typing
 from typing import Any
 
 from transformer.config import TransformerConfig
+from transformer.layer_config import TENSOR2TENSOR_LAYER_NORM_EPS
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
+RATES = ("dropout", "attention_dropout", "ffn_dropout")
 
 
 def check_sizes(c: Any) -> None:
-    """Sizes are positive integers, and the heads split the width."""
-    sizes = ["src_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"]
-    sizes += (
-        ["max_len"]
-        if c.tgt_vocab_size is None
-        else ["max_len", "tgt_vocab_size"]
-    )
-    for name in sizes:
+    """The integer fields are positive integers (one that may be None, when
+    set), and the heads split the width."""
+    for name, kind in typing.get_type_hints(type(c)).items():
         value = getattr(c, name)
+        if kind not in (int, int | None) or value is None:
+            continue
         # bool is a subclass of int: True is not a size.
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(
@@ -48,7 +51,7 @@ def check_sizes(c: Any) -> None:
 def check_config(c: Any) -> None:
     """A ValueError, naming the field, if config c cannot build a model."""
     check_sizes(c)
-    for name in ("dropout", "attention_dropout", "ffn_dropout"):
+    for name in RATES:
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(
@@ -56,11 +59,16 @@ def check_config(c: Any) -> None:
             )
         if not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    for name in ("norm_first", "share_embeddings", "tie_output"):
-        if not isinstance(getattr(c, name), bool):
-            raise ValueError(
-                f"{name} must be True or False, got {getattr(c, name)!r}"
-            )
+    eps = c.layer_norm_eps
+    number = isinstance(eps, int | float) and not isinstance(eps, bool)
+    if not (number and 0 < eps and math.isfinite(eps)):
+        raise ValueError(
+            f"layer_norm_eps must be a positive number, got {eps!r}"
+        )
+    for name, kind in typing.get_type_hints(type(c)).items():
+        value = getattr(c, name)
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
     if c.positional not in POSITIONAL_KINDS:
         raise ValueError(
             "positional must be one of"
@@ -86,6 +94,11 @@ def check_config(c: Any) -> None:
 
 
 # %% ../chapters/a02_model_engineering.ipynb #dae4428f
+# Fields added to TransformerConfig after models were saved without them, and
+# the value those models were built with (not the default, which may change).
+ADDED_FIELDS = {"layer_norm_eps": TENSOR2TENSOR_LAYER_NORM_EPS}
+
+
 def check_record(record: dict[str, Any], cls: type) -> None:
     """A saved config lists every field of dataclass cls, and nothing else.
 
@@ -109,8 +122,10 @@ def check_record(record: dict[str, Any], cls: type) -> None:
 
 
 def config_from_dict(record: dict[str, Any]) -> TransformerConfig:
-    """A config saved by to_dict, rebuilt: every field required, every value
-    checked."""
+    """A config saved by to_dict, rebuilt: every field required but those of
+    ADDED_FIELDS, which read as the value of the models saved before them;
+    every value checked."""
+    record = ADDED_FIELDS | record
     check_record(record, TransformerConfig)
     config = TransformerConfig(**record)
     check_config(config)

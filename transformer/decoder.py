@@ -8,42 +8,22 @@ __all__ = ["DecoderLayer", "Decoder"]
 
 from torch import Tensor, nn
 
+from transformer.layer_config import LayerConfig
 from transformer.multihead import MultiHeadAttention
-from transformer.sublayers import (
-    LAYER_NORM_EPS,
-    PositionwiseFeedForward,
-    SublayerConnection,
-)
+from transformer.sublayers import PositionwiseFeedForward, SublayerConnection
 
 
 # %% ../chapters/07_decoder.ipynb #c20cf228
 class DecoderLayer(nn.Module):
     """Self-attention, encoder-decoder attention and a feed-forward network."""
 
-    def __init__(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float,
-        attention_dropout: float = 0.0,
-        ffn_dropout: float = 0.0,
-        norm_first: bool = False,
-    ) -> None:
+    def __init__(self, config: LayerConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=attention_dropout
-        )
-        self.cross_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=attention_dropout
-        )
-        self.feed_forward = PositionwiseFeedForward(
-            d_model, d_ff, dropout=ffn_dropout
-        )
+        self.self_attn = MultiHeadAttention(config)
+        self.cross_attn = MultiHeadAttention(config)
+        self.feed_forward = PositionwiseFeedForward(config)
         self.sublayers = nn.ModuleList(
-            SublayerConnection(d_model, dropout=dropout, norm_first=norm_first)
-            for _ in range(3)
+            SublayerConnection(config) for _ in range(3)
         )
 
     def forward(
@@ -82,32 +62,14 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     """N decoder layers, each attending to the same memory (Section 3.1)."""
 
-    def __init__(
-        self,
-        *,
-        n_layers: int,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float,
-        attention_dropout: float = 0.0,
-        ffn_dropout: float = 0.0,
-        norm_first: bool = False,
-    ) -> None:
+    def __init__(self, config: LayerConfig, n_layers: int) -> None:
         super().__init__()
-        layer = dict(
-            d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout
-        )
-        layer |= dict(
-            attention_dropout=attention_dropout, ffn_dropout=ffn_dropout
-        )
-        layer |= dict(norm_first=norm_first)
         self.layers = nn.ModuleList(
-            DecoderLayer(**layer) for _ in range(n_layers)
+            DecoderLayer(config) for _ in range(n_layers)
         )
         self.final_norm = (
-            nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
-            if norm_first
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            if config.norm_first
             else nn.Identity()
         )
 

@@ -5,6 +5,7 @@ the smoothed target to the model's distribution, padding ignored."""
 # %% auto #0
 __all__ = [
     "REDUCTIONS",
+    "PAPER_LABEL_SMOOTHING",
     "LABEL_SMOOTHING",
     "smoothed_target_entropy",
     "check_log_probs",
@@ -19,7 +20,9 @@ import torch
 from torch import Tensor, nn
 
 REDUCTIONS = ("mean", "sum", "none")
-LABEL_SMOOTHING = 0.1  # "of value ε_ls = 0.1" (Section 5.4)
+# The paper's: "label smoothing of value ε_ls = 0.1" (Section 5.4).
+PAPER_LABEL_SMOOTHING = 0.1
+LABEL_SMOOTHING = PAPER_LABEL_SMOOTHING  # the package's default
 
 
 def smoothed_target_entropy(smoothing: float, vocab_size: int) -> float:

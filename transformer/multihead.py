@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.attention import scaled_dot_product_attention
+from transformer.attention_config import AttentionConfig
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
@@ -62,22 +63,20 @@ def attend(
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O (Section 3.2.2)."""
 
-    def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0, bias: bool = True
-    ) -> None:
+    def __init__(self, config: AttentionConfig, bias: bool = True) -> None:
         super().__init__()
-        if n_heads <= 0 or d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model ({d_model}) must be a multiple of"
-                f" n_heads ({n_heads})"
-            )
-        self.d_model, self.n_heads = d_model, n_heads
-        self.d_k = d_model // n_heads
+        d_model = config.d_model
+        self.d_model, self.n_heads, self.d_k = (
+            d_model,
+            config.n_heads,
+            config.d_k,
+        )
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
-        self.attn_dropout = nn.Dropout(dropout)  # on the weights
+        # on the weights
+        self.attn_dropout = nn.Dropout(config.attention_dropout)
 
     def forward(
         self,

@@ -6,6 +6,7 @@ equation (3)."""
 __all__ = [
     "ADAM_BETAS",
     "ADAM_EPS",
+    "PAPER_WARMUP_STEPS",
     "WARMUP_STEPS",
     "noam_lr",
     "noam_schedule",
@@ -18,9 +19,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+# The paper's (Section 5.3): "β1 = 0.9, β2 = 0.98 and ε = 10^-9",
+# "warmup_steps = 4000".
 ADAM_BETAS = (0.9, 0.98)
 ADAM_EPS = 1e-9
-WARMUP_STEPS = 4000  # "warmup_steps = 4000" (Section 5.3)
+PAPER_WARMUP_STEPS = 4000
+WARMUP_STEPS = PAPER_WARMUP_STEPS  # the package's default
 
 
 def noam_lr(

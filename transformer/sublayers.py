@@ -4,26 +4,28 @@ connection with layer normalisation around every sublayer (Sections 3.1, 5.4)
 of Vaswani et al. (2017)."""
 
 # %% auto #0
-__all__ = ["LAYER_NORM_EPS", "PositionwiseFeedForward", "SublayerConnection"]
+__all__ = ["PositionwiseFeedForward", "SublayerConnection"]
 
-# %% ../chapters/05_sublayers.ipynb #0143ffef
+# %% ../chapters/05_sublayers.ipynb #653c7924
 
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from transformer.layer_config import LayerConfig
+
 
 class PositionwiseFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, the same two linear maps at every
     position (3.3)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+    def __init__(self, config: LayerConfig) -> None:
         super().__init__()
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
+        self.w_1 = nn.Linear(config.d_model, config.d_ff)
+        self.w_2 = nn.Linear(config.d_ff, config.d_model)
         # Dropout on the hidden units is not in the paper (0 = off).
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.ffn_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """Shapes: x (..., d_model) -> (..., d_model), through (..., d_ff)."""
@@ -31,21 +33,16 @@ class PositionwiseFeedForward(nn.Module):
 
 
 # %% ../chapters/05_sublayers.ipynb #ec9fac66
-LAYER_NORM_EPS = 1e-6  # ε as in tensor2tensor; PyTorch's default is 1e-5
-
-
 class SublayerConnection(nn.Module):
     """Residual connection, dropout and layer normalisation around one
     sublayer: LayerNorm(x + Dropout(Sublayer(x))), the paper's post-norm, or
     with norm_first, pre-norm x + Dropout(Sublayer(LayerNorm(x)))."""
 
-    def __init__(
-        self, d_model: int, dropout: float, norm_first: bool = False
-    ) -> None:
+    def __init__(self, config: LayerConfig) -> None:
         super().__init__()
-        self.norm_first = norm_first
-        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
-        self.dropout = nn.Dropout(dropout)
+        self.norm_first = config.norm_first
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self, x: Tensor, sublayer: Callable[[Tensor], Tensor]

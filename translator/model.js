@@ -12,9 +12,9 @@
 // decoder runs N rows at once: N = 1 for greedy decoding, K beams for beam search, all
 // reading the same memory.
 
-// The keys of a model's configuration (config.json's "model") that this code knows: the
-// fields of the package's TransformerConfig, which a test holds equal to this list. The
-// dropout rates do nothing at inference.
+// The keys of a model's configuration (config.json's "model", every field as the package
+// reads it) that this code knows: the fields of the package's TransformerConfig, which a
+// test holds equal to this list. The dropout rates do nothing at inference.
 const CONFIG_KEYS = [
   "src_vocab_size",
   "tgt_vocab_size",
@@ -27,6 +27,7 @@ const CONFIG_KEYS = [
   "ffn_dropout",
   "max_len",
   "norm_first",
+  "layer_norm_eps",
   "positional",
   "share_embeddings",
   "tie_output",
@@ -47,6 +48,9 @@ function checkConfig(config) {
   }
   if (!["sinusoidal", "learned"].includes(config.positional)) {
     throw new Error(`positional is ${config.positional}: sinusoidal or learned expected`);
+  }
+  if (!(config.layer_norm_eps > 0 && Number.isFinite(config.layer_norm_eps))) {
+    throw new Error(`layer_norm_eps must be a positive number, got ${config.layer_norm_eps}`);
   }
 }
 
@@ -100,15 +104,9 @@ class Transformer {
     return shapes;
   }
 
-  /**
-   * config: config.json's "model"; tensors: readSafetensors' Map; layerNormEps: the ε of
-   * the package's LayerNorm layers (the build reads it from the model's modules).
-   */
-  constructor(config, tensors, { layerNormEps }) {
+  /** config: config.json's "model", every field; tensors: readSafetensors' Map. */
+  constructor(config, tensors) {
     checkConfig(config);
-    if (!(layerNormEps > 0)) {
-      throw new Error(`layerNormEps must be a positive number, got ${layerNormEps}`);
-    }
     // The weights must be those of this config, as the package checks them.
     for (const [name, shape] of Transformer.tensorShapes(config)) {
       if (!tensors.has(name)) {
@@ -132,7 +130,7 @@ class Transformer {
     const norm = (name) => ({
       weight: get(`${name}.weight`),
       bias: get(`${name}.bias`),
-      eps: layerNormEps,
+      eps: config.layer_norm_eps,
     });
     const attention = (name) => ({
       q: linearLayer(`${name}.w_q`),

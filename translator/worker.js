@@ -1,7 +1,7 @@
 "use strict";
 /* global Tokenizer, Transformer, SacreBleu, readSafetensors, translate, greedyDecode,
    beamSearch, prepareSources, sentencesNamed, finish, lengthPenalty, fromBase64,
-   loadPairScripts */
+   loadPairScripts, WARM_UP */
 /* exported LanguagePair, serve, Cancelled */
 
 // The page's computing side: one language pair's tokenizer and model, loaded from the
@@ -14,9 +14,9 @@ class LanguagePair {
   /**
    * data: what the build wrote for one pair (_ext/translator.py): {pair, names, example,
    * config (the checkpoint's config.json), tokenizer (its tokenizer.json), spacy and
-   * target_spacy (the source and target languages' rules), special_ids, layer_norm_eps
-   * and decoding (the package's defaults and extra output length)}; weights: the bytes of
-   * its safetensors files.
+   * target_spacy (the source and target languages' rules), special_ids and decoding (the
+   * package's defaults and extra output length)}; weights: the bytes of its safetensors
+   * files.
    */
   constructor(data, weights) {
     this.pair = data.pair;
@@ -34,7 +34,7 @@ class LanguagePair {
         tensors.set(name, tensor);
       }
     }
-    this.model = new Transformer(data.config.model, tensors, { layerNormEps: data.layer_norm_eps });
+    this.model = new Transformer(data.config.model, tensors);
   }
 
   /** What the page needs to know of the pair, once its model is loaded. */
@@ -179,25 +179,10 @@ function scoreTranslations({ hypotheses, references, settings }) {
  * real weights: a cold first translation takes about twice as long as the next. The
  * vocabulary is large enough that the loops over V get compiled too. A generator: each
  * step is one decoding, so that a message from the page can stop it between two. Its
- * numbers are those of no real model.
+ * sizes and weights are those of no real model; the rest of its config (LayerNorm's ε
+ * among them) and its search are the package's, which the build writes into WARM_UP.
  */
-function* warmUp() {
-  const config = {
-    src_vocab_size: 1000,
-    tgt_vocab_size: null,
-    d_model: 32,
-    n_heads: 2,
-    n_layers: 2,
-    d_ff: 64,
-    dropout: 0,
-    attention_dropout: 0,
-    ffn_dropout: 0,
-    max_len: 32,
-    norm_first: false,
-    positional: "sinusoidal",
-    share_embeddings: true,
-    tie_output: true,
-  };
+function* warmUp({ config, decoding } = WARM_UP) {
   let seed = 1;
   const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647 - 0.5;
   const tensors = new Map();
@@ -205,10 +190,14 @@ function* warmUp() {
     const data = new Float32Array(shape.reduce((a, b) => a * b, 1)).map(random);
     tensors.set(name, { shape, data });
   }
-  const model = new Transformer(config, tensors, { layerNormEps: 1e-5 });
+  const model = new Transformer(config, tensors);
   const ids = { bosId: 2, eosId: 3, padId: 0 };
   const source = [4, 5, 6, 7, 8, 9, 10, 3];
-  const options = { extraLength: 16, beamSize: 4, alpha: 0.5 };
+  const options = {
+    beamSize: decoding.beam_size,
+    alpha: decoding.alpha,
+    extraLength: decoding.extra_length,
+  };
   for (let i = 0; i < 3; i++) {
     yield finish(greedyDecode(model, source, ids, { ...options, record: {} }));
     yield finish(beamSearch(model, source, ids, { ...options, record: {} }));
