@@ -130,3 +130,26 @@ def test_attend_rows_is_scaled_dot_product_attention():
     )
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(attend_rows(scaled, k, v), plain, atol=1e-6, rtol=0)
+
+
+def test_a_quantised_feed_forward_network_is_called_as_it_is():
+    """PyTorch's dynamic int8 quantisation of the feed-forward layers (the decoding bench's
+    package-int8): their modules hold no float weight to lay out, so the step calls them."""
+    model = tiny_model()
+    feed_forward = {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and ".feed_forward." in name
+    }
+    model = torch.ao.quantization.quantize_dynamic(
+        model, feed_forward, dtype=torch.qint8
+    )
+    src = sources()
+    src_mask = padding_mask(src, PAD)
+    token = torch.randint(3, 23, (n, 1), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        memory = model.encode(src, src_mask)
+        ours = BatchCache(model, memory, src_mask, beams=1, length=2).step(token)
+        chapter = DecoderCache.empty(len(model.decoder.layers))
+        theirs = decode_step(model, token, memory, src_mask, chapter)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)

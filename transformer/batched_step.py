@@ -29,14 +29,18 @@ from torch import Tensor, nn
 from transformer.model import Transformer
 from transformer.multihead import project
 
-Weight = tuple[Tensor, Tensor | None]  # a linear map's (in, out) weight, bias
+# A linear map's weight (in, out) and bias, or a module that is not a plain
+# nn.Linear (a quantised one, say), called as it is.
+Weight = tuple[Tensor, Tensor | None] | nn.Module
 
 
-def transposed(*linears: nn.Linear, scale: float = 1.0) -> Weight:
+def transposed(*linears: nn.Module, scale: float = 1.0) -> Weight:
     """The linear maps' weights stacked and transposed, (in, Σ out), and their
     biases, the first map's times `scale`: x @ W + b computes them all in one
-    product."""
+    product. One map that is not an nn.Linear is kept as it is."""
     first, *rest = linears
+    if type(first) is not nn.Linear and not rest and scale == 1.0:
+        return first
     weights = [first.weight * scale] + [linear.weight for linear in rest]
     weight = torch.cat(weights).t().contiguous()
     if first.bias is None:
@@ -46,6 +50,8 @@ def transposed(*linears: nn.Linear, scale: float = 1.0) -> Weight:
 
 def linear(x: Tensor, weight: Weight) -> Tensor:
     """x @ W + b: x (N, in) -> (N, out)."""
+    if isinstance(weight, nn.Module):
+        return weight(x)
     w, b = weight
     return x @ w if b is None else torch.addmm(b, x, w)
 
