@@ -324,15 +324,21 @@ except ValueError as err:
 # - **Attention as two batched products.** With one query per row, the scores $q K^\top$ and
 #   the weighted sum of the values are two small `bmm`s, with the source mask added as a bias
 #   of $0$ or $-\infty$; the fused attention kernel costs more to set up than it saves here.
-# - **Weights laid out once per model.** The self-attention's $W^Q$, $W^K$ and $W^V$ are
-#   stacked into one product, and the output layer's $d_\text{model} \times V$ weight is stored
-#   transposed, a layout that Intel MKL multiplies faster when a batch has few rows; both are
-#   made once and kept with the model until one of its weights changes.
+# - **Weights laid out once per model.** Every linear map's weight is stored transposed,
+#   $(d_\text{in}, d_\text{out})$, a layout that PyTorch's CPU matrix library (Intel MKL)
+#   multiplies faster at a step's few rows, the output layer's $d_\text{model} \times V$ above
+#   all; the self-attention's $W^Q$, $W^K$ and $W^V$ are stacked into one product; and both
+#   attentions' $W^Q$ and $b^Q$ come multiplied by $1/\sqrt{d_k}$, which saves scaling the
+#   scores at every step. They are made once and kept with the model until one of its weights
+#   changes.
+# - **Functions, not modules.** The residual connections and layer normalisations are called
+#   as functions, without the dropout that inference turns off: each module call costs Python
+#   time that a step with one new position per row cannot hide.
 #
-# The rest is the chapters' code: the embedding and positional encoding, the residual
-# connections and layer normalisations, the feed-forward networks and the attention's output
-# projections. A test holds `BatchCache.step` equal to the chapter's `decode_step`, up to
-# rounding, with beams reordered and sentences dropped (`tests/test_batched_search.py`).
+# The rest is the chapters' code: the embedding, the positional encoding and the layer
+# normalisations' weights. A test holds `BatchCache.step` equal to the chapter's `decode_step`,
+# up to rounding, for post-norm and pre-norm layers, with beams reordered and sentences dropped
+# (`tests/test_batched_search.py`).
 
 # %%
 #| export batched_step
