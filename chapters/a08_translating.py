@@ -19,10 +19,11 @@
 # The [decoding chapter](14_decoding.ipynb) searches for the translation of one sentence. This
 # appendix builds what a user of the package calls on top of it, and what the command line's
 # `translate` and `evaluate` run: the options of a search, the checks and limits that every
-# search starts with, the chapter's two searches run over a batch of sentences at once (with a
-# forced start, if asked for), `load_pair_model`, which loads a shipped model, `translate`,
-# which takes sentences and returns their translations, and the translation of a whole
-# Multi30k split. It exports `transformer.decode_options`, `transformer.search_setup`,
+# search starts with, a faster decoding step for a batch of sentences, the chapter's two
+# searches run over a batch at once (with a forced start, if asked for), `load_pair_model`,
+# which loads a shipped model, `translate`, which takes sentences and returns their
+# translations, and the translation of a whole Multi30k split. It exports
+# `transformer.decode_options`, `transformer.search_setup`, `transformer.batched_step`,
 # `transformer.batched_search`, `transformer.translation` and `transformer.split_translation`.
 
 # %% tags=["colab-setup", "hide-input"]
@@ -300,6 +301,316 @@ except ValueError as err:
     print(err)
 
 # %% [markdown]
+# ## A decoding step for a batch
+#
+# The decoding chapter's `decode_step` runs the decoder on each row's newest token, with the
+# earlier positions' keys and values in a `DecoderCache`. It is written to be read: every step
+# concatenates each layer's new keys and values to its cache, copies the whole cache to reorder
+# the beams, and attends to a copy of the memory per beam. `BatchCache` computes the same step
+# with less work, each change for one reason:
+#
+# - **One buffer, written in place.** The keys and values of every layer live in one tensor
+#   allocated once per batch, $(n_\text{layers}, 2, N, H, L, d_k)$ for $N$ rows and the batch's
+#   longest output $L$, and a step writes position $t$ into it: concatenating copies every
+#   earlier position at every step.
+# - **One reorder for all layers.** Moving beams to their parents' rows, or dropping the rows of
+#   finished sentences, is one `index_select` of the positions written so far into a second
+#   buffer, which then takes the first one's place: one copy, instead of an indexing and a
+#   concatenation per tensor.
+# - **The memory once per sentence.** The $K$ beams of a sentence attend to the same memory, so
+#   its keys and values are projected once, $(n \cdot H, S, d_k)$, and the $K$ beams' queries
+#   are one $(K, d_k)$ block of one batched product: repeating the memory $K$ times makes $K$
+#   times the projections and copies, and it never needs reordering.
+# - **Attention as two batched products.** With one query per row, the scores $q K^\top$ and
+#   the weighted sum of the values are two small `bmm`s, with the source mask added as a bias
+#   of $0$ or $-\infty$; the fused attention kernel costs more to set up than it saves here.
+# - **Weights laid out once per model.** Every linear map's weight is stored transposed,
+#   $(d_\text{in}, d_\text{out})$, a layout that PyTorch's CPU matrix library (Intel MKL)
+#   multiplies faster at a step's few rows, the output layer's $d_\text{model} \times V$ above
+#   all; the self-attention's $W^Q$, $W^K$ and $W^V$ are stacked into one product; and both
+#   attentions' $W^Q$ and $b^Q$ come multiplied by $1/\sqrt{d_k}$, which saves scaling the
+#   scores at every step. They are made once and kept with the model until one of its weights
+#   changes.
+# - **Functions, not modules.** The residual connections and layer normalisations are called
+#   as functions, without the dropout that inference turns off: each module call costs Python
+#   time that a step with one new position per row cannot hide.
+#
+# The rest is the chapters' code: the embedding, the positional encoding and the layer
+# normalisations' weights. A test holds `BatchCache.step` equal to the chapter's `decode_step`,
+# up to rounding, for post-norm and pre-norm layers, with beams reordered and sentences dropped
+# (`tests/test_batched_search.py`).
+
+# %%
+#| export batched_step
+"""The decoding step of the batched searches: the decoding chapter's cached
+step, with the keys and values written in place into buffers allocated once
+per batch, the memory's keys and values projected once per sentence, and the
+weights laid out once per model."""
+
+import weakref
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer.model import Transformer
+from transformer.multihead import project
+
+# A linear map's weight (in, out) and bias, or a module that is not a plain
+# nn.Linear (a quantised one, say), called as it is.
+Weight = tuple[Tensor, Tensor | None] | nn.Module
+
+
+def transposed(*linears: nn.Module, scale: float = 1.0) -> Weight:
+    """The linear maps' weights stacked and transposed, (in, Σ out), and their
+    biases, the first map's times `scale`: x @ W + b computes them all in one
+    product. One map that is not an nn.Linear is kept as it is."""
+    first, *rest = linears
+    if type(first) is not nn.Linear and not rest and scale == 1.0:
+        return first
+    weights = [first.weight * scale] + [linear.weight for linear in rest]
+    weight = torch.cat(weights).t().contiguous()
+    if first.bias is None:
+        return weight, None
+    return weight, torch.cat([first.bias * scale] + [x.bias for x in rest])
+
+
+def linear(x: Tensor, weight: Weight) -> Tensor:
+    """x @ W + b: x (N, in) -> (N, out)."""
+    if isinstance(weight, nn.Module):
+        return weight(x)
+    w, b = weight
+    return x @ w if b is None else torch.addmm(b, x, w)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's linear maps, transposed: the self-attention's W^Q,
+    W^K and W^V stacked (d_model, 3·d_model), and its W^O; the encoder-decoder
+    attention's W^Q and W^O; the feed-forward network's two maps. Both W^Q
+    (and b^Q) come multiplied by 1/√d_k, the scale of the scores (Eq. 1). The
+    three layer normalisations are the layer's own."""
+
+    qkv: Weight
+    self_out: Weight
+    cross_q: Weight
+    cross_out: Weight
+    ff_1: Weight
+    ff_2: Weight
+    norms: list[nn.LayerNorm]
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> "LayerWeights":
+        """The weights of a DecoderLayer."""
+        own, cross, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+        scale = own.d_k**-0.5
+        return cls(
+            qkv=transposed(own.w_q, own.w_k, own.w_v, scale=scale),
+            self_out=transposed(own.w_o),
+            cross_q=transposed(cross.w_q, scale=scale),
+            cross_out=transposed(cross.w_o),
+            ff_1=transposed(ff.w_1),
+            ff_2=transposed(ff.w_2),
+            norms=[sublayer.norm for sublayer in layer.sublayers],
+        )
+
+
+@dataclass(frozen=True)
+class StepWeights:
+    """A decoder's weights as the step multiplies by them: each layer's, and
+    the output layer's transposed, (d_model, V)."""
+
+    layers: list[LayerWeights]
+    output: Tensor
+    made_from: tuple[tuple[int, int], ...]  # each source's address, version
+
+
+# Each model's StepWeights, dropped with the model.
+_STEP_WEIGHTS: "weakref.WeakKeyDictionary[nn.Module, StepWeights]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def step_weights(model: Transformer) -> StepWeights:
+    """The step's weights of `model`: made once, and again when one of the
+    weights they come from changes (another tensor, or one written to)."""
+    sources = [*model.decoder.parameters(), model.generator.proj.weight]
+    # A tensor's version counts the writes to it (autograd's in-place check).
+    made_from = tuple((t.data_ptr(), t._version) for t in sources)
+    weights = _STEP_WEIGHTS.get(model)
+    if weights is None or weights.made_from != made_from:
+        with torch.no_grad():
+            layers = [LayerWeights.of(layer) for layer in model.decoder.layers]
+            output = (
+                model.generator.proj.weight.t().contiguous()
+            )  # (d_model, V)
+        weights = StepWeights(layers, output, made_from)
+        _STEP_WEIGHTS[model] = weights
+    return weights
+
+
+def attend_rows(q: Tensor, k: Tensor, v: Tensor, bias=None) -> Tensor:
+    """softmax(q kᵀ + bias) v, as two batched products, for queries q (R, Q,
+    d_k) already scaled by 1/√d_k, keys and values k and v (R, L, d_k), and a
+    bias broadcastable to (R, Q, L): -> (R, Q, d_k)."""
+    if bias is None:
+        scores = torch.bmm(q, k.transpose(1, 2))  # (R, Q, L)
+    else:
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2))
+    return torch.bmm(scores.softmax(dim=-1), v)
+
+
+def _feed_forward(w: LayerWeights, x: Tensor) -> Tensor:
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Section 3.3), x (N, d_model)."""
+    return linear(linear(x, w.ff_1).relu_(), w.ff_2)
+
+
+# %%
+#| export batched_step
+class BatchCache:
+    """The decoder's state for the N rows of a batch, `beams` rows per
+    sentence: every layer's self-attention keys and values, (n_layers, 2, N,
+    H, L, d_k) for up to L positions; every layer's memory keys and values,
+    (n·H, S, d_k), once per sentence."""
+
+    def __init__(self, model, memory, src_mask, *, beams: int, length: int):
+        """memory (n, S, d_model) and src_mask (n, 1, 1, S) of n sentences."""
+        layers = model.decoder.layers
+        n, S, d_model = memory.shape
+        H = layers[0].self_attn.n_heads
+        self.model, self.weights = model, step_weights(model)
+        self.beams, self.heads, self.length = beams, H, 0
+        self.norm_first = model.config.norm_first
+        shape = (len(layers), 2, n * beams, H, length, d_model // H)
+        self.kv, self.spare = memory.new_empty(shape), memory.new_empty(shape)
+        self.memory_kv = []
+        for layer in layers:
+            attn = layer.cross_attn
+            k, v = project(memory, H, attn.w_k, attn.w_v)  # (n, H, S, d_k)
+            self.memory_kv.append((k.flatten(0, 1), v.flatten(0, 1)))
+        # The source mask as scores added: 0 where a query may look, else -inf.
+        bias = torch.zeros(
+            src_mask.shape, dtype=memory.dtype, device=memory.device
+        )
+        bias = bias.masked_fill(~src_mask, -torch.inf).expand(n, H, 1, S)
+        self.memory_bias = bias.flatten(0, 1)  # (n·H, 1, S)
+
+    def step(self, token: Tensor) -> Tensor:
+        """log p(next token) for every row, given its newest token (N, 1), as
+        the decoding chapter's decode_step: -> (N, V)."""
+        model, t = self.model, self.length
+        x = model.tgt_pos(model.tgt_embed(token), start=t)  # (N, 1, d_model)
+        x = x[:, 0]  # (N, d_model)
+        for i, w in enumerate(self.weights.layers):
+            x = self._residual(
+                x, w.norms[0], partial(self._self_attention, i, w)
+            )
+            x = self._residual(
+                x, w.norms[1], partial(self._cross_attention, i, w)
+            )
+            x = self._residual(x, w.norms[2], partial(_feed_forward, w))
+        self.length += 1
+        x = model.decoder.final_norm(x)
+        return torch.log_softmax(self._logits(x), dim=-1)  # (N, V)
+
+    def _logits(self, x: Tensor) -> Tensor:
+        """The output layer's product, before the softmax: (N, V)."""
+        return x @ self.weights.output
+
+    def _residual(self, x: Tensor, norm: nn.LayerNorm, sublayer) -> Tensor:
+        """The chapters' SublayerConnection without dropout, which inference
+        turns off: LayerNorm(x + Sublayer(x)), or x + Sublayer(LayerNorm(x))
+        with norm_first; calling the functions saves the modules' calls."""
+        shape, eps = norm.normalized_shape, norm.eps
+        if self.norm_first:
+            return x + sublayer(
+                F.layer_norm(x, shape, norm.weight, norm.bias, eps)
+            )
+        return F.layer_norm(
+            x + sublayer(x), shape, norm.weight, norm.bias, eps
+        )
+
+    def _self_attention(self, i: int, w: LayerWeights, x: Tensor) -> Tensor:
+        """Layer i's self-attention of the newest positions x (N, d_model)
+        over theirs and the earlier ones."""
+        N, H, t = x.size(0), self.heads, self.length
+        qkv = linear(x, w.qkv).unflatten(1, (3, H, -1))  # (N, 3, H, d_k)
+        q, kv = qkv.split((1, 2), dim=1)
+        self.kv[i, :, :, :, t] = kv.transpose(
+            0, 1
+        )  # position t: (2, N, H, d_k)
+        k, v = self.kv[i, :, :, :, : t + 1].flatten(1, 2)  # (N·H, t + 1, d_k)
+        out = attend_rows(q.reshape(N * H, 1, -1), k, v)  # (N·H, 1, d_k)
+        return linear(out.view(N, -1), w.self_out)
+
+    def _cross_attention(self, i: int, w: LayerWeights, x: Tensor) -> Tensor:
+        """Layer i's encoder-decoder attention: the beams of a sentence query
+        its memory together, as one block of `beams` queries."""
+        N, H, K = x.size(0), self.heads, self.beams
+        q = linear(x, w.cross_q).view(N // K, K, H, -1).transpose(1, 2)
+        k, v = self.memory_kv[i]  # q: (n, H, K, d_k)
+        out = attend_rows(
+            q.flatten(0, 1), k, v, self.memory_bias
+        )  # (n·H, K, d_k)
+        out = out.view(N // K, H, K, -1).transpose(1, 2)  # (n, K, H, d_k)
+        return linear(out.reshape(N, -1), w.cross_out)
+
+    def keep(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep rows `rows` (N',) of the keys and values, in that order: the
+        beams' parents, or the rows of the sentences that stay; `sentences`
+        (n,) booleans, if given, keeps those sentences' memory."""
+        t, N = self.length, rows.numel()
+        spare = self.spare[:, :, :N]
+        torch.index_select(self.kv[..., :t, :], 2, rows, out=spare[..., :t, :])
+        self.kv, self.spare = spare, self.kv
+        if sentences is not None:
+            n = sentences.numel()
+            self.memory_kv = [
+                tuple(
+                    m.unflatten(0, (n, -1))[sentences].flatten(0, 1)
+                    for m in kv
+                )
+                for kv in self.memory_kv
+            ]
+            bias = self.memory_bias.unflatten(0, (n, -1))[sentences]
+            self.memory_bias = bias.flatten(0, 1)
+
+
+# %% [markdown]
+# The tiny model from above, its two sources searched with two beams each: three steps of
+# `BatchCache` and of the chapter's `decode_step`, over the memory repeated for the beams, give
+# the same log-probabilities up to rounding.
+
+# %%
+from transformer.batched_step import BatchCache
+from transformer.kv_cache import DecoderCache, decode_step
+from transformer.masking import padding_mask
+
+with torch.inference_mode():
+    src_mask = padding_mask(src, 0)  # (B, 1, 1, S)
+    memory = tiny.encode(src, src_mask)
+    cache = BatchCache(tiny, memory, src_mask, beams=2, length=3)
+    chapter_cache = DecoderCache.empty(len(tiny.decoder.layers))
+    token = torch.tensor([[1], [1], [1], [1]])  # BOS in each of 2 x 2 rows
+    gap = 0.0
+    for _ in range(3):
+        ours = cache.step(token)  # (4, V)
+        theirs = decode_step(
+            tiny,
+            token,
+            memory.repeat_interleave(2, 0),
+            src_mask.repeat_interleave(2, 0),
+            chapter_cache,
+        )
+        gap = max(gap, (ours - theirs).abs().max().item())
+        token = ours.argmax(-1, keepdim=True)
+print(f"largest difference: {gap:.1e}")
+assert gap < 1e-5
+
+
+# %% [markdown]
 # ## Searching a batch of sentences
 #
 # The decoding chapter's `greedy_decode` and `beam_search` decode one sentence. A computer runs a
@@ -313,9 +624,13 @@ except ValueError as err:
 # - **Top-$K \cdot K$ pruning.** All the extensions of one beam share its $lp$, so only its $K$
 #   most probable tokens can be among the $K$ best: ranking $K \cdot K$ candidates per sentence
 #   selects the beams that ranking $K \cdot V$ would.
+# - **The step.** Each step is one `BatchCache.step` over the rows still going.
 # - **Sentences leave.** A sentence that has ended (greedy), or that no open beam can change
 #   (beam search), leaves the batch with its memory and its cached keys and values, so that the
-#   later steps compute only the sentences still going.
+#   later steps compute only the sentences still going; in beam search, the rows that stay move
+#   to their parents' in the same copy.
+# - **Ended beams counted once.** The best ended hypothesis of each sentence is kept aside, and
+#   only a step in which a beam ends can change it, so the others skip that bookkeeping.
 # - **A forced prefix.** `prefix`, a $(B, P)$ tensor of target ids, makes sentence $b$'s output
 #   start with row $b$'s tokens (padding where the search chooses), as fairseq's `prefix_tokens`
 #   do: at step $t < P$ every other token is ruled out, and the forced tokens' log-probabilities
@@ -323,7 +638,7 @@ except ValueError as err:
 #   [Translate and look inside](16_translate.md) use it.
 #
 # A test holds the translations of both functions identical to the chapter's on the first 200
-# test sentences of each pair (`tests/test_batched_search.py`).
+# test sentences of each pair (`tests/test_decode.py`).
 
 # %%
 #| export batched_search
@@ -337,6 +652,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from transformer.batched_step import BatchCache
 from transformer.decode import (
     Hypothesis,
     forbid_specials,
@@ -344,7 +660,6 @@ from transformer.decode import (
     length_penalty,
 )
 from transformer.decode_options import DecodeOptions
-from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 from transformer.model import Transformer
 from transformer.search_setup import check_search, inference, output_limits
@@ -390,26 +705,30 @@ def batched_greedy_decode(
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
         limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        cache = DecoderCache.empty(len(model.decoder.layers))
+        L = int(limits.max())
+        cache = BatchCache(model, memory, src_mask, beams=1, length=L)
         # Row b: BOS, then sentence b's output, then padding once it has ended.
-        ys = torch.full((B, int(limits.max()) + 1), pad_id, device=device)
+        ys = torch.full((B, L + 1), pad_id, device=device)
         ys[:, 0] = bos_id
         log_prob = torch.zeros(B, device=device)
         going = torch.arange(B, device=device)  # the sentences still going
-        for t in range(int(limits.max())):
-            token = ys[going, t : t + 1]  # (n, 1): each sentence's newest
-            step = decode_step(model, token, memory, src_mask, cache)
-            step = forbid_specials(step, **specials)
+        token = ys[:, :1]  # (n, 1): each sentence's newest
+        for t in range(L):
+            step = forbid_specials(cache.step(token), **specials)
             if prefix is not None:
                 step = force_prefix(step, prefix[going], t, pad_id)
             best, token = step.max(dim=-1)
             ys[going, t + 1] = token  # (n,): the n sentences still going
             log_prob[going] += best
             stays = (token != eos_id) & (t + 1 < limits)  # (n,)
+            token = token[:, None]
             if not stays.all():  # the others leave the batch
-                going, limits = going[stays], limits[stays]
-                memory, src_mask = memory[stays], src_mask[stays]
-                cache.reorder(stays.nonzero()[:, 0])
+                going, limits, token = (
+                    going[stays],
+                    limits[stays],
+                    token[stays],
+                )
+                cache.keep(stays.nonzero()[:, 0], sentences=stays)
                 if going.numel() == 0:
                     break
     return [
@@ -464,14 +783,16 @@ def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
     C = min(K, V)  # a beam's K most probable tokens are its K best candidates
     top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
     # An ended beam has one continuation, padding, which leaves its log p.
-    stay = torch.full((C,), float("-inf"), device=step.device)
-    stay[0] = 0.0
-    top = torch.where(beams.ended[..., None], stay, top)
-    top_tokens = top_tokens.masked_fill(beams.ended[..., None], pad_id)
-    candidate_log_prob = (beams.log_probs[..., None] + top).view(n, K * C)
+    ended = beams.ended[..., None]  # (n, K, 1)
+    top[..., 0].masked_fill_(beams.ended, 0.0)
+    top[..., 1:].masked_fill_(ended, -torch.inf)
+    top_tokens = top_tokens.masked_fill(ended, pad_id)
+    candidate_log_prob = beams.log_probs[..., None] + top  # (n, K, C)
     candidate_length = torch.where(beams.ended, beams.lengths, t + 1)  # (n, K)
-    lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
-    scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
+    lp = length_penalty(candidate_length, alpha)[..., None]  # (n, K, 1)
+    candidate_log_prob = candidate_log_prob.view(n, K * C)
+    scores = (candidate_log_prob.view(n, K, C) / lp).view(n, K * C)
+    scores, best = scores.topk(K, dim=-1)  # (n, K)
     parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
     ended = beams.ended.gather(1, parents) | (tokens == eos_id)
     return BeamStep(
@@ -575,37 +896,82 @@ def batched_beam_search(
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
         limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        cache = DecoderCache.empty(len(model.decoder.layers))
+        L = int(limits.max())
         # The K beams of sentence b are rows b*K ... b*K + K - 1.
-        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
-        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+        cache = BatchCache(model, memory, src_mask, beams=K, length=L)
         ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
         beams = BeamStep.first(B, K, device)
-        kept = Kept.empty(B, int(limits.max()) + 1, pad_id, device)
+        kept = Kept.empty(B, L + 1, pad_id, device)
         first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
-        for t in range(int(limits.max())):
-            step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
-            step = forbid_specials(step.view(len(limits), K, -1), **specials)
+        for t in range(L):
+            step = cache.step(ys[:, -1:]).view(len(limits), K, -1)
+            step = forbid_specials(step, **specials)  # (n, K, V)
             if prefix is not None:
                 step = force_prefix(step, prefix[beams.sentences], t, pad_id)
             beams = _extend(step, beams, t, limits, alpha, eos_id, pad_id)
             # Every beam continues the row of its parent: reorder, then append.
             rows = (first_row[: len(limits)] + beams.parents).view(-1)
             ys = torch.cat([ys[rows], beams.tokens.view(-1, 1)], dim=1)
-            cache.reorder(rows, memory=False)  # within each sentence
-            kept.update(beams, ys)
+            if (beams.tokens == eos_id).any() or (t + 1 >= limits).any():
+                kept.update(beams, ys)  # only a beam that ends here can count
             if on_step is not None:
                 on_step(beams)
             kept_score = kept.score[beams.sentences]
             stays = ~_finished(kept_score, beams, limits, alpha)  # (n,)
-            if not stays.all():  # finished sentences leave, with their K rows
-                beams, limits = beams.select(stays), limits[stays]
-                keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
-                ys, memory, src_mask = ys[keep], memory[keep], src_mask[keep]
-                cache.reorder(keep)
-                if not stays.any():
-                    break
+            if stays.all():
+                cache.keep(rows)
+                continue
+            # Finished sentences leave, with their K rows.
+            beams, limits = beams.select(stays), limits[stays]
+            keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
+            ys = ys[keep]
+            cache.keep(rows[keep], sentences=stays)  # one copy for both
+            if not stays.any():
+                break
     return kept.hypotheses(eos_id=eos_id, pad_id=pad_id)
+
+
+# %% [markdown]
+# ## Where the time goes
+#
+# `python -m experiments.decode_bench --profile` runs PyTorch's profiler over the package's
+# decoding of the first 96 test sentences, 32 at a time, on the same two CPU threads as the
+# speed table in [Deploying with CTranslate2](a09_ctranslate2.ipynb), and sorts the time of
+# every operation into groups: the output layer's product, the stacks' projections and
+# feed-forward networks, attention, the copies of keys and values (concatenated, reordered or
+# gathered), layer normalisation, the log-softmax over the vocabulary, top-$k$ and maximum, the
+# many other small operations, and "Python", the time between operations. The stored results of
+# the searches on the decoding chapter's step (`decode-cpu-before.json`) and on `BatchCache`
+# (`decode-cpu.json`), in milliseconds: each group's share of the profiled time, times the time
+# that the same decoding takes without the profiler.
+
+# %% tags=["hide-input"]
+import json
+
+import pandas as pd
+
+from transformer.paths import HOME
+
+benchmarks = HOME / "experiments" / "benchmarks"
+runs = {
+    when: json.loads((benchmarks / name).read_text())
+    for when, name in [
+        ("before", "decode-cpu-before.json"),
+        ("after", "decode-cpu.json"),
+    ]
+}
+profile = pd.DataFrame(
+    {
+        (decoding, when): pd.Series(run["profile"][decoding])
+        * (1000 * run["profile_seconds"][decoding])
+        for decoding in runs["after"]["profile"]
+        for when, run in runs.items()
+    }
+).fillna(0.0)
+profile.loc["total"] = profile.sum()
+assert {run["machine"] for run in runs.values()} == {runs["after"]["machine"]}
+print(f"{runs['after']['machine']}, {runs['after']['threads']} threads; ms")
+profile.round(0).astype(int)
 
 
 # %% [markdown]
@@ -991,6 +1357,9 @@ print(few.sources[0], "->", few.hypotheses[0])
 # - A search's options are checked once, when they are made; every search checks its token ids
 #   in one line, limits each output to its source length + 50 tokens and the model's positions,
 #   and runs without gradients or dropout.
+# - `BatchCache` computes the decoding chapter's step for a batch with less work: keys and
+#   values written in place and reordered in one copy, the memory's projected once per
+#   sentence, attention as two batched products, the weights laid out once per model.
 # - The batched searches give the decoding chapter's results a batch at a time, the finished
 #   sentences leaving the batch; a forced prefix starts every output with given tokens.
 # - `translate` turns sentences into translations: normalised, tokenised, cut to the model's

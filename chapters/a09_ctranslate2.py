@@ -497,11 +497,13 @@ assert not (scratch / "pre-norm").exists()
 # %% [markdown]
 # ## Speed
 #
-# The package's decoder is written to be read; CTranslate2 runs the same weights as fused C++
-# kernels. `python -m experiments.decode_bench` times both on one machine with the same two threads,
-# decoding already tokenised test sentences 32 at a time, or one at a time as a user translating
-# a sentence would, and the engine with 8-bit integer weights too. The table and chart read its
-# stored results ("same": how many translations are identical to the package's).
+# CTranslate2 runs the same weights as fused C++ kernels; the package runs the batched searches
+# of [Translating text](a08_translating.ipynb) in PyTorch. `python -m experiments.decode_bench`
+# times both on one machine with the same two threads, side by side in one run, decoding already
+# tokenised test sentences 32 at a time, or one at a time as a user translating a sentence
+# would, and the engine with 8-bit integer weights too. The table and chart read its stored
+# results ("same": how many translations are identical to the package's; "× CT2 before": the
+# same run on the searches before their faster decoding step, `decode-cpu-before.json`).
 
 # %% tags=["hide-input"]
 import altair as alt
@@ -513,17 +515,33 @@ from transformer.plots import use_book_renderer
 use_book_renderer()
 benchmarks = HOME / "experiments" / "benchmarks"
 bench = json.loads((benchmarks / "decode-cpu.json").read_text())
-rows = [r for r in bench["rows"] if r["engine"] != "package-int8"]
-speed = pd.DataFrame(rows).rename(
-    columns={"batch_size": "batch", "sentences_per_s": "sentences/s",
-             "ratio": "× CT2", "same_as_package": "same", "bleu": "BLEU"}
-)  # fmt: skip
+before = json.loads((benchmarks / "decode-cpu-before.json").read_text())
+assert before["machine"] == bench["machine"]
+key = ["decoding", "batch", "engine"]
+speed, earlier = (
+    pd.DataFrame(
+        [r for r in run["rows"] if r["engine"] != "package-int8"]
+    ).rename(
+        columns={"batch_size": "batch", "sentences_per_s": "sentences/s",
+                 "ratio": "× CT2", "same_as_package": "same", "bleu": "BLEU"}
+    )  # fmt: skip
+    for run in (bench, before)
+)
+speed = speed.merge(
+    earlier[[*key, "× CT2"]].rename(columns={"× CT2": "× CT2 before"}), on=key
+)
 print(
     f"{bench['machine']}, {bench['threads']} threads, torch {bench['torch']}"
 )
-speed.set_index(["decoding", "batch", "engine"])[
-    ["sentences/s", "× CT2", "same", "BLEU"]
-].round({"sentences/s": 1, "× CT2": 2, "BLEU": 2})
+package = speed[speed.engine == "package"].set_index(["batch", "decoding"])
+for (batch, decoding), row in package.iterrows():
+    print(
+        f"batch {batch}, {decoding}: package at {row['× CT2']:.2f}× the"
+        f" engine's speed, {row['× CT2 before']:.2f}× before"
+    )
+speed.set_index(key)[
+    ["sentences/s", "× CT2", "× CT2 before", "same", "BLEU"]
+].round({"sentences/s": 1, "× CT2": 2, "× CT2 before": 2, "BLEU": 2})
 
 # %% [markdown]
 # What to see: with 32 sentences at a time, the package decodes at a little under half the

@@ -14,7 +14,11 @@ translations. The JSON written to OUT (atomically) names the machine; the table 
 each variant's speed relative to CTranslate2 float32 (--baseline) with the same decoding and
 batch size.
 With --profile, torch.profiler also splits the package's decoding time into groups of
-operations (the output layer, the stacks' linear layers, attention, bookkeeping, Python).
+operations (the output layer, the stacks' projections and feed-forward networks, attention,
+the copies of keys and values, layer normalisation, log-softmax, top-k, other operations and
+Python), stored with the unprofiled seconds of the same decoding. The appendix "Translating
+text" compares it with experiments/benchmarks/decode-cpu-before.json, the same command run on
+the searches before their faster decoding step.
 
 On a GPU, the float engines can also run in half precision, each against the engine's own:
 
@@ -152,21 +156,36 @@ def measure(decoders: dict, sources, batch_size: int, beam: int, repeats: int):
     return {engine: (seconds[engine], outputs[engine]) for engine in decoders}
 
 
+# Where a decoding step's time goes, by the operations that torch.profiler records
+# (their own time, without the operations they call); anything else is "other operations".
 GROUPS = {
-    "aten::mm": "output layer",  # the stacks' linear layers have biases: aten::addmm
-    "aten::addmm": "linear layers of the stacks",
+    # the output layer has no bias: a plain product; the stacks' layers have biases
+    "aten::mm": "output layer",
+    "aten::addmm": "projections and feed-forward",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
-    "aten::_log_softmax": "log-softmax, top-k and max",
-    "aten::topk": "log-softmax, top-k and max",
-    "aten::max": "log-softmax, top-k and max",
+    "aten::bmm": "attention",
+    "aten::baddbmm": "attention",
+    "aten::_softmax": "attention",
+    # the keys and values copied: concatenated to the cache, reordered, gathered
+    "aten::cat": "cache: concatenation and reordering",
+    "aten::index": "cache: concatenation and reordering",
+    "aten::index_select": "cache: concatenation and reordering",
+    "aten::copy_": "cache: concatenation and reordering",
+    "aten::native_layer_norm": "layer normalisation",
+    "aten::_log_softmax": "log-softmax",
+    "aten::topk": "top-k and max",
+    "aten::max": "top-k and max",
 }
 
 
-def profile_shares(decode, sources: list[list[int]], beam: int) -> dict[str, float]:
+def profile_shares(
+    decode, sources: list[list[int]], beam: int
+) -> tuple[dict[str, float], float]:
     """The share of the time of decoding `sources` (batches of 32) spent in each group of
-    operations, by torch.profiler. "Python" is what the operations leave of the time that the
-    same decoding takes without the profiler; the many small operations ("other") carry most
-    of PyTorch's cost per call."""
+    operations, by torch.profiler, and the seconds that decoding takes unprofiled (the
+    fastest of 3). "Python" is what the operations leave of the profiled time: the
+    interpreter and PyTorch's dispatch between operations; the many small operations
+    ("other operations") carry the rest of PyTorch's cost per call."""
     from torch.profiler import ProfilerActivity, profile
 
     batches = [
@@ -178,17 +197,19 @@ def profile_shares(decode, sources: list[list[int]], beam: int) -> dict[str, flo
         start = time.perf_counter()
         for batch in batches:
             decode(batch, beam)
-        wall.append((time.perf_counter() - start) * 1e6)  # µs, as the profiler counts
+        wall.append(time.perf_counter() - start)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
         for batch in batches:
             decode(batch, beam)
+        profiled = (time.perf_counter() - start) * 1e6  # µs, as the profiler counts
     spent: dict[str, float] = {}
     for event in prof.key_averages():
         name = GROUPS.get(event.key, "other operations")
         spent[name] = spent.get(name, 0.0) + event.self_cpu_time_total
-    total = max(min(wall), sum(spent.values()))
+    total = max(profiled, sum(spent.values()))
     spent["Python"] = total - sum(spent.values())
-    return {name: time / total for name, time in spent.items()}
+    return {name: time / total for name, time in spent.items()}, min(wall)
 
 
 def engine_decoders(
@@ -379,10 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.profile:
         decode = package_decoder(model, tok)
-        result["profile"] = {
+        shares = {
             decoding: profile_shares(decode, sources[:96], beam)
             for decoding, beam in DECODINGS.items()
         }
+        result["profile"] = {d: share for d, (share, _) in shares.items()}
+        result["profile_seconds"] = {d: s for d, (_, s) in shares.items()}
     publish(result, table(result), args.out)
     return 0
 

@@ -23,7 +23,6 @@ The JSON written to OUT (atomically) names the machine; a table is printed.
 """
 
 import argparse
-import copy
 import json
 import os
 import re
@@ -34,10 +33,11 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from experiments.decode_bench import (
     DECODINGS,
@@ -48,34 +48,48 @@ from experiments.decode_bench import (
     publish,
     test_set,
 )
+from transformer import batched_search
+from transformer.batched_step import BatchCache
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2
 from transformer.translation import load_pair_model
 
 ROWS = (1, 4, 32)
 
 
-class OneDNNLinear(nn.Module):
-    """A bias-free linear layer whose product runs in oneDNN, on a weight packed once."""
+class OneDNNOutputCache(BatchCache):
+    """The package's decoding step with its output layer's product in oneDNN, on the
+    weight packed once per model."""
 
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
+    packed: dict[int, Tensor] = {}
 
-    def forward(self, x: Tensor) -> Tensor:
+    def _logits(self, x: Tensor) -> Tensor:
+        weight = self.model.generator.proj.weight
+        if id(weight) not in self.packed:
+            self.packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(
+                weight.detach()
+            )
         return torch.ops.mkldnn._linear_pointwise(
-            x, self.packed, None, "none", [-1], ""
+            x, self.packed[id(weight)], None, "none", [-1], ""
         )
+
+
+def with_onednn_output(decode):
+    """decode, run with the output layer's product in oneDNN."""
+
+    def run(sources: list[list[int]], beam: int) -> list[list[int]]:
+        with mock.patch.object(batched_search, "BatchCache", OneDNNOutputCache):
+            return decode(sources, beam)
+
+    return run
 
 
 def package_runs(pair: str, sentences: int, rounds: int) -> list[dict]:
     """The package's decoding in batches of 32 with its output layer in MKL and in oneDNN."""
     model, tok = load_pair_model(pair)
     sources, _ = test_set(model, tok, pair, sentences)
-    onednn = copy.deepcopy(model)
-    onednn.generator.proj = OneDNNLinear(model.generator.proj)
     decoders = {
         "mkl": package_decoder(model, tok),
-        "onednn": package_decoder(onednn, tok),
+        "onednn": with_onednn_output(package_decoder(model, tok)),
     }
     rows = []
     for decoding, beam in DECODINGS.items():

@@ -335,14 +335,23 @@ def scripted(script: torch.Tensor) -> Transformer:
     return model
 
 
+class ScriptedCache:
+    """The batched searches' BatchCache without the decoder: each row's step hands the
+    generator the sentence index that the scripted encoder wrote into the memory."""
+
+    def __init__(self, model, memory, src_mask, *, beams, length) -> None:
+        self.model, self.rows = model, memory[:, 0].repeat_interleave(beams, dim=0)
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        return self.model.generator(self.rows)  # (N, V)
+
+    def keep(self, rows: torch.Tensor, sentences=None) -> None:
+        self.rows = self.rows[rows]
+
+
 def scripted_steps():
-    """Decoding steps that skip the decoder: the generator reads the sentence index that
-    the scripted encoder wrote into the memory."""
-
-    def step(model, token, memory, src_mask, cache) -> torch.Tensor:
-        return model.generator(memory[:, 0])  # (N, V)
-
-    return mock.patch.object(batched, "decode_step", step)
+    """Decoding steps that skip the decoder (see ScriptedCache)."""
+    return mock.patch.object(batched, "BatchCache", ScriptedCache)
 
 
 def scripted_model(steps: list[list[int]], vocab_size: int = 6) -> Transformer:

@@ -33,7 +33,7 @@ LAYERS = [
     },
     {
         "paper_search", "decode_options", "kv_cache", "decode", "search_setup",
-        "batched_search",
+        "batched_step", "batched_search",
         "translation", "split_translation", "evaluate", "ctranslate2",
     },
     {

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from transformer.batched_step import BatchCache
 from transformer.decode import (
     Hypothesis,
     forbid_specials,
@@ -27,7 +28,6 @@ from transformer.decode import (
     length_penalty,
 )
 from transformer.decode_options import DecodeOptions
-from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 from transformer.model import Transformer
 from transformer.search_setup import check_search, inference, output_limits
@@ -72,26 +72,30 @@ def batched_greedy_decode(
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
         limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        cache = DecoderCache.empty(len(model.decoder.layers))
+        L = int(limits.max())
+        cache = BatchCache(model, memory, src_mask, beams=1, length=L)
         # Row b: BOS, then sentence b's output, then padding once it has ended.
-        ys = torch.full((B, int(limits.max()) + 1), pad_id, device=device)
+        ys = torch.full((B, L + 1), pad_id, device=device)
         ys[:, 0] = bos_id
         log_prob = torch.zeros(B, device=device)
         going = torch.arange(B, device=device)  # the sentences still going
-        for t in range(int(limits.max())):
-            token = ys[going, t : t + 1]  # (n, 1): each sentence's newest
-            step = decode_step(model, token, memory, src_mask, cache)
-            step = forbid_specials(step, **specials)
+        token = ys[:, :1]  # (n, 1): each sentence's newest
+        for t in range(L):
+            step = forbid_specials(cache.step(token), **specials)
             if prefix is not None:
                 step = force_prefix(step, prefix[going], t, pad_id)
             best, token = step.max(dim=-1)
             ys[going, t + 1] = token  # (n,): the n sentences still going
             log_prob[going] += best
             stays = (token != eos_id) & (t + 1 < limits)  # (n,)
+            token = token[:, None]
             if not stays.all():  # the others leave the batch
-                going, limits = going[stays], limits[stays]
-                memory, src_mask = memory[stays], src_mask[stays]
-                cache.reorder(stays.nonzero()[:, 0])
+                going, limits, token = (
+                    going[stays],
+                    limits[stays],
+                    token[stays],
+                )
+                cache.keep(stays.nonzero()[:, 0], sentences=stays)
                 if going.numel() == 0:
                     break
     return [
@@ -140,14 +144,16 @@ def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
     C = min(K, V)  # a beam's K most probable tokens are its K best candidates
     top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
     # An ended beam has one continuation, padding, which leaves its log p.
-    stay = torch.full((C,), float("-inf"), device=step.device)
-    stay[0] = 0.0
-    top = torch.where(beams.ended[..., None], stay, top)
-    top_tokens = top_tokens.masked_fill(beams.ended[..., None], pad_id)
-    candidate_log_prob = (beams.log_probs[..., None] + top).view(n, K * C)
+    ended = beams.ended[..., None]  # (n, K, 1)
+    top[..., 0].masked_fill_(beams.ended, 0.0)
+    top[..., 1:].masked_fill_(ended, -torch.inf)
+    top_tokens = top_tokens.masked_fill(ended, pad_id)
+    candidate_log_prob = beams.log_probs[..., None] + top  # (n, K, C)
     candidate_length = torch.where(beams.ended, beams.lengths, t + 1)  # (n, K)
-    lp = length_penalty(candidate_length, alpha).repeat_interleave(C, dim=1)
-    scores, best = (candidate_log_prob / lp).topk(K, dim=-1)  # (n, K)
+    lp = length_penalty(candidate_length, alpha)[..., None]  # (n, K, 1)
+    candidate_log_prob = candidate_log_prob.view(n, K * C)
+    scores = (candidate_log_prob.view(n, K, C) / lp).view(n, K * C)
+    scores, best = scores.topk(K, dim=-1)  # (n, K)
     parents, tokens = best // C, top_tokens.view(n, K * C).gather(1, best)
     ended = beams.ended.gather(1, parents) | (tokens == eos_id)
     return BeamStep(
@@ -244,34 +250,36 @@ def batched_beam_search(
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
         limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
-        cache = DecoderCache.empty(len(model.decoder.layers))
+        L = int(limits.max())
         # The K beams of sentence b are rows b*K ... b*K + K - 1.
-        memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, d_model)
-        src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+        cache = BatchCache(model, memory, src_mask, beams=K, length=L)
         ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
         beams = BeamStep.first(B, K, device)
-        kept = Kept.empty(B, int(limits.max()) + 1, pad_id, device)
+        kept = Kept.empty(B, L + 1, pad_id, device)
         first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
-        for t in range(int(limits.max())):
-            step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
-            step = forbid_specials(step.view(len(limits), K, -1), **specials)
+        for t in range(L):
+            step = cache.step(ys[:, -1:]).view(len(limits), K, -1)
+            step = forbid_specials(step, **specials)  # (n, K, V)
             if prefix is not None:
                 step = force_prefix(step, prefix[beams.sentences], t, pad_id)
             beams = _extend(step, beams, t, limits, alpha, eos_id, pad_id)
             # Every beam continues the row of its parent: reorder, then append.
             rows = (first_row[: len(limits)] + beams.parents).view(-1)
             ys = torch.cat([ys[rows], beams.tokens.view(-1, 1)], dim=1)
-            cache.reorder(rows, memory=False)  # within each sentence
-            kept.update(beams, ys)
+            if (beams.tokens == eos_id).any() or (t + 1 >= limits).any():
+                kept.update(beams, ys)  # only a beam that ends here can count
             if on_step is not None:
                 on_step(beams)
             kept_score = kept.score[beams.sentences]
             stays = ~_finished(kept_score, beams, limits, alpha)  # (n,)
-            if not stays.all():  # finished sentences leave, with their K rows
-                beams, limits = beams.select(stays), limits[stays]
-                keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
-                ys, memory, src_mask = ys[keep], memory[keep], src_mask[keep]
-                cache.reorder(keep)
-                if not stays.any():
-                    break
+            if stays.all():
+                cache.keep(rows)
+                continue
+            # Finished sentences leave, with their K rows.
+            beams, limits = beams.select(stays), limits[stays]
+            keep = stays.repeat_interleave(K).nonzero()[:, 0]  # (n'*K,)
+            ys = ys[keep]
+            cache.keep(rows[keep], sentences=stays)  # one copy for both
+            if not stays.any():
+                break
     return kept.hypotheses(eos_id=eos_id, pad_id=pad_id)
