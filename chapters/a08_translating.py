@@ -588,6 +588,7 @@ from transformer.batched_step import BatchCache
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
 
+tiny.eval()  # no dropout: the chapter's step would apply it
 with torch.inference_mode():
     src_mask = padding_mask(src, 0)  # (B, 1, 1, S)
     memory = tiny.encode(src, src_mask)
