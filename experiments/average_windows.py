@@ -35,7 +35,7 @@ from transformer.checkpoint import (
 from transformer.encoded_cache import load_encoded
 from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.multi30k import DataError
-from transformer.precision import AUTOCAST, stored_precision
+from transformer.precision import autocast_type, stored_precision
 from transformer.run_checkpoints import average_checkpoints
 from transformer.split_translation import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -89,7 +89,7 @@ def report(
     # the autocast the trainer had: the run's precision (one stored before the field: bf16
     # on a GPU unless its bf16 flag said otherwise)
     precision = TrainConfig.from_dict(train).precision
-    autocast = AUTOCAST[stored_precision(precision, torch.device(device).type)]
+    autocast = autocast_type(stored_precision(precision, torch.device(device).type))
     batches = list(
         iterate_batches(
             val,

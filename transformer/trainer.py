@@ -63,7 +63,7 @@ from transformer.logs import (
 )
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
-from transformer.precision import AUTOCAST
+from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
 from transformer.run_checkpoints import (
     RunFolder,
@@ -294,7 +294,7 @@ class Trainer:
             checkpoint, self.model, self.optimizer, self.scheduler, self.scaler
         )
         self.step_model = _wrap(self.model, c, env, self.device)
-        self.autocast = AUTOCAST[precision]
+        self.autocast = autocast_type(precision)
         self.validate = _validator(self.data, c, max_len, env, self.autocast)
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
