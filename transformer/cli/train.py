@@ -17,14 +17,14 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
 from transformer.cli.base import PROG, Parser, UsageError
 from transformer.multi30k import DataError
 
-# reported in one line, as is a CheckpointError (train_command)
-ERRORS = (DataError,)
+ERRORS = (DataError,)  # one line each, as is a CheckpointError (below)
 
 # %% ../../chapters/a10_cli.ipynb #3e031bea
 from transformer.train_config import (
@@ -81,9 +81,8 @@ def train_parser(
         else:
             how = {"type": value_type(field)}
             how["choices"] = field.metadata["choices"]
-        # neither a default nor a default's factory (which may load torch)
-        missing = (dataclasses.MISSING, dataclasses.MISSING)
-        required = (field.default, field.default_factory) == missing
+        # no default, nor a default's factory (which may load torch)
+        required = field.default is field.default_factory is MISSING
         p.add_argument(
             flag,
             dest=field.name,
@@ -216,8 +215,7 @@ def train_command(argv: Sequence[str]) -> None:
         config = config_from_args(args)
     except ValueError as err:  # a bad value for a TrainConfig field
         raise UsageError(str(err)) from err
-    # The training's modules load torch: imported once the options are good,
-    # so that `train --help` and a bad option answer at once.
+    # imported once the options are good: the training's modules load torch
     from transformer.checkpoint import (
         CheckpointError,
         check_export_destination,
