@@ -82,6 +82,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from transformer import layout
 from transformer.config import TransformerConfig
 from transformer.config_checks import check_config
 from transformer.multi30k import PAIRS
@@ -507,7 +508,7 @@ class TrainConfig:
     log_every: int = option(
         50,
         on_resume="free",
-        help="updates per line of steps.jsonl",
+        help=f"updates per line of {layout.STEPS}",
         check=POSITIVE,
     )
     peak_flops: float = option(

@@ -395,6 +395,7 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
+from transformer import layout
 from transformer.cli.base import PROG, Parser, UsageError
 from transformer.multi30k import DataError
 
@@ -535,7 +536,7 @@ def _json_fields(path: Path, what: str) -> dict[str, Any]:
 def _starting_fields(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The fields a run starts from: the stored run's on resume, then the
     recipe or the JSON file that --config names."""
-    stored = out / "train_config.json"
+    stored = out / layout.RUN_CONFIG
     fields: dict[str, Any] = {}
     if args.resume and stored.is_file():
         fields = _json_fields(stored, str(stored))
@@ -591,26 +592,24 @@ def train_command(argv: Sequence[str]) -> None:
     except ValueError as err:  # a bad value for a TrainConfig field
         raise UsageError(str(err)) from err
     # imported once the options are good: the training's modules load torch
-    from transformer.checkpoint import (
-        CheckpointError,
-        check_export_destination,
-        export_model,
-    )
+    from transformer import checkpoint
     from transformer.distributed import Distributed
     from transformer.logs import summary_table
     from transformer.trainer import train
 
     try:
         if args.export:  # before training, not after it
-            check_export_destination(Path(args.export), config.out_dir)
+            checkpoint.check_export_destination(
+                Path(args.export), config.out_dir
+            )
         result = train(config, resume=args.resume)
-    except CheckpointError as err:  # e.g. a stored run that disagrees
+    except checkpoint.CheckpointError as err:  # e.g. a stored run differs
         raise UsageError(str(err)) from err
     main_process = Distributed.from_environ().is_main
     if args.export and main_process:
         try:
-            export_model(result.out_dir, args.export)
-        except (ValueError, CheckpointError) as err:  # e.g. fp16's range
+            checkpoint.export_model(result.out_dir, args.export)
+        except (ValueError, checkpoint.CheckpointError) as err:  # fp16's range
             raise UsageError(
                 f"the run in {result.out_dir} is saved, but --export failed:"
                 f" {err}"

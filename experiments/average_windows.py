@@ -46,8 +46,8 @@ from transformer.validation import count_words, validate
 def epoch_folders(folder: Path) -> dict[int, Path]:
     """epoch number -> checkpoint folder, for the epoch-NNN folders that hold weights."""
     found = {
-        int(path.name.removeprefix("epoch-")): path
-        for path in folder.glob("epoch-[0-9][0-9][0-9]")
+        int(path.name.removeprefix(layout.EPOCH)): path
+        for path in folder.glob(f"{layout.EPOCH}[0-9][0-9][0-9]")
         if (path / layout.WEIGHTS).is_file()
     }
     if len(found) < 2:
@@ -143,7 +143,7 @@ def main() -> None:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
     if not (args.dest / layout.METRICS).is_file():
-        fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
+        fail(f"{args.dest} is not a comparison run's folder (no {layout.METRICS})")
     if args.k < 1:
         fail(f"--k must be at least 1, got {args.k}")
     try:

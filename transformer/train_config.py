@@ -52,6 +52,8 @@ from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.precision import PRECISIONS
 from transformer.tokenizer import VOCAB_SIZE
 
+from . import layout
+
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
 # measured bf16 matrix-multiply rate of an H100 or H200
@@ -385,7 +387,7 @@ class TrainConfig:
     log_every: int = option(
         50,
         on_resume="free",
-        help="updates per line of steps.jsonl",
+        help=f"updates per line of {layout.STEPS}",
         check=POSITIVE,
     )
     peak_flops: float = option(
