@@ -1,5 +1,6 @@
 # Generated from chapters/13_training.ipynb: edit it, not this file.
-"""The files of a model's folder: a shipped model, or a run's checkpoint."""
+"""The files of a model's folder (a shipped model, or a run's checkpoint), and
+of a training run's folder."""
 
 # %% auto #0
 __all__ = [
