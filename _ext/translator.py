@@ -47,6 +47,7 @@ from docutils import nodes
 from docutils.parsers.rst import Directive
 
 from transformer import layout  # torch-free: the files of a model folder
+from transformer.atomic import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "translator"
@@ -414,12 +415,9 @@ def digest_name(name: str, text: str) -> str:
 
 
 def _write_text(target: Path, text: str) -> None:
-    """Write `text` to `target` unless it holds it already (temp, then rename)."""
+    """Write `text` to `target` unless it holds it already (atomically)."""
     if not target.is_file() or target.read_text(encoding="utf-8") != text:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(target)
+        atomic_write(target, text.encode("utf-8"))
 
 
 def write_test_script(pair: str, folder: Path) -> str:

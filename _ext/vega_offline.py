@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+from transformer.atomic import atomic_write
+
 BUNDLE = "vega-bundle.js"
 
 
@@ -45,11 +47,10 @@ def _write_bundle(app) -> None:
     static.mkdir(parents=True, exist_ok=True)
     target = static / BUNDLE
     if not target.exists():
-        tmp = target.with_suffix(".tmp")
         # The bundle assigns window.vegaEmbed, vega and vegaLite; its top-level names (one is
         # `_`, which Sphinx's doctools.js also declares) stay private inside a function scope.
-        tmp.write_text(f"(function () {{\n{vl_convert.javascript_bundle()}\n}})();\n")
-        tmp.replace(target)
+        bundle = f"(function () {{\n{vl_convert.javascript_bundle()}\n}})();\n"
+        atomic_write(target, bundle.encode("utf-8"))
     app.config.html_static_path.append(str(static))
     app.add_js_file(BUNDLE, priority=200)
     versions = json.dumps(_requested_versions(), sort_keys=True)

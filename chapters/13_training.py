@@ -513,12 +513,14 @@ for pair in PAIRS:
 # the appendix [Checkpoints](a06_checkpoints.ipynb) builds both. A shipped model's folder, such
 # as `checkpoints/de-en`, holds `config.json`, whose `"model"` entry is the model's
 # `TransformerConfig`, the tokenizer's `tokenizer.json`, and the weights in float16, which
-# halves their size, in the files that `config.json` names. The names live in one module,
-# `transformer.layout`, which every reader and writer of these folders uses:
+# halves their size, in the files that `config.json` names. The names of these files, and of
+# a training run's folder, live in one module, `transformer.layout`, which every reader and
+# writer of these folders uses:
 
 # %%
 #| export layout
-"""The files of a model's folder: a shipped model, or a run's checkpoint."""
+"""The files of a model's folder (a shipped model, or a run's checkpoint), and
+of a training run's folder."""
 
 from pathlib import Path
 from typing import Any
@@ -527,6 +529,24 @@ CONFIG = "config.json"  # "model": the TransformerConfig's fields, and more
 TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"  # a run's records, one JSON object a line
 WEIGHTS = "model.safetensors"  # a checkpoint's weights, in float32
+# A training run's folder: its settings, logs, checkpoints and average.
+RUN_CONFIG = "train_config.json"  # the TrainConfig's fields
+STEPS = "steps.jsonl"  # the loss and throughput, every few updates
+LOG = "train.log"  # what the terminal showed
+CHECKPOINTS = "checkpoints"  # a model folder per checkpoint
+EPOCH, STEP = "epoch-", "step-"  # checkpoints at an epoch's end, at a stop
+AVERAGE = "average"  # the model that the last checkpoints average to
+PROGRESS = "progress.json"  # in a checkpoint: where the run stood
+
+
+def epoch_folder(epoch: int) -> str:
+    """The checkpoint at the end of epoch `epoch`: epoch-007."""
+    return f"{EPOCH}{epoch:03d}"
+
+
+def step_folder(step: int) -> str:
+    """The checkpoint of a run stopped at update `step`: step-0001234."""
+    return f"{STEP}{step:07d}"
 
 
 def weight_files(folder: str | Path, config: dict[str, Any]) -> list[Path]:

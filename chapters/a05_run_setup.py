@@ -82,16 +82,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
-from transformer.batches import MAX_TOKENS
+from transformer import layout
 from transformer.config import TransformerConfig
 from transformer.config_checks import check_config
-from transformer.loss import LABEL_SMOOTHING
 from transformer.multi30k import PAIRS
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.precision import PRECISIONS
-from transformer.schedule import WARMUP_STEPS
 from transformer.tokenizer import VOCAB_SIZE
 
 MODEL_PRESETS = ("small", "base", "big")
@@ -132,6 +128,8 @@ def _share(value: object) -> bool:
 
 
 def _device(value: object) -> bool:
+    import torch  # here, so that `train --help` loads no torch
+
     if value is None:
         return True
     try:
@@ -265,6 +263,27 @@ def preset_model(
         raise ValueError(f"model_overrides: {err}") from err
 
 
+# Three defaults are held by modules of torch code (the batches, the schedule,
+# the loss): a config reads them when it is made, so that the options, and
+# `train --help`, load no torch.
+def _max_tokens() -> int:
+    from transformer.batches import MAX_TOKENS
+
+    return MAX_TOKENS
+
+
+def _warmup_steps() -> int:
+    from transformer.schedule import WARMUP_STEPS
+
+    return WARMUP_STEPS
+
+
+def _label_smoothing() -> float:
+    from transformer.loss import LABEL_SMOOTHING
+
+    return LABEL_SMOOTHING
+
+
 # %% [markdown]
 # ### Arithmetic
 #
@@ -285,11 +304,21 @@ def preset_model(
 """The arithmetic of a training run: bfloat16 or float16 autocast, or float32;
 by default the fastest that the device has in hardware."""
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is loaded by a run, not by `train --help`
+    import torch
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-# autocast's type for each precision (fp32 runs without autocast)
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def autocast_type(precision: str) -> "torch.dtype | None":
+    """autocast's type for `precision` (fp32 runs without autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[
+        precision
+    ]
 
 
 def precision_for(capability: tuple[int, int] | None) -> str:
@@ -301,8 +330,10 @@ def precision_for(capability: tuple[int, int] | None) -> str:
     return "bf16" if capability >= (8, 0) else "fp16"
 
 
-def default_precision(device: torch.device) -> str:
+def default_precision(device: "torch.device") -> str:
     """The precision a run on `device` gets unless it asks for one."""
+    import torch
+
     if device.type != "cuda":
         return precision_for(None)
     precision = precision_for(torch.cuda.get_device_capability(device))
@@ -376,7 +407,7 @@ class TrainConfig:
         check=SOME_POSITIVE,
     )
     max_tokens: int = option(
-        MAX_TOKENS,
+        default_factory=_max_tokens,
         on_resume="fixed",
         help="padded tokens per batch and side",
         check=POSITIVE,
@@ -388,7 +419,7 @@ class TrainConfig:
         check=POSITIVE,
     )
     warmup: int = option(
-        WARMUP_STEPS,
+        default_factory=_warmup_steps,
         on_resume="fixed",
         help="updates of rising learning rate",
         check=POSITIVE,
@@ -400,7 +431,10 @@ class TrainConfig:
         check=RATE,
     )
     label_smoothing: float = option(
-        LABEL_SMOOTHING, on_resume="fixed", help="in [0, 1)", check=SHARE
+        default_factory=_label_smoothing,
+        on_resume="fixed",
+        help="in [0, 1)",
+        check=SHARE,
     )
     bpe_dropout: float = option(
         0.0, on_resume="fixed", help="in [0, 1); default 0: off", check=SHARE
@@ -474,7 +508,7 @@ class TrainConfig:
     log_every: int = option(
         50,
         on_resume="free",
-        help="updates per line of steps.jsonl",
+        help=f"updates per line of {layout.STEPS}",
         check=POSITIVE,
     )
     peak_flops: float = option(

@@ -441,7 +441,7 @@ def read_record(folder: Path) -> dict[str, Any]:
         record = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(
-            f"{folder} is not a checkpoint: no config.json"
+            f"{folder} is not a checkpoint: no {layout.CONFIG}"
         ) from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
@@ -484,8 +484,8 @@ def check_compatible(
     if vocab.get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
             f"{folder}: the checkpoint was trained with another vocabulary of"
-            " the same size (field tokenizer: its tokenizer.json differs from"
-            " this run's)"
+            f" the same size (field tokenizer: its {layout.TOKENIZER} differs"
+            " from this run's)"
         )
 
 
@@ -507,7 +507,7 @@ class Progress:
     @classmethod
     def read(cls, folder: Path) -> "Progress":
         """The progress.json of a checkpoint folder."""
-        path = Path(folder) / "progress.json"
+        path = Path(folder) / layout.PROGRESS
         try:
             return cls(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError) as err:
@@ -518,7 +518,7 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
     """(update, folder) of each complete checkpoint of the run in `out`, oldest
     first."""
     found = []
-    folder = Path(out) / "checkpoints"
+    folder = Path(out) / layout.CHECKPOINTS
     for path in folder.glob("[!.]*") if folder.is_dir() else []:
         try:
             step = Progress.read(path).step
@@ -558,7 +558,7 @@ def write_checkpoint(
         if progress is not None:
             # Written last: a folder with progress.json is a complete
             # checkpoint.
-            (tmp / "progress.json").write_text(
+            (tmp / layout.PROGRESS).write_text(
                 json.dumps(asdict(progress), indent=2) + "\n"
             )
 
@@ -568,7 +568,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
     `average_last` epochs."""
     found = list_checkpoints(out)
     newest = found[-1][1]
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    epochs = [path for _, path in found if path.name.startswith(layout.EPOCH)]
     keep = set(epochs[-max(average_last, 1) :]) | {newest}
     for _, path in found:
         if path not in keep:
@@ -755,9 +755,9 @@ def run_precision(
 def prepare_folder(out: Path) -> None:
     """Make the run's folders; delete what a killed run left (see
     atomic_folder)."""
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (out / layout.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     remove_stale(out)
-    remove_stale(out / "checkpoints")
+    remove_stale(out / layout.CHECKPOINTS)
 
 
 def store_settings(
@@ -765,17 +765,17 @@ def store_settings(
 ) -> None:
     """Drop the records after update `step`, which a resumed run writes again,
     and store the settings (both atomically: --resume reads them back)."""
-    for name in (layout.METRICS, "steps.jsonl"):
+    for name in (layout.METRICS, layout.STEPS):
         truncate_jsonl(out / name, step)
     settings = json.dumps(config.to_dict(), indent=2) + "\n"
-    atomic_write(out / "train_config.json", settings.encode())
+    atomic_write(out / layout.RUN_CONFIG, settings.encode())
     tokenizer.save(out / layout.TOKENIZER)
 
 
 def last_epochs(out: Path, average_last: int) -> list[Path]:
     """The epoch checkpoints to average: the last `average_last`, from 2."""
     found = list_checkpoints(out)
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    epochs = [path for _, path in found if path.name.startswith(layout.EPOCH)]
     return epochs[-average_last:] if average_last >= 2 else []
 
 
@@ -847,7 +847,7 @@ class RunFolder:
             # The record first: a resumed run drops records newer than its
             # checkpoint.
             append_jsonl(self.out / layout.METRICS, line)
-            folder = self.out / "checkpoints" / name
+            folder = self.out / layout.CHECKPOINTS / name
             write_checkpoint(
                 folder,
                 model,
@@ -866,7 +866,7 @@ class RunFolder:
             append_jsonl(self.out / layout.METRICS, line)
             record = self.record | {"averaged": line["averaged"]}
             write_checkpoint(
-                self.out / "average",
+                self.out / layout.AVERAGE,
                 model,
                 record=record,
                 tokenizer=self.tokenizer,
@@ -909,7 +909,7 @@ def _model_source(source: Path) -> Path:
     if (source / layout.WEIGHTS).is_file():
         return source
     found = [path for _, path in list_checkpoints(source)]
-    average = source / "average"
+    average = source / layout.AVERAGE
     if (average / layout.WEIGHTS).is_file():
         # A run continued after it averaged (killed, stopped by its time limit,
         # or with average_last below 2) has trained past its average: the
@@ -917,7 +917,7 @@ def _model_source(source: Path) -> Path:
         # checkpoint. A `partial` checkpoint after that one is left out, as the
         # average of a run stopped by its time limit leaves it out.
         epochs = [
-            path.name for path in found if path.name.startswith("epoch-")
+            path.name for path in found if path.name.startswith(layout.EPOCH)
         ]
         averaged = read_record(average).get("averaged") or [None]
         if not epochs or averaged[-1] == epochs[-1]:
@@ -966,7 +966,7 @@ def check_export_destination(dest: Path, source: Path) -> None:
         except (OSError, ValueError, AttributeError):
             shipped = None
         if shipped != SHIPPED_FORMAT:
-            others = ["a config.json that is not a shipped model's"]
+            others = [f"a {layout.CONFIG} that is not a shipped model's"]
     if others:
         raise CheckpointError(
             f"cannot export into {dest}: it holds {', '.join(others[:3])}"
@@ -1067,23 +1067,23 @@ def load_model(
         model_config = config_from_dict(record["model"])
     except (ValueError, TypeError) as err:
         raise CheckpointError(
-            f"{folder / 'config.json'}: bad model config: {err}"
+            f"{folder / layout.CONFIG}: bad model config: {err}"
         ) from err
     if not (folder / layout.TOKENIZER).is_file():
-        raise CheckpointError(f"{folder}: no tokenizer.json")
+        raise CheckpointError(f"{folder}: no {layout.TOKENIZER}")
     try:
         tokenizer = load_tokenizer(folder / layout.TOKENIZER)
     except TokenizerError as err:
         raise CheckpointError(str(err)) from err
     if tokenizer.vocab_size != model_config.src_vocab_size:
         raise CheckpointError(
-            f"{folder}: tokenizer.json has {tokenizer.vocab_size} entries, the"
-            f" model's src_vocab_size is {model_config.src_vocab_size} (field"
-            " vocab_size)"
+            f"{folder}: {layout.TOKENIZER} has {tokenizer.vocab_size}"
+            " entries, the model's src_vocab_size is"
+            f" {model_config.src_vocab_size} (field vocab_size)"
         )
     if record["vocab"].get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
-            f"{folder}: tokenizer.json is not the vocabulary the model was"
+            f"{folder}: {layout.TOKENIZER} is not the vocabulary the model was"
             " trained with (field tokenizer)"
         )
     tensors: dict[str, Tensor] = {}

@@ -751,7 +751,7 @@ from transformer.logs import (
 )
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
-from transformer.precision import AUTOCAST
+from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
 from transformer.run_checkpoints import (
     RunFolder,
@@ -1224,16 +1224,16 @@ class Trainer:
             checkpoint, self.model, self.optimizer, self.scheduler, self.scaler
         )
         self.step_model = _wrap(self.model, c, env, self.device)
-        self.autocast = AUTOCAST[precision]
+        self.autocast = autocast_type(precision)
         self.validate = _validator(self.data, c, max_len, env, self.autocast)
         self.loss_acc = torch.zeros(
             (), device=self.device, dtype=torch.float64
         )
         self.lr = 0.0  # the learning rate of the last update
-        steps = self.out / "steps.jsonl" if env.is_main else None
+        steps = self.out / layout.STEPS if env.is_main else None
         self.steps = StepLog(steps, self.device)
         # Opened last, so that a set-up error leaves no file open.
-        main = self.out / "train.log" if env.is_main else None
+        main = self.out / layout.LOG if env.is_main else None
         self.log = Log(main, echo and env.is_main)
         where = starting_from(checkpoint, resume, self.out)
         self.log(start_line(where, c, self.model, env, self.device, why))
@@ -1259,7 +1259,7 @@ class Trainer:
                     stopped = reason
                     break
                 self._end_period(kind="epoch")
-            averaged = (self.out / "average").exists()
+            averaged = (self.out / layout.AVERAGE).exists()
             if stopped != "time_limit" and (trained or not averaged):
                 self._average()
         finally:
@@ -1341,10 +1341,10 @@ class Trainer:
         validation = self.validate(self.model)
         if kind == "epoch":
             p.epoch += 1
-            epoch, name = float(p.epoch), f"epoch-{p.epoch:03d}"
+            epoch, name = float(p.epoch), layout.epoch_folder(p.epoch)
         else:
             epoch = round(p.epoch + fraction, 4)
-            name = f"step-{p.step:07d}"
+            name = layout.step_folder(p.step)
         wall = self._wall_time()
         peak = c.peak_flops * self.env.world_size
         peak = peak if self.device.type == "cuda" else None

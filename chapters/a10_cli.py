@@ -391,30 +391,26 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
-from transformer.checkpoint import CheckpointError
+from transformer import layout
 from transformer.cli.base import PROG, Parser, UsageError
 from transformer.multi30k import DataError
 
-ERRORS = (DataError, CheckpointError)  # reported in one line
+ERRORS = (DataError,)  # one line each, as is a CheckpointError (below)
 
 # %%
 #| export cli.train
-from transformer.checkpoint import check_export_destination, export_model
-from transformer.distributed import Distributed
-from transformer.logs import summary_table
 from transformer.train_config import (
     MODEL_PRESETS,
     RECIPES,
     TrainConfig,
     default_folders,
-    field_default,
     flag_of,
     value_type,
 )
-from transformer.trainer import train
 
 
 def _notice(parser: argparse.ArgumentParser, old: str, new: str) -> None:
@@ -461,7 +457,8 @@ def train_parser(
         else:
             how = {"type": value_type(field)}
             how["choices"] = field.metadata["choices"]
-        required = field_default(field) is dataclasses.MISSING
+        # no default, nor a default's factory (which may load torch)
+        required = field.default is field.default_factory is MISSING
         p.add_argument(
             flag,
             dest=field.name,
@@ -539,7 +536,7 @@ def _json_fields(path: Path, what: str) -> dict[str, Any]:
 def _starting_fields(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The fields a run starts from: the stored run's on resume, then the
     recipe or the JSON file that --config names."""
-    stored = out / "train_config.json"
+    stored = out / layout.RUN_CONFIG
     fields: dict[str, Any] = {}
     if args.resume and stored.is_file():
         fields = _json_fields(stored, str(stored))
@@ -594,14 +591,25 @@ def train_command(argv: Sequence[str]) -> None:
         config = config_from_args(args)
     except ValueError as err:  # a bad value for a TrainConfig field
         raise UsageError(str(err)) from err
-    if args.export:  # before training, not after it
-        check_export_destination(Path(args.export), config.out_dir)
-    result = train(config, resume=args.resume)
+    # imported once the options are good: the training's modules load torch
+    from transformer import checkpoint
+    from transformer.distributed import Distributed
+    from transformer.logs import summary_table
+    from transformer.trainer import train
+
+    try:
+        if args.export:  # before training, not after it
+            checkpoint.check_export_destination(
+                Path(args.export), config.out_dir
+            )
+        result = train(config, resume=args.resume)
+    except checkpoint.CheckpointError as err:  # e.g. a stored run differs
+        raise UsageError(str(err)) from err
     main_process = Distributed.from_environ().is_main
     if args.export and main_process:
         try:
-            export_model(result.out_dir, args.export)
-        except ValueError as err:  # e.g. a weight too large for float16
+            checkpoint.export_model(result.out_dir, args.export)
+        except (ValueError, checkpoint.CheckpointError) as err:  # fp16's range
             raise UsageError(
                 f"the run in {result.out_dir} is saved, but --export failed:"
                 f" {err}"
@@ -1021,12 +1029,13 @@ from transformer.cli.base import (
 from transformer.multi30k import PAIRS
 
 ERRORS = (ImportError, OSError)  # reported in one line
+# The weights' types that export_ctranslate2 takes, its QUANTIZATIONS (a test
+# holds the two equal), named here: that module loads torch, `--help` does not.
+QUANTIZATIONS = ("float32", "int8")
 
 
 def ctranslate2_command(argv: Sequence[str]) -> None:
     """`python -m transformer ctranslate2 --pair P OUT`."""
-    from transformer.ctranslate2 import QUANTIZATIONS, export_ctranslate2
-
     p = Parser(
         prog=f"{PROG} ctranslate2",
         description=(
@@ -1055,6 +1064,8 @@ def ctranslate2_command(argv: Sequence[str]) -> None:
         help="the weights' type in the engine (default: float32, as trained)",
     )
     args = p.parse_args(argv)
+    from transformer.ctranslate2 import export_ctranslate2
+
     model, tokenizer = load_for_command(args.pair, args.checkpoint, "cpu")
     try:
         export_ctranslate2(

@@ -35,7 +35,7 @@ from transformer.checkpoint import (
 from transformer.encoded_cache import load_encoded
 from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.multi30k import DataError
-from transformer.precision import AUTOCAST, stored_precision
+from transformer.precision import autocast_type, stored_precision
 from transformer.run_checkpoints import average_checkpoints
 from transformer.split_translation import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
@@ -46,8 +46,8 @@ from transformer.validation import count_words, validate
 def epoch_folders(folder: Path) -> dict[int, Path]:
     """epoch number -> checkpoint folder, for the epoch-NNN folders that hold weights."""
     found = {
-        int(path.name.removeprefix("epoch-")): path
-        for path in folder.glob("epoch-[0-9][0-9][0-9]")
+        int(path.name.removeprefix(layout.EPOCH)): path
+        for path in folder.glob(f"{layout.EPOCH}[0-9][0-9][0-9]")
         if (path / layout.WEIGHTS).is_file()
     }
     if len(found) < 2:
@@ -89,7 +89,7 @@ def report(
     # the autocast the trainer had: the run's precision (one stored before the field: bf16
     # on a GPU unless its bf16 flag said otherwise)
     precision = TrainConfig.from_dict(train).precision
-    autocast = AUTOCAST[stored_precision(precision, torch.device(device).type)]
+    autocast = autocast_type(stored_precision(precision, torch.device(device).type))
     batches = list(
         iterate_batches(
             val,
@@ -143,7 +143,7 @@ def main() -> None:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
     if not (args.dest / layout.METRICS).is_file():
-        fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
+        fail(f"{args.dest} is not a comparison run's folder (no {layout.METRICS})")
     if args.k < 1:
         fail(f"--k must be at least 1, got {args.k}")
     try:

@@ -103,8 +103,8 @@ def read_run(folder: Path) -> tuple[dict, list[dict]]:
     """A run's training configuration and metric records: a comparison run's folder, or a
     shipped model's (whose config.json holds the training configuration under `train`)."""
     folder = Path(folder)
-    if (folder / "train_config.json").is_file():
-        config = json.loads((folder / "train_config.json").read_text())
+    if (folder / layout.RUN_CONFIG).is_file():
+        config = json.loads((folder / layout.RUN_CONFIG).read_text())
     else:
         config = json.loads((folder / layout.CONFIG).read_text())["train"]
     return config, read_jsonl(folder / layout.METRICS)

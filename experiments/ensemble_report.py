@@ -101,7 +101,7 @@ def main() -> None:
     if len(args.models) < 2:
         fail("an ensemble needs two or more models")
     if not (args.dest / layout.METRICS).is_file():
-        fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
+        fail(f"{args.dest} is not a comparison run's folder (no {layout.METRICS})")
     try:
         summary = report(args.models)
     except (CheckpointError, DataError, ImportError) as err:

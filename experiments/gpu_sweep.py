@@ -294,11 +294,11 @@ def windows_of(out: Path, cache: str) -> dict:
     from experiments.average_windows import report
     from transformer.split_translation import write_lines
 
-    if len(list((out / "checkpoints").glob("epoch-*"))) <= 5:
+    if len(list((out / layout.CHECKPOINTS).glob(f"{layout.EPOCH}*"))) <= 5:
         return {}
     try:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        found = report(out / "checkpoints", 5, Path(cache), device=device)
+        found = report(out / layout.CHECKPOINTS, 5, Path(cache), device=device)
     except Exception as err:  # windows are not worth losing the run for
         return {"windows_error": repr(err)}
     write_lines(out / "averages.json", [json.dumps(found, indent=1)])
@@ -341,7 +341,7 @@ def summarise(runs: dict, args: argparse.Namespace) -> list[dict]:
             row["avg_accuracy"] = averages[-1]["val_accuracy"]
             try:
                 row["avg_val_bleu"] = val_bleu(
-                    out / "average", pair, cache_dir(options, args)
+                    out / layout.AVERAGE, pair, cache_dir(options, args)
                 )
             except Exception as err:  # a score is not worth losing the run for
                 row["bleu_error"] = repr(err)
@@ -423,7 +423,8 @@ def export_best(rows: list[dict], args: argparse.Namespace) -> dict[str, dict]:
         # a folder that holds more than an export (here last/ and RUN).
         shutil.rmtree(dest, ignore_errors=True)
         export_model(run, dest)
-        export_model(run / "checkpoints" / f"epoch-{best['epochs']:03d}", dest / "last")
+        best_epoch = layout.epoch_folder(best["epochs"])
+        export_model(run / layout.CHECKPOINTS / best_epoch, dest / "last")
         write_lines(dest / "RUN", [best["name"]])
         write_tar(Path(args.out) / f"{pair}.tar", tar_bytes([(dest, pair)]))
         print(f"{pair}: exported {best['name']}", flush=True)
@@ -441,9 +442,9 @@ def run_files(runs: dict, args: argparse.Namespace) -> list[tuple[Path, str]]:
                 kept.append((Path(args.runs) / log, log))
         for file in (
             layout.METRICS,
-            "steps.jsonl",
-            "train_config.json",
-            "train.log",
+            layout.STEPS,
+            layout.RUN_CONFIG,
+            layout.LOG,
             "averages.json",
         ):
             path = Path(args.runs) / name / file

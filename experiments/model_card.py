@@ -67,7 +67,7 @@ def card(
     averages = [r for r in metrics if r["kind"] == "average"]
     if not epochs or not averages:
         raise CheckpointError(
-            f"{folder / 'metrics.jsonl'} holds no epoch or no average record"
+            f"{folder / layout.METRICS} holds no epoch or no average record"
         )
     average = averages[-1]
     comparisons = comparison_runs(pair, runs)

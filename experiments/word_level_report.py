@@ -84,7 +84,7 @@ def main() -> None:
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
     if not (args.dest / layout.METRICS).is_file():
-        fail(f"{args.dest} is not a comparison run's folder (no metrics.jsonl)")
+        fail(f"{args.dest} is not a comparison run's folder (no {layout.METRICS})")
     try:
         summary = report(args.model, bleu=args.bleu)
     except CheckpointError as err:

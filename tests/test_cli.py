@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import ship, tiny_tokenizer
 
+from transformer.cli.main import COMMANDS
 from transformer.paths import HOME_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,3 +226,31 @@ def test_train_help_explains_the_precision_and_its_default():
         " own)" in text
     )
     assert "--bf16" not in text and "--no-bf16" not in text
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_answers_help_without_torch(command):
+    """Each command's `--help` prints its usage and options with torch (and spaCy) blocked:
+    `import torch` fails in the process, so a command that loads it before its help cannot
+    answer."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = sys.modules['spacy'] = None  # `import torch` fails\n"
+        "from transformer.cli.main import main\n"
+        f"sys.exit(main([{command!r}, '--help']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(f"usage: python -m transformer {command} ")
+    assert "-h, --help" in done.stdout
+
+
+def test_the_ctranslate2_commands_quantizations_are_the_exports():
+    """`ctranslate2 --quantize` offers the types that export_ctranslate2 takes, named in the
+    command's module so that its help loads no torch."""
+    from transformer import ctranslate2
+    from transformer.cli import ctranslate2 as command
+
+    assert command.QUANTIZATIONS == ctranslate2.QUANTIZATIONS

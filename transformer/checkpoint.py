@@ -202,7 +202,7 @@ def read_record(folder: Path) -> dict[str, Any]:
         record = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(
-            f"{folder} is not a checkpoint: no config.json"
+            f"{folder} is not a checkpoint: no {layout.CONFIG}"
         ) from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
@@ -245,8 +245,8 @@ def check_compatible(
     if vocab.get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
             f"{folder}: the checkpoint was trained with another vocabulary of"
-            " the same size (field tokenizer: its tokenizer.json differs from"
-            " this run's)"
+            f" the same size (field tokenizer: its {layout.TOKENIZER} differs"
+            " from this run's)"
         )
 
 
@@ -268,7 +268,7 @@ class Progress:
     @classmethod
     def read(cls, folder: Path) -> "Progress":
         """The progress.json of a checkpoint folder."""
-        path = Path(folder) / "progress.json"
+        path = Path(folder) / layout.PROGRESS
         try:
             return cls(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError) as err:
@@ -279,7 +279,7 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
     """(update, folder) of each complete checkpoint of the run in `out`, oldest
     first."""
     found = []
-    folder = Path(out) / "checkpoints"
+    folder = Path(out) / layout.CHECKPOINTS
     for path in folder.glob("[!.]*") if folder.is_dir() else []:
         try:
             step = Progress.read(path).step
@@ -304,7 +304,7 @@ def _model_source(source: Path) -> Path:
     if (source / layout.WEIGHTS).is_file():
         return source
     found = [path for _, path in list_checkpoints(source)]
-    average = source / "average"
+    average = source / layout.AVERAGE
     if (average / layout.WEIGHTS).is_file():
         # A run continued after it averaged (killed, stopped by its time limit,
         # or with average_last below 2) has trained past its average: the
@@ -312,7 +312,7 @@ def _model_source(source: Path) -> Path:
         # checkpoint. A `partial` checkpoint after that one is left out, as the
         # average of a run stopped by its time limit leaves it out.
         epochs = [
-            path.name for path in found if path.name.startswith("epoch-")
+            path.name for path in found if path.name.startswith(layout.EPOCH)
         ]
         averaged = read_record(average).get("averaged") or [None]
         if not epochs or averaged[-1] == epochs[-1]:
@@ -361,7 +361,7 @@ def check_export_destination(dest: Path, source: Path) -> None:
         except (OSError, ValueError, AttributeError):
             shipped = None
         if shipped != SHIPPED_FORMAT:
-            others = ["a config.json that is not a shipped model's"]
+            others = [f"a {layout.CONFIG} that is not a shipped model's"]
     if others:
         raise CheckpointError(
             f"cannot export into {dest}: it holds {', '.join(others[:3])}"
@@ -462,23 +462,23 @@ def load_model(
         model_config = config_from_dict(record["model"])
     except (ValueError, TypeError) as err:
         raise CheckpointError(
-            f"{folder / 'config.json'}: bad model config: {err}"
+            f"{folder / layout.CONFIG}: bad model config: {err}"
         ) from err
     if not (folder / layout.TOKENIZER).is_file():
-        raise CheckpointError(f"{folder}: no tokenizer.json")
+        raise CheckpointError(f"{folder}: no {layout.TOKENIZER}")
     try:
         tokenizer = load_tokenizer(folder / layout.TOKENIZER)
     except TokenizerError as err:
         raise CheckpointError(str(err)) from err
     if tokenizer.vocab_size != model_config.src_vocab_size:
         raise CheckpointError(
-            f"{folder}: tokenizer.json has {tokenizer.vocab_size} entries, the"
-            f" model's src_vocab_size is {model_config.src_vocab_size} (field"
-            " vocab_size)"
+            f"{folder}: {layout.TOKENIZER} has {tokenizer.vocab_size}"
+            " entries, the model's src_vocab_size is"
+            f" {model_config.src_vocab_size} (field vocab_size)"
         )
     if record["vocab"].get("sha256") != tokenizer_digest(tokenizer):
         raise CheckpointError(
-            f"{folder}: tokenizer.json is not the vocabulary the model was"
+            f"{folder}: {layout.TOKENIZER} is not the vocabulary the model was"
             " trained with (field tokenizer)"
         )
     tensors: dict[str, Tensor] = {}

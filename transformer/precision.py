@@ -5,7 +5,7 @@ by default the fastest that the device has in hardware."""
 # %% auto #0
 __all__ = [
     "PRECISIONS",
-    "AUTOCAST",
+    "autocast_type",
     "precision_for",
     "default_precision",
     "stored_precision",
@@ -13,11 +13,21 @@ __all__ = [
 
 # %% ../chapters/a05_run_setup.ipynb #6d944ab0
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is loaded by a run, not by `train --help`
+    import torch
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-# autocast's type for each precision (fp32 runs without autocast)
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def autocast_type(precision: str) -> "torch.dtype | None":
+    """autocast's type for `precision` (fp32 runs without autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[
+        precision
+    ]
 
 
 def precision_for(capability: tuple[int, int] | None) -> str:
@@ -29,8 +39,10 @@ def precision_for(capability: tuple[int, int] | None) -> str:
     return "bf16" if capability >= (8, 0) else "fp16"
 
 
-def default_precision(device: torch.device) -> str:
+def default_precision(device: "torch.device") -> str:
     """The precision a run on `device` gets unless it asks for one."""
+    import torch
+
     if device.type != "cuda":
         return precision_for(None)
     precision = precision_for(torch.cuda.get_device_capability(device))

@@ -136,7 +136,7 @@ def write_checkpoint(
         if progress is not None:
             # Written last: a folder with progress.json is a complete
             # checkpoint.
-            (tmp / "progress.json").write_text(
+            (tmp / layout.PROGRESS).write_text(
                 json.dumps(asdict(progress), indent=2) + "\n"
             )
 
@@ -146,7 +146,7 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
     `average_last` epochs."""
     found = list_checkpoints(out)
     newest = found[-1][1]
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    epochs = [path for _, path in found if path.name.startswith(layout.EPOCH)]
     keep = set(epochs[-max(average_last, 1) :]) | {newest}
     for _, path in found:
         if path not in keep:
@@ -302,9 +302,9 @@ def run_precision(
 def prepare_folder(out: Path) -> None:
     """Make the run's folders; delete what a killed run left (see
     atomic_folder)."""
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (out / layout.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     remove_stale(out)
-    remove_stale(out / "checkpoints")
+    remove_stale(out / layout.CHECKPOINTS)
 
 
 def store_settings(
@@ -312,17 +312,17 @@ def store_settings(
 ) -> None:
     """Drop the records after update `step`, which a resumed run writes again,
     and store the settings (both atomically: --resume reads them back)."""
-    for name in (layout.METRICS, "steps.jsonl"):
+    for name in (layout.METRICS, layout.STEPS):
         truncate_jsonl(out / name, step)
     settings = json.dumps(config.to_dict(), indent=2) + "\n"
-    atomic_write(out / "train_config.json", settings.encode())
+    atomic_write(out / layout.RUN_CONFIG, settings.encode())
     tokenizer.save(out / layout.TOKENIZER)
 
 
 def last_epochs(out: Path, average_last: int) -> list[Path]:
     """The epoch checkpoints to average: the last `average_last`, from 2."""
     found = list_checkpoints(out)
-    epochs = [path for _, path in found if path.name.startswith("epoch-")]
+    epochs = [path for _, path in found if path.name.startswith(layout.EPOCH)]
     return epochs[-average_last:] if average_last >= 2 else []
 
 
@@ -394,7 +394,7 @@ class RunFolder:
             # The record first: a resumed run drops records newer than its
             # checkpoint.
             append_jsonl(self.out / layout.METRICS, line)
-            folder = self.out / "checkpoints" / name
+            folder = self.out / layout.CHECKPOINTS / name
             write_checkpoint(
                 folder,
                 model,
@@ -413,7 +413,7 @@ class RunFolder:
             append_jsonl(self.out / layout.METRICS, line)
             record = self.record | {"averaged": line["averaged"]}
             write_checkpoint(
-                self.out / "average",
+                self.out / layout.AVERAGE,
                 model,
                 record=record,
                 tokenizer=self.tokenizer,

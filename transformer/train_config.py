@@ -45,17 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
-from transformer.batches import MAX_TOKENS
 from transformer.config import TransformerConfig
 from transformer.config_checks import check_config
-from transformer.loss import LABEL_SMOOTHING
 from transformer.multi30k import PAIRS
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.precision import PRECISIONS
-from transformer.schedule import WARMUP_STEPS
 from transformer.tokenizer import VOCAB_SIZE
+
+from . import layout
 
 MODEL_PRESETS = ("small", "base", "big")
 BPE_DROPOUT_SIDES = {"both": ("src", "tgt"), "source": ("src",)}
@@ -95,6 +92,8 @@ def _share(value: object) -> bool:
 
 
 def _device(value: object) -> bool:
+    import torch  # here, so that `train --help` loads no torch
+
     if value is None:
         return True
     try:
@@ -228,6 +227,27 @@ def preset_model(
         raise ValueError(f"model_overrides: {err}") from err
 
 
+# Three defaults are held by modules of torch code (the batches, the schedule,
+# the loss): a config reads them when it is made, so that the options, and
+# `train --help`, load no torch.
+def _max_tokens() -> int:
+    from transformer.batches import MAX_TOKENS
+
+    return MAX_TOKENS
+
+
+def _warmup_steps() -> int:
+    from transformer.schedule import WARMUP_STEPS
+
+    return WARMUP_STEPS
+
+
+def _label_smoothing() -> float:
+    from transformer.loss import LABEL_SMOOTHING
+
+    return LABEL_SMOOTHING
+
+
 # %% ../chapters/a05_run_setup.ipynb #b8925a56
 @dataclass(frozen=True)
 class TrainConfig:
@@ -266,7 +286,7 @@ class TrainConfig:
         check=SOME_POSITIVE,
     )
     max_tokens: int = option(
-        MAX_TOKENS,
+        default_factory=_max_tokens,
         on_resume="fixed",
         help="padded tokens per batch and side",
         check=POSITIVE,
@@ -278,7 +298,7 @@ class TrainConfig:
         check=POSITIVE,
     )
     warmup: int = option(
-        WARMUP_STEPS,
+        default_factory=_warmup_steps,
         on_resume="fixed",
         help="updates of rising learning rate",
         check=POSITIVE,
@@ -290,7 +310,10 @@ class TrainConfig:
         check=RATE,
     )
     label_smoothing: float = option(
-        LABEL_SMOOTHING, on_resume="fixed", help="in [0, 1)", check=SHARE
+        default_factory=_label_smoothing,
+        on_resume="fixed",
+        help="in [0, 1)",
+        check=SHARE,
     )
     bpe_dropout: float = option(
         0.0, on_resume="fixed", help="in [0, 1); default 0: off", check=SHARE
@@ -364,7 +387,7 @@ class TrainConfig:
     log_every: int = option(
         50,
         on_resume="free",
-        help="updates per line of steps.jsonl",
+        help=f"updates per line of {layout.STEPS}",
         check=POSITIVE,
     )
     peak_flops: float = option(

@@ -3,7 +3,12 @@
 the command line's face of `transformer.ctranslate2`."""
 
 # %% auto #0
-__all__ = ["ERRORS", "ctranslate2_command", "load_ctranslate2"]
+__all__ = [
+    "ERRORS",
+    "QUANTIZATIONS",
+    "ctranslate2_command",
+    "load_ctranslate2",
+]
 
 # %% ../../chapters/a10_cli.ipynb #fdc6283d
 
@@ -21,12 +26,13 @@ from transformer.cli.base import (
 from transformer.multi30k import PAIRS
 
 ERRORS = (ImportError, OSError)  # reported in one line
+# The weights' types that export_ctranslate2 takes, its QUANTIZATIONS (a test
+# holds the two equal), named here: that module loads torch, `--help` does not.
+QUANTIZATIONS = ("float32", "int8")
 
 
 def ctranslate2_command(argv: Sequence[str]) -> None:
     """`python -m transformer ctranslate2 --pair P OUT`."""
-    from transformer.ctranslate2 import QUANTIZATIONS, export_ctranslate2
-
     p = Parser(
         prog=f"{PROG} ctranslate2",
         description=(
@@ -55,6 +61,8 @@ def ctranslate2_command(argv: Sequence[str]) -> None:
         help="the weights' type in the engine (default: float32, as trained)",
     )
     args = p.parse_args(argv)
+    from transformer.ctranslate2 import export_ctranslate2
+
     model, tokenizer = load_for_command(args.pair, args.checkpoint, "cpu")
     try:
         export_ctranslate2(
