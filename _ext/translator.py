@@ -68,6 +68,7 @@ PAGE_FILES = (
     "loader.js",  # the pairs' data and the Web Workers that translate
     "link.js",  # the search's settings, the link and the command line
     "hints.js",  # input the models cannot read
+    "sentences.js",  # a text cut into sentences, by the package's rule
     "result_view.js",  # the translation, free and forced, and greedy beside beam
     "search_view.js",  # the beam search, step by step
     "heatmap.js",  # one attention heatmap
@@ -106,6 +107,8 @@ PAGE_NAMES = (
     "linkTo",
     "commandLine",
     "stepSummary",
+    "splitSentences",
+    "SENTENCE_RULE",
 )
 STATIC = "translator"  # the folder under _static
 # Bump when the format of what is written changes: a new key makes the build rewrite it.

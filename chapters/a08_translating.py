@@ -988,6 +988,8 @@ profile.round(0).astype(int)
 """Translating text with a trained model: sentences in, translations out, in
 batches of similar lengths, and the shipped models loaded by language pair."""
 
+import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -1128,6 +1130,78 @@ assert sorted(
 ) == list(range(10))
 
 
+# %% [markdown]
+# ## A text in sentences
+#
+# The models learned from single captions: given a paragraph, they translate its first sentence
+# and stop. `split_sentences` cuts a text into sentences by one rule: **a sentence ends after
+# `.`, `!`, `?` or `…` (or a run of them, as `...` or `?!`) and any closing quotes or brackets
+# right after, where a space and then an upper-case letter or an opening quote follow, except a
+# single full stop after a number (`am 3. Mai`), a single letter (`z. B.`, `J. Smith`) or a
+# title in `TITLES` (`Dr.`, `Mme`).** The text is normalised first, as the tokenizer does, so
+# any run of white space counts as one space. `3.5` has no space after its stop, and stays
+# whole. The translator page splits by the same rule, in its own JavaScript.
+
+# %%
+#| export
+ENDS = ".!?…"  # the punctuation that ends a sentence
+CLOSING = "\"'”’“»«›‹)]"  # quotes and brackets that close before the space
+OPENING = "\"'“‘„‚«‹"  # quotes that open a sentence
+# Titles before a name, whose full stop ends no sentence (German, French,
+# English).
+TITLES = frozenset({"Dr", "Prof", "Hr", "Fr", "St", "Mr", "Mrs", "Ms", "Mme"})
+# A run of ENDS (group 1), any CLOSING and the space before the next sentence.
+SENTENCE_END = re.compile(
+    f"([{re.escape(ENDS)}]+)[{re.escape(CLOSING)}]* (?=\\S)"
+)
+
+
+def _ends_sentence(text: str, end: re.Match) -> bool:
+    """Whether a match of SENTENCE_END ends a sentence: the next one starts
+    with an upper-case letter or an opening quote, and a single full stop
+    follows no title, letter or number."""
+    after = text[end.end()]
+    if after not in OPENING and unicodedata.category(after) != "Lu":
+        return False
+    if end.group(1) != ".":
+        return True
+    start = end.start()  # the word before the stop: its letters and digits
+    while start and (text[start - 1].isalpha() or text[start - 1].isdecimal()):
+        start -= 1
+    word = text[start : end.start()]
+    return not (len(word) == 1 or word.isdecimal() or word in TITLES)
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text`, normalised as the tokenizer does, by the rule
+    above: [] for a text of white space only."""
+    text = normalize(text)
+    ends = [m for m in SENTENCE_END.finditer(text) if _ends_sentence(text, m)]
+    starts = [0] + [m.end() for m in ends]
+    stops = [m.end() - 1 for m in ends] + [len(text)]  # before the space
+    return [text[a:b] for a, b in zip(starts, stops, strict=True) if b > a]
+
+
+# %% [markdown]
+# The rule on six texts: two sentences; an abbreviation, an ordinal and a decimal, in one;
+# a quoted sentence, then another; an ellipsis; a title; no final stop.
+
+# %%
+from transformer.translation import split_sentences
+
+texts = [
+    "Ein Hund rennt. Eine Katze schläft!",
+    "Das ist z. B. am 3. Mai um 3.5 Uhr.",
+    "Er ruft: „Komm!“ Dann geht er.",
+    "Il attend... Puis il part ?",
+    "Dr. Müller und Mme. Dupont lachen",
+    "   ",
+]
+for text in texts:
+    print(split_sentences(text))
+assert [len(split_sentences(t)) for t in texts] == [2, 1, 2, 2, 1, 0]
+
+
 # %%
 #| export
 def translate(
@@ -1138,12 +1212,16 @@ def translate(
     *,
     prefix: str = "",
     warn: Callable[[str], None] | None = None,
+    by_sentence: bool = False,
     **changes,
 ) -> list[str]:
     """Translations of `sentences`, in their order: beam search, or greedy
     decoding, as `options` say (default: the paper's; `changes` such as
     beam_size=1 change them), over batches of similar lengths, on the model's
     device; each starts with `prefix`, text in the target language, if given.
+    With `by_sentence`, each text is cut by split_sentences, each of its
+    sentences translated (with the prefix) and the translations joined by a
+    space.
 
     An empty sentence translates to "". A source longer than the model's
     positions is cut to its first config.max_len - 1 tokens, then <eos>;
@@ -1181,6 +1259,7 @@ def translate(
         max_len=model.config.max_len,
         batch_size=options.batch_size,
         warn=warn,
+        by_sentence=by_sentence,
     )
 
 
@@ -1192,16 +1271,24 @@ def translate_batches(
     max_len: int,
     batch_size: int,
     warn: Callable[[str], None] | None = None,
+    by_sentence: bool = False,
 ) -> list[str]:
     """`translate` around any decoder of id batches (the package's, or another
     engine's): `decode_batch` takes sources as ids with their <eos>, longest
     first, and returns their hypotheses; max_len is the model's number of
-    positions, batch_size the sentences of a batch."""
+    positions, batch_size the sentences of a batch. A warning names a text by
+    its number in `sentences`, split or not."""
     if isinstance(sentences, str):
         raise TypeError(
             "translate takes a sequence of sentences, not one string"
         )
-    texts = [normalize(s) for s in sentences]
+    if by_sentence:  # owner[i]: the number of the text that texts[i] is from
+        split = [split_sentences(s) for s in sentences]
+        owner = [n for n, parts in enumerate(split) for _ in parts]
+        texts = [part for parts in split for part in parts]
+    else:
+        texts = [normalize(s) for s in sentences]
+        owner = list(range(len(texts)))
     todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
     encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
     room = max_len - 1  # source tokens that fit with their <eos>
@@ -1209,8 +1296,9 @@ def translate_batches(
     too_long = {i: n for i, n in with_eos.items() if n > max_len}
     if too_long and warn is not None:
         sizes = _listed([str(n) for n in too_long.values()])
+        named = sorted({owner[i] for i in too_long})
         warn(
-            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more"
+            f"{_sentences(named)}: {sizes} tokens with <eos>, more"
             f" than the model's {max_len} positions: translating the first"
             f" {room}"
         )
@@ -1225,9 +1313,14 @@ def translate_batches(
                 cut_off.append(todo[j])
     if cut_off and warn is not None:
         warn(
-            f"{_sentences(sorted(cut_off))}: the translation stopped at the"
-            " length limit, before <eos>"
+            f"{_sentences(sorted({owner[i] for i in cut_off}))}: the"
+            " translation stopped at the length limit, before <eos>"
         )
+    if by_sentence:
+        joined = [[] for _ in sentences]
+        for n, result in zip(owner, results, strict=True):
+            joined[n].append(result)
+        results = [" ".join(parts) for parts in joined]
     return results
 
 
@@ -1250,6 +1343,21 @@ found = translate(
 print(found[:2], f"and {len(found[2].split())} words")
 print("\n".join(warnings))
 assert found[1] == "" and "more than the model's 512 positions" in warnings[0]
+
+# %% [markdown]
+# A text of two sentences, translated whole and with `by_sentence=True`: whole, the model
+# translates its first sentence and stops; by sentence, each is translated, and the two
+# translations are joined by a space.
+
+# %%
+text = "Ein Hund rennt über die Wiese. Zwei Kinder spielen im Sand."
+whole, each = (
+    translate(model, tokenizer, [text], beam_size=1, by_sentence=by)[0]
+    for by in (False, True)
+)
+print(f"whole:       {whole}\nby sentence: {each}")
+parts = translate(model, tokenizer, split_sentences(text), beam_size=1)
+assert each == " ".join(parts) and len(whole) < len(each)
 
 # %% [markdown]
 # ## Translating a split

@@ -760,6 +760,8 @@ def load_translator(
 
         if args.prefix:
             raise UsageError("--prefix needs the package's engine")
+        if args.by_sentence:
+            raise UsageError("--by-sentence needs the package's engine")
 
         engine = load_ctranslate2(args, threads=torch.get_num_threads())
         check_positions(options, engine.max_len)
@@ -770,7 +772,12 @@ def load_translator(
         args.pair, args.checkpoint, device, options
     )
     return functools.partial(
-        translate, model, tokenizer, options=options, prefix=args.prefix
+        translate,
+        model,
+        tokenizer,
+        options=options,
+        prefix=args.prefix,
+        by_sentence=args.by_sentence,
     )
 
 
@@ -804,6 +811,15 @@ def translate_parser() -> argparse.ArgumentParser:
         metavar="TEXT",
         help="start every translation with TEXT, in the target language, and"
         " search on from there (a forced prefix)",
+    )
+    p.add_argument(
+        "--by-sentence",
+        action="store_true",
+        help="cut each line into sentences (transformer.translation."
+        "split_sentences) and translate each, with the prefix if given; the"
+        " line's translations are joined by a space. The models learned single"
+        " captions: without it, a line of several sentences gets its first"
+        " translated only",
     )
     return p
 

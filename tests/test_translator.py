@@ -963,3 +963,26 @@ def test_sacrebleu_in_javascript_prints_pythons(static: Path, pair: str):
     )
     assert got[0]["bleu"].startswith(f"BLEU = {reported['bleu']} ")
     assert got[0]["chrf"].endswith(f" = {reported['chrf']}")
+
+
+def test_the_pages_sentences_are_the_packages(static: Path):
+    """page.js's splitSentences cuts a text as the package's split_sentences does: on
+    the rule's tricky texts, with each of Python's white space characters between two
+    sentences, on 300 validation sentences of each language joined in threes, and with
+    the same punctuation, quotes and titles."""
+    from test_sentence_split import SPLIT_CASES
+
+    from transformer.translation import CLOSING, ENDS, OPENING, TITLES, split_sentences
+
+    spaces = [chr(c) for c in range(0x3100) if chr(c).isspace()] + ["\ufeff", "\u200b"]
+    texts = [text for text, _ in SPLIT_CASES]
+    texts += [f"Ein Hund.{space}Eine Katze." for space in spaces]
+    for code in ("de", "fr"):
+        val = load_split("val", code)[:300]
+        texts += [" ".join(val[i : i + 3]) for i in range(0, len(val), 3)]
+    found = run_node(static, "-", {"split": texts})
+    assert found["split"] == [split_sentences(text) for text in texts]
+    assert sum(len(s) > 1 for s in found["split"]) > 150  # the joined ones are cut
+    rule = found["sentenceRule"]
+    assert (rule["ends"], rule["closing"], rule["opening"]) == (ENDS, CLOSING, OPENING)
+    assert set(rule["titles"]) == TITLES

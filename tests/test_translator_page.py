@@ -31,7 +31,7 @@ import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS
 
 from transformer.multi30k import load_split
-from transformer.translation import load_pair_model, translate
+from transformer.translation import load_pair_model, split_sentences, translate
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -62,7 +62,8 @@ new MutationObserver(() => {
 @functools.cache
 def packages(pair: str, text: str, beam: int) -> str:
     model, tokenizer = load_pair_model(pair)
-    return translate(model, tokenizer, [text], beam_size=beam)[0]
+    # the page translates sentence by sentence
+    return translate(model, tokenizer, [text], beam_size=beam, by_sentence=True)[0]
 
 
 def commanded(command: str) -> str:
@@ -334,10 +335,36 @@ def _answers_within(page, until: str) -> list[float]:
     raise AssertionError(f"{until} did not hold in time")
 
 
+def test_a_text_is_translated_sentence_by_sentence(book: Path):
+    """Two sentences: the page translates each, as `translate --by-sentence` does, and
+    joins them; the views show the first, and the chooser shows the second."""
+    text = "Ein Hund rennt über die Wiese. Zwei Kinder spielen im Sand."
+    with opened(address(book, None, pair="de-en", text=text)) as page:
+        assert settle(page) == "done", page.text_content("#translator-status")
+        first = shown(page)
+        options = page.locator("#translator-sentence option").all_text_contents()
+        page.select_option("#translator-sentence", "1")
+        page.wait_for_function(
+            "document.querySelector('#translator').dataset.state === 'done'"
+            " && !document.querySelector('#translator-go').disabled"
+        )
+        settle(page)
+        second = shown(page)
+    model, tokenizer = load_pair_model("de-en")
+    parts = translate(model, tokenizer, split_sentences(text), beam_size=4)
+    assert first["translation"] == " ".join(parts) == second["translation"]
+    assert options == [
+        f"{i + 1} of 2: {s}" for i, s in enumerate(split_sentences(text))
+    ]
+    assert first["pieces"] == len(tokenizer.encode(split_sentences(text)[0])) + 1
+    assert second["pieces"] == len(tokenizer.encode(split_sentences(text)[1])) + 1
+
+
 def test_a_long_paragraph_leaves_the_page_responsive(book: Path):
-    """300 words: while the page translates and draws, it answers within 200 ms; the
-    heatmap keeps readable cells, and scrolls."""
-    text = paragraph(300)
+    """300 words in one sentence (no full stops, so the split keeps it whole): while the
+    page translates and draws, it answers within 200 ms; the heatmap keeps readable
+    cells, and scrolls."""
+    text = paragraph(300).replace(".", ",")
     with opened(address(book, None, pair="de-en", text="Hallo.")) as page:
         assert settle(page) == "done"
         page.fill("#translator-text", text)

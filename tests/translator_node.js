@@ -34,6 +34,8 @@
 //                            -> hints: page.js's languageHint of each, or null
 //   commands: [{pair, text, beamSize, alpha, prefixText}], defaults
 //                            -> commands: page.js's commandLine of each
+//   split: [text]            -> split: the sentences of each (page.js's splitSentences),
+//                               and sentenceRule: the rule's characters and titles
 //   bytes: the size of the pair's files
 //                            -> progress: [[loaded, total]] as loadPairScripts tells it
 //   serve: [[sentence]]      -> served: the translations of each chunk, as the page's
@@ -100,6 +102,10 @@ async function main() {
   }
   if (request.commands) {
     answer.commands = request.commands.map((c) => page.commandLine(c, request.defaults));
+  }
+  if (request.split) {
+    answer.split = request.split.map((text) => page.splitSentences(text));
+    answer.sentenceRule = page.SENTENCE_RULE;
   }
   if (pair !== "-") {
     await answerPair();

@@ -4,14 +4,22 @@ batches of similar lengths, and the shipped models loaded by language pair."""
 
 # %% auto #0
 __all__ = [
+    "ENDS",
+    "CLOSING",
+    "OPENING",
+    "TITLES",
+    "SENTENCE_END",
     "load_pair_model",
     "length_sorted_batches",
+    "split_sentences",
     "translate",
     "translate_batches",
 ]
 
 # %% ../chapters/a08_translating.ipynb #aa35ad21
 
+import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -105,6 +113,45 @@ def _sentences(indices: list[int]) -> str:
 
 
 # %% ../chapters/a08_translating.ipynb #6b3a0281
+ENDS = ".!?…"  # the punctuation that ends a sentence
+CLOSING = "\"'”’“»«›‹)]"  # quotes and brackets that close before the space
+OPENING = "\"'“‘„‚«‹"  # quotes that open a sentence
+# Titles before a name, whose full stop ends no sentence (German, French,
+# English).
+TITLES = frozenset({"Dr", "Prof", "Hr", "Fr", "St", "Mr", "Mrs", "Ms", "Mme"})
+# A run of ENDS (group 1), any CLOSING and the space before the next sentence.
+SENTENCE_END = re.compile(
+    f"([{re.escape(ENDS)}]+)[{re.escape(CLOSING)}]* (?=\\S)"
+)
+
+
+def _ends_sentence(text: str, end: re.Match) -> bool:
+    """Whether a match of SENTENCE_END ends a sentence: the next one starts
+    with an upper-case letter or an opening quote, and a single full stop
+    follows no title, letter or number."""
+    after = text[end.end()]
+    if after not in OPENING and unicodedata.category(after) != "Lu":
+        return False
+    if end.group(1) != ".":
+        return True
+    start = end.start()  # the word before the stop: its letters and digits
+    while start and (text[start - 1].isalpha() or text[start - 1].isdecimal()):
+        start -= 1
+    word = text[start : end.start()]
+    return not (len(word) == 1 or word.isdecimal() or word in TITLES)
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text`, normalised as the tokenizer does, by the rule
+    above: [] for a text of white space only."""
+    text = normalize(text)
+    ends = [m for m in SENTENCE_END.finditer(text) if _ends_sentence(text, m)]
+    starts = [0] + [m.end() for m in ends]
+    stops = [m.end() - 1 for m in ends] + [len(text)]  # before the space
+    return [text[a:b] for a, b in zip(starts, stops, strict=True) if b > a]
+
+
+# %% ../chapters/a08_translating.ipynb #3e14811a
 def translate(
     model: Transformer,
     tokenizer: Tokenizer,
@@ -113,12 +160,16 @@ def translate(
     *,
     prefix: str = "",
     warn: Callable[[str], None] | None = None,
+    by_sentence: bool = False,
     **changes,
 ) -> list[str]:
     """Translations of `sentences`, in their order: beam search, or greedy
     decoding, as `options` say (default: the paper's; `changes` such as
     beam_size=1 change them), over batches of similar lengths, on the model's
     device; each starts with `prefix`, text in the target language, if given.
+    With `by_sentence`, each text is cut by split_sentences, each of its
+    sentences translated (with the prefix) and the translations joined by a
+    space.
 
     An empty sentence translates to "". A source longer than the model's
     positions is cut to its first config.max_len - 1 tokens, then <eos>;
@@ -156,6 +207,7 @@ def translate(
         max_len=model.config.max_len,
         batch_size=options.batch_size,
         warn=warn,
+        by_sentence=by_sentence,
     )
 
 
@@ -167,16 +219,24 @@ def translate_batches(
     max_len: int,
     batch_size: int,
     warn: Callable[[str], None] | None = None,
+    by_sentence: bool = False,
 ) -> list[str]:
     """`translate` around any decoder of id batches (the package's, or another
     engine's): `decode_batch` takes sources as ids with their <eos>, longest
     first, and returns their hypotheses; max_len is the model's number of
-    positions, batch_size the sentences of a batch."""
+    positions, batch_size the sentences of a batch. A warning names a text by
+    its number in `sentences`, split or not."""
     if isinstance(sentences, str):
         raise TypeError(
             "translate takes a sequence of sentences, not one string"
         )
-    texts = [normalize(s) for s in sentences]
+    if by_sentence:  # owner[i]: the number of the text that texts[i] is from
+        split = [split_sentences(s) for s in sentences]
+        owner = [n for n, parts in enumerate(split) for _ in parts]
+        texts = [part for parts in split for part in parts]
+    else:
+        texts = [normalize(s) for s in sentences]
+        owner = list(range(len(texts)))
     todo = [i for i, text in enumerate(texts) if text]  # empty ones stay ""
     encoded = tokenizer.encode_batch([texts[i] for i in todo]) if todo else []
     room = max_len - 1  # source tokens that fit with their <eos>
@@ -184,8 +244,9 @@ def translate_batches(
     too_long = {i: n for i, n in with_eos.items() if n > max_len}
     if too_long and warn is not None:
         sizes = _listed([str(n) for n in too_long.values()])
+        named = sorted({owner[i] for i in too_long})
         warn(
-            f"{_sentences(list(too_long))}: {sizes} tokens with <eos>, more"
+            f"{_sentences(named)}: {sizes} tokens with <eos>, more"
             f" than the model's {max_len} positions: translating the first"
             f" {room}"
         )
@@ -200,7 +261,12 @@ def translate_batches(
                 cut_off.append(todo[j])
     if cut_off and warn is not None:
         warn(
-            f"{_sentences(sorted(cut_off))}: the translation stopped at the"
-            " length limit, before <eos>"
+            f"{_sentences(sorted({owner[i] for i in cut_off}))}: the"
+            " translation stopped at the length limit, before <eos>"
         )
+    if by_sentence:
+        joined = [[] for _ in sentences]
+        for n, result in zip(owner, results, strict=True):
+            joined[n].append(result)
+        results = [" ".join(parts) for parts in joined]
     return results

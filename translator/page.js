@@ -1,7 +1,7 @@
 "use strict";
 /* global $, Problem, Cancelled, createLoader, readLink, linkTo, commandLine, languageHint,
-   unreadablePieces, createResultView, createSearchView, createAttentionView,
-   createScoreView */
+   unreadablePieces, splitSentences, createResultView, createSearchView, createAttentionView,
+   createScoreView, element */
 /* exported startPage */
 
 // The page "Translate and look inside": the widget's controls, and the parts together.
@@ -33,6 +33,8 @@ function startWidget(loader, shipped) {
   const root = document.getElementById("translator");
   let prefix = []; // the pieces the output is forced to start with: written here only
   let running = null; // the translation under way: {cancelled}
+  let shown = 0; // the sentence whose search and attention are shown; it takes the prefix
+  let translated = null; // the text's sentences and what inspect found of each
   const examples = new Map(); // pair -> the sentence it starts with, once loaded
 
   const defaults = () => ({
@@ -113,6 +115,7 @@ function startWidget(loader, shipped) {
 
   /** Nothing shown but the status: no translation, or a stale one. */
   function clearShown() {
+    $("sentences").hidden = true;
     result.clear();
     search.clear();
     attention.clear();
@@ -151,9 +154,9 @@ function startWidget(loader, shipped) {
    * Translate the box's text with the page's settings (`example`: the pair's example
    * sentence, once its model is loaded); a new one stops the one running.
    */
-  async function translateNow({ example = false } = {}) {
+  async function translateNow({ example = false, again = false } = {}) {
     stopRunning();
-    const run = { cancelled: false, example };
+    const run = { cancelled: false, example, again };
     running = run;
     $("go").disabled = true;
     $("cancel").disabled = false;
@@ -219,53 +222,88 @@ function startWidget(loader, shipped) {
     if (run.example) {
       $("text").value = summary.example;
     }
+    if (run.again && translated) {
+      await showSentence(run, translated, 0); // another sentence of the same translation
+      return;
+    }
     const text = $("text").value;
+    const sentences = splitSentences(text); // the package's translate --by-sentence
+    shown = Math.min(shown, Math.max(sentences.length - 1, 0));
     const { beamSize, alpha } = settings();
-    const options = { beamSize, alpha, prefix: prefixIds(summary) };
+    const forced = prefixIds(summary);
     const way = beamSize === 1 ? "greedy decoding" : `beam search, ${beamSize} beams`;
     setState("translating", `Translating (${way})…`);
-    const onStep = (t) => {
-      $("status").textContent = `Translating (${way}): step ${t + 1}`;
-    };
     const started = performance.now();
-    const found = await loader.compute(run, { pair, inspect: text, options }, onStep, (c) =>
-      c.inspect(text, options),
-    );
+    const found = [];
+    for (const [i, sentence] of sentences.entries()) {
+      const of = sentences.length > 1 ? ` sentence ${i + 1} of ${sentences.length},` : "";
+      const onStep = (t) => {
+        $("status").textContent = `Translating (${way}):${of} step ${t + 1}`;
+      };
+      const options = { beamSize, alpha, prefix: i === shown ? forced : [] };
+      const message = { pair, inspect: sentence, options };
+      found.push(await loader.compute(run, message, onStep, (c) => c.inspect(sentence, options)));
+      check(run);
+    }
     const ms = performance.now() - started;
     // for experiments/translator_bench.py: when, and how long the translation took
     performance.mark("translator: translated", { detail: { ms } });
-    check(run);
-    if (found.empty) {
+    if (!found.length || found.some((one) => one.empty)) {
       clearShown();
       setState("error", "Type a sentence to translate: the box is empty.");
       return;
     }
     const where = loader.onPage() ? " on the page itself: no worker could start" : "";
-    const status = `Translated in ${(ms / 1000).toFixed(2)} s${where}.`;
+    const count = sentences.length > 1 ? `${sentences.length} sentences ` : "";
+    const status = `Translated ${count}in ${(ms / 1000).toFixed(2)} s${where}.`;
+    translated = { pair, text, sentences, found, summary, status, beamSize, alpha };
+    await showSentence(run, translated, ms);
+  }
+
+  /** What was found of the text, its sentence `shown` in the views (ms: to translate it). */
+  async function showSentence(run, { pair, text, sentences, found, summary, ...rest }, ms) {
+    const { status, beamSize, alpha } = rest;
+    const one = found[shown];
+    const several = sentences.length > 1;
+    $("sentences").hidden = !several;
+    $("sentence").replaceChildren(
+      ...sentences.map((sentence, i) => {
+        const choice = element("option", "", `${i + 1} of ${sentences.length}: ${sentence}`);
+        choice.value = String(i);
+        return choice;
+      }),
+    );
+    $("sentence").value = String(shown);
+    // inspect names its one sentence "sentence 1"; here it is sentence i + 1 of the text
+    const warnings = found.flatMap((f, i) =>
+      f.warnings.map((w) => (several ? w.replace("sentence 1", `sentence ${i + 1}`) : w)),
+    );
+    const sources = { source: found.flatMap((f) => f.source) };
     const { pieces, specialIds: ids } = summary;
     result.show({
-      result: found,
+      result: one,
+      translation: found.map((f) => f.text).join(" "),
       pieces,
       eos: ids.eos,
-      warnings: [...found.warnings, ...unreadable(found, summary)],
+      warnings: [...warnings, ...unreadable(sources, summary)],
       hint: hintFor(text, pair),
-      forced: { prefix, command: forcedCommand(found, pair, text) },
+      forced: { prefix, command: forcedCommand(one, pair, sentences[shown]) },
       link: linkTo(window.location.href, { pair, text, beamSize, alpha, prefix }, defaults()),
     });
     const viewStarted = performance.now();
     search.clear();
     attention.clear();
-    await search.show(run, found, { pieces, ids });
+    await search.show(run, one, { pieces, ids });
     performance.mark("translator: search shown", {
       detail: { ms: ms + performance.now() - viewStarted },
     });
     $("status").textContent = `${status} Reading its attention…`;
-    const { source, target } = found;
+    const { source, target } = one;
     const weights = await loader.compute(run, { pair, attention: { source, target } }, null, (c) =>
       c.attention(source, target),
     );
     check(run);
-    await attention.show(run, found, weights, summary.layers);
+    await attention.show(run, one, weights, summary.layers);
     setState("done", status);
     performance.mark("translator: drawn");
   }
@@ -323,6 +361,14 @@ function startWidget(loader, shipped) {
     $("cancel").addEventListener("click", stopRunning);
     $("text").addEventListener("input", () => {
       prefix = []; // a forced start belongs to the sentence it was chosen for
+      translated = null;
+    });
+    $("sentence").addEventListener("change", () => {
+      shown = Number($("sentence").value);
+      // a forced start belongs to the sentence it was chosen for: translate afresh
+      const again = prefix.length === 0;
+      prefix = [];
+      translateNow({ again });
     });
     $("text").addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {

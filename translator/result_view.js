@@ -102,10 +102,11 @@ function createResultView({ onJump, onSwitch }) {
    * Show a translation: result (LanguagePair.inspect's), in the pair's `pieces` with
    * <eos> `eos`; warnings: lines for the reader; hint: {pair, name} of the pair the text
    * looks like, or null; forced: {prefix (pieces), command}, as showForced takes them;
-   * link: the address of this translation.
+   * link: the address of this translation; translation: the whole text's (by default the
+   * result's own), where the text has several sentences and `result` is one of them.
    */
-  function show({ result, pieces, eos, warnings, hint, forced, link }) {
-    document.getElementById("translation").textContent = result.text;
+  function show({ result, pieces, eos, warnings, hint, forced, link, translation = null }) {
+    document.getElementById("translation").textContent = translation ?? result.text;
     $("warnings").replaceChildren(
       ...warnings.map((message) => element("li", "", `warning: ${message}`)),
     );
