@@ -522,8 +522,13 @@ speed, earlier = (
     pd.DataFrame(
         [r for r in run["rows"] if r["engine"] != "package-int8"]
     ).rename(
-        columns={"batch_size": "batch", "sentences_per_s": "sentences/s",
-                 "ratio": "× CT2", "same_as_package": "same", "bleu": "BLEU"}
+        columns={
+            "batch_size": "batch",
+            "sentences_per_s": "sentences/s",
+            "ratio": "× CT2",
+            "same_as_package": "same",
+            "bleu": "BLEU",
+        }
     )  # fmt: skip
     for run in (bench, before)
 )
