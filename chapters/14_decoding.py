@@ -162,10 +162,12 @@ def hypothesis(row, log_prob, score, *, eos_id, pad_id, **_) -> Hypothesis:
     return Hypothesis(tokens, log_prob, score, ended)
 
 
-def output_limit(model: Transformer, src: Tensor) -> int:
-    """The most tokens one sentence src (S,) may output, EOS included: its
-    length + 50, within the model's positions."""
-    return min(src.numel() + EXTRA_LENGTH, model.config.max_len)
+def output_limit(length: int, positions: int, max_len=None) -> int:
+    """The most tokens a sentence of `length` source tokens may output, EOS
+    included: length + 50 (or max_len, if given), never more than a model's
+    `positions`: the one rule of every search's length."""
+    limit = length + EXTRA_LENGTH if max_len is None else max_len
+    return min(limit, positions)
 
 
 # %% [markdown]
@@ -203,7 +205,7 @@ def greedy_decode(
         memory = model.encode(src, src_mask)  # (1, S, d_model)
         cache = DecoderCache.empty(len(model.decoder.layers))
         ys, log_prob = torch.tensor([[bos_id]], device=src.device), 0.0
-        for _ in range(output_limit(model, src[0])):
+        for _ in range(output_limit(src.size(1), model.config.max_len)):
             if use_cache:  # the newest token; the cache holds the others
                 step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
             else:  # the whole output so far, under the causal mask
@@ -449,7 +451,7 @@ def beam_search(
     their log p (K, V) and their beams' lp (K,), then the K kept: their flat
     indices into the K·V, and whether they have ended."""
     K, ids = beam_size, dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    limit = output_limit(model, src)
+    limit = output_limit(src.numel(), model.config.max_len)
     lp_limit = length_penalty(torch.tensor(limit), alpha)
     with torch.inference_mode():
         src_mask = padding_mask(src[None], pad_id)  # (1, 1, 1, S)

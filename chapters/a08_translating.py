@@ -167,9 +167,9 @@ except OptionError as err:
 #   options come checked, as a `DecodeOptions`; the one check that needs the model is made where
 #   the search meets it: an $\alpha$ whose $lp$ overflows 32-bit floats within the model's
 #   positions, which would turn the $-\infty$ scores of ruled-out candidates into NaN.
-# - **`output_limits`** gives each sentence the paper's length limit, its source length + 50
-#   tokens, EOS included (or `max_len` if given), never more than the positions of the model's
-#   positional encoding (`config.max_len`).
+# - **`output_limits`** gives each sentence the decoding chapter's `output_limit`: its source
+#   length + 50 tokens, EOS included (or `max_len` if given), never more than the positions of
+#   the model's positional encoding (`config.max_len`).
 # - **`inference`** turns off gradients and dropout for the search, and puts the model back in
 #   the mode it was in afterwards.
 
@@ -184,8 +184,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from transformer.decode import output_limit
 from transformer.model import Transformer
-from transformer.paper_search import EXTRA_LENGTH
 
 
 def output_limits(
@@ -197,11 +197,10 @@ def output_limits(
     max_len if given; never more than the positions of the model's positional
     encoding (config.max_len).
     """
-    if max_len is None:
-        limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
-    else:
-        limits = torch.full((src.size(0),), max_len, device=src.device)  # (B,)
-    return limits.clamp(max=model.config.max_len)
+    lengths = (src != pad_id).sum(dim=1).tolist()
+    positions = model.config.max_len
+    limits = [output_limit(n, positions, max_len) for n in lengths]
+    return torch.tensor(limits, device=src.device)  # (B,)
 
 
 def check_search(

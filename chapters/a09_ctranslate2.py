@@ -85,13 +85,12 @@ from torch import Tensor, nn
 from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.checkpoint import CheckpointError
-from transformer.decode import Hypothesis
+from transformer.decode import Hypothesis, output_limit
 from transformer.decode_options import DecodeOptions, with_changes
 from transformer.embedding import sinusoidal_encoding
 from transformer.fast_words import load_tokenizer
 from transformer.files import atomic_folder
 from transformer.model import Transformer
-from transformer.paper_search import EXTRA_LENGTH
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate_batches
 
@@ -350,8 +349,23 @@ class CTranslate2Model:
     ) -> list[list[int]]:
         """The output ids of sources given as ids with their final <eos>, as
         the package's decoders take them: one batch, searched as `options` say
-        (default: the paper's)."""
+        (default: the paper's). Each sentence keeps its own length limit, as
+        in the package: the engine takes one limit a call, so the sentences of
+        one limit are searched together."""
         options = options or DecodeOptions()
+        limits = self.limits(sources, options)
+        outputs: list[list[int]] = [[] for _ in sources]
+        for limit in sorted(set(limits)):
+            rows = [i for i, n in enumerate(limits) if n == limit]
+            found = self._search([sources[i] for i in rows], options, limit)
+            for i, ids in zip(rows, found, strict=True):
+                outputs[i] = ids
+        return outputs
+
+    def _search(
+        self, sources: list[list[int]], options: DecodeOptions, limit: int
+    ) -> list[list[int]]:
+        """One call of the engine, every output of at most `limit` tokens."""
         tok = self.tokenizer
         results = self.translator.translate_batch(
             [
@@ -360,7 +374,7 @@ class CTranslate2Model:
             beam_size=options.beam_size,
             # the engine divides by |Y|^α, where GNMT's lp is ((5 + |Y|)/6)^α
             length_penalty=1.0 if options.greedy else options.alpha,
-            max_decoding_length=self._limit(sources, options),
+            max_decoding_length=limit,
             min_decoding_length=0,  # <eos> may come first, as in the package
             suppress_sequences=[
                 [self._pieces[tok.pad_id]],
@@ -369,13 +383,15 @@ class CTranslate2Model:
         )
         return [[self._ids[p] for p in r.hypotheses[0]] for r in results]
 
-    def _limit(
+    def limits(
         self, sources: Sequence[list[int]], options: DecodeOptions
-    ) -> int:
-        """The most tokens, <eos> included, that a batch's outputs may have:
-        options.max_len, or the longest source's length + 50."""
-        limit = options.max_len or max(len(s) for s in sources) + EXTRA_LENGTH
-        return min(limit, self.max_len)
+    ) -> list[int]:
+        """The most tokens, <eos> included, that each output may have: the
+        decoding chapter's output_limit."""
+        return [
+            output_limit(len(s), self.max_len, options.max_len)
+            for s in sources
+        ]
 
     def translate(
         self,
@@ -391,7 +407,8 @@ class CTranslate2Model:
         options = with_changes(options, **changes)
 
         def decode_batch(sources: list[list[int]]) -> list[Hypothesis]:
-            limit = self._limit(sources, options)
+            found = self.decode_batch(sources, options)
+            limits = self.limits(sources, options)
             return [  # the engine's scores are not the package's: not kept
                 Hypothesis(
                     ids,
@@ -399,7 +416,7 @@ class CTranslate2Model:
                     score=math.nan,
                     ended=len(ids) < limit,
                 )
-                for ids in self.decode_batch(sources, options)
+                for ids, limit in zip(found, limits, strict=True)
             ]
 
         return translate_batches(

@@ -16,8 +16,13 @@ from helpers import ship, tiny_tokenizer  # noqa: E402
 
 import transformer.ctranslate2 as ct2_module  # noqa: E402
 from transformer.cli.main import main  # noqa: E402
+from transformer.batched_search import (  # noqa: E402
+    batched_beam_search,
+    batched_greedy_decode,
+)
 from transformer.config import TransformerConfig  # noqa: E402
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2  # noqa: E402
+from transformer.decode_options import DecodeOptions  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 from transformer.multi30k import (
     PAIRS,
@@ -96,6 +101,28 @@ def test_a_model_the_export_does_not_convert_is_refused(tmp_path, fields, named)
     with pytest.raises(ValueError, match=f"cannot export to CTranslate2 .*{named}"):
         export_ctranslate2(model, tokenizer, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_each_sentence_keeps_its_own_length_limit(tmp_path):
+    """In one batch of a short and a long source, the engine stops each output at its own
+    source length + 50, as the package's searches do: an untrained model never says <eos>."""
+    model, tokenizer = load_pair_model(
+        "de-en", ship(tmp_path / "tiny", tiny_tokenizer(), max_len=128)
+    )
+    engine = CTranslate2Model(export_ctranslate2(model, tokenizer, tmp_path / "out"))
+    eos, pad = tokenizer.eos_id, tokenizer.pad_id
+    sources = [[30, 30, eos], [30] * 20 + [eos]]  # 3 and 21 tokens
+    src = torch.full((2, 21), pad)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids)
+    special = dict(bos_id=tokenizer.bos_id, eos_id=eos, pad_id=pad)
+    for beam in (1, 2):
+        options = DecodeOptions(beam_size=beam)
+        search = batched_greedy_decode if beam == 1 else batched_beam_search
+        ours = [h.tokens for h in search(model, src, options, **special)]
+        theirs = engine.decode_batch(sources, options)
+        assert [len(t) for t in ours] == [len(t) for t in theirs] == [53, 71]
+        assert engine.limits(sources, options) == [53, 71]
 
 
 def test_the_engine_warns_as_the_package_does(tmp_path):

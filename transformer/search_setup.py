@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from transformer.decode import output_limit
 from transformer.model import Transformer
-from transformer.paper_search import EXTRA_LENGTH
 
 
 def output_limits(
@@ -26,11 +26,10 @@ def output_limits(
     max_len if given; never more than the positions of the model's positional
     encoding (config.max_len).
     """
-    if max_len is None:
-        limits = (src != pad_id).sum(dim=1) + EXTRA_LENGTH  # (B,)
-    else:
-        limits = torch.full((src.size(0),), max_len, device=src.device)  # (B,)
-    return limits.clamp(max=model.config.max_len)
+    lengths = (src != pad_id).sum(dim=1).tolist()
+    positions = model.config.max_len
+    limits = [output_limit(n, positions, max_len) for n in lengths]
+    return torch.tensor(limits, device=src.device)  # (B,)
 
 
 def check_search(
