@@ -89,6 +89,7 @@ CORE_NAMES = (
     "translate",
     "greedyDecode",
     "beamSearch",
+    "outputLimit",
     "finish",
     "SacreBleu",
     "pythonFixed",

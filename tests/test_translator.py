@@ -986,3 +986,21 @@ def test_the_pages_sentences_are_the_packages(static: Path):
     rule = found["sentenceRule"]
     assert (rule["ends"], rule["closing"], rule["opening"]) == (ENDS, CLOSING, OPENING)
     assert set(rule["titles"]) == TITLES
+
+
+def test_the_pages_output_limit_is_the_packages(static: Path):
+    """decode.js's outputLimit gives a source the decoding chapter's output_limit: its
+    length + 50, or max_len, within the model's positions."""
+    from transformer.decode import output_limit
+    from transformer.paper_search import EXTRA_LENGTH
+
+    cases = [
+        [length, positions, max_len]
+        for length in (1, 2, 13, 49, 50, 51, 200)
+        for positions in (8, 64, 256)
+        for max_len in (None, 1, 5, 60, 300)
+    ]
+    request = {"limits": {"cases": cases, "extraLength": EXTRA_LENGTH}}
+    found = run_node(static, "-", request)["limits"]
+    assert found == [output_limit(*case) for case in cases]
+    assert len(set(found)) > 10

@@ -36,6 +36,8 @@
 //                            -> commands: page.js's commandLine of each
 //   split: [text]            -> split: the sentences of each (page.js's splitSentences),
 //                               and sentenceRule: the rule's characters and titles
+//   limits: {cases: [[length, positions, maxLen]], extraLength}
+//                            -> limits: decode.js's outputLimit of each
 //   bytes: the size of the pair's files
 //                            -> progress: [[loaded, total]] as loadPairScripts tells it
 //   serve: [[sentence]]      -> served: the translations of each chunk, as the page's
@@ -102,6 +104,12 @@ async function main() {
   }
   if (request.commands) {
     answer.commands = request.commands.map((c) => page.commandLine(c, request.defaults));
+  }
+  if (request.limits) {
+    const { cases, extraLength } = request.limits;
+    answer.limits = cases.map(([length, positions, maxLen]) =>
+      core.outputLimit({ maxLen: positions }, length, { extraLength, maxLen }),
+    );
   }
   if (request.split) {
     answer.split = request.split.map((text) => page.splitSentences(text));
