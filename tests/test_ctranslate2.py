@@ -15,11 +15,11 @@ pytest.importorskip("ctranslate2")
 from helpers import ship, tiny_tokenizer  # noqa: E402
 
 import transformer.ctranslate2 as ct2_module  # noqa: E402
-from transformer.cli.main import main  # noqa: E402
 from transformer.batched_search import (  # noqa: E402
     batched_beam_search,
     batched_greedy_decode,
 )
+from transformer.cli.main import main  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
 from transformer.ctranslate2 import CTranslate2Model, export_ctranslate2  # noqa: E402
 from transformer.decode_options import DecodeOptions  # noqa: E402
