@@ -290,10 +290,9 @@ def _label_smoothing() -> float:
 # so autocast to it needs nothing more. At 7.0 and 7.5 (V100, T4) it has float16 tensor cores only:
 # PyTorch emulates bfloat16 there, slowly, though `torch.cuda.is_bf16_supported()` says yes unless
 # asked with `including_emulation=False`. float16's smaller range would round small gradients to
-# zero, so a float16 run scales the loss up before the backward pass and the gradients down before
-# Adam's step (PyTorch's `GradScaler`): an update whose gradients overflow is skipped and the scale
-# halved; a run of updates without overflow doubles it. A run's `precision` (`bf16`, `fp16` or
-# `fp32`), left unset, is the fastest the device has in hardware; a resumed run keeps its own.
+# zero, so a float16 run scales its loss ([The Trainer](a07_trainer.ipynb) shows how). A run's
+# `precision` (`bf16`, `fp16` or `fp32`), left unset, is the fastest the device has in hardware; a
+# resumed run keeps its own.
 
 # %%
 #| export precision

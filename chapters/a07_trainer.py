@@ -185,8 +185,10 @@ print(f"the last update's loss per token: {losses[0] / tokens:.4f}, both")
 assert math.isclose(losses[0], losses[1], rel_tol=1e-6)  # summed in float32
 
 # %% [markdown]
-# In float16 a gradient past 65,504, float16's largest number, is infinite: the scaler skips that
-# update, leaving the weights as they were, and halves its scale until the gradients fit. PyTorch
+# In float16 a gradient past 65,504, float16's largest number, is infinite. The `GradScaler`
+# multiplies the loss by a scale before the backward pass and divides the gradients by it before
+# Adam's step; it skips an update whose gradients overflow, leaving the weights as they were, and
+# halves its scale until the gradients fit; a run of updates without overflow doubles it. PyTorch
 # runs float16 autocast on a CPU too, so here it runs, from a scale set too high:
 
 # %%

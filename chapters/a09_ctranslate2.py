@@ -567,12 +567,11 @@ speed.set_index(key)[
 
 # %% [markdown]
 # What to see: with 32 sentences at a time, the package decodes at a little under half the engine's
-# speed, greedily or with beam 4; one sentence at a time, at about a quarter. Greedy translations
-# are identical. The engine multiplies matrices with a library faster on this CPU and runs each
-# decoding step as fused C++ kernels, where the package calls many small PyTorch operations from
-# Python; with one sentence the operations are too small to keep the cores busy, and that overhead
-# dominates. Int8 weights speed the engine up by 30 to 60% and change a few translations (the BLEU
-# column). [Derivations and counts](a11_counts.ipynb) profiles a decoding step.
+# speed, greedily or with beam 4; one sentence at a time, at about a quarter, since one sentence's
+# operations are too small to keep the cores busy and the package's per-operation overhead from
+# Python dominates. Greedy translations are identical. Int8 weights speed the engine up by 30 to
+# 60% and change a few translations (the BLEU column). [Derivations and counts](a11_counts.ipynb)
+# profiles a decoding step and says where the engine's lead comes from.
 
 # %% tags=["hide-input"]
 alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(

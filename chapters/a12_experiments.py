@@ -151,9 +151,9 @@ with pd.option_context("display.max_rows", 50, "display.max_colwidth", 80):
     display(shown)
 
 # %% [markdown]
-# The runs by question: what each changes, its averaged model's perplexity per word, its effect and
-# what that compares (`avg`: the averaged models; otherwise both runs at an epoch), and for seven
-# runs the averaged model's validation sacreBLEU (beam 4, $\alpha = 0.6$).
+# The runs by question. `avg`: the effect compares the averaged models, otherwise both runs at the
+# epoch named; BLEU: for seven runs, the averaged model's validation sacreBLEU (beam 4, $\alpha =
+# 0.6$).
 #
 # ## Chance
 #
