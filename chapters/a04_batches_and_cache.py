@@ -16,19 +16,14 @@
 # %% [markdown]
 # # Batches and the encoded cache
 #
-# [The data: Multi30k](10_data.ipynb) pads sentence pairs into batches of similar length. This
-# appendix builds on the chapter's code what training reads:
-#
-# - `transformer.checked_batches` checks the arguments of the chapter's `collate` and
-#   `token_batches` before calling them, turning arguments that cannot make a batch into one
-#   clear error;
-# - `transformer.encoded_split` holds a split as token ids in flat arrays, and `transformer.encoded_cache`
-#   keeps every split that way on disk, so that training needs neither the text nor spaCy; the
-#   cache's files are written atomically (`transformer.files`);
-# - `transformer.bpe_dropout` spells the training words afresh each epoch, an option that is off
-#   by default;
-# - `iterate_batches` (in `transformer.encoded_split`) serves the batches of an epoch over an
-#   encoded split to training.
+# [The data: Multi30k](10_data.ipynb) pads sentence pairs into batches of similar length. On the
+# chapter's code this appendix builds what training reads: checks in front of `collate` and
+# `token_batches` that turn arguments unable to make a batch into one clear error
+# (`transformer.checked_batches`); splits held as token ids in flat arrays
+# (`transformer.encoded_split`) and cached on disk, so that training needs neither the text nor
+# spaCy (`transformer.encoded_cache`, its files written atomically by `transformer.files`);
+# BPE-dropout, an option off by default (`transformer.bpe_dropout`); and `iterate_batches`, an
+# epoch's batches over an encoded split.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -56,10 +51,10 @@ if importlib.util.find_spec("transformer") is None:
 # ## The checks of a batch
 #
 # The chapter's `collate` and `token_batches` trust their arguments. Where batches enter the
-# package's pipeline, three checks come first and turn arguments that cannot make a batch into
-# one clear `ValueError`: an empty batch or an `index` that does not give one line per pair, a
-# pair longer than the model's positions (nothing is ever truncated), and lengths that do not
-# pair up, a budget that is not positive or a pair that no batch can hold.
+# package's pipeline, three checks come first, each raising one clear `ValueError`: an empty batch
+# or an `index` without one line per pair; a pair longer than the model's positions (nothing is
+# ever truncated); and lengths that do not pair up, a budget that is not positive or a pair that no
+# batch can hold.
 
 # %%
 #| export checked_batches
@@ -129,9 +124,9 @@ def check_lengths(
 
 
 # %% [markdown]
-# `transformer.checked_batches` offers the chapter's two functions with their checks in front:
-# `collate` also takes `max_len`, the model's positions, and refuses a pair that exceeds it.
-# The batches of an epoch (`iterate_batches`, below) and training call these.
+# `transformer.checked_batches` puts the checks in front of the chapter's two functions; its
+# `collate` also takes `max_len`, the model's positions. `iterate_batches` (below) and training
+# call these.
 
 # %%
 #| export checked_batches
@@ -198,13 +193,12 @@ for attempt in (
 # %% [markdown]
 # ## A split as token ids
 #
-# An `EncodedSplit` holds the token ids of one split without special tokens, each side as one
-# flat array of ids and an array of offsets: pair $i$ is
-# `src_ids[src_offsets[i]:src_offsets[i + 1]]` and the same for the target. Flat arrays load
-# fast and take little memory. Optional arrays of word starts, one flag per id, say which ids
-# begin a word of `pretokenize`: BPE-dropout, below, needs them to find the words again. The
-# constructor checks that the arrays fit together, so a damaged split is an error, not wrong
-# batches.
+# An `EncodedSplit` holds one split's token ids without special tokens, each side as a flat array
+# of ids and an array of offsets: pair $i$ is `src_ids[src_offsets[i]:src_offsets[i + 1]]`, and the
+# same for the target. Flat arrays load fast and take little memory. Optional arrays of word
+# starts, one flag per id, mark the ids that begin a word of `pretokenize`: BPE-dropout needs them
+# to find the words again. The constructor checks that the arrays fit together, so a damaged split
+# is an error, not wrong batches.
 
 # %%
 #| export encoded_split
@@ -358,8 +352,8 @@ class EncodedSplit:
 
 
 # %% [markdown]
-# A German sentence of the validation split as words, and as pieces in an `EncodedSplit` (`|`
-# marks a word start): each word begins with a start flag, whether it is one piece or several.
+# A German validation sentence as words, and as pieces in an `EncodedSplit` (`|` marks a word
+# start): every word begins with a start flag, however many pieces it has.
 
 # %%
 import numpy as np
@@ -399,16 +393,15 @@ except DataError as err:
 # ## Atomic files
 #
 # A process can be killed at any moment: by a time limit, a full disk, a power cut. A file being
-# rewritten then must not be left half old and half new. `atomic_write` (built, hidden, in the
-# chapter, whose tokenizer's file needs it) writes into a temporary file beside the destination,
-# flushes it to the disk (`fsync`) and renames it over the destination: a rename within a file
-# system is atomic, so readers see the old file or the new one.
+# rewritten must not then be left half old, half new. `atomic_write` (built, hidden, in the
+# chapter, whose tokenizer file needs it) writes a temporary file beside the destination, flushes
+# it to disk (`fsync`) and renames it over the destination: a rename within a file system is
+# atomic, so readers see the old file or the new one.
 #
-# `atomic_folder` does the same for a folder of several files, a checkpoint: the block writes
-# into a hidden temporary folder, which replaces the destination only when the block ends
-# without error. The files are flushed before the rename and the rename after it, so that a
-# power cut cannot leave a complete-looking folder of empty files. Every writer of the package
-# goes through these two.
+# `atomic_folder` does the same for a folder of files, such as a checkpoint: the block writes into
+# a hidden temporary folder, which replaces the destination only when the block ends without error.
+# The files are flushed before the rename and the rename after it, so a power cut cannot leave a
+# complete-looking folder of empty files. Every writer of the package goes through these two.
 
 
 # %%
@@ -539,8 +532,8 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 # %% [markdown]
 # ## The encoded cache
 #
-# Training reads the same pairs for dozens of epochs, and a training machine need not have spaCy
-# at all. `prepare(pair)` encodes every split once into `cache/<pair>/`:
+# Training reads the same pairs for dozens of epochs, and a training machine need not have spaCy at
+# all. `prepare(pair)` encodes every split once into `cache/<pair>/`:
 #
 # | file | holds |
 # | --- | --- |
@@ -550,10 +543,10 @@ print(sorted(p.name for p in (scratch / "run").iterdir()))
 #
 # `load_encoded(pair, split)` reads a split back without spaCy. A cache whose manifest does not
 # match (other data, another vocabulary size, a damaged or missing file) is never used:
-# `cache_problems` names what is wrong, `prepare` rebuilds such a cache (which needs spaCy) and
+# `cache_problems` names what is wrong, `prepare` rebuilds it (which needs spaCy) and
 # `load_encoded` refuses it with a `DataError` that says how to rebuild it. A build deletes the
-# manifest first and writes it last, each file atomically, so an interrupted build leaves a cache
-# that is recognisably unfinished. `python -m transformer prepare` builds both pairs' caches.
+# manifest first and writes it last, each file atomically, so an interrupted build leaves a
+# recognisably unfinished cache. `python -m transformer prepare` builds both pairs' caches.
 
 # %%
 #| export encoded_cache
@@ -618,9 +611,8 @@ def cache_problems(
 
 
 # %% [markdown]
-# The manifest is checked first, then every file against its digest. Each file is read once:
-# the bytes that were checked are the bytes the caller gets, even if a rebuild replaces the
-# files in between.
+# The manifest is checked first, then every file against its digest. Each file is read once, so the
+# caller gets the bytes that were checked, even if a rebuild replaces the files meanwhile.
 
 
 # %%
@@ -707,9 +699,9 @@ def _read_cache(
 
 
 # %% [markdown]
-# A build learns the tokenizer from both sides of the training split with `train_tokenizer`
-# (above: the chapter's `train_bpe` over the package's words), then encodes every split with it.
-# Everything that can fail for want of data or of spaCy fails before the old cache is touched.
+# A build learns the tokenizer from both sides of the training split with `train_tokenizer` (the
+# chapter's `train_bpe` over the package's words), then encodes every split. All that can fail for
+# want of data or of spaCy fails before the old cache is touched.
 
 
 # %%
@@ -825,8 +817,8 @@ def load_encoded(
 
 
 # %% [markdown]
-# For each pair, `prepare` builds the cache the first time and loads it afterwards. It holds
-# what the chapter computes: the same tokenizer, and the same ids as encoding each split afresh.
+# `prepare` builds each pair's cache the first time and loads it afterwards. It holds what the
+# chapter computes: the same tokenizer, and the same ids as encoding each split afresh.
 
 # %%
 from transformer.checked_data import load_pairs
@@ -866,9 +858,9 @@ print(len(val), "pairs;", source.dtype, source.tolist(), target.tolist())
 print(cached["de-en"].decode(source), "->", cached["de-en"].decode(target))
 
 # %% [markdown]
-# A copy of the cache with one file damaged is refused by `load_encoded`, with the rebuild
-# command, and rebuilt by `prepare`; training is deterministic, so the rebuilt files are the
-# same, byte for byte.
+# A copy of the cache with one file damaged is refused by `load_encoded`, naming the rebuild
+# command, and rebuilt by `prepare` byte for byte the same, since learning the tokenizer is
+# deterministic.
 
 # %%
 import shutil
@@ -891,9 +883,9 @@ assert {p.name: p.read_bytes() for p in (copy / "de-en").iterdir()} == before
 # %% [markdown]
 # ## How large a vocabulary?
 #
-# With the book's 8,000 entries (`VOCAB_SIZE`), the chapter's choice, an average training word
-# takes little more than one piece; the training runs that compare vocabulary sizes are in
-# [The experiments behind the recipe](a12_experiments.ipynb).
+# With the chapter's 8,000 entries (`VOCAB_SIZE`) an average training word takes little more than
+# one piece; the runs that compare vocabulary sizes are in [The experiments behind the
+# recipe](a12_experiments.ipynb).
 
 # %%
 import pandas as pd
@@ -920,14 +912,13 @@ per_word
 # %% [markdown]
 # ## BPE-dropout (an option, off by default)
 #
-# BPE gives every word one segmentation, so a rare word is always spelt from the same pieces,
-# each seen in few contexts. BPE-dropout {cite:p}`provilkov2020bpe` segments each training word
-# afresh each time it is used: at every step of BPE's merging, each merge that could apply is
-# dropped with probability $p$ and the best of the rest applies. With $p = 0$ it is BPE; as $p$
-# approaches 1 it approaches characters. Validation and test keep the deterministic
-# segmentation. It is not part of the paper: training turns it on with `--bpe-dropout p`.
-# `BPEDropout` draws from a generator seeded by (seed, epoch), so that a resumed run makes the
-# same updates, and reads the words from the cache's word starts.
+# BPE gives every word one segmentation, so a rare word is always spelt from the same pieces, each
+# seen in few contexts. BPE-dropout {cite:p}`provilkov2020bpe` segments each training word afresh
+# each time it is used: at every merge step, each merge that could apply is dropped with
+# probability $p$ and the best of the rest applies. $p = 0$ is BPE; as $p$ nears 1 it approaches
+# characters. Validation and test keep the deterministic segmentation. Not in the paper, it is
+# turned on with `--bpe-dropout p`. `BPEDropout` draws from a generator seeded by (seed, epoch), so
+# that a resumed run makes the same updates, and finds the words by the cache's word starts.
 
 # %%
 #| export bpe_dropout
@@ -1081,9 +1072,9 @@ for pair, (src_lang, tgt_lang) in PAIRS.items():
     )
 
 # %% [markdown]
-# With $p = 0.1$ a word comes out in several spellings. The six commonest of 1,000 draws for a
-# frequent German word and one seen once in training, with how often each came out; the first
-# row is BPE's own spelling:
+# With $p = 0.1$ a word comes out in several spellings: the six commonest of 1,000 draws, with
+# their counts, for a frequent German word and for one seen once in training (first row: BPE's own
+# spelling):
 
 # %%
 from collections import Counter
@@ -1119,8 +1110,8 @@ assert (
 pd.DataFrame(spellings).set_index(["word", "in training"])
 
 # %% [markdown]
-# Resampling a whole split keeps every sentence's text, since the pieces of a word always spell
-# the word, and makes it longer. The same (seed, epoch) gives the same split:
+# Resampling a split keeps every sentence's text, since a word's pieces always spell the word, and
+# makes it longer; the same (seed, epoch) gives the same split:
 
 # %%
 train = load_encoded("de-en", "train")
@@ -1150,9 +1141,9 @@ print(
 )
 
 # %% [markdown]
-# A draw that drops every merge spells each word letter by letter, and no draw is longer, so
-# `longest_spelling` bounds every epoch to come; training checks the model's positions against it
-# before the first update ([The training loop](13_training.ipynb)):
+# A draw that drops every merge spells each word letter by letter, and none is longer, so
+# `longest_spelling` bounds every epoch; training checks the model's positions against it before
+# the first update ([The training loop](13_training.ipynb)):
 
 # %%
 longest_bpe = int(max(train.src_lengths.max(), train.tgt_lengths.max())) + 1
@@ -1170,9 +1161,8 @@ print(
 # %% [markdown]
 # ## An epoch's batches
 #
-# Training reads an encoded split through `iterate_batches`, which serves the batches of one
-# epoch, cutting the split with `token_batches` and padding each batch with `collate`, both with
-# their checks (above).
+# Training reads an encoded split through `iterate_batches`, which serves an epoch's batches, cut
+# by `token_batches` and padded by `collate`, both with their checks.
 
 # %%
 #| export encoded_split
@@ -1217,8 +1207,8 @@ def iterate_batches(
 
 
 # %% [markdown]
-# One epoch over the de-en training split from the cache: every pair comes once, in batches
-# within the budget, and the batches are those of `token_batches` on the same lengths.
+# One epoch over the cached de-en training split: every pair comes once, in batches within the
+# budget, the same batches as `token_batches` makes on the same lengths.
 
 # %%
 from transformer.encoded_split import iterate_batches

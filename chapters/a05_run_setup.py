@@ -16,14 +16,13 @@
 # %% [markdown]
 # # Setting up a run
 #
-# The training chapter's loop trains in one process that runs until it is done. A run of hours
-# on a GPU that may be taken away needs more, and three appendices build it on the chapter's
-# code. This one sets a run up: the configuration, which refuses bad values; its arithmetic;
-# the processes that share the work on several GPUs; and the data each epoch trains on,
-# checked before the first update. [Checkpoints](a06_checkpoints.ipynb) saves a run and ships
-# its model, and [The Trainer](a07_trainer.ipynb) makes the updates. This page exports
-# `transformer.train_config`, `transformer.precision`, `transformer.distributed` and
-# `transformer.epoch_data`.
+# The training chapter's loop runs in one process until it is done. A run of hours on a GPU that
+# may be taken away needs more, built on the chapter's code over three appendices. This one sets a
+# run up: the configuration, which refuses bad values; its arithmetic; the processes that share the
+# work on several GPUs; and each epoch's data, checked before the first update.
+# [Checkpoints](a06_checkpoints.ipynb) saves a run and ships its model; [The
+# Trainer](a07_trainer.ipynb) makes the updates. This page exports `transformer.train_config`,
+# `transformer.precision`, `transformer.distributed` and `transformer.epoch_data`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -57,17 +56,16 @@ torch.set_printoptions(precision=4)
 # %% [markdown]
 # ## The configuration
 #
-# A run is described by one frozen dataclass, `TrainConfig`. The model is a preset of
-# `TransformerConfig` (`small`, `base` or `big`) with overrides of any field but the vocabulary
-# size, which comes from the tokenizer. The defaults follow the paper where it has a value.
-# Each field is defined once, by `option`: its default, its command-line help, its check and
-# whether a resumed run may change it. The command line builds its options from the fields,
-# and the config checks every field when it is made, so a bad value is refused, with its
-# field's name, before anything runs. The run stores the config as `train_config.json`, which
-# `--resume` reads back so that the same command can be repeated after a stop, and in each
-# checkpoint's `config.json`. The folders (`out_dir`, `cache_dir`, `data_dir`) left at `None`
-# take their defaults and are stored as `None`, so that a run resumed on another machine finds
-# that machine's.
+# A run is one frozen dataclass, `TrainConfig`. Its model is a `TransformerConfig` preset (`small`,
+# `base` or `big`) with overrides of any field but the vocabulary size, which the tokenizer gives.
+# The defaults follow the paper where it has a value. `option` defines each field once: its
+# default, its command-line help, its check, and whether a resumed run may change it. The command
+# line builds its options from the fields, and the config checks every field when it is made, so a
+# bad value is refused, naming its field, before anything runs. The run stores the config as
+# `train_config.json`, which `--resume` reads back so that the same command can be repeated after a
+# stop, and in each checkpoint's `config.json`. Folders (`out_dir`, `cache_dir`, `data_dir`) left
+# at `None` are stored as `None`, so that a run resumed on another machine finds that machine's
+# defaults.
 
 # %%
 #| export train_config
@@ -287,17 +285,14 @@ def _label_smoothing() -> float:
 # %% [markdown]
 # ### Arithmetic
 #
-# A GPU multiplies matrices fastest in 16 bits, in the formats of its generation, NVIDIA's
-# *compute capability*. From 8.0 (A100, L4, H100) it has bfloat16 hardware; bfloat16 keeps
-# float32's range, and autocast to it needs nothing more. At 7.0 and 7.5 (V100, T4) it has
-# float16 tensor cores only: PyTorch emulates bfloat16 there, slowly, though
-# `torch.cuda.is_bf16_supported()` answers yes unless asked with `including_emulation=False`.
-# float16's smaller range would round small gradients to zero, so a float16 run multiplies
-# the loss by a scale before the backward pass and divides the gradients by it before Adam's
-# step (PyTorch's `GradScaler`): an update whose gradients overflow is skipped and the scale
-# halved; a run of updates without overflow doubles it. A run's `precision`, `bf16`, `fp16` or
-# `fp32`, left unset, is the fastest that the device has in hardware, and a resumed run keeps
-# its own.
+# A GPU multiplies matrices fastest in 16 bits, in the formats of its generation, NVIDIA's *compute
+# capability*. From 8.0 (A100, L4, H100) it has bfloat16 hardware; bfloat16 keeps float32's range,
+# so autocast to it needs nothing more. At 7.0 and 7.5 (V100, T4) it has float16 tensor cores only:
+# PyTorch emulates bfloat16 there, slowly, though `torch.cuda.is_bf16_supported()` says yes unless
+# asked with `including_emulation=False`. float16's smaller range would round small gradients to
+# zero, so a float16 run scales its loss ([The Trainer](a07_trainer.ipynb) shows how). A run's
+# `precision` (`bf16`, `fp16` or `fp32`), left unset, is the fastest the device has in hardware; a
+# resumed run keeps its own.
 
 # %%
 #| export precision
@@ -570,9 +565,9 @@ RESUME_FIXED = fixed_on_resume(TrainConfig)
 
 
 # %% [markdown]
-# Every field, read from the dataclass: the option that sets it on the command line (the model's
-# overrides have none of their own: `--set FIELD=VALUE` sets one of them), its default, and
-# whether a resumed run must keep it (`fixed`) or may change it (`free`):
+# Every field: the command-line option that sets it (the model's overrides are set with `--set
+# FIELD=VALUE`), its default, and whether a resumed run must keep it (`fixed`) or may change it
+# (`free`):
 
 # %%
 import dataclasses
@@ -603,10 +598,10 @@ pd.DataFrame(
 # %% [markdown]
 # ## Presets and recipes
 #
-# A recipe is a function that returns a `TrainConfig`, and `--config NAME` selects one from
-# `RECIPES`: `multi30k`, the recipe of the book's two models (the training chapter's table),
-# and `quick`, a tiny model trained for a few dozen updates on a CPU. A recipe names its preset
-# and states only what it changes, so it reads as its choices.
+# A recipe is a function that returns a `TrainConfig`; `--config NAME` picks one from `RECIPES`:
+# `multi30k`, the recipe of the book's two models (the training chapter's table), and `quick`, a
+# tiny model trained for a few dozen updates on a CPU. A recipe names its preset and states only
+# what it changes, so it reads as its choices.
 
 # %%
 #| export train_config
@@ -680,29 +675,27 @@ assert n_params == 6_001_664
 # %% [markdown]
 # ## Several processes
 #
-# With several GPUs, PyTorch's `DistributedDataParallel` (DDP) keeps a copy of the model on
-# each, one process per GPU, as the paper trained on eight. Each process runs its own batches;
-# in the backward pass DDP adds up the processes' gradients (an *all-reduce*) and divides by
-# their number, so every copy takes the same step.
+# With several GPUs, PyTorch's `DistributedDataParallel` (DDP) keeps a copy of the model on each,
+# one process per GPU, as the paper trained on eight. Each process runs its own batches; in the
+# backward pass DDP sums the processes' gradients (an *all-reduce*) and divides by their number, so
+# every copy takes the same step.
 #
-# Each process reads its rank $r$ and the number of processes $P$ from the environment that
-# `torchrun` sets; without it, $P = 1$. All processes compute the same list of an epoch's
-# batches, from the seed and the epoch, and an update takes the next $P \times$ `accumulation`
-# of them, process $r$ taking batches $r, r + P, \dots$ Each knows the token count $N$ of the
-# whole update without communicating, and scales its loss by $P / N$: DDP's division by $P$
-# leaves the gradient of the summed loss over $N$, a single process's update on all the
-# batches (up to dropout: each process draws its own masks). The batches that do not fill a
-# last group are left out of the epoch; a run that leaves out over a tenth says so in its log.
-# Validation is split the same way, and the sums added up.
+# Each process reads its rank $r$ and the number of processes $P$ from the environment `torchrun`
+# sets; without it, $P = 1$. All processes compute the same list of an epoch's batches from (seed,
+# epoch), and an update takes the next $P \times$ `accumulation` of them, process $r$ taking
+# batches $r, r + P, \dots$ Each knows the whole update's token count $N$ without communicating and
+# scales its loss by $P / N$: after DDP's division by $P$, the gradient is that of the summed loss
+# over $N$, one process's update on all the batches (up to dropout: each process draws its own
+# masks). Batches that do not fill a last group are left out of the epoch; a run that leaves out
+# over a tenth says so in its log. Validation is split the same way, and the sums added up.
 #
 # ```
 # torchrun --nproc_per_node 8 -m transformer train --pair de-en \
 #     --preset base --out runs/base
 # ```
 #
-# The Trainer's update does this with two helpers: `ddp_processes` gives $P$ when DDP wraps
-# the model, and `sync_gradients` exchanges the gradients only after an update's last
-# micro-batch.
+# The Trainer's update uses two helpers: `ddp_processes` gives $P$ when DDP wraps the model, and
+# `sync_gradients` exchanges the gradients only after an update's last micro-batch.
 
 # %%
 #| export distributed
@@ -838,10 +831,10 @@ def sync_gradients(
 # ## What each epoch trains on
 #
 # A run reads the tokenizer and the encoded splits from the data pipeline's cache (the first
-# process builds it if needed), and an epoch's batches come from `token_batches` in an order
-# drawn from (seed, epoch). Before the first update, the run checks what would otherwise fail
-# hours later: every sentence, with its `<bos>` or `<eos>`, fits a batch and the model's
-# positions, and an epoch holds at least one update.
+# process builds it if needed); an epoch's batches come from `token_batches` in an order drawn from
+# (seed, epoch). Before the first update the run checks what would otherwise fail hours later:
+# every sentence, with its `<bos>` or `<eos>`, fits a batch and the model's positions, and an epoch
+# holds at least one update.
 
 # %%
 #| export epoch_data
@@ -988,10 +981,9 @@ def dropped_warning(
 
 
 # %% [markdown]
-# Under BPE-dropout each epoch spells the training words anew, a function of (seed, epoch).
-# `Spellings` hands the loop each epoch's spelling and, on a GPU, has a second process spell the
-# next epoch while this one trains; a sentence counts in its longest possible spelling in the
-# checks above.
+# Under BPE-dropout each epoch spells the training words anew, from (seed, epoch). `Spellings`
+# hands the loop each epoch's spelling and, on a GPU, has a second process spell the next epoch
+# meanwhile; the checks above count a sentence in its longest possible spelling.
 
 
 # %%

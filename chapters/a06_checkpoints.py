@@ -16,13 +16,12 @@
 # %% [markdown]
 # # Checkpoints
 #
-# A run that may be stopped at any moment must be saved so that it resumes exactly, and a
-# finished run must leave a small folder that ships its model. This appendix builds both on
-# [Setting up a run](a05_run_setup.ipynb): a checkpoint's files, written without pickle; the
-# average of the last checkpoints; a run's checkpoints and the checks of resuming from one; and
-# the export of a trained model, with `load_model`, which reads it back.
-# [The Trainer](a07_trainer.ipynb) writes the checkpoints as it trains. This page exports
-# `transformer.checkpoint` and `transformer.run_checkpoints`.
+# A run that may stop at any moment must be saved so that it resumes exactly, and a finished run
+# must leave a small folder that ships its model. On [Setting up a run](a05_run_setup.ipynb) this
+# appendix builds a checkpoint's files, written without pickle; the average of the last
+# checkpoints; a run's checkpoints and the checks of resuming; and the export of a trained model,
+# which `load_model` reads back. [The Trainer](a07_trainer.ipynb) writes the checkpoints. This page
+# exports `transformer.checkpoint` and `transformer.run_checkpoints`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -58,8 +57,8 @@ torch.set_printoptions(precision=4)
 # %% [markdown]
 # ## A checkpoint's files
 #
-# A run writes a checkpoint at the end of every epoch, and one where a time or step limit stops
-# it inside an epoch. A checkpoint is a folder:
+# A run writes a checkpoint after every epoch, and where a time or step limit stops it inside one.
+# A checkpoint is a folder:
 #
 # | file | holds |
 # | --- | --- |
@@ -69,16 +68,16 @@ torch.set_printoptions(precision=4)
 # | `config.json` | the model's `TransformerConfig`, the run's `TrainConfig`, the vocabulary's size and SHA-256 |
 # | `tokenizer.json` | the tokenizer the run was trained with |
 #
-# **No pickle.** Loading a pickle, which `torch.save` writes, runs whatever code it names.
-# Tensors go into [safetensors](https://huggingface.co/docs/safetensors) files, which hold only
-# named arrays and a JSON header, and the rest into JSON: `save_state` walks the optimiser's
-# and scheduler's nested `state_dict()`, stores each tensor under its path in the structure,
-# and marks tuples, so that loading gives back exactly what was saved.
+# **No pickle.** Loading a pickle, which `torch.save` writes, runs whatever code it names. Tensors
+# go into [safetensors](https://huggingface.co/docs/safetensors) files, which hold only named
+# arrays and a JSON header, the rest into JSON: `save_state` walks the optimiser's and scheduler's
+# nested `state_dict()`, stores each tensor under its path and marks tuples, so loading gives back
+# exactly what was saved.
 #
 # **Tied weights, once.** The two embeddings and the output layer share one matrix, which
 # `model.state_dict()` lists three times and safetensors refuses to store three times.
 # `model_tensors` keeps it once, under its first name; loading copies it into a freshly built
-# model, where the sharing is already in place.
+# model, where the sharing is in place.
 
 # %%
 #| export checkpoint
@@ -244,8 +243,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 # %% [markdown]
-# The shared matrix is stored once, and loading it into a freshly built model gives the same
-# outputs, with the three uses of the matrix still one tensor:
+# Stored once and loaded into a fresh model, the shared matrix gives the same outputs, its three
+# uses still one tensor:
 
 # %%
 from transformer.batches import collate
@@ -278,8 +277,8 @@ with torch.no_grad():
     )
 
 # %% [markdown]
-# The optimiser's state, with its integer keys and its `betas` tuple, comes back equal, tensor
-# for tensor and number for number:
+# The optimiser's state, integer keys and `betas` tuple included, comes back equal, tensor for
+# tensor:
 
 # %%
 from transformer.checkpoint import load_state, save_state
@@ -303,10 +302,9 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 # %% [markdown]
 # ## Averaging
 #
-# The paper's models average the weights of their last checkpoints (Section 6.1): five for the
-# base models, twenty for the big ones; the training chapter says why it helps.
-# `average_checkpoints` reads them from their files and sums in float64, so the order of the
-# files does not matter.
+# The paper averages the weights of the last checkpoints (Section 6.1): five for the base models,
+# twenty for the big ones; the training chapter says why it helps. `average_checkpoints` reads them
+# from their files and sums in float64, so their order does not matter.
 
 # %%
 #| export run_checkpoints
@@ -419,12 +417,12 @@ mean
 # %% [markdown]
 # ## A run's checkpoints
 #
-# A run keeps its checkpoints in `checkpoints/` under its output folder: `epoch-005` at the end
-# of an epoch, `step-0001234` for a stop inside one. A folder counts as a checkpoint once it
-# holds a readable `progress.json`, which `write_checkpoint` writes last; a killed run's
-# temporary folder is never resumed from. `check_compatible` refuses a checkpoint of another
-# model or vocabulary, naming the field. After each checkpoint, `prune_checkpoints` keeps the
-# newest whole and the weights of the last `average_last` epochs, and deletes the rest.
+# A run keeps its checkpoints in `checkpoints/` under its output folder: `epoch-005` at an epoch's
+# end, `step-0001234` for a stop inside one. A folder counts as a checkpoint once it holds a
+# readable `progress.json`, which `write_checkpoint` writes last, so a killed run's temporary
+# folder is never resumed from. `check_compatible` refuses a checkpoint of another model or
+# vocabulary, naming the field. After each checkpoint, `prune_checkpoints` keeps the newest whole
+# and the weights of the last `average_last` epochs, and deletes the rest.
 
 # %%
 #| export checkpoint
@@ -581,8 +579,8 @@ def prune_checkpoints(out: Path, average_last: int) -> None:
 # %% [markdown]
 # ## Resuming a run
 #
-# Some fields of the configuration decide the updates themselves. Each says so where it is
-# defined (`on_resume="fixed"`), and `RESUME_FIXED` lists them:
+# Some configuration fields decide the updates themselves. Each says so where it is defined
+# (`on_resume="fixed"`), and `RESUME_FIXED` lists them:
 
 # %%
 import textwrap
@@ -592,14 +590,13 @@ from transformer.train_config import RESUME_FIXED
 print(textwrap.fill(", ".join(RESUME_FIXED), 79))
 
 # %% [markdown]
-# A resumed run must keep them: `check_recipe` refuses one that does not, naming the field. A
-# field that a checkpoint does not record, because its run began before the field existed,
-# was trained at its default, and the model's overrides count as the model they make. A
-# `precision` left unset is the checkpoint's own; a run stored before the field trained in
-# what its `bf16` flag said, or with the flag unset, in bfloat16 with CUDA and float32 on a
-# CPU. The other fields may change: more `epochs` continue a finished run, and a new
-# `time_limit` fits the next stretch of machine time. `resume_point` checks all this before
-# anything is loaded.
+# A resumed run must keep them: `check_recipe` refuses one that does not, naming the field. A field
+# that a checkpoint does not record (its run predates the field) was trained at its default; the
+# model's overrides count as the model they make. An unset `precision` is the checkpoint's own; a
+# checkpoint from before that field trained as its `bf16` flag said or, flag unset, in bfloat16
+# with CUDA and float32 on a CPU. Other fields may change: more `epochs` continue a finished run,
+# and a new `time_limit` fits the next stretch of machine time. `resume_point` checks all this
+# before anything is loaded.
 
 # %%
 #| export run_checkpoints
@@ -877,8 +874,7 @@ class RunFolder:
 # %% [markdown]
 # ## Exporting and loading a model
 #
-# A trained run is exported into a small folder that the repository ships and that
-# `load_model` reads:
+# A trained run is exported into a small folder that the repository ships and `load_model` reads:
 #
 # | file | holds |
 # | --- | --- |
@@ -887,11 +883,11 @@ class RunFolder:
 # | `tokenizer.json` | the tokenizer |
 # | `metrics.jsonl` | the run's metrics |
 #
-# Half-precision weights halve the size; the model computes in float32 after loading. Given a
-# run's folder, the export takes the run's average if it ends with the newest epoch checkpoint
-# (a run continued after averaging has trained past it), else the latest checkpoint. It
-# replaces its destination as a whole, so it refuses one that holds anything but an earlier
-# export's files, or that holds the run itself.
+# Half-precision weights halve the size; the model computes in float32 after loading. Given a run's
+# folder, the export takes the run's average if it ends with the newest epoch checkpoint (a run
+# continued after averaging has trained past it), else the latest checkpoint. It replaces its
+# destination whole, so it refuses one that holds anything but an earlier export's files, or the
+# run itself.
 
 # %%
 #| export checkpoint
@@ -1095,9 +1091,8 @@ def load_model(
 
 
 # %% [markdown]
-# A tiny run's checkpoint, exported into float16 and loaded back, gives log-probabilities
-# within the rounding of its weights of the float32 checkpoint's. Its tokenizer is learned on a
-# few words:
+# A tiny run's checkpoint (its tokenizer learned on a few words), exported to float16 and loaded
+# back, gives the float32 checkpoint's log-probabilities to within its weights' rounding:
 
 # %%
 from transformer.checkpoint import Progress, export_model, load_model

@@ -16,14 +16,13 @@
 # %% [markdown]
 # # The Trainer
 #
-# [Setting up a run](a05_run_setup.ipynb) describes a run and reads its data, and
+# [Setting up a run](a05_run_setup.ipynb) describes a run and reads its data;
 # [Checkpoints](a06_checkpoints.ipynb) saves it. This appendix trains it: the training chapter's
-# update on several processes and in 16-bit arithmetic, the optimiser, validation, R-Drop, the
-# FLOPs of an update, and the `Trainer`, which trains epoch after epoch within a time limit,
-# logs, checkpoints and resumes exactly; last, what the recipe costs on common GPUs and how to
-# run it in Colab. It exports `transformer.trainer` (the `Trainer` and `train`),
-# `transformer.run_step`, `transformer.run_optimizer`, `transformer.validation`,
-# `transformer.rdrop`, `transformer.counts` and `transformer.logs`.
+# update on several processes and in 16-bit arithmetic, the optimiser, validation, R-Drop, an
+# update's FLOPs, and the `Trainer`, which trains epoch after epoch within a time limit, logs,
+# checkpoints and resumes exactly; last, the recipe's cost on common GPUs, and Colab. It exports
+# `transformer.trainer` (`Trainer`, `train`), `transformer.run_step`, `transformer.run_optimizer`,
+# `transformer.validation`, `transformer.rdrop`, `transformer.counts` and `transformer.logs`.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -69,16 +68,14 @@ scratch = Path(tempfile.mkdtemp())  # the runs of this appendix
 # The training chapter's `train_step` makes an update in one process, in float32. A run's update
 # computes the same, with three additions:
 #
-# - **Several processes.** Under DDP (the appendix [Setting up a run](a05_run_setup.ipynb)) each
-#   process scales its loss by $P / N$ instead of $1 / N$, since DDP divides the sum of the
-#   processes' gradients by $P$, and exchanges gradients only after the last micro-batch
-#   (`sync_gradients`).
-# - **16-bit arithmetic.** On a GPU the forward pass can run under autocast, the matrix
-#   products in bfloat16 or float16 (the run's `precision`). With float16 a `GradScaler` scales
-#   the loss up before the backward pass and the gradients back down before Adam's step, which
-#   it skips when a gradient overflowed; the schedule counts the updates taken.
-# - **Copies that overlap.** Batches go to the device with `non_blocking=True`, and the summed
-#   loss stays there: reading a GPU value waits for the GPU.
+# - **Several processes.** Under DDP ([Setting up a run](a05_run_setup.ipynb)) each process scales
+#   its loss by $P / N$ instead of $1 / N$, since DDP divides the summed gradients by $P$, and
+#   exchanges gradients only after the last micro-batch (`sync_gradients`).
+# - **16-bit arithmetic.** On a GPU the forward pass can run under autocast, in bfloat16 or float16
+#   (the run's `precision`), float16 with a `GradScaler`; the schedule counts only the updates
+#   taken.
+# - **Copies that overlap.** Batches go to the device with `non_blocking=True`, and the summed loss
+#   stays there: reading a GPU value waits for the GPU.
 #
 # `run_step` also refuses a loss that is not summed and an update without tokens.
 
@@ -188,9 +185,11 @@ print(f"the last update's loss per token: {losses[0] / tokens:.4f}, both")
 assert math.isclose(losses[0], losses[1], rel_tol=1e-6)  # summed in float32
 
 # %% [markdown]
-# In float16, a gradient past float16's largest number, 65,504, is infinite: the scaler skips
-# that update, leaving the weights as they were, and halves its scale until the gradients fit.
-# PyTorch runs float16 autocast on a CPU too, so this runs here, from a scale set too high:
+# In float16 a gradient past 65,504, float16's largest number, is infinite. The `GradScaler`
+# multiplies the loss by a scale before the backward pass and divides the gradients by it before
+# Adam's step; it skips an update whose gradients overflow, leaving the weights as they were, and
+# halves its scale until the gradients fit; a run of updates without overflow doubles it. PyTorch
+# runs float16 autocast on a CPU too, so here it runs, from a scale set too high:
 
 # %%
 torch.manual_seed(0)
@@ -217,9 +216,9 @@ assert skipped > 0 and scaler.get_scale() == 2.0**24 / 2**skipped
 #
 # The schedule chapter's `make_optimizer` takes a model. A run's optimiser, the same Adam on the
 # same `noam_schedule`, takes what `torch.optim` takes: a model, its parameters, or parameter
-# groups. It refuses what would go wrong silently: no parameters, an empty group, and a group
-# with its own `"lr"`, which `LambdaLR` would multiply by the schedule. On a GPU it runs
-# PyTorch's fused Adam, one kernel for the whole update.
+# groups. It refuses what would go wrong silently: no parameters, an empty group, or a group with
+# its own `"lr"`, which `LambdaLR` would multiply by the schedule. On a GPU it runs PyTorch's fused
+# Adam, one kernel per update.
 
 # %%
 #| export run_optimizer
@@ -289,8 +288,7 @@ def run_optimizer(
 
 
 # %% [markdown]
-# Two groups, each with its own parameters, on the schedule's rate, and the mistake that would
-# otherwise go unnoticed, named:
+# Two parameter groups on the schedule's rate, and the silent mistake, named:
 
 # %%
 from torch import nn
@@ -310,10 +308,10 @@ except ValueError as err:
 # %% [markdown]
 # ## Validation
 #
-# Validation measures the label-smoothed loss, the NLL, the perplexities per token and per
-# word, and the token accuracy (the training chapter defines them). `token_stats` returns sums
-# and counts, which add up across batches and processes; the means are taken last. The
-# perplexity is per subword token, `<eos>` included, as the paper's is "per wordpiece".
+# Validation measures the label-smoothed loss, the NLL, the perplexities per token and per word,
+# and the token accuracy (the training chapter defines them). `token_stats` returns sums and
+# counts, which add up across batches and processes; the means come last. The perplexity is per
+# subword token, `<eos>` included, as the paper's is "per wordpiece".
 
 # %%
 #| export validation
@@ -613,11 +611,10 @@ for dropout in (False, True):
 # %% [markdown]
 # ## What an update costs
 #
-# A run reports its speed as the model FLOPs utilisation (MFU): the arithmetic that the model
-# needs, over the time it took and the GPU's peak rate. The appendix
-# [Derivations and counts](a11_counts.ipynb) derives and checks the count of a training step's
-# FLOPs for a pair of $S$ source and $T$ target tokens, which `training_flops` computes; the
-# Trainer sums it over the pairs of each update.
+# A run reports its speed as the model FLOPs utilisation (MFU): the arithmetic the model needs,
+# over the time taken and the GPU's peak rate. [Derivations and counts](a11_counts.ipynb) derives
+# and checks the FLOPs of a training step for a pair of $S$ source and $T$ target tokens, which
+# `training_flops` computes; the Trainer sums it over each update's pairs.
 
 # %%
 #| export counts
@@ -680,14 +677,13 @@ def training_flops(
 # %% [markdown]
 # ## The Trainer
 #
-# `train(config)` does a whole run, and `Trainer` holds its state: the model, the optimiser, the
+# `train(config)` does a whole run; `Trainer` holds its state: the model, the optimiser, the
 # batches, and `Progress`, where the run stands. `__init__` checks the output folder, loads the
-# data, checks that every sentence fits, builds the model from the run's seed and, resuming,
-# loads the latest checkpoint; `run` trains epoch after epoch until the last, `max_steps` or
-# the time limit, then averages the last `average_last` epoch checkpoints. Each line of
-# `metrics.jsonl` names its `kind`: `epoch`, `partial` (a stop inside an epoch) or `average`;
-# the run in the section "Exact resume" prints the fields of each kind. The module's imports
-# come first: it builds on every module above.
+# data, checks that every sentence fits, builds the model from the run's seed and, resuming, loads
+# the latest checkpoint; `run` trains epoch after epoch until the last, `max_steps` or the time
+# limit, then averages the last `average_last` epoch checkpoints. Each line of `metrics.jsonl`
+# names its `kind`: `epoch`, `partial` (a stop inside an epoch) or `average`; the run in "Exact
+# resume" prints each kind's fields.
 
 # %%
 #| export
@@ -879,10 +875,10 @@ def _collate_share(
 # ### The time limit
 #
 # `time_limit` (minutes) stops a run early enough to validate and save, so that a long run on
-# machines lent for minutes at a time is a chain of resumed ones. Before each update the run
-# asks the clock, which reserves the time of validating and saving, measured at each epoch's
-# end, and the longest stretch between two checks. With several processes the first decides
-# and broadcasts its answer, every 10 updates, since a broadcast waits for every process.
+# machines lent for minutes at a time is a chain of resumed ones. Before each update the run asks
+# the clock, which reserves the time of validating and saving (measured at each epoch's end) and
+# the longest stretch between two checks. With several processes the first decides and broadcasts
+# its answer every 10 updates, since a broadcast waits for every process.
 
 # %%
 #| export
@@ -928,9 +924,9 @@ class _Clock:
 # %% [markdown]
 # ### What a run writes
 #
-# The first line of `train.log`, which says where the run starts and in which precision, the
-# progress bar, the lines of `steps.jsonl` and `metrics.jsonl`, and the table of a run's epochs
-# that the command line prints at its end, in a module of their own:
+# In a module of their own: `train.log`'s first line (where the run starts, in which precision),
+# the progress bar, the lines of `steps.jsonl` and `metrics.jsonl`, and the table of epochs that
+# the command line prints at the end:
 
 # %%
 #| export logs
@@ -1381,8 +1377,7 @@ class Trainer:
 
 
 # %% [markdown]
-# `train` runs a `Trainer`, and when torchrun started the process, opens the process group
-# around it:
+# `train` runs a `Trainer`, inside a process group when torchrun started the process:
 
 
 # %%
@@ -1417,9 +1412,9 @@ def train(
 # %% [markdown]
 # ## Exact resume
 #
-# A run stopped and resumed should end where an uninterrupted run ends, bit for bit, or a
-# long run split into several jobs would be another experiment. Everything an update depends
-# on is stored in the checkpoint or drawn from what is:
+# A run stopped and resumed should end where an uninterrupted one ends, bit for bit; otherwise a
+# long run split into jobs would be another experiment. Everything an update depends on is stored
+# in the checkpoint or drawn from what is:
 #
 # | what an update depends on | where it comes from |
 # | --- | --- |
@@ -1429,11 +1424,11 @@ def train(
 # | the order of the epoch's batches, and their spelling under BPE-dropout | drawn from (seed, epoch) |
 # | the dropout masks | drawn from (seed, update, process) before each update |
 #
-# No random generator's state is stored. Records written after the checkpoint a run resumes
-# from are dropped, since the resumed run writes them again, and a resume must run as many
-# processes as the run it continues. A GPU promises less than a CPU: some kernels add in a
-# varying order from run to run. The check, on a tiny model and data set: one run of two
-# epochs, and one stopped after two updates, then resumed.
+# No random generator's state is stored. Records written after the checkpoint resumed from are
+# dropped, since the resumed run writes them again, and a resume must run as many processes as the
+# run it continues. A GPU promises less than a CPU: some kernels add in a varying order from run to
+# run. The check, on a tiny model and data set: a run of two epochs, and one stopped after two
+# updates, then resumed.
 
 # %%
 import textwrap
@@ -1522,16 +1517,15 @@ else:
 # %% [markdown]
 # ## On a GPU, and in Colab
 #
-# A run's precision follows its GPU unless it asks for one (the appendix
-# [Setting up a run](a05_run_setup.ipynb)), and its log's first line names it. The table gives
-# that precision for four common GPUs and the time the recipe's 35 epochs of training take in
-# it, validation left out. The H100's time is measured: the recipe's throughput in bfloat16
-# (`checkpoints/throughput-h100.json`, the appendix [Derivations and counts](a11_counts.ipynb)).
-# The others are estimates from FLOPs: the FLOPs of a training step per target token
+# A run's precision follows its GPU unless it asks for one ([Setting up a
+# run](a05_run_setup.ipynb)); its log's first line names it. The table gives that precision for
+# four common GPUs and the time the recipe's 35 epochs of training take in it, validation left out.
+# The H100's time is measured (`checkpoints/throughput-h100.json`, [Derivations and
+# counts](a11_counts.ipynb)); the others are estimated: training FLOPs per target token
 # (`training_flops`, over the validation pairs) times the target tokens of 35 epochs, over the
-# GPU's published dense float16 or bfloat16 rate times the share of its peak that the recipe
-# uses on the H100. A model this small leaves a GPU's matrix units mostly idle, waiting for
-# its many small kernels, so the estimates only compare the cards at equal use of their peaks.
+# GPU's published dense 16-bit rate times the share of its peak that the recipe reaches on the
+# H100. A model this small leaves a GPU's matrix units mostly idle, so the estimates only compare
+# the cards at equal use of their peaks.
 
 # %%
 import json
@@ -1582,12 +1576,11 @@ print(f"the recipe in float32 on the H100: {minutes:.1f} minutes (measured)")
 pd.DataFrame(rows).T
 
 # %% [markdown]
-# The recipe itself asks for float32, as the book's models were trained, and the H100 runs it
-# faster still (printed above; the appendix [Derivations and counts](a11_counts.ipynb) says
-# why). A T4 has tensor cores for float16 only. In Colab, with a GPU chosen under *Runtime → Change runtime
-# type*, open this page with the rocket button, run its first code cell, which clones the
-# repository and installs the package, then the recipe with the table's precision for that GPU
-# (here a T4's):
+# The recipe itself asks for float32, as the book's models were trained, and the H100 runs that
+# faster still (printed above; [Derivations and counts](a11_counts.ipynb) says why). A T4 has
+# tensor cores for float16 only. In Colab, choose a GPU under *Runtime → Change runtime type*, open
+# this page with the rocket button, run its first code cell (it clones the repository and installs
+# the package), then the recipe in the table's precision for that GPU, here a T4's:
 #
 # ```
 # !python -m transformer train --pair de-en --config multi30k --precision fp16

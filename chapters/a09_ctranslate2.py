@@ -16,14 +16,14 @@
 # %% [markdown]
 # # Deploying with CTranslate2
 #
-# The book's models are standard Transformers, so an inference engine built for production can
-# run them. [CTranslate2](https://github.com/OpenNMT/CTranslate2) {cite:p}`klein2020efficient` is
-# the C++ engine behind OpenNMT and many deployed translation systems: it reads the weights of a
-# Transformer from one folder and decodes with them greedily or by beam search, on a CPU or a GPU,
-# in float32 or with 8-bit integer weights. This appendix builds `transformer.ctranslate2`, which
-# writes a trained model into that folder and translates with it, and the command that goes with
-# it. The exported model gives the package's own greedy translations, token for token; the
-# [results chapter](15_results.ipynb) compares the two engines' speed.
+# The book's models are standard Transformers, so a production inference engine can run them.
+# [CTranslate2](https://github.com/OpenNMT/CTranslate2) {cite:p}`klein2020efficient`, the C++
+# engine behind OpenNMT and many deployed translation systems, reads a Transformer's weights from
+# one folder and decodes greedily or by beam search, on a CPU or a GPU, in float32 or with 8-bit
+# integer weights. This appendix builds `transformer.ctranslate2`, which writes a trained model
+# into that folder and translates with it, and its command. The exported model gives the package's
+# own greedy translations, token for token; the [results chapter](15_results.ipynb) compares the
+# engines' speed.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -50,23 +50,22 @@ if importlib.util.find_spec("transformer") is None:
 # ## What the engine needs to know
 #
 # CTranslate2 describes a model as a *specification*: named arrays for every weight, and a few
-# settings. Most of the package maps onto it one to one. The points where a wrong guess gives a
-# model that runs but translates badly are the ones the export sets explicitly:
+# settings. Most of the package maps onto it one to one. Where a wrong guess gives a model that
+# runs but translates badly, the export sets the point explicitly:
 #
-# - **Post-norm.** Each sublayer is $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$, as in the paper,
-#   with the package's $\epsilon = 10^{-6}$, and no final LayerNorm after the stacks.
+# - **Post-norm.** Each sublayer is $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$, as in the
+#   paper, with the package's $\epsilon = 10^{-6}$, and no final LayerNorm after the stacks.
 # - **Embeddings.** One table serves the source, the target and the output layer (Section 3.4),
 #   scaled by $\sqrt{d_\text{model}}$ on the way in.
 # - **Positions.** The engine's built-in sinusoids put all the sines before all the cosines; the
-#   package interleaves them, $PE_{(pos, 2i)} = \sin$ and $PE_{(pos, 2i+1)} = \cos$ (Section 3.5). The
-#   export writes the package's own table into the model.
-# - **Vocabulary.** One list of pieces, in id order, so that id $i$ means the same piece on both
-#   sides; the decoder starts from `<bos>`, and the engine appends `<eos>` to each source, as the
-#   package's data pipeline does.
+#   package interleaves them, $PE_{(pos, 2i)} = \sin$ and $PE_{(pos, 2i+1)} = \cos$ (Section 3.5).
+#   The export writes the package's own table into the model.
+# - **Vocabulary.** One list of pieces in id order, so id $i$ is the same piece on both sides; the
+#   decoder starts from `<bos>`, and the engine appends `<eos>` to each source, as the package's
+#   data pipeline does.
 #
-# The export converts what the paper describes and refuses the rest with an error that names it:
-# a pre-norm model, learned positions or separate embeddings would otherwise load into the engine
-# and translate wrongly.
+# The export refuses the rest, naming it: a pre-norm model, learned positions or separate
+# embeddings would otherwise load into the engine and translate wrongly.
 
 # %%
 #| export
@@ -138,11 +137,11 @@ def check_convertible(model: Transformer) -> None:
 
 
 # %% [markdown]
-# Attention is where the two layouts differ most. The package keeps $W^Q$, $W^K$ and $W^V$ as three
+# Attention is where the layouts differ most. The package keeps $W^Q$, $W^K$ and $W^V$ as three
 # $d_\text{model} \times d_\text{model}$ layers; the engine multiplies once by the three stacked
 # along the output dimension, and in encoder-decoder attention once by $W^K$ and $W^V$ stacked,
-# since both read the encoder's memory. PyTorch stores a linear layer's weight as (out, in), as
-# the engine does, so the arrays go across without transposing.
+# since both read the encoder's memory. PyTorch stores a linear layer's weight as (out, in), as the
+# engine does, so the arrays go across untransposed.
 
 
 # %%
@@ -250,9 +249,9 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
 
 # %% [markdown]
 # The folder is written whole or not at all (`files.atomic_folder`), with the package's tokenizer
-# beside the engine's files, so that one folder is all a deployment needs. `quantization="int8"`
-# stores 8-bit integer weights with a scale per row; they change the translations slightly (the
-# results chapter measures how much).
+# beside the engine's files: one folder is all a deployment needs. `quantization="int8"` stores
+# 8-bit integer weights with a scale per row, which change the translations slightly (the results
+# chapter measures how much).
 
 
 # %%
@@ -293,10 +292,10 @@ def export_ctranslate2(
 # %% [markdown]
 # ## Translating with the engine
 #
-# `CTranslate2Model` loads an exported folder and translates as `translation.translate` does: the same
-# normalisation and tokenizer, sources longest first in batches of 32, outputs of at most the
-# source length + 50 tokens (per batch here, per sentence in the package), with padding and
-# `<bos>` never output.
+# `CTranslate2Model` loads an exported folder and translates as `translation.translate` does: the
+# same normalisation and tokenizer, sources longest first in batches of 32, outputs of at most the
+# source length + 50 tokens (per batch here, per sentence in the package), never padding or
+# `<bos>`.
 
 
 # %%
@@ -463,8 +462,8 @@ for package, ct2 in zip(
 # On the whole test set, greedy decoding gives the same output in both engines, sentence for
 # sentence. Beam search does not quite: the engine divides a hypothesis's log-probability by
 # $|Y|^\alpha$ where the paper's $lp$ is $((5 + |Y|)/6)^\alpha$ (the [decoding
-# chapter](14_decoding.ipynb)), and it stops a sentence's search by another rule, so a few
-# sentences end with another of their candidates. The BLEU scores differ by less than 0.3.
+# chapter](14_decoding.ipynb)), and stops a search by another rule, so a few sentences end with
+# another candidate. The BLEU scores differ by less than 0.3.
 
 # %% tags=["nbval-ignore-output"]
 import sacrebleu
@@ -490,9 +489,10 @@ assert same[1] >= 0.99 * len(sources)
 # %% [markdown]
 # ## The command line
 #
-# `python -m transformer ctranslate2` writes the folder, and `translate --engine ctranslate2
-# --model DIR` translates with it, with the same options and the same tokenizer as the package's
-# engine: the appendix [The command line](a10_cli.ipynb) builds both.
+# `python -m transformer ctranslate2 --pair de-en OUT` writes the folder, in float32 or, with
+# `--quantize int8`, with 8-bit weights; `translate --engine ctranslate2 --model OUT` translates
+# with it, with the package engine's options and tokenizer. The appendix [The command
+# line](a10_cli.ipynb) builds both.
 #
 # A model the export does not convert is refused before anything is written:
 
@@ -514,13 +514,13 @@ assert not (scratch / "pre-norm").exists()
 # %% [markdown]
 # ## Speed
 #
-# CTranslate2 runs the same weights as fused C++ kernels; the package runs the batched searches
-# of [Translating text](a08_translating.ipynb) in PyTorch. `python -m experiments.decode_bench`
-# times both on one machine with the same two threads, side by side in one run, decoding already
-# tokenised test sentences 32 at a time, or one at a time as a user translating a sentence
-# would, and the engine with 8-bit integer weights too. The table and chart read its stored
-# results ("same": how many translations are identical to the package's; "× CT2 before": the
-# same run on the searches before their faster decoding step, `decode-cpu-before.json`).
+# CTranslate2 runs the same weights as fused C++ kernels; the package runs the batched searches of
+# [Translating text](a08_translating.ipynb) in PyTorch. `python -m experiments.decode_bench` times
+# both on one machine with the same two threads, side by side in one run, decoding tokenised test
+# sentences 32 at a time or one at a time, as a user translating a sentence would, and the engine
+# with 8-bit weights too. The table and chart read its stored results ("same": translations
+# identical to the package's; "× CT2 before": the same run on the searches before their faster
+# decoding step, `decode-cpu-before.json`).
 
 # %% tags=["hide-input"]
 import altair as alt
@@ -566,14 +566,12 @@ speed.set_index(key)[
 ].round({"sentences/s": 1, "× CT2": 2, "× CT2 before": 2, "BLEU": 2})
 
 # %% [markdown]
-# What to see: with 32 sentences at a time, the package decodes at a little under half the
-# engine's speed, greedily or with beam 4; one sentence at a time, at about a quarter. Greedy
-# translations are identical in both engines. The engine multiplies matrices with a library that
-# is faster on this CPU, and it runs each decoding step as fused C++ kernels, where the package
-# calls many small PyTorch operations from Python: with one sentence the operations are too
-# small to keep the cores busy and that overhead dominates. Int8 weights speed the engine up by
-# 30 to 60% and change a few translations (the BLEU column). The appendix
-# [Derivations and counts](a11_counts.ipynb) profiles a decoding step.
+# What to see: with 32 sentences at a time, the package decodes at a little under half the engine's
+# speed, greedily or with beam 4; one sentence at a time, at about a quarter, since one sentence's
+# operations are too small to keep the cores busy and the package's per-operation overhead from
+# Python dominates. Greedy translations are identical. Int8 weights speed the engine up by 30 to
+# 60% and change a few translations (the BLEU column). [Derivations and counts](a11_counts.ipynb)
+# profiles a decoding step and says where the engine's lead comes from.
 
 # %% tags=["hide-input"]
 alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(
@@ -584,20 +582,6 @@ alt.Chart(speed[speed.engine != "ct2-float32"]).mark_bar().encode(
     column=alt.Column("batch:O", title="sentences per batch"),
     tooltip=["engine", "decoding", "batch", "sentences/s", "× CT2", "BLEU"],
 ).properties(width=200, height=90, title="Decoding speed on the CPU")
-
-# %% [markdown]
-# ## Summary
-#
-# - A Transformer trained by the package runs in CTranslate2 once its weights are laid out as the
-#   engine expects: stacked attention projections, post-norm, the shared embedding, and the
-#   package's own sinusoid table and vocabulary order.
-# - Greedy translations are the package's own; beam search differs in a few sentences because the
-#   engine's length penalty is not the paper's.
-# - With 32 sentences at a time the package decodes at a little under half the engine's speed;
-#   one sentence at a time, at about a quarter.
-# - `python -m transformer ctranslate2 --pair de-en OUT` writes a folder that
-#   `translate --engine ctranslate2 --model OUT` uses, in float32 or, with `--quantize int8`, with
-#   8-bit weights.
 
 # %% tags=["remove-cell"]
 import shutil

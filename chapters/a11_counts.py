@@ -16,11 +16,11 @@
 # %% [markdown]
 # # Derivations and counts
 #
-# This appendix counts what the Transformer costs: the arithmetic of an attention layer and of a
-# training step, the share of a GPU's peak that training reaches, the parameters of the paper's
-# models against its Table 3 {cite:p}`vaswani2017attention`, and where a CPU spends its time. It
-# derives and checks the module `transformer.counts`, which [The Trainer](a07_trainer.ipynb)
-# builds. A FLOP is one addition or one multiplication.
+# What the Transformer costs: the arithmetic of attention and of a training step, the share of a
+# GPU's peak that training reaches, the parameters of the paper's models against its Table 3
+# {cite:p}`vaswani2017attention`, and where a CPU spends its time. This appendix derives and checks
+# `transformer.counts`, which [The Trainer](a07_trainer.ipynb) builds. A FLOP is one addition or
+# one multiplication.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -67,12 +67,12 @@ _ = torch.manual_seed(0)  # the random inputs of the FLOP table
 #
 # - the projections $W^Q, W^K, W^V, W^O$ cost $4 \cdot 2 T d_\text{model}^2$ whatever $H$ is:
 #   together the heads' projections are one $d_\text{model} \times d_\text{model}$ matrix;
-# - the scores $QK^\top$, $H$ heads of $T \times T$ dot products of width $d_k$, cost
-#   $2 H T^2 d_k = 2 T^2 d_\text{model}$, and so does the weighted sum of the values;
+# - the scores $QK^\top$, $H$ heads of $T \times T$ dot products of width $d_k$, cost $2 H T^2 d_k
+#   = 2 T^2 d_\text{model}$, and so does the weighted sum of the values;
 # - the softmax, one exponential per score, costs $H T^2$, the only term that grows with $H$.
 #
-# The table evaluates these for $d_\text{model}$ = 512 and $T$ = 32, in millions; its last column
-# is what PyTorch's `FlopCounterMode` counts in the module's matrix products.
+# The table evaluates these for $d_\text{model}$ = 512 and $T$ = 32, in millions; the last column
+# is PyTorch's `FlopCounterMode` count of the module's matrix products.
 
 
 # %%
@@ -113,9 +113,9 @@ in_millions.insert(0, "d_k", flops["d_k"])
 in_millions
 
 # %% [markdown]
-# The counter agrees with the formulas, and the matrix products cost the same for one head of width
-# 512 as for 32 heads of width 16; the softmax stays under 1% of the total. What grows with $H$ is
-# memory, wherever the $H$ weight matrices of $T \times T$ are stored.
+# The counter agrees: the matrix products cost the same for one head of width 512 as for 32 of
+# width 16, and the softmax stays under 1%. What grows with $H$ is memory, wherever the $H$ weight
+# matrices of $T \times T$ are stored.
 #
 # The two $T^2$ products, $4 T^2 d_\text{model}$, overtake the projections' $8 T d_\text{model}^2$
 # only when $T > 2 d_\text{model}$: beyond 1,024 tokens for the base model. This is the paper's
@@ -132,9 +132,9 @@ for T in (crossover // 2, 2 * crossover):
 # %% [markdown]
 # ## A training step
 #
-# A forward and backward pass costs about 6 operations per parameter and per token it is applied
-# to: 2 for the forward product, 4 for the two backward ones. To that come the attention products,
-# quadratic in the lengths. For a pair of $S$ source and $T$ target tokens, padding excluded:
+# A forward and backward pass costs about 6 FLOPs per parameter and per token it is applied to: 2
+# for the forward product, 4 for the two backward ones. The attention products, quadratic in the
+# lengths, come on top. For a pair of $S$ source and $T$ target tokens, padding excluded:
 #
 # $$
 # \begin{aligned}
@@ -143,15 +143,14 @@ for T in (crossover // 2, 2 * crossover):
 # \end{aligned}
 # $$
 #
-# where $N_{enc}$ and $N_{dec}$ are the stacks' parameters without the embeddings and
-# $L_e = L_d$ = `n_layers`. The cross-attention's key and value projections, $N_{kv}$, belong to
-# the decoder but are applied to the $S$ positions of the encoder's output. The output layer,
-# $d_{model} V$, is tied to the embedding table but still multiplies at every target position. The
-# three attention terms (encoder, decoder and cross-attention) each take $2 \cdot 2\, d_{model} S^2$
-# forward per layer, three times that forward and backward. Softmaxes, normalisations and masks are
-# left out, as usual. `training_flops` computes it, summed over the pairs of a batch, so that
-# padding adds nothing. For the base model with $V$ = 37,000 and a pair of 25 source and 27 target
-# tokens:
+# where $N_{enc}$ and $N_{dec}$ are the stacks' parameters without the embeddings and $L_e = L_d$ =
+# `n_layers`. The cross-attention's key and value projections, $N_{kv}$, belong to the decoder but
+# apply to the encoder's $S$ positions. The output layer, $d_{model} V$, is tied to the embedding
+# table but still multiplies at every target position. Each attention term (encoder, decoder,
+# cross) takes $2 \cdot 2\, d_{model} S^2$ forward per layer, three times that with the backward
+# pass. Softmaxes, normalisations and masks are left out, as usual. `training_flops` sums it over a
+# batch's pairs, so padding adds nothing. For the base model, $V$ = 37,000 and a pair of 25 source
+# and 27 target tokens:
 
 # %%
 from transformer.counts import (
@@ -192,21 +191,20 @@ assert (
 )
 
 # %% [markdown]
-# About 10 GFLOPs, attention under 1% of them and the output layer almost a third: a large
-# vocabulary is expensive even when shared.
+# About 10 GFLOPs: attention under 1% of them, the output layer almost a third. A large vocabulary
+# is expensive even when shared.
 #
 # ## Model FLOPs utilisation
 #
-# Training reports **tokens per second**, the real target tokens trained on, and **model FLOPs
-# utilisation** (MFU): the count above, summed over an update, divided by the update's time and by
-# the hardware's peak rate. For an NVIDIA H100 or H200 that rate is the one measured for their
-# bfloat16 matrix products, about $790 \times 10^{12}$ FLOP/s (`TrainConfig.peak_flops`), for
-# float32 runs too.
+# Training reports **tokens per second** (real target tokens) and **model FLOPs utilisation**
+# (MFU): the count above, summed over an update, over the update's time and the hardware's peak
+# rate. For an NVIDIA H100 or H200 that rate is the measured one of their bfloat16 matrix products,
+# about $790 \times 10^{12}$ FLOP/s (`TrainConfig.peak_flops`), for float32 runs too.
 #
-# `checkpoints/throughput-h100.json` times the training loop alone on one H100, the second of two
-# epochs of German→English: the recipe's model (batches of 3,000 tokens, here at dropout 0.2) and
-# the paper's base model on its batches of 25,000 tokens, each in float32 and under bfloat16
-# autocast. The repeated row shows the noise.
+# `checkpoints/throughput-h100.json` times the training loop alone on one H100, over the second of
+# two epochs of German→English: the recipe's model (batches of 3,000 tokens, dropout 0.2 here) and
+# the paper's base model on batches of 25,000 tokens, each in float32 and under bfloat16 autocast.
+# The repeated row shows the noise.
 
 # %%
 bench = pd.DataFrame(
@@ -234,13 +232,12 @@ pd.DataFrame(
 ).set_axis(bench["variant"])
 
 # %% [markdown]
-# For the recipe's model, bfloat16 is *slower* than float32, and the MFU about half a percent: the
+# For the recipe's model bfloat16 is *slower* than float32, and the MFU about half a percent: the
 # model is small for this card, each update launches many small kernels, and autocast adds a
 # conversion before most products. So the recipe trains in float32. The base model gives bfloat16
-# enough work to run more than twice as fast, yet uses under a tenth of the card: softmax,
-# normalisation, dropout and the optimiser are not matrix products, and MFU does not count them.
-# The stored MFUs charge $N_{kv}$ to the target positions rather than the source, a fraction of a
-# percent when the lengths are similar:
+# enough work to run more than twice as fast, yet uses under a tenth of the card: MFU does not
+# count softmax, normalisation, dropout or the optimiser. The stored MFUs charge $N_{kv}$ to the
+# target positions, not the source: a fraction of a percent when the lengths are similar:
 
 # %%
 moved = 6 * n_kv * (25 - 27)
@@ -254,7 +251,7 @@ assert abs(moved / flops) < 0.01
 # ## Parameters against Table 3
 #
 # Table 3 gives 65 million parameters for the base model and 213 million for the big one, with a
-# shared vocabulary of "about 37000 tokens" (Section 5.1). Both presets for $V = 37{,}000$, each
+# shared vocabulary of "about 37000 tokens" (Section 5.1). Both presets at $V = 37{,}000$, each
 # tensor counted once:
 
 
@@ -310,8 +307,8 @@ counts.drop(columns="difference").map("{:,}".format).assign(
 )
 
 # %% [markdown]
-# Each part follows from the layers' formulas, as the cell below checks; the attention biases,
-# which the paper does not have, are 0.06% of the base model:
+# Each part follows from the layers' formulas (checked below); the attention biases, absent from
+# the paper, are 0.06% of the base model:
 
 
 # %%
@@ -355,8 +352,8 @@ print(
 )
 
 # %% [markdown]
-# The big model comes within 1% of the paper's count; the base model has about 3% fewer. The gap
-# is not in the sharing: without it the base model would have far more:
+# The big model is within 1% of the paper's count; the base model has about 3% fewer. Sharing is
+# not the gap: without it the base model would have far more:
 
 # %%
 variants = {
@@ -388,10 +385,10 @@ assert (
 sharing.map("{:,}".format)
 
 # %% [markdown]
-# **It is in the embeddings.** Between Table 3's variants of the base model (rows C) of one
-# $d_\text{model}$, our differences match the paper's to its rounding; what remains scales with
-# $d_\text{model}$, as a larger embedding table would. Each row solved for the vocabulary that
-# would make our count the paper's:
+# **The embeddings are.** Between Table 3's base-model variants (rows C) of one $d_\text{model}$,
+# our differences match the paper's to its rounding; what remains scales with $d_\text{model}$, as
+# a larger embedding table would. Each row solved for the vocabulary that would make our count the
+# paper's:
 
 # %%
 # Table 3, quoted: (N, d_model, d_ff, h, parameters in millions).
@@ -452,8 +449,8 @@ implied
 
 # %% [markdown]
 # Every base-model row fits a table of about 41,000 rows, some 4,000 more than Section 5.1 says;
-# the big row would need about 35,800. The paper does not say how it counted, so the question
-# stays open. The recipe's model, with its 8,000 entries, is far smaller:
+# the big row would need about 35,800. The paper does not say how it counted. The recipe's model,
+# with 8,000 entries, is far smaller:
 
 # %%
 with torch.device("meta"):
@@ -472,10 +469,10 @@ print(
 # %% [markdown]
 # ## Where decoding time goes
 #
-# On a CPU, the package decodes at a little under half the speed of CTranslate2 on the same
-# weights (the results chapter's [speed section](15_results.ipynb)).
-# `python -m experiments.decode_bench --profile` profiles the package decoding 96 test sentences,
-# 32 at a time, and sorts the time into groups, in percent:
+# On a CPU the package decodes at a little under half CTranslate2's speed on the same weights (the
+# results chapter's [speed section](15_results.ipynb)). `python -m experiments.decode_bench
+# --profile` profiles the package decoding 96 test sentences, 32 at a time, and sorts the time into
+# groups, in percent:
 
 # %%
 decode_bench = json.loads(
@@ -491,9 +488,9 @@ profile_shares.sort_values("greedy", ascending=False)
 
 # %% [markdown]
 # The matrix products dominate: the stacks' linear layers take a quarter to a third of the time,
-# the output layer, a $d_\text{model} \times 8{,}000$ product at every step, a quarter. On this AMD
-# CPU, CTranslate2 multiplies float32 matrices with oneDNN, PyTorch with Intel MKL;
-# `python -m experiments.gemm_backends` compares the two. Ratios of MKL's time to oneDNN's:
+# the output layer (a $d_\text{model} \times 8{,}000$ product at every step) a quarter. On this AMD
+# CPU, CTranslate2 multiplies float32 matrices with oneDNN, PyTorch with Intel MKL; `python -m
+# experiments.gemm_backends` compares them. MKL's time over oneDNN's:
 
 # %%
 gemm = json.loads(
@@ -539,11 +536,11 @@ products.pivot(index="product", columns="rows", values="MKL / oneDNN").round(2)
 
 # %% [markdown]
 # Forced onto MKL, the engine decodes about 1.3× slower: a good part of its lead. MKL keeps up on
-# the stacks' small products but is far slower on the output layer's 8,000 columns at the few rows
-# of a decoding step. Through oneDNN, the package's output layer gives the same 1,000 translations
-# and beam search gains about 15%, but the operation is private to PyTorch. The rest of the gap is
-# attention and the many small operations of a step, each a PyTorch call from Python where the
-# engine runs fused C++ kernels.
+# the stacks' small products but is far slower on the output layer's 8,000 columns at a decoding
+# step's few rows. Through oneDNN the package's output layer gives the same 1,000 translations and
+# beam search gains about 15%, but that operation is private to PyTorch. The rest of the gap is
+# attention and a step's many small operations, each a PyTorch call from Python where the engine
+# runs fused C++ kernels.
 #
 # ## Training speed against `nn.Transformer`
 #
@@ -561,5 +558,5 @@ pd.DataFrame(train_bench["tokens_per_s"]).median().astype(int).rename(
 )
 
 # %% [markdown]
-# The package trains at least as fast as the library, within the few percent by which repeated
-# runs differ on a shared machine.
+# The package trains at least as fast as the library, within the few percent by which repeated runs
+# differ on a shared machine.

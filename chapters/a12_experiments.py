@@ -16,12 +16,11 @@
 # %% [markdown]
 # # The experiments behind the recipe
 #
-# The book's Multi30k recipe departs from the paper in a few settings (the appendix
-# [Deviations from the paper](a01_deviations.ipynb) lists them). This appendix holds the evidence:
-# 40 comparison runs, each differing from the shipped recipe in a setting or two. Nothing here
-# trains: each run's configuration and metrics are kept in `experiments/runs/<pair>/<run>/`, beside
-# the scripts that trained and scored the runs (`experiments/README.md`), and
-# `experiments.comparison` reads them.
+# This appendix holds the evidence for the recipe's departures from the paper (listed in
+# [Deviations from the paper](a01_deviations.ipynb)): 40 runs, each differing from the shipped
+# recipe in a setting or two. Nothing here trains: `experiments.comparison` reads each run's
+# configuration and metrics from `experiments/runs/<pair>/<run>/`, beside the scripts that trained
+# and scored them (`experiments/README.md`).
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -67,20 +66,20 @@ use_book_renderer()
 # %% [markdown]
 # ## How the runs were made and measured
 #
-# The runs with `cpu` in their names trained on a 2-core CPU in float32. The others shared one
-# NVIDIA H100 under a time limit of about seven minutes, so some end early; the table gives each
-# run's epochs and arithmetic where they differ from its reference's. The shipped models are two of
-# the GPU runs (`shipped` in the table).
+# The runs with `cpu` in their names trained on a 2-core CPU in float32; the others shared one
+# NVIDIA H100 under a time limit of about seven minutes, so some end early (the table gives a run's
+# epochs and arithmetic where they differ from its reference's). The shipped models are two of the
+# GPU runs (`shipped`).
 #
-# After each epoch a run measures its validation perplexity per word (the references' NLL over
-# their words, which compares across vocabularies), and at its end that of the average of its last
-# five epochs, the model it would ship. Only the records were kept, not the weights.
+# After each epoch a run measured its validation perplexity per word (the references' NLL over
+# their words, comparable across vocabularies), and at its end that of the average of its last five
+# epochs, the model it would ship. Only the records were kept, not the weights.
 #
-# Each run is compared with its *reference*, named in the table: mostly the shipped run of its
-# pair, or for the short CPU runs the **CPU baseline** `dropout-0.2-cpu` (the recipe with dropout
-# 0.2, 20 epochs, seed 0). The *effect* is the change in validation perplexity per word, between
-# the averaged models where the run is at least as long as its reference, otherwise between the two
-# runs after the run's last epoch. Positive is worse.
+# Each run is compared with its *reference*, named in the table: mostly its pair's shipped run, or
+# for the short CPU runs the **CPU baseline** `dropout-0.2-cpu` (the recipe with dropout 0.2, 20
+# epochs, seed 0). The *effect* is the change in validation perplexity per word: between the
+# averaged models if the run is at least as long as its reference, otherwise between both runs at
+# the run's last epoch. Positive is worse.
 
 # %%
 rows, curves, averaged = [], [], {}
@@ -152,18 +151,17 @@ with pd.option_context("display.max_rows", 50, "display.max_colwidth", 80):
     display(shown)
 
 # %% [markdown]
-# Every run, grouped by the question it asks: the settings it changes, its averaged model's
-# perplexity per word, its effect and what that compares (`avg`, the averaged models, or both runs
-# at an epoch), and, for seven runs, the validation sacreBLEU of the averaged model (beam 4,
-# $\alpha = 0.6$).
+# The runs by question. `avg`: the effect compares the averaged models, otherwise both runs at the
+# epoch named; BLEU: for seven runs, the averaged model's validation sacreBLEU (beam 4, $\alpha =
+# 0.6$).
 #
 # ## Chance
 #
-# A seed fixes the initial weights, the order of the batches and the dropout masks. The CPU
-# baseline with seed 1 ends 1.6% above seed 0, though the two were up to 10% apart in the first ten
-# epochs. The recipe with seed 1 on the CPU, whose float32 rounding differs too, ends 3.6% above the
-# shipped German→English run and 1.1% above the French→English one. A difference of a few percent
-# between two single runs is no evidence.
+# A seed fixes the initial weights, the batch order and the dropout masks. The CPU baseline with
+# seed 1 ends 1.6% above seed 0, after being up to 10% apart in the first ten epochs. The recipe
+# with seed 1 on the CPU, whose float32 rounding differs too, ends 3.6% above the shipped
+# German→English run and 1.1% above the French→English one. A few percent between two single runs
+# is no evidence.
 
 # %%
 seed_gap = curves.pivot_table(
@@ -247,17 +245,17 @@ assert off_scale == ["base", "base-dropout-0.3"]
 # %% [markdown]
 # ## Regularisation: dropout and label smoothing
 #
-# Multi30k is small, and the model overfits it quickly. With the paper's dropout of 0.1, the CPU
-# run's validation perplexity is lowest after epoch 16 and then rises while its training loss keeps
+# Multi30k is small and the model overfits it quickly. With the paper's dropout of 0.1 the CPU
+# run's validation perplexity is lowest after epoch 16, then rises while its training loss keeps
 # falling. On the GPU, dropout 0.2 is lowest after epochs 26 and 29 (German→English,
-# French→English) and ends about a second seed's distance above the shipped runs' 0.3. With 0.4 the
+# French→English) and ends about a second seed's distance above the shipped 0.3. With 0.4 the
 # validation perplexity and even the training loss (1.73 against 1.08) end higher: the model no
-# longer fits its training data. Dropout inside the sublayers (`attention_dropout`, `ffn_dropout`)
-# is within chance, so both stay at 0.
+# longer fits its data. Dropout inside the sublayers (`attention_dropout`, `ffn_dropout`) is within
+# chance; both stay 0.
 #
-# Label smoothing "hurts perplexity" in the paper; here the run without it ends 17% *higher*, its
+# The paper's label smoothing "hurts perplexity"; here the run without it ends 17% *higher*, its
 # best epoch five earlier: it overfits sooner. Smoothing of 0.05 or 0.2 ends within chance of the
-# recipe's seed-1 run on the same CPU. The paper's 0.1 stays.
+# recipe's seed-1 CPU run. The paper's 0.1 stays.
 
 # %%
 epoch_ppl = curves.pivot_table(
@@ -323,18 +321,18 @@ assert [
 # %% [markdown]
 # ## Size, depth and the order of the sublayers
 #
-# Larger models do no better: a wider feed-forward layer ends level, and the paper's base model on
-# our batches learns far more slowly, even at a lower peak learning rate, and diverged at dropout
-# 0.3. Depth alone shows why: four post-norm layers are more than twice as high as their
-# references, even at half the learning rate, while in the pre-norm order (`norm_first=True`) the
-# same four are 16% *below* the baseline after 10 epochs. That fits what is known of post-norm
-# stacks: large gradients near the output at initialisation {cite:p}`xiong2020layer`, and updates
-# whose effect grows with depth {cite:p}`liu2020understanding`.
+# Larger models do no better: a wider feed-forward layer ends level; the paper's base model on the
+# recipe's batches learns far more slowly, even at a lower peak learning rate, and diverged at
+# dropout 0.3. Depth shows why: four post-norm layers are more than twice as high as their
+# references, even at half the learning rate, while four pre-norm layers (`norm_first=True`) are
+# 16% *below* the baseline after 10 epochs. Post-norm stacks have large gradients near the output
+# at initialisation {cite:p}`xiong2020layer` and updates whose effect grows with depth
+# {cite:p}`liu2020understanding`.
 #
 # A faster start is not a lower end. Three pre-norm layers lead the CPU baseline by more than 10%
 # up to epoch 12, are level after epoch 16 and end within chance, with a far lower training loss;
-# with the full recipe, pre-norm runs end between 2.6% below and 3.7% above the shipped runs, as
-# far as a second seed. Others found pre-norm ahead on small corpora and behind on a large one
+# with the full recipe, pre-norm runs end between 2.6% below and 3.7% above the shipped runs, a
+# second seed's spread. Others found pre-norm ahead on small corpora and behind on a large one
 # {cite:p}`nguyen2019transformers`. The paper's order stays the default; pre-norm suits a budget of
 # a few epochs.
 
@@ -398,13 +396,12 @@ assert [round(fr[r], 3) for r in pre_norm] == [-0.026, 0.016]
 # With 4,000 entries the CPU baseline ends higher with both seeds, by more than twice what the seed
 # moved; with 12,000, within chance. The 8,000 entries stay.
 #
-# `experiments/word_level_report.py` shows why: it scored each averaged model on every spaCy token
+# `experiments/word_level_report.py` shows why: it scores each averaged model on every spaCy token
 # of the validation references, grouped by how often the English training text holds that token.
 # For the recipe (seed 1, German→English), tokens seen fewer than twice are 2.0% of the tokens but
 # carry 22% of the NLL; tokens seen 100 times or more are 76% and carry 43%, about one nat each. In
 # the table (NLL per token, in nats), a smaller vocabulary makes never-seen words cheaper and words
-# seen 5 to 19 times dearer; the second group holds about three times as many tokens, so 4,000
-# entries lose overall.
+# seen 5 to 19 times dearer; the latter are about three times as many, so 4,000 entries lose.
 
 
 # %%
@@ -466,11 +463,11 @@ assert 2.5 < shares.loc["5-19", "tokens"] / shares.loc["never", "tokens"] < 4
 by_group.round(3)
 
 # %% [markdown]
-# BPE-dropout {cite:p}`provilkov2020bpe` ($p = 0.1$) spells each training word afresh every
-# epoch. On both languages it was 3.8 times as high after 10 epochs, and was stopped: partly the
-# measure, which scores one spelling of each reference word, but the commonest words also cost twice
-# as much (2.07 nats against 1.04). On the German source only it ends six times the seed's gap
-# above the baseline, with every group of words dearer. It stays an option, off.
+# BPE-dropout {cite:p}`provilkov2020bpe` ($p = 0.1$) spells each training word afresh every epoch.
+# On both languages it was 3.8 times as high after 10 epochs and was stopped: partly the measure,
+# which scores one spelling of each reference word, but the commonest words also cost twice as much
+# (2.07 nats against 1.04). On the German source only, it ends six times the seed's gap above the
+# baseline, every group of words dearer. It stays an option, off.
 
 # %%
 stopped = epoch_ppl["de-en", "bpe-dropout-cpu"].dropna()
@@ -502,9 +499,9 @@ assert round(source_side["never"], 1) == 21.2
 #
 # The recipe's 3,000 tokens per batch give about 160 updates per epoch. Two runs halve and double
 # that, keeping the warm-up at about five epochs and scaling the peak learning rate with the square
-# root of the batch size. With 1,500 tokens the start is faster but the end no lower: below the
-# shipped run for its first 25 epochs, level for the last ten, and within chance at the end. With
-# 6,000, half the updates fall far behind. The 3,000 tokens stay.
+# root of the batch size. With 1,500 tokens the start is faster, the end no lower: below the
+# shipped run for 25 epochs, level for the last ten, within chance at the end. With 6,000, half the
+# updates fall far behind. The 3,000 tokens stay.
 
 # %%
 small, large = "tokens-1500-cpu", "tokens-6000-cpu"
@@ -533,12 +530,12 @@ assert [round(bleu["de-en", r], 1) for r in (small, large)] == [42.0, 31.8]
 #
 # The recipe's seed-1 CPU run, continued from epoch 35 to 60, lowered its average of the last five
 # by 2.8% and raised its validation sacreBLEU from 41.4 to 42.7; the average of all fourteen epochs
-# from 47 on (`experiments/average_windows.py`) is 3.7% below its average after 35 epochs. A
-# longer run with a longer average gains about what a second seed moves, so the recipe keeps 35
-# epochs and five, about seven minutes on a shared GPU.
+# from 47 on (`experiments/average_windows.py`) is 3.7% below its average after 35. Training and
+# averaging longer gains about what a second seed moves, so the recipe keeps 35 epochs and five,
+# about seven minutes on a shared GPU.
 #
 # The German→English runs of the recipe's length from epoch 10, with the two continued runs; a
-# diamond marks the average of a run's last five epochs. What to see: how differently the runs
+# diamond marks a run's average of its last five epochs. What to see: how differently the runs
 # start, how close they are at epoch 35, and how little the long runs gain after it.
 
 # %%
@@ -659,11 +656,11 @@ assert all(best_epoch[key] < 35 for key in best_epoch.index if key[1] in turns)
 # %% [markdown]
 # ## Two runs as one ensemble
 #
-# An *ensemble* averages two models' probabilities of each next token. Scored that way
-# (`experiments/ensemble_report.py`), the shipped French→English model with the recipe's seed-1 run
-# reaches 5.25 per word on the validation split, 10.5% below the shipped model alone: a larger step
-# than any change of the recipe made. The book still ships single models, since an ensemble runs
-# every member at every step of the search.
+# An *ensemble* averages two models' probabilities of each next token. The shipped French→English
+# model with the recipe's seed-1 run reaches 5.25 per word on the validation split
+# (`experiments/ensemble_report.py`), 10.5% below the shipped model alone: a larger step than any
+# change of the recipe. The book ships single models, since an ensemble runs every member at every
+# step of the search.
 
 # %%
 ensemble = json.loads(
@@ -687,13 +684,13 @@ assert abs(alone["ppl_word"] - ppl["fr-en", SHIPPED]) < 0.02
 # %% [markdown]
 # ## What the recipe takes from these runs
 #
-# - **Regularise**: dropout 0.3 and label smoothing 0.1; with less dropout, or without smoothing,
-#   the validation perplexity turns up within 35 epochs.
+# - **Regularise**: dropout 0.3 and label smoothing 0.1; with less dropout or no smoothing, the
+#   validation perplexity turns up within 35 epochs.
 # - **Stay small**: 3 + 3 layers of width 256, in the paper's post-norm order.
-# - **8,000 BPE entries and 3,000 tokens per batch**: neither neighbour ends lower.
+# - **8,000 BPE entries, 3,000 tokens per batch**: neither neighbour ends lower.
 # - **35 epochs, the last five averaged**: longer gains about what a second seed moves.
 # - **Judge by more than one run**: the recipe's own seeds end up to 3.6% apart.
 #
 # Open: whether four pre-norm layers help French→English, and whether the longer runs' gain holds
-# for the shipped seed and for French→English (the phases `targets` and `targets-long` of
+# for the shipped seed and for French→English (phases `targets` and `targets-long` of
 # `experiments/gpu_sweep.py`).
