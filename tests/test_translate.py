@@ -528,7 +528,7 @@ def test_help_from_the_package_command():
         "--beam N",
         f"1 is greedy decoding (default: {BEAM_SIZE}",
         "--alpha A",
-        f"from 0 to 10 (default: {ALPHA}",
+        f"from 0 to 10 (default: {ALPHA:g}",
         "A SENTENCE that names an existing file is translated as a sentence all the same",
         "--checkpoint DIR",
         "checkpoints/<pair>",
