@@ -267,9 +267,9 @@ assert round(score(toy_refs, toy_refs).bleu, 6) == 100.0
 # %% [markdown]
 # ## sacreBLEU on the test set
 #
-# The package's default search, beam search with the paper's $K = 4$ and $\alpha = 0.6$, over
-# the 1,000 sentences of `test_2016_flickr`, the Multi30k test set that published results use,
-# for both shipped models. The package's command line does it: `python -m transformer evaluate`
+# Beam search with the package's default options (the paper's are $K = 4$ and $\alpha = 0.6$),
+# over the 1,000 sentences of `test_2016_flickr`, the Multi30k test set that published results
+# use, for both shipped models. The package's command line does it: `python -m transformer evaluate`
 # translates a split with the batched form of the decoding chapter's beam search (the appendix
 # [Translating text](a08_translating.ipynb); a test holds its translations identical to the
 # chapter's), prints the scores of `score` above, with `--output` writes the translations, which
@@ -683,9 +683,9 @@ alt.Chart(
 # %% [markdown]
 # ## Summary
 #
-# - On `test_2016_flickr`, with the package's default search (the paper's beam 4 and
-#   $\alpha = 0.6$), the shipped models' sacreBLEU is reported with its signature and the options
-#   that made it, and stored as data for every page that cites it.
+# - On `test_2016_flickr`, with the package's default search, the shipped models' sacreBLEU is
+#   reported with its signature and the options that made it, and stored as data for every page
+#   that cites it.
 # - Beam search beats greedy decoding for both models, for German→English beyond chance.
 # - The errors keep the sentence's frame and lose details; long sentences, rare in training,
 #   score lowest, and German→English shortens them.

@@ -153,8 +153,8 @@ status
 # A language pair is checked in one place, `parse_pair`: `language_pair` is the type of every
 # `--pair`, and the parser offers the pairs as its choices. The decoding options, `--beam`,
 # `--alpha` and `--batch-size`, become one `DecodeOptions` (appendix
-# [Translating text](a08_translating.ipynb)), which checks them and gives their defaults, set
-# from the paper's in `paper_search`; the help says a default is the paper's only while it is.
+# [Translating text](a08_translating.ipynb)), which checks them and gives their defaults, those
+# of `paper_search`; the help calls a default the paper's only while it is the paper's value.
 # Its error names the field, and `option_error` puts the option's name in its place.
 # torch is imported only once the options are known to be good, so that `--help` and a usage
 # error answer at once.

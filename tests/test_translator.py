@@ -927,6 +927,31 @@ def perturbed(hypotheses: list[str], references: list[str]) -> list[list[str]]:
 
 
 @pytest.mark.slow
+def test_the_reported_scores_are_the_stored_evaluation_of_the_shipped_weights(
+    tmp_path: Path, monkeypatch
+):
+    """The score button's "the results chapter reports" line reads the shipped model's
+    stored evaluation (checkpoints/scores/<pair>.json) with the search that made it, as
+    sacreBLEU prints it; nothing when none is stored, or when it scores other weights."""
+    import transformer.evaluate as evaluate
+
+    scores, record = evaluate.stored_scores("de-en")
+    assert extension.reported_scores("de-en") == {
+        "bleu": f"{scores.bleu:.2f}",
+        "chrf": f"{scores.chrf:.2f}",
+        "beam_size": record["options"]["beam_size"],
+        "alpha": record["options"]["alpha"],
+        "chapter": "15_results",
+    }
+    monkeypatch.setattr(evaluate, "STORED_SCORES", tmp_path)
+    assert extension.reported_scores("de-en") is None
+    stale = record | {"model_sha256": "0" * 64}
+    (tmp_path / "de-en.json").write_text(json.dumps(stale), encoding="utf-8")
+    assert extension.reported_scores("de-en") is None
+    (tmp_path / "de-en.json").write_text(json.dumps(record), encoding="utf-8")
+    assert extension.reported_scores("de-en")["bleu"] == f"{scores.bleu:.2f}"
+
+
 @pytest.mark.parametrize("pair", PAIRS)
 def test_sacrebleu_in_javascript_prints_pythons(static: Path, pair: str):
     """translator/sacrebleu.js prints the BLEU and chrF lines of Python's sacreBLEU,
