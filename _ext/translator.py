@@ -19,7 +19,8 @@ At `make book` this extension writes into the build, under `_static/translator/`
   the special ids, the decoding defaults and the extra output length.
 - `<pair>-test.js`: the pair's test_2016_flickr sources and references, sacreBLEU's
   settings and signatures, and the scores that the results chapter reports for the
-  shipped model, for the page's button that scores the test set; loaded when it is pressed.
+  shipped model (its stored evaluation, checkpoints/scores/<pair>.json), for the page's
+  button that scores the test set; loaded when it is pressed.
 - `core.js`: the computing side, CORE_FILES of `translator/` (tokenizer, model, decoding,
   scoring, worker) inside one function, whose source the page also starts its Web Workers
   from, with WARM_UP, what a worker warms up on before a pair loads: a tiny model's
@@ -122,8 +123,8 @@ CHUNK_BYTES = 3 << 19
 HINT_WORDS = 100
 # The split that the page's score button translates, as the results chapter does.
 TEST_SPLIT = "test_2016_flickr"
-# The chapter whose stored output reports the shipped models' scores (`evaluate`'s report).
-RESULTS_CHAPTER = ROOT / "chapters" / "15_results.ipynb"
+# The page that reports the shipped models' scores, which the score button links to.
+RESULTS_PAGE = "15_results"
 
 
 def shipped_pairs() -> list[str]:
@@ -362,37 +363,27 @@ def scoring_settings() -> dict:
     }
 
 
-def reported_scores(pair: str, chapter: Path = RESULTS_CHAPTER) -> dict | None:
+def reported_scores(pair: str) -> dict | None:
     """The shipped model's scores on the test split as the results chapter reports
-    them: the report of `python -m transformer evaluate` in its stored output
-    ({bleu, chrf, beam_size, alpha}, as printed), or None if it holds none for `pair`."""
-    from transformer.multi30k import PAIRS
+    them: its stored evaluation (`evaluate --json`, read by `stored_scores`), as
+    sacreBLEU prints them, with the search that made them ({bleu, chrf, beam_size,
+    alpha, chapter}); None if none is stored for `pair` or it scores other weights."""
+    from transformer.cli.evaluate import model_digest
+    from transformer.evaluate import STORED_SCORES, stored_scores
+    from transformer.paths import CHECKPOINTS_DIR
 
-    if not chapter.is_file():
+    if not (STORED_SCORES / f"{pair}.json").is_file():
         return None
-    notebook = json.loads(chapter.read_text(encoding="utf-8"))
-    text = "".join(
-        "".join(output.get("text", ""))
-        for cell in notebook["cells"]
-        for output in cell.get("outputs", [])
-        if output.get("output_type") == "stream"
-    )
-    source, target = (language_name(code) for code in PAIRS[pair])
-    found = re.search(
-        rf"^{source}→{target}, [\d,]+ sentences, beam (\d+), α = ([\d.]+)\n"
-        r"sacreBLEU +([\d.]+) .*\n.*\nchrF +([\d.]+) ",
-        text,
-        re.MULTILINE,
-    )
-    if found is None:
+    scores, record = stored_scores(pair)
+    if record["model_sha256"] != model_digest(CHECKPOINTS_DIR / pair):
         return None
-    beam, alpha, bleu, chrf = found.groups()
+    options = record["options"]
     return {
-        "bleu": bleu,
-        "chrf": chrf,
-        "beam_size": int(beam),
-        "alpha": float(alpha),
-        "chapter": chapter.stem,
+        "bleu": f"{scores.bleu:.2f}",  # as sacreBLEU prints a score
+        "chrf": f"{scores.chrf:.2f}",
+        "beam_size": options["beam_size"],
+        "alpha": options["alpha"],
+        "chapter": RESULTS_PAGE,
     }
 
 

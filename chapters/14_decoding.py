@@ -96,16 +96,21 @@ sources[0]
 # log-probabilities. Two tokens are never chosen: padding, and BOS, which only starts an output.
 # A `Hypothesis` is a finished output: its tokens without BOS and EOS, $\log p(Y \mid X)$, the
 # score the search ranked it by, and whether it ended with EOS or was cut by the length limit,
-# the source's length + 50.
+# the source's length + 50. The paper's beam size and $\alpha$ are facts about the paper, named
+# `PAPER_BEAM_SIZE` and `PAPER_ALPHA`; the package's defaults, `BEAM_SIZE` and `ALPHA`, are set
+# from them in one place, so that a default can change while the paper's values stay.
 
 # %%
 #| export paper_search
 """The paper's search (Section 6.1): "beam search with a beam size of 4 and
-length penalty α = 0.6", and "maximum output length ... input length + 50"."""
+length penalty α = 0.6", and "maximum output length ... input length + 50";
+and the package's default search, set from it."""
 
-BEAM_SIZE = 4
-ALPHA = 0.6
+PAPER_BEAM_SIZE = 4
+PAPER_ALPHA = 0.6
 EXTRA_LENGTH = 50
+BEAM_SIZE = PAPER_BEAM_SIZE  # the package's defaults
+ALPHA = PAPER_ALPHA
 
 
 # %%

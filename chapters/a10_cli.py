@@ -76,6 +76,7 @@ from pathlib import Path
 
 from transformer.decode_options import MAX_ALPHA, DecodeOptions, OptionError
 from transformer.multi30k import PAIRS, DataError, parse_pair
+from transformer.paper_search import PAPER_ALPHA, PAPER_BEAM_SIZE
 
 PROG = "python -m transformer"
 
@@ -152,8 +153,9 @@ status
 # A language pair is checked in one place, `parse_pair`: `language_pair` is the type of every
 # `--pair`, and the parser offers the pairs as its choices. The decoding options, `--beam`,
 # `--alpha` and `--batch-size`, become one `DecodeOptions` (appendix
-# [Translating text](a08_translating.ipynb)), which checks them and gives their defaults, the
-# paper's; its error names the field, and `option_error` puts the option's name in its place.
+# [Translating text](a08_translating.ipynb)), which checks them and gives their defaults, those
+# of `paper_search`; the help calls a default the paper's only while it is the paper's value.
+# Its error names the field, and `option_error` puts the option's name in its place.
 # torch is imported only once the options are known to be good, so that `--help` and a usage
 # error answer at once.
 
@@ -187,25 +189,29 @@ def option_error(err: OptionError) -> UsageError:
 #| export
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """The options of every command that decodes with a trained model."""
-    paper = DecodeOptions()
+    defaults = DecodeOptions()
+
+    def whose(value, paper) -> str:  # a default says whether it is the paper's
+        return ", the paper's" if value == paper else ""
+
     p.add_argument(
         "--pair", required=True, type=language_pair, choices=list(PAIRS)
     )
     p.add_argument(
         "--beam",
         type=int,
-        default=paper.beam_size,
+        default=defaults.beam_size,
         metavar="N",
-        help=f"beam size; 1 is greedy decoding (default: {paper.beam_size},"
-        " the paper's)",
+        help=f"beam size; 1 is greedy decoding (default: {defaults.beam_size}"
+        f"{whose(defaults.beam_size, PAPER_BEAM_SIZE)})",
     )
     p.add_argument(
         "--alpha",
         type=float,
-        default=paper.alpha,
+        default=defaults.alpha,
         metavar="A",
         help=f"length penalty α of beam search, from 0 to {MAX_ALPHA:g}"
-        f" (default: {paper.alpha:g}, the paper's)",
+        f" (default: {defaults.alpha:g}{whose(defaults.alpha, PAPER_ALPHA)})",
     )
     p.add_argument(
         "--checkpoint",
@@ -222,9 +228,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-size",
         type=int,
-        default=paper.batch_size,
+        default=defaults.batch_size,
         metavar="N",
-        help=f"sentences decoded at once (default: {paper.batch_size})",
+        help=f"sentences decoded at once (default: {defaults.batch_size})",
     )
 
 
@@ -864,7 +870,10 @@ def translate_command(argv: Sequence[str]) -> None:
 # ## `evaluate`
 #
 # `evaluate` translates a split with the same options and prints sacreBLEU and chrF with their
-# signatures, as the results chapter reports them.
+# signatures, as the results chapter reports them. With `--json FILE` it also writes them as
+# data, the results chapter's `scores_record`: the options that made the translations and the
+# model's `model_digest`, the SHA-256 of the files that `load_model` reads, so that a stored
+# score names the weights it belongs to.
 
 # %%
 #| export cli.evaluate
@@ -872,9 +881,14 @@ def translate_command(argv: Sequence[str]) -> None:
 split, scored."""
 
 import argparse
+import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformer import layout
+from transformer.atomic import atomic_write
 from transformer.checked_data import load_pairs
 from transformer.cli.base import (
     PROG,
@@ -886,7 +900,7 @@ from transformer.cli.base import (
     warning,
 )
 from transformer.multi30k import SPLITS, DataError, parse_pair
-from transformer.paths import DATA_DIR
+from transformer.paths import CHECKPOINTS_DIR, DATA_DIR
 
 ERRORS = (DataError, ImportError)  # reported in one line
 
@@ -894,7 +908,8 @@ EVALUATE_EPILOG = """\
 Prints sacreBLEU (cased, its 13a tokenizer on the detokenised translations
 against the raw references) and chrF, each with its signature; BLEU on
 lowercased spaCy-tokenised text, only to compare with published Multi30k
-results; and the time that the translation took.
+results; and the time that the translation took. --json writes the scores with
+the decoding options and the SHA-256 of the model's files.
 
 Errors (an unknown pair, split or option, a missing or unusable model folder, a
 missing or corrupt data file, an output file that cannot be written, no spaCy)
@@ -940,6 +955,13 @@ def evaluate_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the translations to FILE, one per line",
     )
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="also write the scores, the decoding options and the model's"
+        " SHA-256 to FILE, as JSON",
+    )
     return p
 
 
@@ -951,12 +973,46 @@ def check_evaluate_options(args: argparse.Namespace) -> None:
         )
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
-    if args.output is not None and not args.output.parent.is_dir():
-        raise UsageError(
-            f"cannot write {args.output}: no folder {args.output.parent}"
-        )
-    if args.output is not None and args.output.is_dir():
-        raise UsageError(f"cannot write {args.output}: it is a folder")
+    for path in (args.output, args.json):
+        if path is not None and not path.parent.is_dir():
+            raise UsageError(f"cannot write {path}: no folder {path.parent}")
+        if path is not None and path.is_dir():
+            raise UsageError(f"cannot write {path}: it is a folder")
+
+
+def model_digest(folder: Path) -> str:
+    """The SHA-256 of a model folder's model: of its config.json,
+    tokenizer.json and weight files, the files that `load_model` reads."""
+    config = json.loads((folder / layout.CONFIG).read_text(encoding="utf-8"))
+    digest = hashlib.sha256()
+    for path in (
+        folder / layout.CONFIG,
+        folder / layout.TOKENIZER,
+        *layout.weight_files(folder, config),
+    ):
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def write_scores(args: argparse.Namespace, scores, options) -> None:
+    """The scores of the run that `args` and `options` asked for, as JSON in
+    args.json (the results chapter's scores_record), written atomically, or a
+    one-line UsageError."""
+    from transformer.evaluate import scores_record
+
+    record = scores_record(
+        scores,
+        pair=args.pair,
+        split=args.split,
+        options=dataclasses.asdict(options),
+        model=model_digest(args.checkpoint or CHECKPOINTS_DIR / args.pair),
+    )
+    text = json.dumps(record, ensure_ascii=False, indent=2) + "\n"
+    path = args.json
+    try:
+        atomic_write(path, text.encode("utf-8"))
+    except OSError as err:
+        raise UsageError(f"cannot write {path}: {err.strerror}") from err
 
 
 # %%
@@ -971,7 +1027,7 @@ def evaluate_command(argv: Sequence[str]) -> None:
     load_pairs(args.split, args.pair, args.data_dir)
     import torch
 
-    from transformer.evaluate import score
+    from transformer.evaluate import score, search_label
     from transformer.split_translation import translate_split, write_lines
 
     model, tokenizer = load_for_command(
@@ -997,12 +1053,10 @@ def evaluate_command(argv: Sequence[str]) -> None:
             raise UsageError(
                 f"cannot write {args.output}: {err.strerror}"
             ) from err
+    if args.json is not None:
+        write_scores(args, scores, options)
     folder = args.checkpoint or f"the shipped model, checkpoints/{args.pair}"
-    search = (
-        "greedy"
-        if options.greedy
-        else f"beam {options.beam_size}, α {options.alpha:g}"
-    )
+    search = search_label(options.beam_size, options.alpha)
     print(
         f"{args.pair} {args.split}: {scores.sentences:,} sentences, {search},"
         f" model {folder}"
@@ -1016,6 +1070,8 @@ def evaluate_command(argv: Sequence[str]) -> None:
     )
     if args.output is not None:
         print(f"translations written to {args.output}")
+    if args.json is not None:
+        print(f"scores written to {args.json}")
 
 
 # %% [markdown]

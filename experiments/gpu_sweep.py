@@ -9,7 +9,7 @@ in its own process; they share the GPU. A run stops after its epochs or, at the 
 minutes (`--time-limit`); a run that the time limit stopped is then closed with `--resume
 --epochs <its last whole epoch>`, which averages its last five epoch checkpoints, as a run that
 ends normally does. Each run's average is then scored on the validation split (sacreBLEU, the
-paper's search; the sources come from the encoded cache, so no spaCy is needed on the GPU machine).
+default search; the sources come from the encoded cache, so no spaCy is needed on the GPU machine).
 
 The run of each pair with the lowest averaged validation perplexity per word (or, with
 `--choose-by bleu`, the highest validation BLEU), among those marked as candidates (the sizes
@@ -258,7 +258,7 @@ def close(runs: dict, args: argparse.Namespace) -> None:
 
 
 def val_bleu(folder: Path, pair: str, cache_dir: str) -> float:
-    """sacreBLEU of the averaged model on the validation split, with the paper's
+    """sacreBLEU of the averaged model on the validation split, with the default
     search (DecodeOptions())."""
     import torch
     from sacrebleu.metrics import BLEU

@@ -1,31 +1,31 @@
-r"""Write the model card, checkpoints/<pair>/README.md, from the shipped files and a fresh
-evaluation of the shipped and last-epoch weights on test_2016_flickr (the paper's search,
-`DecodeOptions()`).
+r"""Write the model card, checkpoints/<pair>/README.md, from the shipped files and the stored
+evaluations of the shipped and last-epoch weights on test_2016_flickr, checkpoints/scores/
+<pair>.json and <pair>.last.json (written by `python -m transformer evaluate --json`, with
+evaluate's default search; each must name the weights of the folder by their SHA-256).
 
     python -m experiments.model_card de-en --command "python -m transformer train ..." \
         --hardware "2-core Intel Xeon CPU, ..."
 
-Every number in the card is read from the folder (config.json, metrics.jsonl) or measured here,
-and the names of the pair's comparison runs from experiments/runs/<pair>/ where there are any;
-the command and the hardware are the two facts the folder does not hold. The folder is checked
-before the test split is translated: a missing part is one line on standard error and exit
-status 2.
+Every number in the card is read from the folder (config.json, metrics.jsonl), from the stored
+scores or measured here, and the names of the pair's comparison runs from experiments/runs/<pair>/
+where there are any; the command and the hardware are the two facts the folder does not hold.
+The folder and the scores are checked before the validation split is scored: a missing part, or
+scores of other weights, is one line on standard error and exit status 2.
 """
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from experiments.words import word_level_evaluation
 from transformer import layout
+from transformer.atomic import atomic_write
 from transformer.checked_data import load_pairs
 from transformer.checkpoint import CheckpointError, load_model
-from transformer.decode_options import DecodeOptions
-from transformer.evaluate import score
+from transformer.cli.evaluate import model_digest
+from transformer.evaluate import STORED_SCORES, Scores, search_label
 from transformer.files import read_jsonl
 from transformer.multi30k import DataError
-from transformer.split_translation import translate_split
 from transformer.train_config import multi30k_recipe
 from transformer.translation import CHECKPOINTS_DIR
 
@@ -41,8 +41,34 @@ def comparison_runs(pair: str, runs: Path = RUNS_DIR) -> list[str]:
     return sorted(p.name for p in (runs / pair).iterdir() if p.is_dir())
 
 
-PAPER = DecodeOptions()  # the search every score here uses, `evaluate`'s default
-SEARCH = f"beam {PAPER.beam_size}, α {PAPER.alpha}"
+# The stored evaluation of each row of the card's test table: its name, and its weights.
+STORED = {"averaged (shipped)": ("", ""), "last epoch (`last/`)": (".last", "last")}
+
+
+def stored_scores(pair: str, folder: Path, scores: Path) -> dict[str, dict]:
+    """The stored evaluation record of each row of the test table. CheckpointError for a
+    missing one, or one whose model is not the folder's weights."""
+    records = {}
+    for row, (suffix, weights) in STORED.items():
+        path = scores / f"{pair}{suffix}.json"
+        if not path.is_file():
+            raise CheckpointError(
+                f"no {path}: write it with `python -m transformer evaluate --pair {pair}"
+                f" --checkpoint {folder / weights} --json {path}`"
+            )
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record["model_sha256"] != model_digest(folder / weights):
+            raise CheckpointError(
+                f"{path} scores other weights than {folder / weights}'s: evaluate them again"
+            )
+        records[row] = record
+    first, *others = records.values()
+    for record in others:  # one search and split for the whole table
+        if (record["options"], record["split"]) != (first["options"], first["split"]):
+            raise CheckpointError(
+                f"the stored scores of {pair} come from different searches or splits"
+            )
+    return records
 
 
 def card(
@@ -51,16 +77,15 @@ def card(
     hardware: str,
     folder: Path | None = None,
     runs: Path = RUNS_DIR,
+    scores: Path | None = None,
 ) -> str:
-    """The card of the shipped folder (checkpoints/<pair> unless `folder` is given).
-    CheckpointError for a folder without both models or an average in its metrics, raised
-    before the test split's two translations, the slow part."""
+    """The card of the shipped folder (checkpoints/<pair> unless `folder` is given), with
+    the test scores stored in `scores` (default: STORED_SCORES). CheckpointError for a
+    folder without both models or an average in its metrics, or without both stored scores
+    of its weights, raised before the validation split is scored, the slow part."""
     folder = CHECKPOINTS_DIR / pair if folder is None else Path(folder)
     model, tokenizer = load_model(folder)
-    weights = {
-        "averaged (shipped)": (model, tokenizer),
-        "last epoch (`last/`)": load_model(folder / "last"),
-    }
+    load_model(folder / "last")
     record = json.loads((folder / layout.CONFIG).read_text())
     metrics = read_jsonl(folder / layout.METRICS)
     epochs = [r for r in metrics if r["kind"] == "epoch"]
@@ -70,14 +95,14 @@ def card(
             f"{folder / layout.METRICS} holds no epoch or no average record"
         )
     average = averages[-1]
+    records = stored_scores(pair, folder, STORED_SCORES if scores is None else scores)
     comparisons = comparison_runs(pair, runs)
     tc, mc = record["train"], record["model"]
     n_params = sum(p.numel() for p in model.parameters())
-    results = {}
-    for name, (m, t) in weights.items():
-        tr = translate_split(m, t, pair, "test_2016_flickr")
-        results[name] = score(tr.hypotheses, tr.references)
+    results = {row: Scores(**r["scores"]) for row, r in records.items()}
     shipped = results["averaged (shipped)"]
+    run = records["averaged (shipped)"]
+    search, split = search_label(**run["options"]), run["split"]
     n_epochs = f"{len(epochs)} epoch" + ("s" if len(epochs) != 1 else "")
     hours = epochs[-1]["wall_time"] / 3600
     took = f"{hours:.2f} hours" if hours >= 1 else f"{60 * hours:.1f} minutes"
@@ -119,7 +144,7 @@ def card(
     return f"""# {NAMES[pair]} Transformer, Multi30k
 
 **Status:** trained with the book's recipe on {"one GPU" if on_gpu else "a CPU"}, {n_epochs}
-in {took}; {shipped.bleu:.1f} sacreBLEU on test_2016_flickr ({SEARCH}).
+in {took}; {shipped.bleu:.1f} sacreBLEU on {split} ({search}).
 
 ## Model
 
@@ -165,7 +190,7 @@ against {wl.words:,} words; a token counts as right when all its BPE pieces are 
 probable ones, `word_level_evaluation`, measured here on the shipped weights): perplexity
 {wl.ppl_unit:.2f}, accuracy {wl.unit_accuracy:.1%}.
 
-Test (`test_2016_flickr`, {SEARCH}, `python -m transformer evaluate --pair {pair}`):
+Test (`{split}`, {search}, `python -m transformer evaluate --pair {pair}`):
 
 | weights | sacreBLEU | chrF | BLEU lowercased, spaCy-tokenised* |
 | --- | --- | --- | --- |
@@ -196,10 +221,7 @@ def main() -> None:
         text = card(args.pair, args.command, args.hardware, folder)
     except (CheckpointError, DataError) as err:
         p.exit(2, f"{p.prog}: error: {err}\n")
-    path = folder / "README.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(folder / "README.md", text.encode("utf-8"))
     print(text)
 
 

@@ -9,7 +9,7 @@ comparison folder keeps only metrics, so this file is what is left of the weight
 scores: the perplexities and accuracies of `word_level_evaluation` and its tokens grouped by how
 often the training split has them (`by_frequency`). The pair is the model's vocabulary's.
 With `--bleu`, also the sacreBLEU and chrF of the model's translations of the validation
-split with the paper's search (`DecodeOptions()`), under `val_bleu`. Needs spaCy. A bad input
+split with the default search (`DecodeOptions()`), under `val_bleu`. Needs spaCy. A bad input
 (a folder without a model, a missing or corrupt data file, no spaCy) is one line on standard
 error and exit status 2.
 """
@@ -34,14 +34,14 @@ from transformer.split_translation import translate_split, write_lines
 
 
 def val_bleu(model, tokenizer) -> dict:
-    """sacreBLEU and chrF, with their signatures, of translations of val with the paper's
-    search (DecodeOptions())."""
-    paper = DecodeOptions()
-    found = translate_split(model, tokenizer, tokenizer.pair, "val", paper)
+    """sacreBLEU and chrF, with their signatures, of translations of val with the default
+    search (DecodeOptions()), and the search's options."""
+    defaults = DecodeOptions()
+    found = translate_split(model, tokenizer, tokenizer.pair, "val", defaults)
     s = score(found.hypotheses, found.references)
     return {
-        "beam": paper.beam_size,
-        "alpha": paper.alpha,
+        "beam": defaults.beam_size,
+        "alpha": defaults.alpha,
         "sentences": s.sentences,
         "sacrebleu": s.bleu,
         "chrf": s.chrf,
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument(
         "--bleu",
         action="store_true",
-        help="also translate the validation split (the paper's search) and score it",
+        help="also translate the validation split (the default search) and score it",
     )
     args = parser.parse_args()
 

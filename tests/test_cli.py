@@ -176,19 +176,47 @@ def test_decode_options_are_checked_once_when_made(changes, message):
         DecodeOptions(**changes)
 
 
-def test_decode_options_hold_the_papers_search_and_the_decoders_agree():
+def test_the_help_calls_a_default_the_papers_only_while_it_is(monkeypatch):
+    import argparse
+    import functools
+
+    import transformer.cli.base as base
+    from transformer.decode_options import DecodeOptions
+
+    def help_text() -> str:
+        p = argparse.ArgumentParser()
+        base.add_model_options(p)
+        return " ".join(p.format_help().split())
+
+    paper = functools.partial(DecodeOptions, beam_size=4, alpha=0.6)
+    monkeypatch.setattr(base, "DecodeOptions", paper)
+    text = help_text()
+    assert "(default: 4, the paper's)" in text and "(default: 0.6, the paper's)" in text
+    monkeypatch.setattr(base, "DecodeOptions", functools.partial(paper, alpha=1.0))
+    text = help_text()
+    assert "(default: 4, the paper's)" in text
+    assert "(default: 1)" in text and "(default: 1, the paper's)" not in text
+
+
+def test_the_papers_search_and_the_defaults_set_from_it_and_the_decoders_agree():
     import inspect
 
     from transformer.decode import beam_search
     from transformer.decode_options import DecodeOptions, with_changes
+    from transformer.paper_search import ALPHA, BEAM_SIZE, PAPER_ALPHA, PAPER_BEAM_SIZE
 
-    paper = DecodeOptions()
-    assert (paper.beam_size, paper.alpha, paper.greedy) == (4, 0.6, False)
+    # the paper's "beam size of 4 and length penalty α = 0.6" (Section 6.1)
+    assert (PAPER_BEAM_SIZE, PAPER_ALPHA) == (4, 0.6)
+    defaults = DecodeOptions()
+    assert (defaults.beam_size, defaults.alpha) == (BEAM_SIZE, ALPHA)
     assert with_changes(beam_size=1).greedy
-    assert with_changes(paper, alpha=1.0) == DecodeOptions(alpha=1.0)
-    # beam_search, the decoding chapter's teaching function, states the paper's values too
-    defaults = inspect.signature(beam_search).parameters
-    assert (defaults["beam_size"].default, defaults["alpha"].default) == (4, 0.6)
+    assert with_changes(defaults, alpha=1.0) == DecodeOptions(alpha=1.0)
+    # beam_search, the decoding chapter's teaching function, has the same defaults
+    teaching = inspect.signature(beam_search).parameters
+    assert (teaching["beam_size"].default, teaching["alpha"].default) == (
+        BEAM_SIZE,
+        ALPHA,
+    )
     # the overflow within a model's positions: float32's bound, as the search computes lp
     DecodeOptions(alpha=10.0).check_alpha(40_000)
     with pytest.raises(ValueError, match="overflow at the model's 50000 positions"):

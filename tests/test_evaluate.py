@@ -5,8 +5,10 @@ models and data."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -24,8 +26,19 @@ import transformer.tokenizer as tokenizer_module
 import transformer.translation as translation
 from transformer.__main__ import main as package_main
 from transformer.checkpoint import load_model
-from transformer.evaluate import LC_TOK_BLEU, bleu_by_length, score, spacy_words
-from transformer.multi30k import load_pairs
+from transformer.cli.evaluate import model_digest
+from transformer.decode_options import DecodeOptions
+from transformer.evaluate import (
+    LC_TOK_BLEU,
+    bleu_by_length,
+    score,
+    scores_record,
+    spacy_words,
+    stored_scores,
+)
+from transformer.multi30k import PAIRS, load_pairs
+from transformer.paper_search import PAPER_ALPHA, PAPER_BEAM_SIZE
+from transformer.paths import CHECKPOINTS_DIR
 from transformer.split_translation import translate_split, write_lines
 from transformer.translation import translate
 
@@ -175,33 +188,53 @@ def test_bleu_by_length_groups_by_source_words():
 REFERENCE = Path(__file__).resolve().parent / "reference"
 
 
-@pytest.mark.parametrize(
-    ("pair", "bleu", "chrf", "short", "longest"),
-    [("de-en", 41.6, 60.7, 43.8, 27.4), ("fr-en", 53.1, 68.9, 59.2, 42.3)],
-)
-def test_the_shipped_translations_score_what_the_results_chapter_says(
-    pair, bleu, chrf, short, longest
-):
-    # The shipped models' beam-4 test translations (tests/test_shipped_translations.py checks
-    # that the models still give them), scored as the results chapter scores them.
-    hypotheses = (REFERENCE / f"test_2016_flickr.{pair}.beam4.txt").read_text()
-    pairs = load_pairs("test_2016_flickr", pair)
-    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    scores = score(hypotheses.splitlines(), references)
-    assert (round(scores.bleu, 1), round(scores.chrf, 1)) == (bleu, chrf)
-    assert "version:2.6.0" in scores.bleu_signature
-    groups = bleu_by_length(sources, hypotheses.splitlines(), references)
-    by_words = {g.words: g for g in groups}
-    assert round(by_words["1–9"].bleu, 1) == short
-    assert round(by_words["20+"].bleu, 1) == longest
-    if pair == "de-en":  # level up to 19 words, then its 35 longest, shortened
-        assert all(41.5 <= g.bleu <= 44.5 for g in groups[:3])  # "about 42 to 44"
-        assert by_words["20+"].sentences == 35
-        assert round(by_words["20+"].length_ratio, 2) == 0.90
-    else:  # a little lower with every longer group
-        assert [g.bleu for g in groups] == sorted(
-            (g.bleu for g in groups), reverse=True
+# The shipped models' stored evaluations, and the weights each scores.
+STORED = {
+    f"{pair}{suffix}": (pair, weights)
+    for pair in PAIRS
+    for suffix, weights in (("", ""), (".greedy", ""), (".last", "last"))
+}
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_the_stored_scores_are_those_of_the_shipped_translations(pair):
+    """checkpoints/scores/<pair>.json, the scores that the results chapter, the model cards,
+    the introduction and the translator page read, are evaluate's defaults' scores of the
+    shipped model's pinned translations with the paper's search (tests/
+    test_shipped_translations.py checks that the model still gives them), to the last
+    digit, with their signatures, while the defaults are the paper's."""
+    stored, record = stored_scores(pair)
+    assert record["options"] == dataclasses.asdict(DecodeOptions())
+    if (DecodeOptions().beam_size, DecodeOptions().alpha) != (
+        PAPER_BEAM_SIZE,
+        PAPER_ALPHA,
+    ):
+        pytest.skip(
+            "the pinned translations are the paper's search's, not the default's"
         )
+    hypotheses = (REFERENCE / f"test_2016_flickr.{pair}.beam4.txt").read_text()
+    references = [t for _, t in load_pairs(record["split"], pair)]
+    assert score(hypotheses.splitlines(), references) == stored
+    assert "version:2.6.0" in stored.bleu_signature
+
+
+@pytest.mark.parametrize("name", STORED)
+def test_each_stored_evaluation_names_the_weights_and_search_it_scored(name):
+    """Each stored record is `evaluate --json`'s of the shipped folder's weights (or of its
+    last/), on the whole test split, with the search its name says; the results chapter
+    re-runs each and asserts that it gives the same record."""
+    pair, weights = STORED[name]
+    stored, record = stored_scores(name)
+    folder = CHECKPOINTS_DIR / pair / weights
+    assert record["model_sha256"] == model_digest(folder)
+    assert (record["pair"], record["split"], stored.sentences) == (
+        pair,
+        "test_2016_flickr",
+        1000,
+    )
+    defaults = dataclasses.asdict(DecodeOptions())
+    greedy = defaults | {"beam_size": 1}
+    assert record["options"] == (greedy if name.endswith(".greedy") else defaults)
 
 
 def test_bleu_by_length_refuses_bad_input():
@@ -289,6 +322,47 @@ def test_the_command_prints_scores_signatures_and_time(
     # The translations, one per line, and no temporary file left behind.
     assert output.read_text(encoding="utf-8") == "".join(f"{h}\n" for h in hypotheses)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["translations.txt"]
+
+
+def test_json_writes_the_scores_with_the_options_and_the_models_digest(
+    shipped, loaded, data_dir, tmp_path, capsys
+):
+    """--json writes the run as data, atomically: the results chapter's scores_record of
+    the scores that the command prints, the options that made them and the SHA-256 of the
+    model folder's files."""
+    path = tmp_path / "scores.json"
+    argv = evaluate_args(shipped, data_dir, "--beam", "1", "--json", str(path))
+    status, out, err = run(argv, capsys)
+    assert status == 0, err
+    model, tokenizer = loaded
+    expected = score(translate(model, tokenizer, GERMAN, beam_size=1), ENGLISH)
+    options = dataclasses.asdict(DecodeOptions(beam_size=1))
+    assert json.loads(path.read_text(encoding="utf-8")) == scores_record(
+        expected,
+        pair="de-en",
+        split="test_2016_flickr",
+        options=options,
+        model=model_digest(shipped),
+    )
+    assert out.splitlines()[-1] == f"scores written to {path}"
+    assert [p.name for p in tmp_path.iterdir()] == ["scores.json"]  # no temporary
+
+
+def test_the_models_digest_is_of_its_files(shipped, tmp_path):
+    """model_digest changes with any file that load_model reads, and with nothing else."""
+    copy = shutil.copytree(shipped, tmp_path / "copy")
+    assert model_digest(copy) == model_digest(shipped)
+    (copy / "notes.txt").write_text("not read by load_model")
+    assert model_digest(copy) == model_digest(shipped)
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        changed = shutil.copytree(shipped, tmp_path / name)
+        target = (
+            next(changed.glob("model*.safetensors"))
+            if "model" in name
+            else changed / name
+        )
+        target.write_bytes(target.read_bytes() + b" ")
+        assert model_digest(changed) != model_digest(shipped), name
 
 
 def test_the_command_reads_the_split_beam_alpha_and_limit(
@@ -442,6 +516,21 @@ def test_an_output_that_cannot_be_written_is_named(shipped, data_dir, tmp_path, 
         evaluate_args(shipped, data_dir, "--output", str(target)), capsys
     )
     assert_error(status, out, err, f"cannot write {target}")
+
+
+def test_a_json_file_that_cannot_be_written_is_named_before_translating(
+    shipped, data_dir, tmp_path, capsys, monkeypatch
+):
+    def never(*args, **kwargs):
+        raise AssertionError("translated although the file cannot be written")
+
+    patch_everywhere(monkeypatch, "translate_split", never)
+    target = tmp_path / "no-such-folder" / "scores.json"
+    for path, problem in ((target, "no folder"), (tmp_path, "it is a folder")):
+        status, out, err = run(
+            evaluate_args(shipped, data_dir, "--json", str(path)), capsys
+        )
+        assert_error(status, out, err, f"cannot write {path}: {problem}")
 
 
 def test_an_output_that_is_a_folder_is_refused_before_translating(

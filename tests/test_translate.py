@@ -204,11 +204,11 @@ def test_beam_1_is_greedy_decoding(shipped, loaded, capsys, monkeypatch):
         translate_args(shipped, "--beam", "1", *GERMAN), capsys, monkeypatch
     )
     assert status == 0 and out.splitlines() == expected
-    # ... and the default is the paper's beam search.
+    # ... and the default is the package's default search.
     default = run(translate_args(shipped, *GERMAN), capsys, monkeypatch)[1]
     assert default.splitlines() == translate(model, tokenizer, GERMAN)
-    paper = ["--beam", str(BEAM_SIZE), "--alpha", str(ALPHA)]
-    explicit = run(translate_args(shipped, *paper, *GERMAN), capsys, monkeypatch)[1]
+    defaults = ["--beam", str(BEAM_SIZE), "--alpha", str(ALPHA)]
+    explicit = run(translate_args(shipped, *defaults, *GERMAN), capsys, monkeypatch)[1]
     assert default == explicit
 
 
@@ -528,7 +528,7 @@ def test_help_from_the_package_command():
         "--beam N",
         f"1 is greedy decoding (default: {BEAM_SIZE}",
         "--alpha A",
-        f"from 0 to 10 (default: {ALPHA}",
+        f"from 0 to 10 (default: {ALPHA:g}",
         "A SENTENCE that names an existing file is translated as a sentence all the same",
         "--checkpoint DIR",
         "checkpoints/<pair>",

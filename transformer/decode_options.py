@@ -36,7 +36,7 @@ class DecodeOptions:
     greedy decoding), batch_size sentences at a time, outputs of at most
     max_len tokens with EOS (None: each source's length + 50)."""
 
-    beam_size: int = BEAM_SIZE  # the paper's (Section 6.1)
+    beam_size: int = BEAM_SIZE  # the package's defaults (paper_search)
     alpha: float = ALPHA
     batch_size: int = 32
     max_len: int | None = None
@@ -74,7 +74,7 @@ class DecodeOptions:
 def with_changes(
     options: DecodeOptions | None = None, **changes
 ) -> DecodeOptions:
-    """`options` (default: the paper's) with `changes`, which are checked: how
+    """`options` (default: DecodeOptions()) with `changes`, checked: how
     `translate` and its kin take both, e.g. `translate(..., beam_size=1)`."""
     if options is not None and not changes:
         return options  # checked when it was made

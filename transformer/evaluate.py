@@ -5,23 +5,30 @@
 # %% auto #0
 __all__ = [
     "LC_TOK_BLEU",
+    "STORED_SCORES",
     "LENGTH_BOUNDS",
     "spacy_words",
     "lc_tok_bleu",
     "Scores",
     "score",
+    "search_label",
+    "scores_record",
+    "stored_scores",
     "LengthGroup",
     "bleu_by_length",
 ]
 
 # %% ../chapters/15_results.ipynb #ef74895a
 
+import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from transformer.paths import CHECKPOINTS_DIR
 from transformer.tokenizer import MARK, pretokenize
 
 # The name of the lowercased tokenised BLEU wherever it is printed: not
@@ -117,6 +124,40 @@ def score(
         chrf_signature=str(chrf.get_signature()),
         bleu_lc_tok_signature=lc_tok_signature,
     )
+
+
+# %% ../chapters/15_results.ipynb #0da06664
+# The shipped models' evaluations, as `evaluate --json` wrote them: <pair>.json
+# with evaluate's defaults, <pair>.greedy.json with --beam 1, <pair>.last.json
+# of the last epoch's weights (--checkpoint checkpoints/<pair>/last).
+STORED_SCORES = CHECKPOINTS_DIR / "scores"
+
+
+def search_label(beam_size: int, alpha: float, **_) -> str:
+    """The search that made a score, as every score's label says it."""
+    return "greedy" if beam_size == 1 else f"beam {beam_size}, α {alpha:g}"
+
+
+def scores_record(
+    scores: Scores, *, pair: str, split: str, options: dict, model: str
+) -> dict:
+    """A scored run as data: what was translated, by which options and model
+    (`model`: the SHA-256 of its files), and the scores."""
+    return {
+        "pair": pair,
+        "split": split,
+        "options": options,
+        "model_sha256": model,
+        "scores": dataclasses.asdict(scores),
+    }
+
+
+def stored_scores(name: str) -> tuple[Scores, dict]:
+    """The Scores of the stored record `name` ("de-en", "de-en.greedy"), and
+    the record."""
+    path = STORED_SCORES / f"{name}.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return Scores(**record["scores"]), record
 
 
 # %% ../chapters/15_results.ipynb #49963f8b

@@ -5,6 +5,7 @@ export as the trainer does."""
 import argparse
 import ast
 import contextlib
+import dataclasses
 import importlib
 import io
 import json
@@ -14,7 +15,6 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -220,20 +220,55 @@ def shipped(tmp_path: Path) -> Path:
     return ship(tmp_path / "de-en", tiny_tokenizer())
 
 
-def test_model_card_checks_the_folder_before_translating(
+def store_scores(folder: Path, scores: Path, name: str, options=None) -> dict:
+    """`evaluate --json`'s record of a perfect translation of the tiny test split by the
+    model in `folder`, stored as scores/<name>.json."""
+    from helpers import ENGLISH
+
+    from transformer.cli.evaluate import model_digest
+    from transformer.decode_options import DecodeOptions
+    from transformer.evaluate import score, scores_record
+
+    record = scores_record(
+        score(ENGLISH, ENGLISH),
+        pair="de-en",
+        split="test_2016_flickr",
+        options=dataclasses.asdict(options or DecodeOptions()),
+        model=model_digest(folder),
+    )
+    scores.mkdir(exist_ok=True)
+    (scores / f"{name}.json").write_text(json.dumps(record), encoding="utf-8")
+    return record
+
+
+def test_model_card_checks_the_folder_and_its_scores_first(
     shipped: Path, tool, monkeypatch, capsys
 ):
-    """A folder without last/, or without an average in its metrics, is one line and status
-    2, before the two translations of the test split."""
+    """A folder without last/, without an average in its metrics, or without stored scores
+    of both its weights is one line and status 2, before the validation split is scored."""
     model_card = tool("model_card")
     monkeypatch.setattr(model_card, "CHECKPOINTS_DIR", shipped.parent)
-    monkeypatch.setattr(model_card, "translate_split", never)
+    monkeypatch.setattr(model_card, "word_level_evaluation", never)
+    scores = shipped.parent / "scores"
+    monkeypatch.setattr(model_card, "STORED_SCORES", scores)
     argv = ["de-en", "--command", "c", "--hardware", "h"]
     status, err = run_main(model_card, argv, monkeypatch, capsys)
     assert_one_line_error(status, err, str(shipped / "last"))
     shutil.copytree(shipped, shipped / "last", ignore=lambda *_: ["last"])
     status, err = run_main(model_card, argv, monkeypatch, capsys)
     assert_one_line_error(status, err, "no epoch or no average record")
+    (shipped / "metrics.jsonl").write_text(
+        '{"kind": "epoch", "step": 1, "wall_time": 1.0, "tokens_per_s": 1.0}\n'
+        '{"kind": "average"}\n'
+    )
+    status, err = run_main(model_card, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, f"no {scores / 'de-en.json'}", "--json")
+    store_scores(shipped, scores, "de-en")
+    record = store_scores(shipped / "last", scores, "de-en.last")
+    record["model_sha256"] = "0" * 64  # the scores of other weights
+    (scores / "de-en.last.json").write_text(json.dumps(record), encoding="utf-8")
+    status, err = run_main(model_card, argv, monkeypatch, capsys)
+    assert_one_line_error(status, err, "de-en.last.json scores other weights")
     assert not (shipped / "README.md").exists()
 
 
@@ -253,10 +288,10 @@ def model_card(shipped: Path, tool, monkeypatch):
         f"{json.dumps(epoch)}\n{json.dumps(average)}\n"
     )
 
-    def translate_split(model, tokenizer, pair, split):
-        return SimpleNamespace(hypotheses=ENGLISH, references=ENGLISH)
-
-    monkeypatch.setattr(model_card, "translate_split", translate_split)
+    scores = shipped.parent / "scores"
+    store_scores(shipped, scores, "de-en")
+    store_scores(shipped / "last", scores, "de-en.last")
+    monkeypatch.setattr(model_card, "STORED_SCORES", scores)
     monkeypatch.setattr(
         model_card, "load_pairs", lambda *_: list(zip(GERMAN, ENGLISH, strict=True))
     )
@@ -271,7 +306,8 @@ def test_model_card_states_measurements_not_targets(
     text = model_card.card("de-en", "c", "h", shipped, tmp_path / "runs")
     assert (
         "**Status:** trained with the book's recipe on a CPU, 1 epoch\nin 1.0 minutes; "
-        f"100.0 sacreBLEU on test_2016_flickr (beam {BEAM_SIZE}, α {ALPHA}).\n" in text
+        f"100.0 sacreBLEU on test_2016_flickr (beam {BEAM_SIZE}, α {ALPHA:g}).\n"
+        in text
     )
     assert "perplexity per word 9.00, per token 5.00, token\naccuracy 50.0%. " in text
     judged = re.compile(r"\btargets?\b(?! tokens)|\bmet\b", re.IGNORECASE)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from transformer.decode_options import MAX_ALPHA, DecodeOptions, OptionError
 from transformer.multi30k import PAIRS, DataError, parse_pair
+from transformer.paper_search import PAPER_ALPHA, PAPER_BEAM_SIZE
 
 PROG = "python -m transformer"
 
@@ -104,25 +105,29 @@ def option_error(err: OptionError) -> UsageError:
 # %% ../../chapters/a10_cli.ipynb #e7882012
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """The options of every command that decodes with a trained model."""
-    paper = DecodeOptions()
+    defaults = DecodeOptions()
+
+    def whose(value, paper) -> str:  # a default says whether it is the paper's
+        return ", the paper's" if value == paper else ""
+
     p.add_argument(
         "--pair", required=True, type=language_pair, choices=list(PAIRS)
     )
     p.add_argument(
         "--beam",
         type=int,
-        default=paper.beam_size,
+        default=defaults.beam_size,
         metavar="N",
-        help=f"beam size; 1 is greedy decoding (default: {paper.beam_size},"
-        " the paper's)",
+        help=f"beam size; 1 is greedy decoding (default: {defaults.beam_size}"
+        f"{whose(defaults.beam_size, PAPER_BEAM_SIZE)})",
     )
     p.add_argument(
         "--alpha",
         type=float,
-        default=paper.alpha,
+        default=defaults.alpha,
         metavar="A",
         help=f"length penalty α of beam search, from 0 to {MAX_ALPHA:g}"
-        f" (default: {paper.alpha:g}, the paper's)",
+        f" (default: {defaults.alpha:g}{whose(defaults.alpha, PAPER_ALPHA)})",
     )
     p.add_argument(
         "--checkpoint",
@@ -139,9 +144,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-size",
         type=int,
-        default=paper.batch_size,
+        default=defaults.batch_size,
         metavar="N",
-        help=f"sentences decoded at once (default: {paper.batch_size})",
+        help=f"sentences decoded at once (default: {defaults.batch_size})",
     )
 
 

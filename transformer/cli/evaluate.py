@@ -8,15 +8,21 @@ __all__ = [
     "EVALUATE_EPILOG",
     "evaluate_parser",
     "check_evaluate_options",
+    "model_digest",
+    "write_scores",
     "evaluate_command",
 ]
 
 # %% ../../chapters/a10_cli.ipynb #ee500307
 
 import argparse
+import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformer.atomic import atomic_write
 from transformer.checked_data import load_pairs
 from transformer.cli.base import (
     PROG,
@@ -28,7 +34,9 @@ from transformer.cli.base import (
     warning,
 )
 from transformer.multi30k import SPLITS, DataError, parse_pair
-from transformer.paths import DATA_DIR
+from transformer.paths import CHECKPOINTS_DIR, DATA_DIR
+
+from .. import layout
 
 ERRORS = (DataError, ImportError)  # reported in one line
 
@@ -36,7 +44,8 @@ EVALUATE_EPILOG = """\
 Prints sacreBLEU (cased, its 13a tokenizer on the detokenised translations
 against the raw references) and chrF, each with its signature; BLEU on
 lowercased spaCy-tokenised text, only to compare with published Multi30k
-results; and the time that the translation took.
+results; and the time that the translation took. --json writes the scores with
+the decoding options and the SHA-256 of the model's files.
 
 Errors (an unknown pair, split or option, a missing or unusable model folder, a
 missing or corrupt data file, an output file that cannot be written, no spaCy)
@@ -81,6 +90,13 @@ def evaluate_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the translations to FILE, one per line",
     )
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="also write the scores, the decoding options and the model's"
+        " SHA-256 to FILE, as JSON",
+    )
     return p
 
 
@@ -92,12 +108,46 @@ def check_evaluate_options(args: argparse.Namespace) -> None:
         )
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
-    if args.output is not None and not args.output.parent.is_dir():
-        raise UsageError(
-            f"cannot write {args.output}: no folder {args.output.parent}"
-        )
-    if args.output is not None and args.output.is_dir():
-        raise UsageError(f"cannot write {args.output}: it is a folder")
+    for path in (args.output, args.json):
+        if path is not None and not path.parent.is_dir():
+            raise UsageError(f"cannot write {path}: no folder {path.parent}")
+        if path is not None and path.is_dir():
+            raise UsageError(f"cannot write {path}: it is a folder")
+
+
+def model_digest(folder: Path) -> str:
+    """The SHA-256 of a model folder's model: of its config.json,
+    tokenizer.json and weight files, the files that `load_model` reads."""
+    config = json.loads((folder / layout.CONFIG).read_text(encoding="utf-8"))
+    digest = hashlib.sha256()
+    for path in (
+        folder / layout.CONFIG,
+        folder / layout.TOKENIZER,
+        *layout.weight_files(folder, config),
+    ):
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def write_scores(args: argparse.Namespace, scores, options) -> None:
+    """The scores of the run that `args` and `options` asked for, as JSON in
+    args.json (the results chapter's scores_record), written atomically, or a
+    one-line UsageError."""
+    from transformer.evaluate import scores_record
+
+    record = scores_record(
+        scores,
+        pair=args.pair,
+        split=args.split,
+        options=dataclasses.asdict(options),
+        model=model_digest(args.checkpoint or CHECKPOINTS_DIR / args.pair),
+    )
+    text = json.dumps(record, ensure_ascii=False, indent=2) + "\n"
+    path = args.json
+    try:
+        atomic_write(path, text.encode("utf-8"))
+    except OSError as err:
+        raise UsageError(f"cannot write {path}: {err.strerror}") from err
 
 
 # %% ../../chapters/a10_cli.ipynb #6c0480ee
@@ -111,7 +161,7 @@ def evaluate_command(argv: Sequence[str]) -> None:
     load_pairs(args.split, args.pair, args.data_dir)
     import torch
 
-    from transformer.evaluate import score
+    from transformer.evaluate import score, search_label
     from transformer.split_translation import translate_split, write_lines
 
     model, tokenizer = load_for_command(
@@ -137,12 +187,10 @@ def evaluate_command(argv: Sequence[str]) -> None:
             raise UsageError(
                 f"cannot write {args.output}: {err.strerror}"
             ) from err
+    if args.json is not None:
+        write_scores(args, scores, options)
     folder = args.checkpoint or f"the shipped model, checkpoints/{args.pair}"
-    search = (
-        "greedy"
-        if options.greedy
-        else f"beam {options.beam_size}, α {options.alpha:g}"
-    )
+    search = search_label(options.beam_size, options.alpha)
     print(
         f"{args.pair} {args.split}: {scores.sentences:,} sentences, {search},"
         f" model {folder}"
@@ -156,3 +204,5 @@ def evaluate_command(argv: Sequence[str]) -> None:
     )
     if args.output is not None:
         print(f"translations written to {args.output}")
+    if args.json is not None:
+        print(f"scores written to {args.json}")
