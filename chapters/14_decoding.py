@@ -600,7 +600,7 @@ assert rows[-1][3].all()  # every beam has ended
 from transformer.decode import length_penalty
 from transformer.paper_search import ALPHA
 
-beam = [beam_search(model, src, **ids) for src in sources]  # the paper's K, α
+beam = [beam_search(model, src, **ids) for src in sources]  # the default K, α
 
 
 def s(h) -> float:
@@ -639,7 +639,7 @@ by_alpha = pd.Series(
             for src in sources
         )
         / sum(map(len, targets))
-        for alpha in (0.0, ALPHA, 1.0, 2.0)
+        for alpha in sorted({0.0, ALPHA, 1.0, 2.0})
     },
     name="output length / reference length",
 ).rename_axis("α")

@@ -60,7 +60,7 @@ if importlib.util.find_spec("transformer") is None:
 
 # %%
 #| export decode_options
-"""The options of a translation, with the paper's values, checked once: the
+"""The options of a translation, with the package's defaults, checked once: the
 search's beam size and length penalty α, the sentences decoded at once and the
 longest output."""
 
@@ -139,7 +139,7 @@ def with_changes(
 
 
 # %% [markdown]
-# The paper's options, greedy decoding, and a value refused with its field's name:
+# The default options, greedy decoding, and a value refused with its field's name:
 
 # %%
 from transformer.decode_options import (
@@ -880,7 +880,7 @@ def batched_beam_search(
     on_step: Callable[[BeamStep], None] | None = None,
 ) -> list[Hypothesis]:
     """Beam search with the length penalty, options' beam_size, alpha and
-    max_len (default: the paper's): src (B, S) token ids, padded with pad_id
+    max_len (default: the defaults): src (B, S) token ids, padded with pad_id
     -> each sentence's best hypothesis, in batch order. prefix (B, P), if
     given, the tokens each output starts with; on_step, if given, sees the
     beams after every step."""
@@ -1215,7 +1215,7 @@ def translate(
     **changes,
 ) -> list[str]:
     """Translations of `sentences`, in their order: beam search, or greedy
-    decoding, as `options` say (default: the paper's; `changes` such as
+    decoding, as `options` say (default: DecodeOptions(); `changes` such as
     beam_size=1 change them), over batches of similar lengths, on the model's
     device; each starts with `prefix`, text in the target language, if given.
     With `by_sentence`, each text is cut by split_sentences, each of its
@@ -1415,8 +1415,8 @@ def translate_split(
     **changes,
 ) -> SplitTranslations:
     """Translate the first `limit` sentences (default: all) of a Multi30k split
-    with `transformer.translation.translate` and `options` (default: the
-    paper's; `changes` such as beam_size=1 change them), and time it."""
+    with `transformer.translation.translate` and `options` (default:
+    the defaults; `changes` such as beam_size=1 change them), and time it."""
     options = with_changes(options, **changes)
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")

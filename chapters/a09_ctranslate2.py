@@ -348,7 +348,7 @@ class CTranslate2Model:
     ) -> list[list[int]]:
         """The output ids of sources given as ids with their final <eos>, as
         the package's decoders take them: one batch, searched as `options` say
-        (default: the paper's). Each sentence keeps its own length limit, as
+        (default: the defaults). Each sentence keeps its own length limit, as
         in the package: the engine takes one limit a call, so the sentences of
         one limit are searched together."""
         options = options or DecodeOptions()

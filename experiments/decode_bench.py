@@ -59,9 +59,9 @@ from transformer.split_translation import write_lines
 from transformer.tokenizer import normalize
 from transformer.translation import length_sorted_batches, load_pair_model
 
-PAPER = DecodeOptions()  # the paper's beam and α
-DECODINGS = {"greedy": 1, f"beam {PAPER.beam_size}": PAPER.beam_size}
-ALPHA = PAPER.alpha
+DEFAULTS = DecodeOptions()  # the package's default beam and α
+DECODINGS = {"greedy": 1, f"beam {DEFAULTS.beam_size}": DEFAULTS.beam_size}
+ALPHA = DEFAULTS.alpha
 # The engines by name: the package's weights in a dtype (int8: torch.ao's dynamic
 # quantisation, CPU only), or CTranslate2's computation type on the exported model.
 PACKAGE_DTYPES = {

@@ -234,7 +234,7 @@ def batched_beam_search(
     on_step: Callable[[BeamStep], None] | None = None,
 ) -> list[Hypothesis]:
     """Beam search with the length penalty, options' beam_size, alpha and
-    max_len (default: the paper's): src (B, S) token ids, padded with pad_id
+    max_len (default: the defaults): src (B, S) token ids, padded with pad_id
     -> each sentence's best hypothesis, in batch order. prefix (B, P), if
     given, the tokens each output starts with; on_step, if given, sees the
     beams after every step."""

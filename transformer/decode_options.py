@@ -1,5 +1,5 @@
 # Generated from chapters/a08_translating.ipynb: edit it, not this file.
-"""The options of a translation, with the paper's values, checked once: the
+"""The options of a translation, with the package's defaults, checked once: the
 search's beam size and length penalty α, the sentences decoded at once and the
 longest output."""
 

@@ -52,8 +52,8 @@ def translate_split(
     **changes,
 ) -> SplitTranslations:
     """Translate the first `limit` sentences (default: all) of a Multi30k split
-    with `transformer.translation.translate` and `options` (default: the
-    paper's; `changes` such as beam_size=1 change them), and time it."""
+    with `transformer.translation.translate` and `options` (default:
+    the defaults; `changes` such as beam_size=1 change them), and time it."""
     options = with_changes(options, **changes)
     if tokenizer.languages != parse_pair(pair):
         raise ValueError(f"the model translates {tokenizer.pair}, not {pair}")

@@ -164,7 +164,7 @@ def translate(
     **changes,
 ) -> list[str]:
     """Translations of `sentences`, in their order: beam search, or greedy
-    decoding, as `options` say (default: the paper's; `changes` such as
+    decoding, as `options` say (default: DecodeOptions(); `changes` such as
     beam_size=1 change them), over batches of similar lengths, on the model's
     device; each starts with `prefix`, text in the target language, if given.
     With `by_sentence`, each text is cut by split_sentences, each of its

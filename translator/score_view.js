@@ -120,7 +120,7 @@ function createScoreView({ loader, pair: chosenPair, name, onOpen }) {
     const total = test.sources.length.toLocaleString("en");
     $("score-pair").textContent =
       `${name(pair)} (${pair}), the ${total} sentences of ${test.split},` +
-      " beam search with the paper's settings:";
+      " beam search with the package's default beam and α:";
     $("score-lines").textContent =
       `sacreBLEU ${bleu.text.split(" ")[2]}  ${settings.bleu.signature}\n` +
       `          ${bleu.text}\n` +
