@@ -17,14 +17,9 @@
 # # Translating text
 #
 # The [decoding chapter](14_decoding.ipynb) searches for the translation of one sentence. This
-# appendix builds what a user of the package calls on top of it, and what the command line's
-# `translate` and `evaluate` run: the options of a search, the checks and limits that every
-# search starts with, a faster decoding step for a batch of sentences, the chapter's two
-# searches run over a batch at once (with a forced start, if asked for), `load_pair_model`,
-# which loads a shipped model, `translate`, which takes sentences and returns their
-# translations, and the translation of a whole Multi30k split. It exports
-# `transformer.decode_options`, `transformer.search_setup`, `transformer.batched_step`,
-# `transformer.batched_search`, `transformer.translation` and `transformer.split_translation`.
+# appendix builds on it what the command line's `translate` and `evaluate` run: a search's
+# options and checks, a faster decoding step, the two searches over a batch of sentences,
+# `load_pair_model`, `translate` and the translation of a whole Multi30k split.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -51,12 +46,10 @@ if importlib.util.find_spec("transformer") is None:
 # ## The options of a translation
 #
 # Four values decide how a sentence is translated: the beam size and the length penalty
-# $\alpha$ of the search (the paper's 4 and 0.6; a beam of 1 is greedy decoding), how many
-# sentences are decoded at once, and the longest output (by default each source's length + 50).
-# `DecodeOptions` holds them, frozen, and checks them once, when it is made: `translate`,
-# `translate_split`, the command line and the CTranslate2 engine all take it. A bad value is a
-# one-line `OptionError` that starts with the field's name, which the command line swaps for
-# its option's.
+# $\alpha$ (the paper's 4 and 0.6; a beam of 1 is greedy decoding), how many sentences are
+# decoded at once, and the longest output (by default each source's length + 50).
+# `DecodeOptions` holds them, frozen, and checks them when it is made; a bad value is a
+# one-line `OptionError` that starts with the field's name.
 
 # %%
 #| export decode_options
@@ -161,12 +154,10 @@ except OptionError as err:
 # Greedy decoding and beam search start the same way:
 #
 # - **`check_search`** turns token ids that the search cannot use into a one-line `ValueError`:
-#   a `src` that is not a $(B, S)$ tensor of token ids, a row of padding alone (it would be
-#   decoded from a memory that the mask hides entirely), a `pad_id` equal to BOS or EOS (an ended
-#   sentence is recognised by its padding), or a forced prefix of the wrong shape. The search's
-#   options come checked, as a `DecodeOptions`; the one check that needs the model is made where
-#   the search meets it: an $\alpha$ whose $lp$ overflows 32-bit floats within the model's
-#   positions, which would turn the $-\infty$ scores of ruled-out candidates into NaN.
+#   a `src` that is not a $(B, S)$ tensor of token ids, a row of padding alone (its memory would
+#   be masked entirely), a `pad_id` equal to BOS or EOS (an ended sentence is recognised by its
+#   padding), or a forced prefix of the wrong shape; and an $\alpha$ whose $lp$ overflows
+#   32-bit floats within the model's positions, which would turn $-\infty$ scores into NaN.
 # - **`output_limits`** gives each sentence the decoding chapter's `output_limit`: its source
 #   length + 50 tokens, EOS included (or `max_len` if given), never more than the positions of
 #   the model's positional encoding (`config.max_len`).
@@ -934,16 +925,12 @@ def batched_beam_search(
 # %% [markdown]
 # ## Where the time goes
 #
-# `python -m experiments.decode_bench --profile` runs PyTorch's profiler over the package's
-# decoding of the first 96 test sentences, 32 at a time, on the same two CPU threads as the
-# speed table in [Deploying with CTranslate2](a09_ctranslate2.ipynb), and sorts the time of
-# every operation into groups: the output layer's product, the stacks' projections and
-# feed-forward networks, attention, the copies of keys and values (concatenated, reordered or
-# gathered), layer normalisation, the log-softmax over the vocabulary, top-$k$ and maximum, the
-# many other small operations, and "Python", the time between operations. The stored results of
-# the searches on the decoding chapter's step (`decode-cpu-before.json`) and on `BatchCache`
-# (`decode-cpu.json`), in milliseconds: each group's share of the profiled time, times the time
-# that the same decoding takes without the profiler.
+# `python -m experiments.decode_bench --profile` runs PyTorch's profiler over the decoding of
+# the first 96 test sentences, 32 at a time, on the two CPU threads of the speed table in
+# [Deploying with CTranslate2](a09_ctranslate2.ipynb), and sorts each operation's time into
+# groups; "Python" is the time between operations. The table gives each group's milliseconds
+# on the decoding chapter's step (before, `decode-cpu-before.json`) and on `BatchCache`
+# (after, `decode-cpu.json`), scaled to the time the decoding takes without the profiler.
 
 # %% tags=["hide-input"]
 import json
@@ -1458,19 +1445,3 @@ from transformer.split_translation import translate_split
 few = translate_split(model, tokenizer, "de-en", "val", limit=20)
 print(f"{len(few.hypotheses)} sentences, {few.seconds:.1f} s")
 print(few.sources[0], "->", few.hypotheses[0])
-
-# %% [markdown]
-# ## Summary
-#
-# - A search's options are checked once, when they are made; every search checks its token ids
-#   in one line, limits each output to its source length + 50 tokens and the model's positions,
-#   and runs without gradients or dropout.
-# - `BatchCache` computes the decoding chapter's step for a batch with less work: keys and
-#   values written in place and reordered in one copy, the memory's projected once per
-#   sentence, attention as two batched products, the weights laid out once per model.
-# - The batched searches give the decoding chapter's results a batch at a time, the finished
-#   sentences leaving the batch; a forced prefix starts every output with given tokens.
-# - `translate` turns sentences into translations: normalised, tokenised, cut to the model's
-#   positions, batched by length, with a warning for what was cut.
-# - `translate_split` and `write_lines` translate a whole split, for
-#   `python -m transformer evaluate`.
