@@ -20,9 +20,7 @@
 # [Checkpoints](a06_checkpoints.ipynb) saves it. This appendix trains it: the training chapter's
 # update on several processes and in 16-bit arithmetic, the optimiser, validation, R-Drop, an
 # update's FLOPs, and the `Trainer`, which trains epoch after epoch within a time limit, logs,
-# checkpoints and resumes exactly; last, the recipe's cost on common GPUs, and Colab. It exports
-# `transformer.trainer` (`Trainer`, `train`), `transformer.run_step`, `transformer.run_optimizer`,
-# `transformer.validation`, `transformer.rdrop`, `transformer.counts` and `transformer.logs`.
+# checkpoints and resumes exactly; last, the recipe's cost on common GPUs, and Colab.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
