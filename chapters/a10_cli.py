@@ -28,11 +28,10 @@
 # | `ctranslate2` | write a model for the CTranslate2 engine | `transformer.ctranslate2.export_ctranslate2` |
 #
 # This appendix builds `transformer/cli/`, the only package that parses arguments: `base.py`
-# holds the parser, the error convention and the options that several commands share, each
-# command is a module of its own (`ctranslate2.py` comes with the appendix
-# [Deploying with CTranslate2](a09_ctranslate2.ipynb)), and `main.py` picks the command. The
-# library below takes Python values and raises exceptions; the command line turns text into
-# those values and those exceptions into one line, so the library needs no `argparse`.
+# holds the parser, the error convention and the shared options, each command is a module of
+# its own, and `main.py` picks the command. The library takes Python values and raises
+# exceptions; the command line turns text into those values and those exceptions into one
+# line.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -383,10 +382,8 @@ def prepare_command(argv: Sequence[str]) -> None:
 # defaults; each option given overrides its field, and `--set FIELD=VALUE` a field of the
 # model's configuration. `TrainConfig` checks its fields, and its error becomes the one line.
 # `train_parser` makes one option per field, with the field's help, type and choices, so a new
-# field is a new option: `--precision`'s help, for one, says how its default is chosen.
-# Earlier spellings still work, each with a one-line notice: `--model` for `--preset`,
-# `--config` with a preset's name, `--quick` for `--config quick`, and `--bf16` and
-# `--no-bf16` for `--precision bf16` and `fp32`.
+# field is a new option. Earlier spellings (`--model`, `--quick`, `--bf16`) still work, each
+# with a one-line notice.
 
 # %%
 #| export cli.train
