@@ -958,8 +958,22 @@ profile = pd.DataFrame(
 profile.loc["total"] = profile.sum()
 assert {run["machine"] for run in runs.values()} == {runs["after"]["machine"]}
 print(f"{runs['after']['machine']}, {runs['after']['threads']} threads; ms")
+for decoding in runs["after"]["profile"]:
+    before, after = (runs[when]["profile"][decoding] for when in runs)
+    top = max(after, key=after.get)
+    print(
+        f"{decoding}: the largest group, {top}, takes"
+        f" {before[top]:.0%} before and {after[top]:.0%} after"
+    )
 profile.round(0).astype(int)
 
+
+# %% [markdown]
+# What to see: no group dominates, before or after; the largest holds about a quarter of the
+# time, so what is left is many small products and copies per step, each with its call's cost.
+# The two runs met different loads on a shared machine: trust the shares here, and the speed
+# against CTranslate2 in the appendix [Deploying with CTranslate2](a09_ctranslate2.ipynb),
+# which is measured side by side in one run.
 
 # %% [markdown]
 # ## Loading a shipped model
