@@ -32,13 +32,13 @@ from torch import Tensor
 from transformer.embedding import PositionalEncoding
 from transformer.model import Transformer
 
-# Each sublayer kind: its stack, its module in a layer, and that module's last
-# linear map, whose output is the residual branch.
+# Each sublayer kind, in the model's order: its stack, its module in a layer,
+# and that module's last linear map, whose output is the residual branch.
 SUBLAYERS = {
     "enc-self": ("encoder", "self_attn", "w_o"),
+    "enc-ffn": ("encoder", "feed_forward", "w_2"),
     "dec-self": ("decoder", "self_attn", "w_o"),
     "dec-cross": ("decoder", "cross_attn", "w_o"),
-    "enc-ffn": ("encoder", "feed_forward", "w_2"),
     "dec-ffn": ("decoder", "feed_forward", "w_2"),
 }
 ATTENTIONS = ("enc-self", "dec-self", "dec-cross")
