@@ -19,8 +19,7 @@
 # The chapters of Part I build the model from the paper. Around it, the package needs checks that
 # serve the rest of the package rather than the idea: they refuse a configuration which cannot
 # build a model, and a saved one that would rebuild another. This appendix exports them as
-# `transformer.config_checks`, and `transformer.knockout`, which switches parts of a trained model
-# off to ask what they are for.
+# `transformer.config_checks`, and `transformer.knockout`, which switches parts of a model off.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -265,24 +264,19 @@ print(f"the shipped de-en model, saved without its ε, reads as ε = {eps}")
 # %% [markdown]
 # ## Switching parts off
 #
-# What is a part of a trained model for? Switch it off and watch what changes, as Michel et al.
-# (2019) and Voita et al. (2019) do for the heads of a trained Transformer. A head $h$ switched
-# off contributes zeros to the concatenation before $W^O$. Zeroing the $d_k$ rows of $W^O$ that
-# multiply its slice does the same, since
-# $\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)\,W^O = \sum_i \mathrm{head}_i W^O_i$,
-# and $\mathrm{head}_h \cdot 0 = 0 \cdot W^O_h$. (PyTorch stores $W^O$ transposed, so
-# they are the columns `h*d_k` to `(h+1)*d_k` of `w_o.weight`; the bias stays.) A whole sublayer
-# is switched off by zeroing the weight and bias of its last linear map, $W^O$ or $W_2$: its
-# residual branch adds 0, and the layer normalisation sees $x$ alone. The positional encoding is
+# What is a part of a trained model for? Switch it off and measure what changes
+# {cite:p}`michel2019sixteen,voita2019analyzing`. A head $h$ switched off contributes zeros to the
+# concatenation before $W^O$; zeroing the $d_k$ rows $W^O_h$ that multiply its slice does the
+# same, since $\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)\,W^O = \sum_i
+# \mathrm{head}_i W^O_i$ and $\mathrm{head}_h \cdot 0 = 0 \cdot W^O_h$ (in `w_o.weight`, stored
+# transposed, they are columns; the bias stays). A sublayer is switched off by zeroing its last
+# map, $W^O$ or $W_2$, bias included: its residual branch adds 0. The positional encoding is
 # switched off by zeroing its table.
 #
-# Switching a part off is thus a change of weights, made in place and undone on leaving
-# `knocked_out`: the forward pass, the searches and an export see it, and nothing costs anything
-# when nothing is off. A `KnockOut` names the parts in a spelling a person can type, layers and
-# heads counted from 1: `enc-self:L1h3` is head 3 of the first encoder layer's self-attention,
-# `dec-cross:L2` the whole encoder-decoder attention of the second decoder layer; the kinds are
-# `enc-self`, `dec-self`, `dec-cross`, `enc-ffn` and `dec-ffn`, and `pe`, `enc-pe` or `dec-pe`
-# name the positional encodings.
+# So switching off is a change of weights, made in place by `knocked_out` and undone on leaving
+# it: the forward pass and the searches see it, at no cost when nothing is off. A `KnockOut`
+# names the parts, layers and heads counted from 1: `enc-self:L1h3` (a head), `dec-cross:L2` (a
+# whole sublayer; also `dec-self`, `enc-ffn`, `dec-ffn`), `pe`, `enc-pe` or `dec-pe`.
 
 # %%
 #| export knockout
@@ -383,9 +377,8 @@ class KnockOut:
 
 
 # %% [markdown]
-# `zeroed` finds the tensors, and the slices of them, that carry a part; `check_knockout` refuses
-# a part that the model does not have. `knocked_out` zeroes them on entry and writes back the
-# saved values on exit, also when the body raises.
+# `zeroed` finds the slices that carry a part; `knocked_out` zeroes them and writes the saved
+# values back on exit, also when the body raises.
 
 
 # %%
@@ -450,11 +443,9 @@ def knocked_out(
 
 
 # %% [markdown]
-# A small untrained model shows the three promises. A head switched off gives the same output as
-# zeroing its slice of the concatenation as it enters $W^O$ (a forward pre-hook on `w_o`); a
-# feed-forward sublayer switched off leaves its layer's output $\mathrm{LayerNorm}(x + 0)$; and
-# leaving restores every weight bit for bit, also after an error. The spelling prints back as it
-# was read.
+# On a small untrained model: a head off equals its slice zeroed as it enters $W^O$ (a pre-hook
+# on `w_o`); a feed-forward sublayer off leaves $\mathrm{LayerNorm}(x + 0)$; every weight comes
+# back bit for bit, also after an error.
 
 # %%
 import torch
@@ -524,6 +515,5 @@ except ValueError as err:
 #   saved configuration with a key too many or too few; `config_from_dict` does both for a saved
 #   configuration, and reads a field that the config gained after a model was saved as the value
 #   that model was built with.
-# - `knocked_out(model, spec)` switches heads, sublayers or the positional encodings off by
-#   zeroing the weights that carry them, in place, and restores them on exit; `KnockOut` reads and
-#   writes the parts' spelling, `enc-self:L1h3,dec-cross:L2,pe`.
+# - `knocked_out(model, spec)` switches heads, sublayers or positional encodings off by zeroing
+#   their weights in place, and restores them on exit.
