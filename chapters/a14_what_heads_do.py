@@ -96,20 +96,19 @@ print(
 # Each cell is one head: the change in BLEU when it alone is switched off, red for a loss.
 
 # %%
+most = heads.change.abs().max()  # a scale that is white at 0
 alt.Chart(heads).mark_rect().encode(
     x=alt.X("head:O", axis=alt.Axis(labelAngle=0)),
     y=alt.Y("layer:O"),
     color=alt.Color(
         "change:Q",
         title="BLEU change, head off",
-        scale=alt.Scale(scheme="redblue", domainMid=0),
+        scale=alt.Scale(scheme="redblue", domain=[-most, most]),
     ),
     tooltip=["pair", "part", alt.Tooltip("change:Q", format="+.2f")],
-).properties(width=8 * 22, height=3 * 22).facet(
-    row=alt.Row("pair:N", title=None),
-    column=alt.Column(
-        "attention:N", sort=list(KINDS.values()), title="attention"
-    ),
+).properties(width=8 * 17, height=3 * 17).facet(
+    row=alt.Row("attention:N", sort=list(KINDS.values()), title=None),
+    column=alt.Column("pair:N", title=None),
 )
 
 # %%
@@ -142,7 +141,7 @@ alt.Chart(curve).mark_line(point=True).encode(
     y=alt.Y("bleu:Q", title="validation BLEU"),
     color=alt.Color("pair:N", title="pair"),
     tooltip=["pair", "heads_left", alt.Tooltip("bleu:Q", format=".2f")],
-).properties(width=420, height=240)
+).properties(width=300, height=220)
 
 # %%
 for pair, found in record["pairs"].items():
