@@ -19,7 +19,7 @@
 # The chapters of Part I build the model from the paper. Around it, the package needs checks that
 # serve the rest of the package rather than the idea: they refuse a configuration which cannot
 # build a model, and a saved one that would rebuild another. This appendix exports them as
-# `transformer.config_checks`.
+# `transformer.config_checks`, and `transformer.knockout`, which switches parts of a model off.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -262,9 +262,258 @@ eps = config_from_dict(shipped).layer_norm_eps
 print(f"the shipped de-en model, saved without its ε, reads as ε = {eps}")
 
 # %% [markdown]
+# ## Switching parts off
+#
+# What is a part of a trained model for? Switch it off and measure what changes
+# {cite:p}`michel2019sixteen,voita2019analyzing`. A head $h$ switched off contributes zeros to the
+# concatenation before $W^O$; zeroing the $d_k$ rows $W^O_h$ that multiply its slice does the
+# same, since $\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)\,W^O = \sum_i
+# \mathrm{head}_i W^O_i$ and $\mathrm{head}_h \cdot 0 = 0 \cdot W^O_h$ (in `w_o.weight`, stored
+# transposed, they are columns; the bias stays). A sublayer is switched off by zeroing its last
+# map, $W^O$ or $W_2$, bias included: its residual branch adds 0. The positional encoding is
+# switched off by zeroing its table.
+#
+# So switching off is a change of weights, made in place by `knocked_out` and undone on leaving
+# it: the forward pass and the searches see it, at no cost when nothing is off. A `KnockOut`
+# names the parts, layers and heads counted from 1: `enc-self:L1h3` (a head), `dec-cross:L2` (a
+# whole sublayer; also `dec-self`, `enc-ffn`, `dec-ffn`), `pe`, `enc-pe` or `dec-pe`.
+
+# %%
+#| export knockout
+"""Parts of a trained model switched off (Michel et al., 2019): heads,
+sublayers and the positional encodings, by zeroing the weights that carry
+them, and restoring those weights afterwards."""
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transformer.embedding import PositionalEncoding
+from transformer.model import Transformer
+
+# Each sublayer kind, in the model's order: its stack, its module in a layer,
+# and that module's last linear map, whose output is the residual branch.
+SUBLAYERS = {
+    "enc-self": ("encoder", "self_attn", "w_o"),
+    "enc-ffn": ("encoder", "feed_forward", "w_2"),
+    "dec-self": ("decoder", "self_attn", "w_o"),
+    "dec-cross": ("decoder", "cross_attn", "w_o"),
+    "dec-ffn": ("decoder", "feed_forward", "w_2"),
+}
+ATTENTIONS = ("enc-self", "dec-self", "dec-cross")
+POSITIONS = {"enc-pe": "src_pos", "dec-pe": "tgt_pos"}
+KINDS = (*SUBLAYERS, *POSITIONS)
+SPELLING = (
+    "kind:L<layer>h<head> for a head (kinds enc-self, dec-self, dec-cross),"
+    " kind:L<layer> for a whole sublayer (those and enc-ffn, dec-ffn), pe,"
+    " enc-pe or dec-pe for the positional encodings; layers and heads count"
+    " from 1, parts are separated by commas"
+)
+PART = re.compile(r"([a-z-]+):L([1-9][0-9]*)(?:h([1-9][0-9]*))?")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part: a head (kind, layer, head), a whole sublayer (kind, layer) or
+    a positional encoding (kind alone); layers and heads counted from 1."""
+
+    kind: str
+    layer: int | None = None
+    head: int | None = None
+
+    def __str__(self) -> str:
+        if self.layer is None:
+            return self.kind
+        head = "" if self.head is None else f"h{self.head}"
+        return f"{self.kind}:L{self.layer}{head}"
+
+    def key(self) -> tuple[int, int, int]:
+        """The order of printing: by kind, layer, then head."""
+        return (KINDS.index(self.kind), self.layer or 0, self.head or 0)
+
+
+def parse_part(item: str) -> list[Part]:
+    """The parts that one comma-separated item names ("pe" names two)."""
+    if item == "pe":
+        return [Part(kind) for kind in POSITIONS]
+    if item in POSITIONS:
+        return [Part(item)]
+    match = PART.fullmatch(item)
+    if match is None or match[1] not in SUBLAYERS:
+        raise ValueError(f"cannot read {item!r}: write {SPELLING}")
+    kind, layer, head = match[1], int(match[2]), match[3]
+    if head is not None and kind not in ATTENTIONS:
+        raise ValueError(f"{item!r}: {kind} has no heads; write {kind}:L<n>")
+    return [Part(kind, layer, None if head is None else int(head))]
+
+
+@dataclass(frozen=True)
+class KnockOut:
+    """The parts of a model to switch off; `KnockOut.parse` reads the
+    spelling that str() writes, "enc-self:L1h3,dec-cross:L2,pe"."""
+
+    parts: frozenset[Part] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str) -> "KnockOut":
+        """The parts named in `text`; "" or spaces name none."""
+        if not text.strip():
+            return cls()
+        items = [item.strip() for item in text.split(",")]
+        return cls(frozenset(p for item in items for p in parse_part(item)))
+
+    def __str__(self) -> str:
+        parts = sorted(self.parts, key=Part.key)
+        if {Part(kind) for kind in POSITIONS} <= self.parts:  # both: "pe"
+            parts = [p for p in parts if p.kind not in POSITIONS] + ["pe"]
+        return ",".join(map(str, parts))
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+
+# %% [markdown]
+# `zeroed` finds the slices that carry a part; `knocked_out` zeroes them and writes the saved
+# values back on exit, also when the body raises.
+
+
+# %%
+#| export knockout
+def check_knockout(model: Transformer, spec: KnockOut) -> None:
+    """A one-line ValueError for a part that `model` does not have."""
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    for part in sorted(spec.parts, key=Part.key):
+        if part.layer is not None and part.layer > n_layers:
+            raise ValueError(f"{part}: the model has {n_layers} layers")
+        if part.head is not None and part.head > n_heads:
+            raise ValueError(f"{part}: the model has {n_heads} heads")
+
+
+def zeroed(model: Transformer, part: Part) -> list[tuple[Tensor, tuple]]:
+    """The tensors, and the index in each, whose zeros switch `part` off."""
+    everything = (...,)
+    if part.kind in POSITIONS:
+        encoding = getattr(model, POSITIONS[part.kind])
+        if isinstance(encoding, PositionalEncoding):
+            return [(encoding.pe, everything)]  # (max_len, d_model)
+        return [(encoding.embedding.weight, everything)]  # learned
+    stack, module, last = SUBLAYERS[part.kind]
+    sublayer = getattr(getattr(model, stack).layers[part.layer - 1], module)
+    linear = getattr(sublayer, last)
+    if part.head is None:  # the whole branch: weight and bias
+        return [
+            (t, everything)
+            for t in (linear.weight, linear.bias)
+            if t is not None
+        ]
+    d_k, h = sublayer.d_k, part.head - 1
+    # (d_model, H·d_k): head h's slice of the concatenation meets these columns
+    return [(linear.weight, (slice(None), slice(h * d_k, (h + 1) * d_k)))]
+
+
+@contextmanager
+def knocked_out(
+    model: Transformer, spec: KnockOut | str | None
+) -> Iterator[Transformer]:
+    """`model` with the parts of `spec` (a KnockOut or its spelling) switched
+    off, in place; every weight is restored exactly on exit."""
+    if isinstance(spec, str):
+        spec = KnockOut.parse(spec)
+    spec = spec or KnockOut()
+    check_knockout(model, spec)
+    with torch.no_grad():
+        saved = [
+            (tensor, index, tensor[index].clone())
+            for part in spec.parts
+            for tensor, index in zeroed(model, part)
+        ]
+    try:
+        with torch.no_grad():
+            for tensor, index, _ in saved:
+                tensor[index] = 0.0
+        yield model
+    finally:
+        with torch.no_grad():
+            for tensor, index, value in saved:
+                tensor[index] = value
+
+
+# %% [markdown]
+# On a small untrained model: a head off equals its slice zeroed as it enters $W^O$ (a pre-hook
+# on `w_o`); a feed-forward sublayer off leaves $\mathrm{LayerNorm}(x + 0)$; every weight comes
+# back bit for bit, also after an error.
+
+# %%
+import torch
+
+from transformer.knockout import KnockOut, knocked_out
+from transformer.masking import causal_mask, padding_mask
+from transformer.model import Transformer
+
+torch.manual_seed(0)
+small = TransformerConfig(
+    src_vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64
+)
+model = Transformer(small).eval()
+src, tgt = torch.randint(1, 50, (2, 7)), torch.randint(1, 50, (2, 5))
+masks = dict(src_mask=padding_mask(src, 0), tgt_mask=causal_mask(5))
+spec = KnockOut.parse("dec-cross:L2h3, enc-ffn:L1, pe")
+print(spec)
+assert KnockOut.parse(str(spec)) == spec
+
+cross = model.decoder.layers[1].cross_attn
+d_k = cross.d_k
+
+
+def zero_head_3(module, inputs):  # head 3's slice of Concat(...)
+    (x,) = inputs
+    return x.index_fill(-1, torch.arange(2 * d_k, 3 * d_k), 0.0)
+
+
+def every_tensor(model):  # the parameters, and the buffers: the sinusoids
+    return dict([*model.named_parameters(), *model.named_buffers()])
+
+
+before = {k: v.clone() for k, v in every_tensor(model).items()}
+with torch.no_grad():
+    with knocked_out(model, "dec-cross:L2h3"):
+        off = model(src, tgt, **masks)
+    hook = cross.w_o.register_forward_pre_hook(zero_head_3)
+    by_hook = model(src, tgt, **masks)
+    hook.remove()
+    print(f"largest difference: {(off - by_hook).abs().max():.1e}")
+    assert torch.allclose(off, by_hook, atol=1e-6)
+
+    layer = model.encoder.layers[0]
+    x = torch.randn(2, 7, 32)
+    with knocked_out(model, "enc-ffn:L1"):
+        assert torch.equal(
+            layer.sublayers[1](x, layer.feed_forward),
+            layer.sublayers[1].norm(x),
+        )
+try:
+    with knocked_out(model, spec):
+        raise RuntimeError("stopped inside")
+except RuntimeError:
+    pass
+after = every_tensor(model)
+assert all(torch.equal(before[k], after[k]) for k in before)
+try:
+    with knocked_out(model, "enc-self:L3h1"):
+        pass
+except ValueError as err:
+    print(f"ValueError: {err}")
+
+# %% [markdown]
 # ## Summary
 #
 # - `check_config` refuses, by name, a field that cannot build a model; `check_record` refuses a
 #   saved configuration with a key too many or too few; `config_from_dict` does both for a saved
 #   configuration, and reads a field that the config gained after a model was saved as the value
 #   that model was built with.
+# - `knocked_out(model, spec)` switches heads, sublayers or positional encodings off by zeroing
+#   their weights in place, and restores them on exit.

@@ -664,7 +664,9 @@ config.warmup, config.model_overrides
 # sentences. From a terminal, each line is translated as soon as it is entered, with the model
 # loaded once, until Ctrl-D ends the input: the command becomes a small interactive translator.
 # `--prefix TEXT` makes every translation start with `TEXT` and searches on from there: a way to
-# ask what the model would say after words of your choosing.
+# ask what the model would say after words of your choosing. `--knock-out SPEC` translates with
+# parts of the model switched off, `--knock-out dec-cross:L3h5,pe` say, in the spelling of
+# `KnockOut` (the appendix "Engineering the model"): a way to ask what a part is for.
 
 # %%
 #| export cli.translate
@@ -765,15 +767,23 @@ def load_translator(
             raise UsageError("--prefix needs the package's engine")
         if args.by_sentence:
             raise UsageError("--by-sentence needs the package's engine")
+        if args.knock_out:
+            raise UsageError("--knock-out needs the package's engine")
 
         engine = load_ctranslate2(args, threads=torch.get_num_threads())
         check_positions(options, engine.max_len)
         return functools.partial(engine.translate, options=options)
+    from transformer.knockout import KnockOut, check_knockout
     from transformer.translation import translate
 
     model, tokenizer = load_for_command(
         args.pair, args.checkpoint, device, options
     )
+    try:
+        knock_out = KnockOut.parse(args.knock_out)
+        check_knockout(model, knock_out)
+    except ValueError as err:
+        raise UsageError(f"--knock-out {err}") from None
     return functools.partial(
         translate,
         model,
@@ -781,6 +791,7 @@ def load_translator(
         options=options,
         prefix=args.prefix,
         by_sentence=args.by_sentence,
+        knock_out=knock_out,
     )
 
 
@@ -823,6 +834,15 @@ def translate_parser() -> argparse.ArgumentParser:
         " line's translations are joined by a space. The models learned single"
         " captions: without it, a line of several sentences gets its first"
         " translated only",
+    )
+    p.add_argument(
+        "--knock-out",
+        default="",
+        metavar="SPEC",
+        help="translate with parts of the model switched off, such as"
+        " enc-self:L1h3 (a head; layers and heads count from 1), dec-cross:L2"
+        " (a whole sublayer; also dec-self, enc-ffn, dec-ffn) and pe (the"
+        " positional encodings; enc-pe, dec-pe), separated by commas",
     )
     return p
 

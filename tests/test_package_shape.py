@@ -18,7 +18,7 @@ LAYERS = [
     {
         "attention", "masking", "attention_config", "multihead", "embedding",
         "layer_config", "sublayers", "encoder", "decoder", "config", "model", "loss",
-        "schedule", "plots", "config_checks",
+        "schedule", "plots", "config_checks", "knockout",
     },
     {
         "paths", "atomic", "files", "layout", "multi30k", "checked_data", "vocabulary",

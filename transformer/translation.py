@@ -32,6 +32,7 @@ from transformer.batched_search import (
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.decode import Hypothesis
 from transformer.decode_options import DecodeOptions, with_changes
+from transformer.knockout import KnockOut, knocked_out
 from transformer.model import Transformer
 from transformer.multi30k import parse_pair
 from transformer.paths import CHECKPOINTS_DIR, HOME_VARIABLE
@@ -161,6 +162,7 @@ def translate(
     prefix: str = "",
     warn: Callable[[str], None] | None = None,
     by_sentence: bool = False,
+    knock_out: KnockOut | str | None = None,
     **changes,
 ) -> list[str]:
     """Translations of `sentences`, in their order: beam search, or greedy
@@ -169,7 +171,8 @@ def translate(
     device; each starts with `prefix`, text in the target language, if given.
     With `by_sentence`, each text is cut by split_sentences, each of its
     sentences translated (with the prefix) and the translations joined by a
-    space.
+    space. With `knock_out`, the model runs with those parts switched off
+    (`knocked_out`), and its weights are restored after.
 
     An empty sentence translates to "". A source longer than the model's
     positions is cut to its first config.max_len - 1 tokens, then <eos>;
@@ -200,15 +203,16 @@ def translate(
         )
         return search(model, src, options, prefix=start, **special)
 
-    return translate_batches(
-        decode_batch,
-        tokenizer,
-        sentences,
-        max_len=model.config.max_len,
-        batch_size=options.batch_size,
-        warn=warn,
-        by_sentence=by_sentence,
-    )
+    with knocked_out(model, knock_out):
+        return translate_batches(
+            decode_batch,
+            tokenizer,
+            sentences,
+            max_len=model.config.max_len,
+            batch_size=options.batch_size,
+            warn=warn,
+            by_sentence=by_sentence,
+        )
 
 
 def translate_batches(

@@ -50,6 +50,7 @@ def test_every_script_with_options_is_covered():
         "translator_bench.py",
         "word_level_report.py",
         "cli_latency.py",
+        "knockout_importance.py",
     }
 
 
