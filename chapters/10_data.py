@@ -30,11 +30,7 @@
 # A model reads integers, not text. This chapter builds the road from one to the other and back:
 # `transformer.multi30k` reads the text, `transformer.tokenizer` cuts it into spaCy's words and a
 # subword vocabulary shared by both languages, and `transformer.batches` pads sentences of
-# similar length into batches. Two appendices build on this code:
-# [Text and the tokenizer](a03_text_and_tokenizer.ipynb) (the checks of the data files, French
-# words built fast, the tokenizer's file) and
-# [Batches and the encoded cache](a04_batches_and_cache.ipynb) (the checks of a batch, a cache
-# of token ids on disk, BPE-dropout).
+# similar length into batches.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -66,11 +62,10 @@ if importlib.util.find_spec("transformer") is None:
 # direction is a *pair*, `de-en` or `fr-en`: the book always translates into English, so both
 # pairs share their references and every reader can judge the output.
 #
-# The cells below are plumbing, hidden in the book: `transformer.paths` names the folders of
-# the data, the encoded caches and the models, and `transformer.multi30k` reads a split. The
-# package's commands also check each file against its SHA-256 digest first (appendix [Text and
-# the tokenizer](a03_text_and_tokenizer.ipynb)), so that a damaged copy fails with its name. The
-# sizes of the table above, and the first training pair of each direction:
+# The cells below, hidden in the book, name the folders (`transformer.paths`) and read a split
+# (`transformer.multi30k`); the package's commands also check each file's SHA-256 digest
+# (appendix [Text and the tokenizer](a03_text_and_tokenizer.ipynb)). The sizes of the table
+# above, and the first training pair of each direction:
 
 # %% tags=["hide-input"]
 #| export paths
@@ -223,10 +218,7 @@ for pair in PAIRS:
 # space gets the prefix ▁ (U+2581), as in SentencePiece {cite:p}`kudo2018sentencepiece`, so that
 # gluing the words together and turning each ▁ into a space gives the normalised sentence back.
 # A ▁ in the input is read as an unknown character. spaCy is imported only when text is cut:
-# training reads token ids and needs none. `pretokenize` asks `splitter(language)` for the spaCy
-# tokenizer, `spacy_tokenizer` unless told otherwise; the appendix
-# [Text and the tokenizer](a03_text_and_tokenizer.ipynb) passes a faster build of the same
-# French rules, whose words are the same.
+# training reads token ids and needs none.
 
 # %%
 #| export tokenizer
@@ -383,12 +375,9 @@ assert {"▁Hund", "▁dog", "▁run", "▁renn"} <= {a + b for a, b in merges}
 # **Four special tokens.** `<pad>` fills a batch's rows up to its longest sentence, `<unk>` stands
 # for a character never seen in training, `<bos>` starts the decoder's input and `<eos>` ends a
 # sentence. Every other module reads their ids from the tokenizer (`pad_id`, `unk_id`, `bos_id`,
-# `eos_id`), never from a constant. These ids, `pieces(ids)` (the entry of each id) and the
-# tokenizer's file (`save`, `load`: one JSON file, written atomically) come from `Vocabulary`,
-# plumbing hidden below; the tokenizer adds the two directions. Anything outside the vocabulary
-# encodes as `<unk>` and decodes as the text `<unk>`, so encoding never fails; `encode` returns
-# the pieces of the text and nothing else, and never truncates. BPE works inside a word, so
-# `segment` computes each distinct word once.
+# `eos_id`), never from a constant; `Vocabulary`, hidden below, holds them and the tokenizer's
+# file. Anything outside the vocabulary encodes as `<unk>`, so encoding never fails; `encode`
+# returns the pieces of the text and nothing else, and never truncates.
 
 # %% tags=["hide-input"]
 #| export atomic
@@ -687,10 +676,8 @@ assert ids.count(tokenizer.unk_id) == 5 and tokenizer.vocab_size == VOCAB_SIZE
 # sequence length against how often each entry is seen: few entries make long sequences, many
 # make a long tail of rare entries whose embeddings are barely trained. The paper's 37,000
 # entries serve 4.5 million sentence pairs; for Multi30k's 29,000 the book takes 8,000
-# (`VOCAB_SIZE`): small data wants small vocabularies {cite:p}`sennrich2019revisiting`, and an
-# average training word then takes little more than one piece (counted in the appendix
-# [Batches and the encoded cache](a04_batches_and_cache.ipynb); the training runs that compare
-# sizes are in [The experiments behind the recipe](a12_experiments.ipynb)).
+# (`VOCAB_SIZE`): small data wants small vocabularies {cite:p}`sennrich2019revisiting` (the runs
+# that compare sizes are in [The experiments behind the recipe](a12_experiments.ipynb)).
 
 # %%
 for pair, tokenizer in trained.items():
