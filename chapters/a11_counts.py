@@ -17,10 +17,9 @@
 # # Derivations and counts
 #
 # What the Transformer costs: the arithmetic of attention and of a training step, the share of a
-# GPU's peak that training reaches, the parameters of the paper's models against its Table 3
-# {cite:p}`vaswani2017attention`, and where a CPU spends its time. This appendix derives and checks
-# `transformer.counts`, which [The Trainer](a07_trainer.ipynb) builds. A FLOP is one addition or
-# one multiplication.
+# GPU's peak that training reaches, the parameters against Table 3
+# {cite:p}`vaswani2017attention`, and where a CPU spends its time. A FLOP is one addition or one
+# multiplication.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -148,9 +147,8 @@ for T in (crossover // 2, 2 * crossover):
 # apply to the encoder's $S$ positions. The output layer, $d_{model} V$, is tied to the embedding
 # table but still multiplies at every target position. Each attention term (encoder, decoder,
 # cross) takes $2 \cdot 2\, d_{model} S^2$ forward per layer, three times that with the backward
-# pass. Softmaxes, normalisations and masks are left out, as usual. `training_flops` sums it over a
-# batch's pairs, so padding adds nothing. For the base model, $V$ = 37,000 and a pair of 25 source
-# and 27 target tokens:
+# pass; softmaxes, normalisations and masks are left out. For the base model, $V$ = 37,000 and a
+# pair of 25 source and 27 target tokens:
 
 # %%
 from transformer.counts import (

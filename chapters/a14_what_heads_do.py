@@ -180,11 +180,3 @@ changed = [i for i in range(len(sources)) if before[i] != after[i]]
 print(f"{most} off changes {len(changed)} of {len(sources)} translations")
 for i in changed[:2]:
     print(f"\n{sources[i]}\n  all on:  {before[i]}\n  off:     {after[i]}")
-
-
-# %% [markdown]
-# ## Summary
-#
-# - Switched off alone, most heads of the shipped models move BLEU by less than half a point;
-#   switched off together, least important first, half of them cost the German model more than
-#   half of its BLEU and the French one about a fifth.
