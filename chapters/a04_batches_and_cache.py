@@ -16,14 +16,10 @@
 # %% [markdown]
 # # Batches and the encoded cache
 #
-# [The data: Multi30k](10_data.ipynb) pads sentence pairs into batches of similar length. On the
-# chapter's code this appendix builds what training reads: checks in front of `collate` and
-# `token_batches` that turn arguments unable to make a batch into one clear error
-# (`transformer.checked_batches`); splits held as token ids in flat arrays
-# (`transformer.encoded_split`) and cached on disk, so that training needs neither the text nor
-# spaCy (`transformer.encoded_cache`, its files written atomically by `transformer.files`);
-# BPE-dropout, an option off by default (`transformer.bpe_dropout`); and `iterate_batches`, an
-# epoch's batches over an encoded split.
+# On the data chapter's batches this appendix builds what training reads: checks that turn
+# arguments unable to make a batch into one clear error, splits held as token ids and cached on
+# disk (so that training needs neither the text nor spaCy), BPE-dropout, and an epoch's
+# batches.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -125,8 +121,7 @@ def check_lengths(
 
 # %% [markdown]
 # `transformer.checked_batches` puts the checks in front of the chapter's two functions; its
-# `collate` also takes `max_len`, the model's positions. `iterate_batches` (below) and training
-# call these.
+# `collate` also takes `max_len`, the model's positions.
 
 # %%
 #| export checked_batches
@@ -392,16 +387,14 @@ except DataError as err:
 # %% [markdown]
 # ## Atomic files
 #
-# A process can be killed at any moment: by a time limit, a full disk, a power cut. A file being
-# rewritten must not then be left half old, half new. `atomic_write` (built, hidden, in the
-# chapter, whose tokenizer file needs it) writes a temporary file beside the destination, flushes
-# it to disk (`fsync`) and renames it over the destination: a rename within a file system is
-# atomic, so readers see the old file or the new one.
+# A process can be killed at any moment, and a file being rewritten must not be left half old,
+# half new. `atomic_write` (built, hidden, in the data chapter) writes a temporary file beside the
+# destination, flushes it (`fsync`) and renames it over the destination: a rename is atomic, so
+# readers see the old file or the new one.
 #
 # `atomic_folder` does the same for a folder of files, such as a checkpoint: the block writes into
 # a hidden temporary folder, which replaces the destination only when the block ends without error.
-# The files are flushed before the rename and the rename after it, so a power cut cannot leave a
-# complete-looking folder of empty files. Every writer of the package goes through these two.
+# Every writer of the package goes through these two.
 
 
 # %%
