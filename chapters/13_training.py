@@ -17,11 +17,9 @@
 # # The training loop
 #
 # The previous chapters built the parts of the paper's training recipe: the model, the
-# token-bucketed Multi30k batches, the label-smoothed loss, and Adam with its learning-rate
-# schedule. This chapter puts them together: one update; a loop over epochs that validates,
-# keeps the best weights and averages the last ones, run here on a small model on a CPU; the
-# recipe of the book's two models and their training curves; and how a trained model is
-# loaded. It exports `transformer.training_loop`. From a terminal, a whole run is
+# batches, the label-smoothed loss, and Adam with its schedule. This chapter puts them
+# together: one update; a loop over epochs that validates, keeps the best weights and averages
+# the last ones; and the recipe of the book's two models. From a terminal, a whole run is
 #
 # ```
 # python -m transformer train --pair de-en --config multi30k --out runs/de-en
@@ -130,8 +128,7 @@ def batch_log_probs(model: nn.Module, batch: Batch, *, pad_id: int) -> Tensor:
 # Adam takes its step and the schedule sets the next learning rate.
 #
 # `train_step` makes one such update, with a loss that sums over the tokens
-# (`reduction="sum"`), and returns the summed loss. The appendix
-# [The Trainer](a07_trainer.ipynb) makes the same update on several GPUs and in 16 bits.
+# (`reduction="sum"`), and returns the summed loss.
 
 
 # %%
@@ -269,8 +266,7 @@ def train_loop(
 # %% [markdown]
 # The loop trains a tiny model (two layers of width 64) on German→English for three epochs over
 # the first 1,700 training pairs, in batches of at most 1,500 tokens a side: enough to watch it
-# learn, not to translate. The batches come from the data chapter's `load_pairs`,
-# `token_batches` and `collate`, with the tokenizer of the book's German→English model.
+# learn, not to translate.
 
 # %%
 from transformer.batches import token_batches
