@@ -84,13 +84,12 @@ pd.set_option("display.max_colwidth", None)
 # ## Scores
 #
 # `score` computes three numbers for a list of translations and their references (one reference
-# per sentence, as Multi30k has): **sacreBLEU** with its defaults (cased, the `13a` tokenizer,
-# exponential smoothing, which matters only for $n$-gram counts of zero), **chrF** with its
-# defaults too, and the **lowercased spaCy-tokenised BLEU** of published results (`lc_tok_bleu`:
-# output and references cut into words by spaCy's English rules and scored with
-# `lowercase=True` and `tokenize="none"`, as torchtext's `bleu_score` scores them; its signature
-# says `case:lc|…|tok:none`). `Scores` keeps them with their signatures, and BLEU's length ratio
-# $c/r$ and brevity penalty, which tell whether a system's outputs are too short.
+# per sentence, as Multi30k has): **sacreBLEU** with its defaults (cased, the `13a` tokenizer),
+# **chrF** with its defaults, and the **lowercased spaCy-tokenised BLEU** of published results
+# (`lc_tok_bleu`: words cut by spaCy's English rules, scored with `lowercase=True` and
+# `tokenize="none"`, as torchtext's `bleu_score` scores them). `Scores` keeps them with their
+# signatures, and BLEU's length ratio $c/r$ and brevity penalty, which tell whether a system's
+# outputs are too short.
 
 # %% tags=["hide-input"]
 #| export
@@ -205,11 +204,10 @@ def score(
 
 
 # %% [markdown]
-# A run of `python -m transformer evaluate --json FILE` keeps its scores as data: the record of
-# `scores_record` holds the pair, the split, the decoding options that made the translations,
-# the SHA-256 of the model's files and the scores with their signatures. The shipped models'
-# records are kept in the repository, `checkpoints/scores/`, and read by `stored_scores`: every
-# page and model card that states a score reads it there, with the search that made it.
+# `python -m transformer evaluate --json FILE` keeps its scores as data: the pair, the split,
+# the decoding options, the SHA-256 of the model's files and the scores with their signatures.
+# The shipped models' records are in `checkpoints/scores/`, which every page and model card that
+# states a score reads, with the search that made it.
 
 # %% tags=["hide-input"]
 #| export
