@@ -33,9 +33,8 @@
 # length + 50, but terminate early when possible."
 #
 # This chapter writes greedy decoding, the key/value cache that makes each step cheap, and beam
-# search with the length penalty, each for one sentence, and tries them on the German→English
-# model that the book ships, trained by Part II's recipe. The appendix
-# [Translating text](a08_translating.ipynb) runs the same searches over batches of sentences.
+# search with the length penalty, each for one sentence, and tries them on the book's
+# German→English model.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -96,9 +95,8 @@ sources[0]
 # log-probabilities. Two tokens are never chosen: padding, and BOS, which only starts an output.
 # A `Hypothesis` is a finished output: its tokens without BOS and EOS, $\log p(Y \mid X)$, the
 # score the search ranked it by, and whether it ended with EOS or was cut by the length limit,
-# the source's length + 50. The paper's beam size and $\alpha$ are facts about the paper, named
-# `PAPER_BEAM_SIZE` and `PAPER_ALPHA`; the package's defaults, `BEAM_SIZE` and `ALPHA`, are set
-# from them in one place, so that a default can change while the paper's values stay.
+# the source's length + 50. The paper's beam size and $\alpha$ are named `PAPER_BEAM_SIZE` and
+# `PAPER_ALPHA`; the package's defaults, `BEAM_SIZE` and `ALPHA`, are set from them.
 
 # %%
 #| export paper_search

@@ -71,9 +71,8 @@ use_book_renderer()
 # epochs and arithmetic where they differ from its reference's). The shipped models are two of the
 # GPU runs (`shipped`).
 #
-# After each epoch a run measured its validation perplexity per word (the references' NLL over
-# their words, comparable across vocabularies), and at its end that of the average of its last five
-# epochs, the model it would ship. Only the records were kept, not the weights.
+# After each epoch a run measured its validation perplexity per word (comparable across
+# vocabularies), and at its end that of the average of its last five epochs.
 #
 # Each run is compared with its *reference*, named in the table: mostly its pair's shipped run, or
 # for the short CPU runs the **CPU baseline** `dropout-0.2-cpu` (the recipe with dropout 0.2, 20
