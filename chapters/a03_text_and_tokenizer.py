@@ -16,16 +16,10 @@
 # %% [markdown]
 # # Text and the tokenizer
 #
-# [The data: Multi30k](10_data.ipynb) reads the text, cuts it into spaCy's words and learns a
-# subword vocabulary. This appendix builds on the chapter's code what makes the text dependable
-# and fast:
-#
-# - where the package finds the data, the caches and the models (built, hidden, by the chapter);
-# - `transformer.checked_data`, the chapter's loaders with a check of every data file first;
-# - `transformer.french`, spaCy's French tokenizer built in a fraction of a second;
-# - `transformer.fast_words`, which hands that build to the chapter's tokenizer: it is how the
-#   package cuts text and reads a tokenizer's file;
-# - the tokenizer's file, and the errors that a damaged one gives.
+# On the data chapter's code this appendix builds what makes the text dependable and fast: the
+# loaders with a check of every data file first (`transformer.checked_data`), spaCy's French
+# tokenizer built in a fraction of a second (`transformer.french`, handed to the tokenizer by
+# `transformer.fast_words`), and the tokenizer's file, with the errors a damaged one gives.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.

@@ -17,12 +17,10 @@
 # # Setting up a run
 #
 # The training chapter's loop runs in one process until it is done. A run of hours on a GPU that
-# may be taken away needs more, built on the chapter's code over three appendices. This one sets a
-# run up: the configuration, which refuses bad values; its arithmetic; the processes that share the
+# may be taken away needs more. This appendix sets a run up: the configuration, which refuses bad values; its arithmetic; the processes that share the
 # work on several GPUs; and each epoch's data, checked before the first update.
 # [Checkpoints](a06_checkpoints.ipynb) saves a run and ships its model; [The
-# Trainer](a07_trainer.ipynb) makes the updates. This page exports `transformer.train_config`,
-# `transformer.precision`, `transformer.distributed` and `transformer.epoch_data`.
+# Trainer](a07_trainer.ipynb) makes the updates.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.

@@ -20,8 +20,7 @@
 # must leave a small folder that ships its model. On [Setting up a run](a05_run_setup.ipynb) this
 # appendix builds a checkpoint's files, written without pickle; the average of the last
 # checkpoints; a run's checkpoints and the checks of resuming; and the export of a trained model,
-# which `load_model` reads back. [The Trainer](a07_trainer.ipynb) writes the checkpoints. This page
-# exports `transformer.checkpoint` and `transformer.run_checkpoints`.
+# which `load_model` reads back.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.

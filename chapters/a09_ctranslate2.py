@@ -20,10 +20,9 @@
 # [CTranslate2](https://github.com/OpenNMT/CTranslate2) {cite:p}`klein2020efficient`, the C++
 # engine behind OpenNMT and many deployed translation systems, reads a Transformer's weights from
 # one folder and decodes greedily or by beam search, on a CPU or a GPU, in float32 or with 8-bit
-# integer weights. This appendix builds `transformer.ctranslate2`, which writes a trained model
-# into that folder and translates with it, and its command. The exported model gives the package's
-# own greedy translations, token for token; the [results chapter](15_results.ipynb) compares the
-# engines' speed.
+# integer weights. This appendix writes a trained model into that folder and translates with it;
+# the exported model gives the package's own greedy translations, token for token, and the
+# section "Speed" compares the engines.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
