@@ -597,8 +597,8 @@ with torch.inference_mode():
         )
         gap = max(gap, (ours - theirs).abs().max().item())
         token = ours.argmax(-1, keepdim=True)
-print(f"largest difference: {gap:.1e}")
-assert gap < 1e-5
+assert gap < 1e-5  # float32 rounding, which varies with the threads
+print("largest difference under 1e-5")
 
 
 # %% [markdown]
