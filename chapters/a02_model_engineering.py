@@ -54,7 +54,7 @@ import json
 # options given on the command line, is checked in full where it enters, by `check_config`, so
 # that one which cannot build a model fails at once, with a `ValueError` whose message starts
 # with the field's name: sizes are positive integers (a `bool` is not one, although Python counts
-# it as an `int`), the heads split the width, dropout rates lie in $[0, 1)$, LayerNorm's
+# it as an `int`), dropout rates lie in $[0, 1)$, LayerNorm's
 # $\epsilon$ is positive, the switches are booleans, the positional encoding is one of the two
 # kinds, the sinusoids get an even width, and shared embeddings get one vocabulary. The sizes and
 # the switches are found by their type, so that a new integer or boolean field is checked without
@@ -79,7 +79,7 @@ RATES = ("dropout", "attention_dropout", "ffn_dropout")
 
 def check_sizes(c: Any) -> None:
     """The integer fields are positive integers (one that may be None, when
-    set), and the heads split the width."""
+    set); a config checks that the heads split the width when it is made."""
     for name, kind in typing.get_type_hints(type(c)).items():
         value = getattr(c, name)
         if kind not in (int, int | None) or value is None:
@@ -89,12 +89,6 @@ def check_sizes(c: Any) -> None:
             raise ValueError(
                 f"{name} must be a positive integer, got {value!r}"
             )
-    if c.d_model % c.n_heads != 0:
-        raise ValueError(
-            f"d_model ({c.d_model}) must be divisible by n_heads"
-            f" ({c.n_heads}): each head works in d_model / n_heads"
-            " dimensions"
-        )
 
 
 # %% [markdown]

@@ -29,7 +29,7 @@ RATES = ("dropout", "attention_dropout", "ffn_dropout")
 
 def check_sizes(c: Any) -> None:
     """The integer fields are positive integers (one that may be None, when
-    set), and the heads split the width."""
+    set); a config checks that the heads split the width when it is made."""
     for name, kind in typing.get_type_hints(type(c)).items():
         value = getattr(c, name)
         if kind not in (int, int | None) or value is None:
@@ -39,12 +39,6 @@ def check_sizes(c: Any) -> None:
             raise ValueError(
                 f"{name} must be a positive integer, got {value!r}"
             )
-    if c.d_model % c.n_heads != 0:
-        raise ValueError(
-            f"d_model ({c.d_model}) must be divisible by n_heads"
-            f" ({c.n_heads}): each head works in d_model / n_heads"
-            " dimensions"
-        )
 
 
 # %% ../chapters/a02_model_engineering.ipynb #d3e04b98
