@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from browser import CHROMIUM, ROOT
+from helpers import ship, tiny_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +51,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> Path:
+    """A tiny untrained de-en model folder, as the package ships one."""
+    return ship(tmp_path_factory.mktemp("models") / "de-en", tiny_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def loaded(shipped):
+    """(model, tokenizer) of `shipped`."""
+    from transformer.checkpoint import load_model
+
+    return load_model(shipped)

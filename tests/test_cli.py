@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ship, tiny_tokenizer
 
 from transformer.cli.main import COMMANDS
 from transformer.paths import HOME_VARIABLE
@@ -25,11 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TRANSLATE = [sys.executable, "-m", "transformer", "translate", "--pair", "de-en"]
 TIMEOUT_S = 120.0
 LINES = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad."]
-
-
-@pytest.fixture(scope="module")
-def shipped(tmp_path_factory) -> Path:
-    return ship(tmp_path_factory.mktemp("models") / "de-en", tiny_tokenizer())
 
 
 def read_line(fd: int, pending: bytearray) -> str:

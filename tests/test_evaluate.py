@@ -25,7 +25,6 @@ import transformer.split_translation as splits
 import transformer.tokenizer as tokenizer_module
 import transformer.translation as translation
 from transformer.__main__ import main as package_main
-from transformer.checkpoint import load_model
 from transformer.cli.evaluate import model_digest
 from transformer.decode_options import DecodeOptions
 from transformer.evaluate import (
@@ -79,16 +78,6 @@ def data_dir(tmp_path_factory) -> Path:
             "val.en.gz": ENGLISH[:3],
         },
     )
-
-
-@pytest.fixture(scope="module")
-def shipped(tmp_path_factory) -> Path:
-    return ship(tmp_path_factory.mktemp("models") / "de-en", tiny_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def loaded(shipped):
-    return load_model(shipped)
 
 
 # -- score ------------------------------------------------------------------------------------

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import io
 import sys
-from pathlib import Path
 
 import pytest
-from helpers import GERMAN, MAX_LEN, ship, tiny_tokenizer
+from helpers import GERMAN, MAX_LEN
 
 from transformer.__main__ import main as package_main
-from transformer.checkpoint import load_model
 from transformer.translation import TITLES, split_sentences, translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,16 +67,6 @@ def test_every_title_keeps_its_name():
             f"{title}. Müller rennt.",
             "Er lacht.",
         ]
-
-
-@pytest.fixture(scope="module")
-def shipped(tmp_path_factory) -> Path:
-    return ship(tmp_path_factory.mktemp("models") / "de-en", tiny_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def loaded(shipped):
-    return load_model(shipped)
 
 
 def test_by_sentence_translates_each_sentence_and_joins_them(loaded):

@@ -36,16 +36,6 @@ from transformer.translation import load_pair_model, translate
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def shipped(tmp_path_factory) -> Path:
-    return ship(tmp_path_factory.mktemp("models") / "de-en", tiny_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def loaded(shipped):
-    return load_model(shipped)
-
-
 def run(
     argv: list[str], capsys, monkeypatch, stdin: str | io.IOBase | None = None
 ) -> tuple[int, str, str]:
