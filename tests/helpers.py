@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -76,3 +77,19 @@ def assert_gradients_reach_every_parameter(module: nn.Module) -> None:
             assert p.grad.abs().max() < 1e-5, name
         else:
             assert p.grad.abs().max() > 1e-6, name
+
+
+# The model variants whose layers differ: the paper's, pre-norm, learned positions.
+VARIANTS = [
+    pytest.param({}, id="post-norm"),
+    pytest.param({"norm_first": True}, id="pre-norm"),
+    pytest.param({"positional": "learned"}, id="learned-positions"),
+]
+
+
+def tiny_model(**overrides) -> Transformer:
+    """A 2-layer model of width 16, 4 heads and 23 ids, seeded, in eval mode."""
+    torch.manual_seed(0)
+    fields = dict(d_model=16, n_heads=4, n_layers=2, d_ff=32, max_len=64)
+    config = TransformerConfig(src_vocab_size=23, **(fields | overrides))
+    return Transformer(config).eval()

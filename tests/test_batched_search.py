@@ -5,31 +5,17 @@ projected once per sentence, not once per beam."""
 
 import pytest
 import torch
+from helpers import VARIANTS, tiny_model
 
 from transformer.batched_step import BatchCache, attend_rows, step_weights
-from transformer.config import TransformerConfig
 from transformer.kv_cache import DecoderCache, decode_step
 from transformer.masking import padding_mask
-from transformer.model import Transformer
 
 PAD = 0
 n, K, S, D_MODEL, H = 3, 2, 5, 16, 4
 
-VARIANTS = [
-    pytest.param({}, id="post-norm"),
-    pytest.param({"norm_first": True}, id="pre-norm"),
-    pytest.param({"positional": "learned"}, id="learned-positions"),
-]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_model(**overrides) -> Transformer:
-    torch.manual_seed(0)
-    fields = dict(d_model=D_MODEL, n_heads=H, n_layers=2, d_ff=32, max_len=64)
-    return Transformer(
-        TransformerConfig(src_vocab_size=23, **(fields | overrides))
-    ).eval()
 
 
 def sources() -> torch.Tensor:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import VARIANTS, tiny_model
 
 from transformer.batched_search import batched_beam_search, batched_greedy_decode
 from transformer.cli.main import main
-from transformer.config import TransformerConfig
 from transformer.decode import beam_search, greedy_decode
 from transformer.knockout import ATTENTIONS, KnockOut, Part, knocked_out
 from transformer.masking import causal_mask, padding_mask
@@ -25,20 +25,8 @@ from transformer.model import Transformer
 ROOT = Path(__file__).resolve().parent.parent
 PAD, BOS, EOS = 0, 1, 2
 SPECIAL = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD)
-VARIANTS = [
-    pytest.param({}, id="post-norm"),
-    pytest.param({"norm_first": True}, id="pre-norm"),
-    pytest.param({"positional": "learned"}, id="learned-positions"),
-]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_model(**overrides) -> Transformer:
-    torch.manual_seed(0)
-    fields = dict(d_model=16, n_heads=4, n_layers=2, d_ff=32, max_len=64)
-    config = TransformerConfig(src_vocab_size=23, **(fields | overrides))
-    return Transformer(config).eval()
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor, dict]:
