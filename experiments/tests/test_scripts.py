@@ -51,6 +51,7 @@ def test_every_script_with_options_is_covered():
         "word_level_report.py",
         "cli_latency.py",
         "knockout_importance.py",
+        "compiled_step.py",
     }
 
 
@@ -613,6 +614,21 @@ def test_decode_bench_times_both_engines_on_the_same_sentences(tmp_path: Path, t
             assert row["ratio"] == 1.0
         if decoding == "greedy":  # the engines' greedy translations are the same
             assert row["same_as_package"] == row["sentences"]
+
+
+def test_the_fixed_shape_step_decodes_as_the_package(tool):
+    """compiled_step's step of one shape, run eagerly, gives the package's greedy tokens."""
+    module = tool("compiled_step")
+    model, tok = module.load_pair_model("de-en")
+    sources, _ = module.test_set(model, tok, "de-en", 6)
+    specials = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
+    src = torch.full((6, max(map(len, sources))), tok.pad_id)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids)
+    package = module.batched_greedy_decode(model, src, **specials)
+    found = module.fixed_greedy(model, module.fixed_step, src, 90, specials)
+    assert found == [h.tokens for h in package]
+    assert all(len(ids) > 3 for ids in found)
 
 
 def test_decode_bench_runs_the_package_in_bfloat16(tmp_path: Path, tool):
