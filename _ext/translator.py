@@ -59,6 +59,7 @@ CORE_FILES = (
     "weights.js",
     "ops.js",
     "model.js",
+    "knockout.js",
     "decode.js",
     "sacrebleu.js",
     "worker.js",
@@ -67,6 +68,7 @@ CORE_FILES = (
 PAGE_FILES = (
     "view.js",  # pieces, colours and the theme
     "loader.js",  # the pairs' data and the Web Workers that translate
+    "knockout.js",  # parts switched off: their spelling, as the package writes it
     "link.js",  # the search's settings, the link and the command line
     "hints.js",  # input the models cannot read
     "sentences.js",  # a text cut into sentences, by the package's rule
@@ -100,6 +102,8 @@ CORE_NAMES = (
     "drive",
     "loadPair",
     "loadPairScripts",
+    "parseKnockOut",
+    "knockOutText",
 )
 # The names that page.js hands to the tests (its pure functions).
 PAGE_NAMES = (
