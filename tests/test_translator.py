@@ -1166,3 +1166,30 @@ def test_translations_with_parts_off_are_the_packages(
                 assert difference < 1e-4, (spec, name, difference)
     # the sets change translations: a test of parts that change nothing could not fail
     assert changed >= 3, changed
+
+
+def test_the_grid_takes_each_heads_importance_from_the_stored_table(static: Path):
+    """The build writes the stored knockout table (experiments/knockout_importance.py's
+    RESULT) into each pair's data: a BLEU change for every head of the three kinds of
+    attention, in the package's spelling, which the worker hands to the page."""
+    from experiments.knockout_importance import RESULT
+    from transformer.knockout import ATTENTIONS, KnockOut
+
+    assert extension.IMPORTANCE == RESULT
+    record = json.loads(RESULT.read_text(encoding="utf-8"))
+    for pair in PAIRS:
+        text = (static / f"{pair}.js").read_text(encoding="utf-8")
+        call = "translatorData("
+        data = json.loads(text[text.index(call) + len(call) : text.rindex(")")])
+        table = data["importance"]
+        model = data["config"]["model"]
+        heads = model["n_layers"] * model["n_heads"] * len(ATTENTIONS)
+        assert len(table["changes"]) == heads
+        for spelling in table["changes"]:
+            (part,) = KnockOut.parse(spelling).parts
+            assert part.head is not None and str(part) == spelling
+        stored = record["pairs"][pair]
+        worst = min(stored["heads"], key=lambda h: h["bleu"])
+        assert table["changes"][worst["part"]] == pytest.approx(
+            worst["bleu"] - stored["baseline_bleu"], abs=0.005
+        )
