@@ -337,7 +337,8 @@ def _answers_within(page, until: str) -> list[float]:
 
 def test_a_text_is_translated_sentence_by_sentence(book: Path):
     """Two sentences: the page translates each, as `translate --by-sentence` does, and
-    joins them; the views show the first, and the chooser shows the second."""
+    joins them; the views show the first, and the chooser shows the second, which the
+    link then records and restores."""
     text = "Ein Hund rennt über die Wiese. Zwei Kinder spielen im Sand."
     with opened(address(book, None, pair="de-en", text=text)) as page:
         assert settle(page) == "done", page.text_content("#translator-status")
@@ -350,6 +351,12 @@ def test_a_text_is_translated_sentence_by_sentence(book: Path):
         )
         settle(page)
         second = shown(page)
+    assert parse_qs(urlparse(second["link"]).query)["sentence"] == ["2"]
+    assert "sentence" not in parse_qs(urlparse(first["link"]).query)
+    with opened(second["link"]) as page:
+        assert settle(page) == "done"
+        assert page.input_value("#translator-sentence") == "1"
+        assert shown(page)["pieces"] == second["pieces"]
     model, tokenizer = load_pair_model("de-en")
     parts = translate(model, tokenizer, split_sentences(text), beam_size=4)
     assert first["translation"] == " ".join(parts) == second["translation"]
@@ -774,7 +781,7 @@ def test_parts_switched_off_retranslate_and_the_link_keeps_them(
         assert page.is_hidden("#translator-intact")
         rated = page.locator("#translator-grid .translator-rated").count()
         legend = page.text_content("#translator-knock-legend")
-        page.check("#translator-knock-mode-off")
+        page.click("#translator-knock-mode")
         page.click("#translator-grid button[data-view='1 3']")  # layer 2, head 4
         page.wait_for_selector("#translator[data-state=translating]")
         assert settle(page) == "done"

@@ -173,7 +173,7 @@ function createKnockOutView({ onChange, loader, pair: chosenPair, name }) {
 
   /** A click on the grid's head (-1: the layer's mean): true if it switched it off or on. */
   function clickHead(kind, layer, head) {
-    if (!$("knock-mode-off")?.checked) {
+    if ($("knock-mode")?.getAttribute("aria-pressed") !== "true") {
       return false;
     }
     toggle({ kind: GRID_KINDS[kind], layer: layer + 1, head: head < 0 ? null : head + 1 });
@@ -303,6 +303,10 @@ function createKnockOutView({ onChange, loader, pair: chosenPair, name }) {
       " greedy decoding (beam width 1), in the page's workers, with these parts off and with" +
       " everything on, and scores both with sacreBLEU.";
     $("knock-reset").addEventListener("click", () => change([]));
+    $("knock-mode").addEventListener("click", () => {
+      const pressed = $("knock-mode").getAttribute("aria-pressed") !== "true";
+      $("knock-mode").setAttribute("aria-pressed", String(pressed));
+    });
     $("knock-score").addEventListener("click", scoreSample);
     $("knock-score-cancel").addEventListener("click", cancelScore);
     showSet();

@@ -9,7 +9,8 @@
 /**
  * What a link's query (URLSearchParams) asks for: {pair (or null), beamSize, alpha (null:
  * not given), prefix (pieces), text (or null), knockOut (the parts switched off, in the
- * package's spelling: "" for none)}, or {problem}: the one-line problem with
+ * package's spelling: "" for none), sentence (the one of the text shown, from 0)}, or
+ * {problem}: the one-line problem with
  * it. pairs: the shipped pairs; choices: their names, for the message; limits: {beam:
  * [min, max], alpha: [min, max]}, the range of the page's sliders.
  */
@@ -44,6 +45,17 @@ function readLink(params, { pairs, choices, limits }) {
     found.alpha = a;
   }
   found.prefix = (params.get("prefix") ?? "").split(" ").filter(Boolean);
+  const sentence = params.get("sentence");
+  found.sentence = 0;
+  if (sentence !== null) {
+    const n = Number(sentence);
+    if (!/^[1-9][0-9]*$/.test(sentence) || !Number.isSafeInteger(n)) {
+      return {
+        problem: `This link asks for sentence “${sentence}” of its text: a number from 1 is expected.`,
+      };
+    }
+    found.sentence = n - 1;
+  }
   const knock = params.get("knock") ?? "";
   try {
     found.knockOut = knockOutText(parseKnockOut(knock));
@@ -57,10 +69,15 @@ function readLink(params, { pairs, choices, limits }) {
 
 /**
  * The link that opens the page at `base` with this translation: its pair and text, the
- * settings that differ from `defaults` ({beamSize, alpha}), the forced prefix and the
- * parts switched off (knockOut, the package's spelling).
+ * settings that differ from `defaults` ({beamSize, alpha}), the forced prefix, the parts
+ * switched off (knockOut, the package's spelling) and the sentence of the text shown
+ * (from 0; the first is not written).
  */
-function linkTo(base, { pair, text, beamSize, alpha, prefix, knockOut = "" }, defaults) {
+function linkTo(
+  base,
+  { pair, text, beamSize, alpha, prefix, knockOut = "", sentence = 0 },
+  defaults,
+) {
   const url = new URL(base);
   url.search = "";
   url.hash = "";
@@ -77,6 +94,9 @@ function linkTo(base, { pair, text, beamSize, alpha, prefix, knockOut = "" }, de
   }
   if (knockOut) {
     url.searchParams.set("knock", knockOut);
+  }
+  if (sentence > 0) {
+    url.searchParams.set("sentence", String(sentence + 1));
   }
   return url.href;
 }

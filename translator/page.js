@@ -303,7 +303,7 @@ function startWidget(loader, shipped) {
       forced: { prefix, command: forcedCommand(one, pair, sentences[shown]) },
       link: linkTo(
         window.location.href,
-        { pair, text, beamSize, alpha, prefix, knockOut },
+        { pair, text, beamSize, alpha, prefix, knockOut, sentence: shown },
         defaults(),
       ),
     });
@@ -376,6 +376,7 @@ function startWidget(loader, shipped) {
     }
     prefix = link.prefix ?? [];
     knock.set(link.knockOut ?? "");
+    shown = link.sentence ?? 0; // a sentence beyond the text's last shows its last
     showSettings();
     $("text").value = params.get("text") ?? ""; // a form field's value: text, not HTML
     $("go").addEventListener("click", () => translateNow());
