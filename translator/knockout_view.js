@@ -86,13 +86,20 @@ function createKnockOutView({ onChange, loader, pair: chosenPair, name }) {
       made.addEventListener("click", () => toggle(part));
       return made;
     };
-    const rows = [element("span", "", "")];
-    rows.push(...SUBLAYER_NAMES.map(([, title]) => element("span", "translator-note", title)));
+    // each column's sublayer: its name, or on a phone its spelling (translator.css)
+    const heading = ([kind, title]) =>
+      element(
+        "span",
+        "translator-note",
+        element("span", "translator-wide", title),
+        element("span", "translator-narrow", kind),
+      );
+    const rows = [element("span", "", ""), ...SUBLAYER_NAMES.map(heading)];
     for (let layer = model.layers; layer >= 1; layer--) {
       rows.push(element("span", "translator-note", `layer ${layer}`));
       for (const [kind, title] of SUBLAYER_NAMES) {
         const part = { kind, layer, head: null };
-        rows.push(button(part, partText(part), `layer ${layer}'s ${title}`));
+        rows.push(button(part, `L${layer}`, `layer ${layer}'s ${title} (${partText(part)})`));
       }
     }
     $("knock-layers").replaceChildren(...rows);

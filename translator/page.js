@@ -268,7 +268,8 @@ function startWidget(loader, shipped) {
     }
     const where = loader.onPage() ? " on the page itself: no worker could start" : "";
     const count = sentences.length > 1 ? `${sentences.length} sentences ` : "";
-    const status = `Translated ${count}in ${(ms / 1000).toFixed(2)} s${where}.`;
+    const without = knockOut ? `, with ${knockOut} switched off` : "";
+    const status = `Translated ${count}in ${(ms / 1000).toFixed(2)} s${where}${without}.`;
     translated = { pair, text, sentences, found, summary, status, beamSize, alpha, knockOut };
     await showSentence(run, translated, ms);
   }
