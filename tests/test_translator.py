@@ -5,7 +5,9 @@ attention weights of the package, for both shipped models and for tiny models of
 configurations (pre-norm, learned positions, separate embeddings and output layer); the beam
 search's every step for several widths and α, the forced prefix with the free translation
 beside it and the command line that gives it, the score button's translations, and
-sacreBLEU's BLEU and chrF as Python prints them. The page's own pure functions say which
+sacreBLEU's BLEU and chrF as Python prints them; with parts of the model switched off
+(knockout.js), the package's spelling of them, and its translations, search steps and
+attention, and the stored importance of each head. The page's own pure functions say which
 pair a text looks like and how much of it the model cannot read; the weights come in
 chunks named by their digests."""
 

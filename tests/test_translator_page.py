@@ -6,7 +6,9 @@ start keeps the free translation beside it, with its command line; loading shows
 progress in the files' true size, each file named by its digest; a 300-word paragraph
 leaves the page responsive; Cancel stops the work and clears what it replaced, as an
 error does; bad input gets its message, text in the other pair's language a hint that
-offers it; the score names its pair and opens its worst sentences above; a phone's
+offers it; the score names its pair and opens its worst sentences above; parts
+switched off in the grid and the panel translate again as the package does, kept by the
+link, beside the translation with everything on, and a sample scored both ways; a phone's
 viewport has large controls, a grid that enlarges and no overflow; the dark theme keeps
 every part readable; what a link carries stays text; there is no page error and no
 network request; and no other page of the book loads the models."""
