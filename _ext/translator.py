@@ -59,6 +59,7 @@ CORE_FILES = (
     "weights.js",
     "ops.js",
     "model.js",
+    "knockout.js",
     "decode.js",
     "sacrebleu.js",
     "worker.js",
@@ -67,6 +68,7 @@ CORE_FILES = (
 PAGE_FILES = (
     "view.js",  # pieces, colours and the theme
     "loader.js",  # the pairs' data and the Web Workers that translate
+    "knockout.js",  # parts switched off: their spelling, as the package writes it
     "link.js",  # the search's settings, the link and the command line
     "hints.js",  # input the models cannot read
     "sentences.js",  # a text cut into sentences, by the package's rule
@@ -76,6 +78,7 @@ PAGE_FILES = (
     "grid.js",  # every layer and head at once
     "attention_view.js",  # the pieces, the heatmap and the grid together
     "score_view.js",  # the test set, translated and scored
+    "knockout_view.js",  # parts switched off, the grid's colours, the sample's score
     "page.js",  # the widget's controls: the parts together
 )
 # The names that core.js hands to the page and to the tests.
@@ -100,6 +103,8 @@ CORE_NAMES = (
     "drive",
     "loadPair",
     "loadPairScripts",
+    "parseKnockOut",
+    "knockOutText",
 )
 # The names that page.js hands to the tests (its pure functions).
 PAGE_NAMES = (
@@ -114,7 +119,7 @@ PAGE_NAMES = (
 )
 STATIC = "translator"  # the folder under _static
 # Bump when the format of what is written changes: a new key makes the build rewrite it.
-DATA_FORMAT = "transformer-book translator data 4"
+DATA_FORMAT = "transformer-book translator data 5"
 # The bytes of weights in one data chunk: a multiple of 3, so that each chunk's base64
 # stands alone; 2 MiB of base64 text, read in a few milliseconds.
 CHUNK_BYTES = 3 << 19
@@ -123,6 +128,9 @@ CHUNK_BYTES = 3 << 19
 HINT_WORDS = 100
 # The split that the page's score button translates, as the results chapter does.
 TEST_SPLIT = "test_2016_flickr"
+# The stored knockout table, where experiments/knockout_importance.py writes it (its
+# RESULT, which a test holds equal: the build cannot import experiments/).
+IMPORTANCE = ROOT / "experiments" / "results" / "knockout-importance.json"
 # The page that reports the shipped models' scores, which the score button links to.
 RESULTS_PAGE = "15_results"
 
@@ -299,11 +307,34 @@ def _inputs_digest(pair: str) -> str:
         (Path(__file__).parent / "js_regex.py").read_bytes(),
         (folder / layout.CONFIG).read_bytes(),
         json.dumps(config_record(folder)).encode(),
+        json.dumps(knockout_importance(pair)).encode(),
         (folder / layout.TOKENIZER).read_bytes(),
         *(path.read_bytes() for path in layout.weight_files(folder, config)),
     ):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
+
+
+def knockout_importance(pair: str) -> dict | None:
+    """What the stored knockout table (experiments/knockout_importance.py, drawn by the
+    appendix "What the heads do") says of `pair`'s heads, for the page's grid: the
+    split, its size and the search that scored it, the BLEU with nothing off, and per
+    head (the package's spelling) the change in BLEU when that head alone is off; None
+    if the table holds no such pair."""
+    if not IMPORTANCE.is_file():
+        return None
+    record = json.loads(IMPORTANCE.read_text(encoding="utf-8"))
+    found = record["pairs"].get(pair)
+    if found is None:
+        return None
+    baseline = found["baseline_bleu"]
+    return {
+        "split": record["split"],
+        "sentences": record["sentences"],
+        "decoding": record["decoding"],
+        "baseline_bleu": baseline,
+        "changes": {h["part"]: round(h["bleu"] - baseline, 2) for h in found["heads"]},
+    }
 
 
 def pair_data(pair: str) -> dict:
@@ -328,6 +359,7 @@ def pair_data(pair: str) -> dict:
         **package_numbers(pair),
         # the first validation sentence: what the page translates when given none
         "example": load_split("val", source)[0],
+        "importance": knockout_importance(pair),
     }
 
 

@@ -5,7 +5,9 @@ attention weights of the package, for both shipped models and for tiny models of
 configurations (pre-norm, learned positions, separate embeddings and output layer); the beam
 search's every step for several widths and α, the forced prefix with the free translation
 beside it and the command line that gives it, the score button's translations, and
-sacreBLEU's BLEU and chrF as Python prints them. The page's own pure functions say which
+sacreBLEU's BLEU and chrF as Python prints them; with parts of the model switched off
+(knockout.js), the package's spelling of them, and its translations, search steps and
+attention, and the stored importance of each head. The page's own pure functions say which
 pair a text looks like and how much of it the model cannot read; the weights come in
 chunks named by their digests."""
 
@@ -1028,3 +1030,168 @@ def test_the_pages_output_limit_is_the_packages(static: Path):
     found = run_node(static, "-", request)["limits"]
     assert found == [output_limit(*case) for case in cases]
     assert len(set(found)) > 10
+
+
+# Spellings of parts to switch off, read as the package reads them and refused as it
+# refuses them: duplicates, both encodings ("pe"), spaces, and what is no part.
+SPELLINGS = [
+    "",
+    "  ",
+    "pe",
+    "enc-pe",
+    "dec-pe",
+    "dec-pe, enc-pe",
+    "pe,enc-pe",
+    "dec-cross:L2h4",
+    "enc-self:L1h3,dec-cross:L2,enc-ffn:L1,pe",
+    "dec-ffn:L2,enc-self:L1,enc-self:L1",
+    "enc-self:L1h3,enc-self:L1",
+    " dec-self:L3h8 ,enc-self:L10h12,dec-pe",
+    "enc-ffn:L1h2",
+    "dec-cross:L0",
+    "dec-cross:L01",
+    "dec-cross:L2h0",
+    "cross:L1",
+    "Enc-self:L1",
+    "enc-self",
+    "enc-self:1",
+    "enc-self:L1,",
+    ",",
+    "pe,,enc-pe",
+    "enc-self:L1h",
+    "enc-self:L1 h2",
+    "ENC-PE",
+    "enc-self:L1h2x",
+    "enc-self:L-1",
+    "dec-ffn",
+]
+
+
+def test_the_pages_knockout_spelling_is_the_packages(static: Path):
+    """knockout.js reads and writes a set of parts as KnockOut.parse and str do, and
+    refuses the same spellings, each with a one-line message."""
+    from transformer.knockout import KnockOut
+
+    got = run_node(static, "-", {"spellings": SPELLINGS})["spellings"]
+    for text, have in zip(SPELLINGS, got, strict=True):
+        try:
+            want = str(KnockOut.parse(text))
+        except ValueError:
+            want = None
+        assert have.get("text") == want, (text, have)
+        assert want is not None or "\n" not in have["error"], text
+    assert sum(have.get("text") is None for have in got) >= 15
+
+
+def knockouts(heads: int) -> list[str]:
+    """The sets that the page's knockout is held to: one head, a whole attention and a
+    whole feed-forward sublayer, every encoder-decoder head of one layer (which is not
+    the whole sublayer: its bias stays), and no positional encoding."""
+    every = ",".join(f"dec-cross:L2h{h}" for h in range(1, heads + 1))
+    return ["dec-cross:L2h4", "enc-self:L1", "dec-ffn:L2", every, "pe"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", PAIRS)
+def test_translations_with_parts_off_are_the_packages(
+    static: Path, pair: str, one_thread
+):
+    """With each set of parts switched off, three test sentences: greedy and beam 4
+    translate word for word as the package's `translate(knock_out=…)`, every step of
+    both searches has the package's hypotheses and log p (within 1e-4), and the
+    attention weights of the first are the package's (within 1e-4)."""
+    from transformer.knockout import knocked_out
+
+    texts = load_split("test_2016_flickr", PAIRS[pair])[400:403]
+    model, tokenizer = load_pair_model(pair)
+    searches = [{"beamSize": k, "alpha": 0.6} for k in (1, 4)]
+    sets = knockouts(model.config.n_heads)
+    running = {
+        spec: start_node(
+            static,
+            pair,
+            {
+                "knockOut": spec,
+                "translate": texts,
+                "beamSize": 1,
+                "steps": texts,
+                "searches": searches,
+                "attention": texts[:1],
+            },
+        )
+        for spec in sets
+    }
+    ids = {"bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    ids["pad_id"] = tokenizer.pad_id
+    src = _padded([e + [tokenizer.eos_id] for e in tokenizer.encode_batch(texts)])
+    changed = 0
+    intact = translate(model, tokenizer, texts, beam_size=1)
+    for spec, process in running.items():
+        got = answer(process)
+        greedy, beam = (
+            translate(model, tokenizer, texts, beam_size=k, alpha=0.6, knock_out=spec)
+            for k in (1, 4)
+        )
+        assert got["texts"] == greedy, spec
+        beam_tokens = [one["tokens"] for one in got["steps"][1]]
+        assert [tokenizer.decode(t) for t in beam_tokens] == beam, spec
+        changed += greedy != intact
+        with knocked_out(model, spec):
+            for search, per_sentence in zip(searches, got["steps"], strict=True):
+                want_steps, found = _package_steps(
+                    model, src, ids, search["beamSize"], search["alpha"]
+                )
+                for i, (want, have) in enumerate(
+                    zip(want_steps, per_sentence, strict=True)
+                ):
+                    where = f"{pair}, {spec}, {search}, sentence {i}"
+                    assert have["tokens"] == found[i].tokens, where
+                    for t, (a, b) in enumerate(zip(want, have["steps"], strict=True)):
+                        _same_step(a, b, f"{where}, step {t}")
+            one = got["attention"][0]
+            src1, tgt1 = torch.tensor([one["source"]]), torch.tensor([one["target"]])
+            with torch.inference_mode():
+                expected = attention_weights(
+                    model,
+                    src1,
+                    tgt1,
+                    src_mask=padding_mask(src1, 0),
+                    tgt_mask=causal_mask(tgt1.size(1)),
+                )
+        for name, key in (
+            ("encoder", "encoder"),
+            ("decoderSelf", "decoder_self"),
+            ("decoderCross", "decoder_cross"),
+        ):
+            for have, want in zip(one[name], expected[key], strict=True):
+                difference = (torch.tensor(have) - want[0]).abs().max().item()
+                assert difference < 1e-4, (spec, name, difference)
+    # the sets change translations: a test of parts that change nothing could not fail
+    assert changed >= 3, changed
+
+
+def test_the_grid_takes_each_heads_importance_from_the_stored_table(static: Path):
+    """The build writes the stored knockout table (experiments/knockout_importance.py's
+    RESULT) into each pair's data: a BLEU change for every head of the three kinds of
+    attention, in the package's spelling, which the worker hands to the page."""
+    from experiments.knockout_importance import RESULT
+    from transformer.knockout import ATTENTIONS, KnockOut
+
+    assert extension.IMPORTANCE == RESULT
+    record = json.loads(RESULT.read_text(encoding="utf-8"))
+    for pair in PAIRS:
+        text = (static / f"{pair}.js").read_text(encoding="utf-8")
+        call = "translatorData("
+        data = json.loads(text[text.index(call) + len(call) : text.rindex(")")])
+        table = data["importance"]
+        model = data["config"]["model"]
+        heads = model["n_layers"] * model["n_heads"] * len(ATTENTIONS)
+        assert len(table["changes"]) == heads
+        for spelling in table["changes"]:
+            (part,) = KnockOut.parse(spelling).parts
+            assert part.head is not None and str(part) == spelling
+        stored = record["pairs"][pair]
+        worst = min(stored["heads"], key=lambda h: h["bleu"])
+        assert table["changes"][worst["part"]] == pytest.approx(
+            worst["bleu"] - stored["baseline_bleu"], abs=0.005
+        )

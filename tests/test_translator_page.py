@@ -6,7 +6,9 @@ start keeps the free translation beside it, with its command line; loading shows
 progress in the files' true size, each file named by its digest; a 300-word paragraph
 leaves the page responsive; Cancel stops the work and clears what it replaced, as an
 error does; bad input gets its message, text in the other pair's language a hint that
-offers it; the score names its pair and opens its worst sentences above; a phone's
+offers it; the score names its pair and opens its worst sentences above; parts
+switched off in the grid and the panel translate again as the package does, kept by the
+link, beside the translation with everything on, and a sample scored both ways; a phone's
 viewport has large controls, a grid that enlarges and no overflow; the dark theme keeps
 every part readable; what a link carries stays text; there is no page error and no
 network request; and no other page of the book loads the models."""
@@ -337,7 +339,8 @@ def _answers_within(page, until: str) -> list[float]:
 
 def test_a_text_is_translated_sentence_by_sentence(book: Path):
     """Two sentences: the page translates each, as `translate --by-sentence` does, and
-    joins them; the views show the first, and the chooser shows the second."""
+    joins them; the views show the first, and the chooser shows the second, which the
+    link then records and restores."""
     text = "Ein Hund rennt über die Wiese. Zwei Kinder spielen im Sand."
     with opened(address(book, None, pair="de-en", text=text)) as page:
         assert settle(page) == "done", page.text_content("#translator-status")
@@ -350,6 +353,12 @@ def test_a_text_is_translated_sentence_by_sentence(book: Path):
         )
         settle(page)
         second = shown(page)
+    assert parse_qs(urlparse(second["link"]).query)["sentence"] == ["2"]
+    assert "sentence" not in parse_qs(urlparse(first["link"]).query)
+    with opened(second["link"]) as page:
+        assert settle(page) == "done"
+        assert page.input_value("#translator-sentence") == "1"
+        assert shown(page)["pieces"] == second["pieces"]
     model, tokenizer = load_pair_model("de-en")
     parts = translate(model, tokenizer, split_sentences(text), beam_size=4)
     assert first["translation"] == " ".join(parts) == second["translation"]
@@ -735,3 +744,102 @@ def test_no_other_page_loads_the_models(book: Path):
     assert loading == [PAGE]
     assert (book / "_static" / "translator" / "de-en.js").is_file()
     assert (book / "_static" / "translator" / "de-en-test.js").is_file()
+
+
+@functools.cache
+def knocked(pair: str, text: str, beam: int, spec: str) -> str:
+    """The package's translation with the parts of `spec` switched off."""
+    model, tokenizer = load_pair_model(pair)
+    return translate(
+        model, tokenizer, [text], beam_size=beam, by_sentence=True, knock_out=spec
+    )[0]
+
+
+def _score_lines(page) -> list[list[str]]:
+    rows = page.locator("#translator-knock-score-rows tr")
+    return [rows.nth(i).locator("td").all_text_contents() for i in range(rows.count())]
+
+
+def test_parts_switched_off_retranslate_and_the_link_keeps_them(
+    book: Path, served: str
+):
+    """The grid is coloured by the stored importance before any click; a click on a
+    head (in the mode that switches heads off) and on a sublayer's button translate
+    again as the package does with those parts off, the translation with everything on
+    shown beside; the link carries the set and restores it; "switch everything on"
+    translates as before; the sample (the first 12 test sentences, in this test) is
+    scored with the parts off and on, as sacreBLEU scores the package's greedy
+    translations; a link with a bad set gets its one-line message."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    from transformer.multi30k import load_pairs
+
+    text = PARTING
+    url = address(book, served, pair="de-en", text=text)
+    routes = {"**/de-en-test.js*": lambda route: _few_test_sentences(route, book)}
+    with opened(url, routes=routes) as page:
+        assert settle(page) == "done"
+        before = page.text_content("#translation")
+        assert page.is_hidden("#translator-intact")
+        rated = page.locator("#translator-grid .translator-rated").count()
+        legend = page.text_content("#translator-knock-legend")
+        page.click("#translator-knock-mode")
+        page.click("#translator-grid button[data-view='1 3']")  # layer 2, head 4
+        page.wait_for_selector("#translator[data-state=translating]")
+        assert settle(page) == "done"
+        one = shown(page)
+        intact = page.text_content("#translator-intact")
+        off = page.locator("#translator-grid .translator-off").all()
+        marked = [b.get_attribute("data-part") for b in off]
+        page.click("#translator-knock-layers button[data-part='enc-self:L1']")
+        page.wait_for_selector("#translator[data-state=translating]")
+        assert settle(page) == "done"
+        two = shown(page)
+        pressed = page.get_attribute(
+            "#translator-knock-layers button[data-part='enc-self:L1']", "aria-pressed"
+        )
+        started = time.monotonic()
+        page.click("#translator-knock-score")
+        page.wait_for_selector("#translator-knock-score-result:not([hidden])")
+        seconds = time.monotonic() - started
+        scores = _score_lines(page)
+        named = page.text_content("#translator-knock-score-pair")
+        page.click("#translator-knock-reset")
+        page.wait_for_selector("#translator[data-state=translating]")
+        assert settle(page) == "done"
+        reset = shown(page)
+        assert page.is_hidden("#translator-intact")
+    spec = "enc-self:L1,dec-cross:L2h4"
+    assert rated == 3 * 8 and "validation BLEU" in legend, (rated, legend)
+    assert marked == ["dec-cross:L2h4"]
+    assert one["translation"] == knocked("de-en", text, 4, "dec-cross:L2h4")
+    assert before in intact and "With everything on" in intact
+    assert two["translation"] == knocked("de-en", text, 4, spec) and pressed == "true"
+    assert parse_qs(urlparse(two["link"]).query)["knock"] == [spec]
+    assert reset["translation"] == before and "knock" not in reset["link"]
+    # the sample's score, both ways, as sacreBLEU gives the package's translations
+    sources, references = zip(
+        *load_pairs("test_2016_flickr", "de-en")[:12], strict=True
+    )
+    model, tokenizer = load_pair_model("de-en")
+    expected = []
+    for knock in (spec, ""):
+        found = translate(model, tokenizer, sources, beam_size=1, knock_out=knock)
+        bleu = BLEU().corpus_score(found, [list(references)]).score
+        chrf = CHRF().corpus_score(found, [list(references)]).score
+        expected.append([f"{bleu:.2f}", f"{chrf:.2f}"])
+    assert [row[1:] for row in scores] == expected, (scores, expected)
+    assert scores[0][0].endswith(spec) and named.startswith("German → English (de-en)")
+    print(f"sample of 12 scored both ways in {seconds:.1f} s")
+    # the link restores the set
+    with opened(two["link"]) as page:
+        assert settle(page) == "done"
+        assert page.text_content("#translation") == two["translation"]
+        assert page.text_content("#translator-knock-set") == spec
+    with opened(
+        address(book, None, pair="de-en", text=text, knock="enc-ffn:L1h2")
+    ) as page:
+        assert settle(page) == "error"
+        status = page.text_content("#translator-status")
+    assert status.startswith("This link asks to switch off “enc-ffn:L1h2”"), status
+    assert "\n" not in status

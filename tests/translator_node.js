@@ -17,15 +17,18 @@
 //   words: [sentence]        -> words: [[marked spaCy word]]  (pretokenize)
 //   segment: [word]          -> ids: [[id]]                   (Tokenizer.segment)
 //   config: {model config}   -> configError: model.js's message refusing it, or null
-//   translate: [sentence], beamSize, alpha, maxLen, prefix (ids)
+//   spellings: [text]        -> spellings: per text {text: the parts as knockout.js writes
+//                               them} or {error: its message}
+//   translate: [sentence], beamSize, alpha, maxLen, prefix (ids), knockOut (spelling)
 //                            -> texts, warnings, hypotheses (tokens, logProb, score, ended)
 //   translate: [sentence], prefixes: [[id]], beamSize
 //                            -> texts: each sentence translated with its own prefix
-//   steps: [sentence], searches: [{beamSize, alpha}], prefix (ids)
+//   steps: [sentence], searches: [{beamSize, alpha}], prefix (ids), knockOut (spelling)
 //                            -> steps: per search, per sentence, the record of each step
 //                               (tokens, parents, logProbs, scores, ended, lengths) and
 //                               the result's tokens
-//   inspect: [sentence], beamSize, alpha, prefix (or prefixes: [[id]], one a sentence)
+//   inspect: [sentence], beamSize, alpha, prefix (or prefixes: [[id]], one a sentence),
+//            knockOut (spelling)
 //                            -> inspected: what the page shows of each (the worker's
 //                               LanguagePair.inspect), without its records, and the
 //                               summary of each step in words (page.js's stepSummary)
@@ -42,7 +45,7 @@
 //                            -> progress: [[loaded, total]] as loadPairScripts tells it
 //   serve: [[sentence]]      -> served: the translations of each chunk, as the page's
 //                               score button asks its workers (serve's translate message)
-//   attention: [sentence], beamSize
+//   attention: [sentence], beamSize, knockOut (spelling)
 //                            -> per sentence {source, target, encoder, decoderSelf,
 //                               decoderCross}, the weights as nested arrays
 
@@ -111,6 +114,15 @@ async function main() {
       core.outputLimit({ maxLen: positions }, length, { extraLength, maxLen }),
     );
   }
+  if (request.spellings) {
+    answer.spellings = request.spellings.map((text) => {
+      try {
+        return { text: core.knockOutText(core.parseKnockOut(text)) };
+      } catch (error) {
+        return { error: error.message };
+      }
+    });
+  }
   if (request.split) {
     answer.split = request.split.map((text) => page.splitSentences(text));
     answer.sentenceRule = page.SENTENCE_RULE;
@@ -135,7 +147,9 @@ async function answerPair() {
     answer.progress = progress;
   }
   const translator = new core.LanguagePair(data, weights);
-  const { tokenizer, model } = translator;
+  const { tokenizer } = translator;
+  // the model with the request's parts switched off (none: the model itself)
+  const model = translator.modelFor(request.knockOut ?? "");
 
   if (request.words) {
     answer.words = request.words.map((sentence) => tokenizer.words(sentence));
@@ -180,7 +194,12 @@ async function answerPair() {
     });
   }
   if (request.inspect) {
-    const options = { beamSize: request.beamSize, alpha: request.alpha, prefix: request.prefix };
+    const options = {
+      beamSize: request.beamSize,
+      alpha: request.alpha,
+      prefix: request.prefix,
+      knockOut: request.knockOut,
+    };
     const piece = (id) => tokenizer.pieces[id];
     answer.inspected = request.inspect.map((sentence, i) => {
       const prefix = request.prefixes ? request.prefixes[i] : options.prefix;
@@ -217,11 +236,12 @@ async function answerPair() {
       return build(0, shape);
     };
     answer.attention = request.attention.map((sentence) => {
-      const result = core.finish(translator.inspect(sentence, { beamSize: request.beamSize }));
+      const { beamSize, knockOut } = request;
+      const result = core.finish(translator.inspect(sentence, { beamSize, knockOut }));
       const { source, target } = result;
       const [S, T, H] = [source.length, target.length, model.H];
       const { encoder, decoderSelf, decoderCross } = core.finish(
-        translator.attention(source, target),
+        translator.attention(source, target, knockOut),
       );
       return {
         source,

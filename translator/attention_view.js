@@ -28,8 +28,12 @@ const WHAT_TO_SEE = {
     "at <bos>.",
 };
 
-/** The attention view; `decorate` goes to the grid (see createGrid). */
-function createAttentionView({ decorate = null } = {}) {
+/**
+ * The attention view; `decorate` goes to the grid (see createGrid); clickHead(kind,
+ * layer, head), if given, is asked first of a click on the grid's head, and a true answer
+ * means it took the click.
+ */
+function createAttentionView({ decorate = null, clickHead = null } = {}) {
   let shown = null; // {result, attention (with heads and layers)}: the view's data
   let stretched = false; // the colours stretched to the largest weight in view
   let heatmap = null;
@@ -210,6 +214,9 @@ function createAttentionView({ decorate = null } = {}) {
     grid = createGrid($("grid"), {
       decorate,
       onChoose: (layer, head) => {
+        if (clickHead?.($("kind").value, layer, head)) {
+          return;
+        }
         $("layer").value = String(layer);
         $("head").value = String(head + 1);
         drawHeatmap();

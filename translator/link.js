@@ -1,4 +1,5 @@
 "use strict";
+/* global parseKnockOut, knockOutText */
 /* exported readLink, linkTo, commandLine */
 
 // The search's settings as a link carries them, and the command line that gives the same
@@ -7,7 +8,9 @@
 
 /**
  * What a link's query (URLSearchParams) asks for: {pair (or null), beamSize, alpha (null:
- * not given), prefix (pieces), text (or null)}, or {problem}: the one-line problem with
+ * not given), prefix (pieces), text (or null), knockOut (the parts switched off, in the
+ * package's spelling: "" for none), sentence (the one of the text shown, from 0)}, or
+ * {problem}: the one-line problem with
  * it. pairs: the shipped pairs; choices: their names, for the message; limits: {beam:
  * [min, max], alpha: [min, max]}, the range of the page's sliders.
  */
@@ -42,14 +45,39 @@ function readLink(params, { pairs, choices, limits }) {
     found.alpha = a;
   }
   found.prefix = (params.get("prefix") ?? "").split(" ").filter(Boolean);
+  const sentence = params.get("sentence");
+  found.sentence = 0;
+  if (sentence !== null) {
+    const n = Number(sentence);
+    if (!/^[1-9][0-9]*$/.test(sentence) || !Number.isSafeInteger(n)) {
+      return {
+        problem: `This link asks for sentence “${sentence}” of its text: a number from 1 is expected.`,
+      };
+    }
+    found.sentence = n - 1;
+  }
+  const knock = params.get("knock") ?? "";
+  try {
+    found.knockOut = knockOutText(parseKnockOut(knock));
+  } catch (error) {
+    return {
+      problem: `This link asks to switch off “${knock}”, which the page cannot read: ${error.message}.`,
+    };
+  }
   return found;
 }
 
 /**
  * The link that opens the page at `base` with this translation: its pair and text, the
- * settings that differ from `defaults` ({beamSize, alpha}), and the forced prefix.
+ * settings that differ from `defaults` ({beamSize, alpha}), the forced prefix, the parts
+ * switched off (knockOut, the package's spelling) and the sentence of the text shown
+ * (from 0; the first is not written).
  */
-function linkTo(base, { pair, text, beamSize, alpha, prefix }, defaults) {
+function linkTo(
+  base,
+  { pair, text, beamSize, alpha, prefix, knockOut = "", sentence = 0 },
+  defaults,
+) {
   const url = new URL(base);
   url.search = "";
   url.hash = "";
@@ -64,6 +92,12 @@ function linkTo(base, { pair, text, beamSize, alpha, prefix }, defaults) {
   if (prefix.length) {
     url.searchParams.set("prefix", prefix.join(" "));
   }
+  if (knockOut) {
+    url.searchParams.set("knock", knockOut);
+  }
+  if (sentence > 0) {
+    url.searchParams.set("sentence", String(sentence + 1));
+  }
   return url.href;
 }
 
@@ -77,15 +111,19 @@ function quote(text) {
 
 /**
  * `python -m transformer translate …`: the command that translates `text` as the page
- * did, with the settings that differ from `defaults` and the prefix given as text.
+ * did, with the settings that differ from `defaults`, the prefix given as text and the
+ * parts switched off.
  */
-function commandLine({ pair, text, beamSize, alpha, prefixText }, defaults) {
+function commandLine({ pair, text, beamSize, alpha, prefixText, knockOut = "" }, defaults) {
   const words = ["python -m transformer translate", "--pair", pair];
   if (beamSize !== defaults.beamSize) {
     words.push("--beam", String(beamSize));
   }
   if (alpha !== defaults.alpha) {
     words.push("--alpha", String(alpha));
+  }
+  if (knockOut) {
+    words.push("--knock-out", quote(knockOut));
   }
   if (prefixText) {
     // a prefix that starts with "-" would read as an option

@@ -1,7 +1,7 @@
 "use strict";
 /* global $, Problem, Cancelled, createLoader, readLink, linkTo, commandLine, languageHint,
    unreadablePieces, splitSentences, createResultView, createSearchView, createAttentionView,
-   createScoreView, element */
+   createScoreView, createKnockOutView, element */
 /* exported startPage */
 
 // The page "Translate and look inside": the widget's controls, and the parts together.
@@ -95,7 +95,16 @@ function startWidget(loader, shipped) {
     },
   });
   const search = createSearchView({ onForce: setPrefix });
-  const attention = createAttentionView();
+  const knock = createKnockOutView({
+    onChange: () => translateNow(),
+    loader,
+    pair: () => $("pair").value,
+    name: nameOf,
+  });
+  const attention = createAttentionView({
+    decorate: knock.decorate,
+    clickHead: knock.clickHead,
+  });
   createScoreView({
     loader,
     pair: () => $("pair").value,
@@ -117,6 +126,7 @@ function startWidget(loader, shipped) {
   function clearShown() {
     $("sentences").hidden = true;
     result.clear();
+    knock.showIntact([]);
     search.clear();
     attention.clear();
   }
@@ -231,7 +241,10 @@ function startWidget(loader, shipped) {
     shown = Math.min(shown, Math.max(sentences.length - 1, 0));
     const { beamSize, alpha } = settings();
     const forced = prefixIds(summary);
-    const way = beamSize === 1 ? "greedy decoding" : `beam search, ${beamSize} beams`;
+    knock.setModel(summary); // the parts switched off, checked against the model
+    const knockOut = knock.text();
+    const off = knockOut ? `, with ${knockOut} switched off` : "";
+    const way = (beamSize === 1 ? "greedy decoding" : `beam search, ${beamSize} beams`) + off;
     setState("translating", `Translating (${way})…`);
     const started = performance.now();
     const found = [];
@@ -240,7 +253,7 @@ function startWidget(loader, shipped) {
       const onStep = (t) => {
         $("status").textContent = `Translating (${way}):${of} step ${t + 1}`;
       };
-      const options = { beamSize, alpha, prefix: i === shown ? forced : [] };
+      const options = { beamSize, alpha, prefix: i === shown ? forced : [], knockOut };
       const message = { pair, inspect: sentence, options };
       found.push(await loader.compute(run, message, onStep, (c) => c.inspect(sentence, options)));
       check(run);
@@ -255,14 +268,15 @@ function startWidget(loader, shipped) {
     }
     const where = loader.onPage() ? " on the page itself: no worker could start" : "";
     const count = sentences.length > 1 ? `${sentences.length} sentences ` : "";
-    const status = `Translated ${count}in ${(ms / 1000).toFixed(2)} s${where}.`;
-    translated = { pair, text, sentences, found, summary, status, beamSize, alpha };
+    const without = knockOut ? `, with ${knockOut} switched off` : "";
+    const status = `Translated ${count}in ${(ms / 1000).toFixed(2)} s${where}${without}.`;
+    translated = { pair, text, sentences, found, summary, status, beamSize, alpha, knockOut };
     await showSentence(run, translated, ms);
   }
 
   /** What was found of the text, its sentence `shown` in the views (ms: to translate it). */
   async function showSentence(run, { pair, text, sentences, found, summary, ...rest }, ms) {
-    const { status, beamSize, alpha } = rest;
+    const { status, beamSize, alpha, knockOut } = rest;
     const one = found[shown];
     const several = sentences.length > 1;
     $("sentences").hidden = !several;
@@ -288,8 +302,13 @@ function startWidget(loader, shipped) {
       warnings: [...warnings, ...unreadable(sources, summary)],
       hint: hintFor(text, pair),
       forced: { prefix, command: forcedCommand(one, pair, sentences[shown]) },
-      link: linkTo(window.location.href, { pair, text, beamSize, alpha, prefix }, defaults()),
+      link: linkTo(
+        window.location.href,
+        { pair, text, beamSize, alpha, prefix, knockOut, sentence: shown },
+        defaults(),
+      ),
     });
+    knock.showIntact(found);
     const viewStarted = performance.now();
     search.clear();
     attention.clear();
@@ -299,8 +318,9 @@ function startWidget(loader, shipped) {
     });
     $("status").textContent = `${status} Reading its attention…`;
     const { source, target } = one;
-    const weights = await loader.compute(run, { pair, attention: { source, target } }, null, (c) =>
-      c.attention(source, target),
+    const message = { pair, attention: { source, target, knockOut } };
+    const weights = await loader.compute(run, message, null, (c) =>
+      c.attention(source, target, knockOut),
     );
     check(run);
     await attention.show(run, one, weights, summary.layers);
@@ -335,8 +355,9 @@ function startWidget(loader, shipped) {
     }
     const { beamSize, alpha } = found.options;
     const { text: prefixText, exact } = found.prefix;
+    const { knockOut } = found;
     return exact
-      ? { line: commandLine({ pair, text, beamSize, alpha, prefixText }, defaults()) }
+      ? { line: commandLine({ pair, text, beamSize, alpha, prefixText, knockOut }, defaults()) }
       : { text: prefixText };
   }
 
@@ -355,6 +376,8 @@ function startWidget(loader, shipped) {
       $("pair").value = link.pair;
     }
     prefix = link.prefix ?? [];
+    knock.set(link.knockOut ?? "");
+    shown = link.sentence ?? 0; // a sentence beyond the text's last shows its last
     showSettings();
     $("text").value = params.get("text") ?? ""; // a form field's value: text, not HTML
     $("go").addEventListener("click", () => translateNow());

@@ -1,6 +1,6 @@
 "use strict";
 /* global $, element, Cancelled */
-/* exported createScoreView */
+/* exported createScoreView, translateInTeam, duration */
 
 // The score of the test set: its sentences translated here by one worker per core, with
 // the paper's search, then sacreBLEU's BLEU and chrF, set beside the results chapter's.
@@ -10,6 +10,34 @@ const SCORE_CHUNK = 8; // sentences a worker translates per message
 function duration(seconds) {
   const s = Math.round(seconds);
   return s >= 60 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${s} s`;
+}
+
+/**
+ * Translate `sources` in the workers of `run.team` (loader.team's), a few at a time, each
+ * message {pair, translate: chunk, ...extra} (serve's translate): their translations.
+ * progress(done, total) is told after each chunk. Stops early when run.cancelled is set.
+ */
+async function translateInTeam(run, pair, sources, { extra = {}, progress = null } = {}) {
+  const total = sources.length;
+  const texts = new Array(total);
+  const queue = [];
+  for (let i = 0; i < total; i += SCORE_CHUNK) {
+    queue.push(i);
+  }
+  let done = 0;
+  await Promise.all(
+    Array.from({ length: run.team.size }, async (_, w) => {
+      while (queue.length && !run.cancelled) {
+        const first = queue.shift();
+        const chunk = sources.slice(first, first + SCORE_CHUNK);
+        const result = await run.team.ask(w, { pair, translate: chunk, ...extra });
+        result.texts.forEach((text, i) => (texts[first + i] = text));
+        done += chunk.length;
+        progress?.(done, total);
+      }
+    }),
+  );
+  return texts;
 }
 
 /**
@@ -26,38 +54,6 @@ function createScoreView({ loader, pair: chosenPair, name, onOpen }) {
     $("score-go").disabled = state === "running";
     $("score-cancel").disabled = state !== "running";
     $("score-progress").hidden = state !== "running";
-  }
-
-  /** Translate `sources` in the team's workers, a few at a time: their translations. */
-  async function translateAll(run, pair, sources, started) {
-    const total = sources.length;
-    const texts = new Array(total);
-    const queue = [];
-    for (let i = 0; i < total; i += SCORE_CHUNK) {
-      queue.push(i);
-    }
-    let done = 0;
-    const progress = $("score-progress");
-    progress.max = total;
-    progress.value = 0;
-    await Promise.all(
-      Array.from({ length: run.team.size }, async (_, w) => {
-        while (queue.length && !run.cancelled) {
-          const first = queue.shift();
-          const chunk = sources.slice(first, first + SCORE_CHUNK);
-          const result = await run.team.ask(w, { pair, translate: chunk });
-          result.texts.forEach((text, i) => (texts[first + i] = text));
-          done += chunk.length;
-          progress.value = done;
-          const elapsed = (performance.now() - started) / 1000;
-          const left = ((total - done) * elapsed) / done;
-          $("score-status").textContent =
-            `${done.toLocaleString("en")} of ${total.toLocaleString("en")} sentences` +
-            (done < total ? `, about ${duration(left)} left` : "");
-        }
-      }),
-    );
-    return texts;
   }
 
   async function start() {
@@ -79,7 +75,19 @@ function createScoreView({ loader, pair: chosenPair, name, onOpen }) {
       const total = test.sources.length;
       setState("running", `Translating ${total.toLocaleString("en")} sentences in ${where}…`);
       const started = performance.now();
-      const texts = await translateAll(run, pair, test.sources, started);
+      const progress = $("score-progress");
+      progress.max = total;
+      progress.value = 0;
+      const texts = await translateInTeam(run, pair, test.sources, {
+        progress: (done) => {
+          progress.value = done;
+          const elapsed = (performance.now() - started) / 1000;
+          const left = ((total - done) * elapsed) / done;
+          $("score-status").textContent =
+            `${done.toLocaleString("en")} of ${total.toLocaleString("en")} sentences` +
+            (done < total ? `, about ${duration(left)} left` : "");
+        },
+      });
       if (run.cancelled) {
         return;
       }

@@ -1,7 +1,7 @@
 "use strict";
 /* global Tokenizer, Transformer, SacreBleu, readSafetensors, translate, greedyDecode,
    beamSearch, prepareSources, sentencesNamed, finish, lengthPenalty, fromBase64,
-   loadPairScripts, WARM_UP */
+   loadPairScripts, WARM_UP, parseKnockOut, knockOutText, knockedOut */
 /* exported LanguagePair, serve, Cancelled */
 
 // The page's computing side: one language pair's tokenizer and model, loaded from the
@@ -22,6 +22,7 @@ class LanguagePair {
     this.pair = data.pair;
     this.decoding = data.decoding;
     this.about = { names: data.names, example: data.example };
+    this.importance = data.importance ?? null; // the package's stored knockout table
     this.tokenizer = new Tokenizer({
       tokenizer: data.tokenizer,
       spacy: data.spacy,
@@ -35,6 +36,20 @@ class LanguagePair {
       }
     }
     this.model = new Transformer(data.config.model, tensors);
+    this.knocked = { text: "", model: this.model }; // the last model with parts off
+  }
+
+  /**
+   * The model with the parts of `knockOut` (the package's spelling) switched off: the
+   * model itself for none, else a copy with those weights zeroed (knockedOut), kept for
+   * the next call that asks for the same.
+   */
+  modelFor(knockOut = "") {
+    const text = knockOutText(parseKnockOut(knockOut ?? ""));
+    if (text !== this.knocked.text) {
+      this.knocked = { text, model: knockedOut(this.model, parseKnockOut(text)) };
+    }
+    return this.knocked.model;
   }
 
   /** What the page needs to know of the pair, once its model is loaded. */
@@ -52,6 +67,7 @@ class LanguagePair {
       },
       layers: model.config.n_layers,
       heads: model.H,
+      importance: this.importance,
     };
   }
 
@@ -93,7 +109,7 @@ class LanguagePair {
    */
   translateAll(sentences, changes = {}) {
     const warnings = [];
-    const results = translate(this.model, this.tokenizer, sentences, {
+    const results = translate(this.modelFor(changes.knockOut), this.tokenizer, sentences, {
       ...this.options(changes),
       warn: (message) => warnings.push(message),
     });
@@ -106,10 +122,13 @@ class LanguagePair {
    * decoding) with the record of every step, greedy decoding's beside it, the warnings
    * of the command line, and the pieces of both sides. With a forced prefix, also the
    * free translation (the same search without it) and the prefix as text (prefixText).
-   * An empty text gives {empty: true}.
+   * An empty text gives {empty: true}. With parts switched off (changes.knockOut, the
+   * package's spelling), the model runs without them, and `intact` is the same search's
+   * translation with everything on, for comparison.
    */
   *inspect(text, changes = {}) {
-    const { model, tokenizer, ids } = this;
+    const { tokenizer, ids } = this;
+    const model = this.modelFor(changes.knockOut);
     const options = this.options(changes);
     const warnings = [];
     const [source] = this.sources([text], (message) => warnings.push(message));
@@ -141,6 +160,11 @@ class LanguagePair {
       const found = yield* beamSearch(model, source, ids, { ...options, prefix: null });
       free = { ...found, text: tokenizer.decode(found.tokens) }; // score: log p / lp
     }
+    let intact = null;
+    if (model !== this.model) {
+      const found = yield* beamSearch(this.model, source, ids, options);
+      intact = { ...found, text: tokenizer.decode(found.tokens) };
+    }
     return {
       text: tokenizer.decode(beam.tokens),
       warnings,
@@ -154,13 +178,18 @@ class LanguagePair {
       beam: { ...beam, record: beamRecord },
       greedy: { ...greedy, text: tokenizer.decode(greedy.tokens), penalised },
       free,
+      intact,
+      knockOut: knockOutText(parseKnockOut(changes.knockOut ?? "")),
       prefix: options.prefix ? this.prefixText(options.prefix) : null,
     };
   }
 
-  /** Every attention weight of a translation (Transformer.attentionSteps), and H. */
-  *attention(source, target) {
-    const weights = yield* this.model.attentionSteps(source, target);
+  /**
+   * Every attention weight of a translation (Transformer.attentionSteps), and H, with the
+   * parts of `knockOut` switched off.
+   */
+  *attention(source, target, knockOut = "") {
+    const weights = yield* this.modelFor(knockOut).attentionSteps(source, target);
     return { ...weights, heads: this.model.H };
   }
 }
@@ -342,11 +371,12 @@ function serve(scope) {
         const work = translator(message.pair).inspect(message.inspect, message.options);
         post({ result: await drive(work, stopped, progress) });
       } else if (message.attention) {
-        const { source, target } = message.attention;
-        const work = translator(message.pair).attention(source, target);
+        const { source, target, knockOut } = message.attention;
+        const work = translator(message.pair).attention(source, target, knockOut);
         post({ result: await drive(work, stopped) });
       } else if (message.translate) {
-        post({ result: translator(message.pair).translateAll(message.translate) });
+        const changes = { knockOut: message.knockOut, beamSize: message.beamSize };
+        post({ result: translator(message.pair).translateAll(message.translate, changes) });
       } else if (message.score) {
         post({ result: scoreTranslations(message.score) });
       }
