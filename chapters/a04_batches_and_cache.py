@@ -354,9 +354,9 @@ class EncodedSplit:
 import numpy as np
 
 from transformer.encoded_split import EncodedSplit
-from transformer.fast_words import load_tokenizer, pretokenize
 from transformer.multi30k import DataError, load_split
 from transformer.paths import CHECKPOINTS_DIR
+from transformer.words import load_tokenizer, pretokenize
 
 # the shipped de-en model's tokenizer, learned as the cache below learns it
 tokenizer = load_tokenizer(CHECKPOINTS_DIR / "de-en" / "tokenizer.json")
@@ -398,7 +398,7 @@ except DataError as err:
 
 
 # %%
-#| export files
+#| export records
 """Atomic folders and the JSON Lines records of a run."""
 
 import contextlib
@@ -503,7 +503,7 @@ import tempfile
 from pathlib import Path
 
 from transformer.atomic import atomic_write
-from transformer.files import atomic_folder
+from transformer.records import atomic_folder
 
 scratch = Path(tempfile.mkdtemp())
 with atomic_folder(scratch / "run") as tmp:
@@ -556,11 +556,11 @@ from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.checked_data import expected_checksums, load_pairs
 from transformer.encoded_split import EncodedSplit
-from transformer.fast_words import pretokenize, with_fast_words
 from transformer.multi30k import SPLITS, DataError, check_split, parse_pair
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, train_bpe
 from transformer.vocabulary import TokenizerError
+from transformer.words import pretokenize, with_fast_words
 
 CACHE_FORMAT = "transformer-book encoded multi30k 2"
 

@@ -99,10 +99,10 @@ from transformer import layout
 from transformer.config import TransformerConfig
 from transformer.config_checks import config_from_dict
 from transformer.distributed import unwrap
-from transformer.fast_words import load_tokenizer
-from transformer.files import atomic_folder
 from transformer.model import Transformer
+from transformer.records import atomic_folder
 from transformer.tokenizer import Tokenizer, TokenizerError
+from transformer.words import load_tokenizer
 
 CHECKPOINT_FORMAT = "transformer-book checkpoint 1"
 # and the form `export_model` writes (the section "Exporting and loading a
@@ -341,14 +341,14 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.distributed import Distributed, barrier, device_for
-from transformer.files import (
+from transformer.model import Transformer
+from transformer.precision import default_precision, stored_precision
+from transformer.records import (
     append_jsonl,
     atomic_folder,
     remove_stale,
     truncate_jsonl,
 )
-from transformer.model import Transformer
-from transformer.precision import default_precision, stored_precision
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import (
     TrainConfig,

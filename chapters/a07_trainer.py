@@ -615,7 +615,7 @@ for dropout in (False, True):
 # `training_flops` computes; the Trainer sums it over each update's pairs.
 
 # %%
-#| export counts
+#| export flops
 """Parameter and FLOP counts of the Transformer: the cost of a training step,
 for MFU."""
 
@@ -714,7 +714,6 @@ from transformer.batches import Batch
 from transformer.checked_batches import collate
 from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
-from transformer.counts import training_flops
 from transformer.distributed import (
     Distributed,
     all_sum,
@@ -730,7 +729,7 @@ from transformer.epoch_data import (
     prepare_epochs,
     updates_per_epoch,
 )
-from transformer.files import read_jsonl
+from transformer.flops import training_flops
 from transformer.logs import (
     Log,
     StepLog,
@@ -747,6 +746,7 @@ from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
+from transformer.records import read_jsonl
 from transformer.run_checkpoints import (
     RunFolder,
     averaged_model,
@@ -943,7 +943,7 @@ from tqdm import tqdm
 
 from transformer.checkpoint import Progress
 from transformer.distributed import Distributed, all_sum
-from transformer.files import append_jsonl
+from transformer.records import append_jsonl
 from transformer.train_config import TrainConfig
 from transformer.validation import Validation
 
@@ -1530,7 +1530,7 @@ import json
 
 import pandas as pd
 
-from transformer.counts import training_flops
+from transformer.flops import training_flops
 from transformer.multi30k import load_pairs
 from transformer.paths import CHECKPOINTS_DIR
 from transformer.precision import precision_for

@@ -29,12 +29,12 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.epoch_data import TrainingData
-from transformer.files import atomic_folder
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
 from transformer.multi30k import PAIRS, load_pairs
 from transformer.paths import CHECKPOINTS_DIR
+from transformer.records import atomic_folder
 from transformer.run_checkpoints import average_checkpoints, latest_checkpoint
 from transformer.schedule import make_optimizer
 from transformer.trainer import train

@@ -41,12 +41,12 @@ from transformer.config_checks import config_from_dict
 from transformer.distributed import seed_update
 from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.epoch_data import TrainingData
-from transformer.files import read_jsonl
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.multi30k import PAIRS, DataError
 from transformer.paths import CACHE_DIR, CHECKPOINTS_DIR, DATA_DIR
 from transformer.precision import default_precision, precision_for
+from transformer.records import read_jsonl
 from transformer.run_checkpoints import (
     average_checkpoints,
     check_recipe,

@@ -22,11 +22,11 @@ from pathlib import Path
 from transformer.atomic import atomic_write
 from transformer.checked_data import expected_checksums, load_pairs
 from transformer.encoded_split import EncodedSplit
-from transformer.fast_words import pretokenize, with_fast_words
 from transformer.multi30k import SPLITS, DataError, check_split, parse_pair
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, train_bpe
 from transformer.vocabulary import TokenizerError
+from transformer.words import pretokenize, with_fast_words
 
 from . import layout
 

@@ -32,7 +32,6 @@ from transformer.batches import Batch
 from transformer.checked_batches import collate
 from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
-from transformer.counts import training_flops
 from transformer.distributed import (
     Distributed,
     all_sum,
@@ -48,7 +47,7 @@ from transformer.epoch_data import (
     prepare_epochs,
     updates_per_epoch,
 )
-from transformer.files import read_jsonl
+from transformer.flops import training_flops
 from transformer.logs import (
     Log,
     StepLog,
@@ -65,6 +64,7 @@ from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
+from transformer.records import read_jsonl
 from transformer.run_checkpoints import (
     RunFolder,
     averaged_model,

@@ -1,6 +1,7 @@
 # Generated from chapters/a03_text_and_tokenizer.ipynb: edit it, not this file.
 """The package's words: the chapter's tokenizer with spaCy's French rules
-built fast (transformer.french), for every reader of text in the package."""
+built fast (transformer.spacy_french), for every reader of text in the
+package."""
 
 # %% auto #0
 __all__ = [
@@ -32,7 +33,7 @@ def spacy_tokenizer(language: str):
 def _french():
     if importlib.util.find_spec("spacy") is None:
         return chapter.spacy_tokenizer("fr")  # its one-line error
-    from transformer.french import french_tokenizer  # imports spaCy
+    from transformer.spacy_french import french_tokenizer  # imports spaCy
 
     return french_tokenizer()
 
