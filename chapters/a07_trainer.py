@@ -75,10 +75,10 @@ scratch = Path(tempfile.mkdtemp())  # the runs of this appendix
 # - **Copies that overlap.** Batches go to the device with `non_blocking=True`, and the summed loss
 #   stays there: reading a GPU value waits for the GPU.
 #
-# `run_step` also refuses a loss that is not summed and an update without tokens.
+# `trainer_step` also refuses a loss that is not summed and an update without tokens.
 
 # %%
-#| export run_step
+#| export trainer_step
 """The update of a training run: the training chapter's `train_step` on
 several processes (DistributedDataParallel) and under 16-bit autocast, with a
 float16 run's loss scaling."""
@@ -94,7 +94,7 @@ from transformer.loss import LabelSmoothingLoss
 from transformer.training_loop import batch_log_probs
 
 
-def run_step(
+def trainer_step(
     model: nn.Module,
     batches: Sequence[Batch],
     *,
@@ -145,12 +145,12 @@ def run_step(
 
 
 # %% [markdown]
-# In one process and in float32, `run_step` makes the chapter's update exactly: three updates of
-# a tiny model over two micro-batches each end with the same weights, bit for bit.
+# In one process and in float32, `trainer_step` makes the chapter's update exactly: three updates
+# of a tiny model over two micro-batches each end with the same weights, bit for bit.
 
 # %%
-from transformer.run_step import run_step
 from transformer.schedule import make_optimizer
+from transformer.trainer_step import trainer_step
 from transformer.training_loop import train_step
 
 tiny = TransformerConfig(
@@ -162,7 +162,7 @@ ids = dict(pad_id=0, bos_id=1, eos_id=2)  # then ten symbols, 3 to 12
 parts = [collate(pairs[:3], **ids), collate(pairs[3:], **ids)]
 tokens = sum(batch.n_tgt_tokens for batch in parts)
 weights, losses = [], []
-for step in (train_step, run_step):
+for step in (train_step, trainer_step):
     torch.manual_seed(0)
     model = Transformer(tiny)
     optimizer, scheduler = make_optimizer(model, d_model=32, warmup=10)
@@ -199,7 +199,7 @@ fp16 = dict(autocast=torch.float16, scaler=scaler)
 taken = []  # whether each update changed the weights
 while not any(taken) and len(taken) < 24:
     before = [p.detach().clone() for p in model.parameters()]
-    run_step(model, parts, tokens=tokens, **fp16, **step)
+    trainer_step(model, parts, tokens=tokens, **fp16, **step)
     after = model.parameters()
     changed = (
         not torch.equal(a, b) for a, b in zip(before, after, strict=True)
@@ -219,7 +219,7 @@ assert skipped > 0 and scaler.get_scale() == 2.0**24 / 2**skipped
 # Adam, one kernel per update.
 
 # %%
-#| export run_optimizer
+#| export trainer_optimizer
 """The optimiser of a training run: the schedule chapter's Adam and learning
 rate over a model, its parameters or parameter groups, checked, and fused on a
 GPU."""
@@ -254,7 +254,7 @@ def _param_groups(params: nn.Module | Iterable) -> list:
     ]
 
 
-def run_optimizer(
+def trainer_optimizer(
     model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
     *,
     d_model: int,
@@ -267,7 +267,9 @@ def run_optimizer(
     params = _param_groups(model_or_params)
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
     if not groups or not all(groups):
-        raise ValueError("run_optimizer got no parameters (or an empty group)")
+        raise ValueError(
+            "trainer_optimizer got no parameters (or an empty group)"
+        )
     if any(isinstance(p, dict) and "lr" in p for p in params):
         # LambdaLR would multiply a group's own lr by the schedule.
         raise ValueError(
@@ -291,15 +293,17 @@ def run_optimizer(
 # %%
 from torch import nn
 
-from transformer.run_optimizer import run_optimizer
+from transformer.trainer_optimizer import trainer_optimizer
 
 layers = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
 groups = [{"params": layer.parameters()} for layer in layers]
-optimizer, scheduler = run_optimizer(groups, d_model=64, warmup=10)
+optimizer, scheduler = trainer_optimizer(groups, d_model=64, warmup=10)
 for group in optimizer.param_groups:
     print(f"{len(group['params'])} tensors, lr {group['lr']:.2e}")
 try:
-    run_optimizer([{"params": layers.parameters(), "lr": 1e-3}], d_model=64)
+    trainer_optimizer(
+        [{"params": layers.parameters(), "lr": 1e-3}], d_model=64
+    )
 except ValueError as err:
     print("ValueError:", err)
 
@@ -747,7 +751,11 @@ from transformer.model import Transformer
 from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
 from transformer.records import read_jsonl
-from transformer.run_checkpoints import (
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import TrainConfig
+from transformer.trainer_optimizer import trainer_optimizer
+from transformer.trainer_step import trainer_step
+from transformer.training_checkpoints import (
     RunFolder,
     averaged_model,
     last_epochs,
@@ -756,10 +764,6 @@ from transformer.run_checkpoints import (
     run_record,
     trainer_state,
 )
-from transformer.run_optimizer import run_optimizer
-from transformer.run_step import run_step
-from transformer.tokenizer import Tokenizer
-from transformer.train_config import TrainConfig
 from transformer.validation import Validation, count_words, validate
 
 
@@ -792,7 +796,7 @@ def _build(
     the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
-    optimizer, scheduler = run_optimizer(
+    optimizer, scheduler = trainer_optimizer(
         model,
         d_model=model_config.d_model,
         warmup=config.warmup,
@@ -1306,7 +1310,7 @@ class Trainer:
         tokens = int(pairs.tgt_tokens[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
-        loss = run_step(
+        loss = trainer_step(
             self.step_model,
             mine,
             criterion=self.criterion,

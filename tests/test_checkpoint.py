@@ -35,9 +35,9 @@ from transformer.model import Transformer
 from transformer.multi30k import PAIRS, load_pairs
 from transformer.paths import CHECKPOINTS_DIR
 from transformer.records import atomic_folder
-from transformer.run_checkpoints import average_checkpoints, latest_checkpoint
 from transformer.schedule import make_optimizer
 from transformer.trainer import train
+from transformer.training_checkpoints import average_checkpoints, latest_checkpoint
 from transformer.training_loop import load_trained, train_step
 
 # The module: `transformer.trainer` as an attribute of the package is the function train.

@@ -28,7 +28,7 @@ LAYERS = [
     },
     {
         "train_config", "training_loop", "validation", "epoch_data", "logs",
-        "run_checkpoints", "rdrop", "trainer", "run_optimizer", "run_step",
+        "training_checkpoints", "rdrop", "trainer", "trainer_optimizer", "trainer_step",
         "precision",
     },
     {

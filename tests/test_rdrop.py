@@ -22,9 +22,9 @@ from transformer.checkpoint import CheckpointError, Progress, load_model
 from transformer.cli.train import config_from_args, train_parser
 from transformer.loss import LabelSmoothingLoss
 from transformer.rdrop import RDropLoss, doubled
-from transformer.run_step import run_step
 from transformer.train_config import TrainConfig
 from transformer.trainer import train
+from transformer.trainer_step import trainer_step
 from transformer.training_loop import batch_log_probs
 from transformer.validation import validate
 
@@ -141,11 +141,13 @@ def test_a_run_with_r_drop_trains_counts_two_passes_and_keeps_its_alpha(
 
     def spy(model, batches, *, criterion, **kwargs):
         seen.append((criterion, batches))
-        return run_step(model, batches, criterion=criterion, **kwargs)
+        return trainer_step(model, batches, criterion=criterion, **kwargs)
 
     runs = {}
     for r_drop in (0.0, 1.0):
-        monkeypatch.setattr(train_module, "run_step", spy if r_drop else run_step)
+        monkeypatch.setattr(
+            train_module, "trainer_step", spy if r_drop else trainer_step
+        )
         out = tmp_path / f"r_drop-{r_drop}"
         config = tiny_config(out, epochs=2, max_steps=3, r_drop=r_drop)
         runs[r_drop] = out, train(config, data=data, echo=False)

@@ -47,12 +47,6 @@ from transformer.multi30k import PAIRS, DataError
 from transformer.paths import CACHE_DIR, CHECKPOINTS_DIR, DATA_DIR
 from transformer.precision import default_precision, precision_for
 from transformer.records import read_jsonl
-from transformer.run_checkpoints import (
-    average_checkpoints,
-    check_recipe,
-    latest_checkpoint,
-)
-from transformer.run_step import run_step
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train_config import (
@@ -68,6 +62,12 @@ from transformer.train_config import (
     quick_config,
 )
 from transformer.trainer import Trainer, TrainResult, train
+from transformer.trainer_step import trainer_step
+from transformer.training_checkpoints import (
+    average_checkpoints,
+    check_recipe,
+    latest_checkpoint,
+)
 from transformer.training_loop import batch_log_probs, train_loop, train_step
 from transformer.validation import count_words, validate
 
@@ -216,9 +216,9 @@ def test_accumulated_micro_batches_make_the_update_of_one_batch():
 
 
 def test_the_runs_step_makes_the_chapters_update():
-    """In one process and in float32, run_step (the Trainer's update) is the training
+    """In one process and in float32, trainer_step (the Trainer's update) is the training
     chapter's train_step: the same gradients and weights, bit for bit, update after update,
-    micro-batches accumulated, and the same loss (which run_step sums in float32)."""
+    micro-batches accumulated, and the same loss (which trainer_step sums in float32)."""
     pairs = copy_pairs(10, seed=3)
     parts = [
         collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
@@ -229,7 +229,7 @@ def test_the_runs_step_makes_the_chapters_update():
     chapter, run = tiny_model(), tiny_model()
     steps = [
         (train_step, chapter, *make_optimizer(chapter, d_model=16, warmup=10)),
-        (run_step, run, *make_optimizer(run, d_model=16, warmup=10)),
+        (trainer_step, run, *make_optimizer(run, d_model=16, warmup=10)),
     ]
     for _ in range(4):
         ours, theirs = (
@@ -257,14 +257,14 @@ def test_the_runs_step_wants_a_summed_loss_and_tokens():
     batch = collate(copy_pairs(2, seed=1), pad_id=0, bos_id=1, eos_id=2)
     kwargs = dict(optimizer=optimizer, scheduler=scheduler)
     with pytest.raises(ValueError, match="reduction"):
-        run_step(
+        trainer_step(
             model, [batch], criterion=LabelSmoothingLoss(pad_id=0), tokens=5, **kwargs
         )
     summed = LabelSmoothingLoss(pad_id=0, reduction="sum")
     with pytest.raises(ValueError, match="no batches or no tokens"):
-        run_step(model, [], criterion=summed, tokens=5, **kwargs)
+        trainer_step(model, [], criterion=summed, tokens=5, **kwargs)
     with pytest.raises(ValueError, match="no batches or no tokens"):
-        run_step(model, [batch], criterion=summed, tokens=0, **kwargs)
+        trainer_step(model, [batch], criterion=summed, tokens=0, **kwargs)
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -1105,14 +1105,14 @@ def test_the_time_limit_reserves_the_longest_stretch_between_two_checks(
     the limit (66 s)."""
     data = tiny_data(n_train=200)  # 28 batches an epoch
     clock = [0.0]
-    step = train_module.run_step
+    step = train_module.trainer_step
 
     def timed_step(*args, **kwargs):
         clock[0] += 1.0
         return step(*args, **kwargs)
 
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(train_module, "run_step", timed_step)
+    monkeypatch.setattr(train_module, "trainer_step", timed_step)
     config = tiny_config(tmp_path / "run", epochs=10, time_limit=1.0, average_last=0)
     trainer = Trainer(config, data=data, echo=False)
     trainer.clock.check_every = 10
@@ -1144,7 +1144,7 @@ def _ddp_worker(rank: int, world: int, folder: str) -> None:
         ddp = DistributedDataParallel(model)
         optimizer, scheduler = make_optimizer(ddp, d_model=16, warmup=10)
         criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
-        run_step(
+        trainer_step(
             ddp,
             [half],
             criterion=criterion,
@@ -1460,7 +1460,7 @@ def test_a_run_records_and_prints_its_precision(tmp_path: Path, data, monkeypatc
 
 
 def test_a_float16_step_scales_its_loss_and_skips_an_overflow():
-    """Under float16 autocast (on the CPU too) run_step scales the loss: an update whose
+    """Under float16 autocast (on the CPU too) trainer_step scales the loss: an update whose
     scaled gradients overflow is skipped and the scale halved; a taken one gets gradients
     scaled back, those of float32 up to float16's rounding."""
     pairs = copy_pairs(10, seed=3)
@@ -1470,7 +1470,7 @@ def test_a_float16_step_scales_its_loss_and_skips_an_overflow():
     def stepped(**arithmetic) -> Transformer:
         model = tiny_model()
         optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
-        run_step(
+        trainer_step(
             model,
             [batch],
             criterion=criterion,

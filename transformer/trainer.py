@@ -65,7 +65,11 @@ from transformer.model import Transformer
 from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
 from transformer.records import read_jsonl
-from transformer.run_checkpoints import (
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import TrainConfig
+from transformer.trainer_optimizer import trainer_optimizer
+from transformer.trainer_step import trainer_step
+from transformer.training_checkpoints import (
     RunFolder,
     averaged_model,
     last_epochs,
@@ -74,10 +78,6 @@ from transformer.run_checkpoints import (
     run_record,
     trainer_state,
 )
-from transformer.run_optimizer import run_optimizer
-from transformer.run_step import run_step
-from transformer.tokenizer import Tokenizer
-from transformer.train_config import TrainConfig
 from transformer.validation import Validation, count_words, validate
 
 from . import layout
@@ -106,7 +106,7 @@ def _build(
     the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
-    optimizer, scheduler = run_optimizer(
+    optimizer, scheduler = trainer_optimizer(
         model,
         d_model=model_config.d_model,
         warmup=config.warmup,
@@ -382,7 +382,7 @@ class Trainer:
         tokens = int(pairs.tgt_tokens[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
-        loss = run_step(
+        loss = trainer_step(
             self.step_model,
             mine,
             criterion=self.criterion,
