@@ -641,7 +641,7 @@ def _french():
     return french_tokenizer()
 
 
-def pretokenize(
+def fast_pretokenize(
     texts: Sequence[str], language: str
 ) -> tuple[tuple[str, ...], ...]:
     """The chapter's `pretokenize`, French built fast."""
@@ -674,11 +674,11 @@ from transformer.tokenizer import VOCAB_SIZE, pretokenize, train_bpe
 
 french = {split: load_split(split, "fr") for split in SPLITS}
 for sentences in french.values():
-    fast = words.pretokenize(sentences, "fr")
+    fast = words.fast_pretokenize(sentences, "fr")
     assert fast == pretokenize(sentences, "fr")
 sources, targets = zip(*load_pairs("train", "fr-en"), strict=True)
-cut = words.pretokenize(sources, "fr")
-cut += words.pretokenize(targets, "en")
+cut = words.fast_pretokenize(sources, "fr")
+cut += words.fast_pretokenize(targets, "en")
 chapters_tokenizer = train_bpe(cut, VOCAB_SIZE, languages=PAIRS["fr-en"])
 folder = Path(tempfile.mkdtemp())
 chapters_tokenizer.save(folder / "tokenizer.json")

@@ -848,7 +848,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformer.bpe_dropout import BPEDropout
-from transformer.checked_batches import token_batches
+from transformer.checked_batches import checked_token_batches
 from transformer.distributed import Distributed, barrier
 from transformer.encoded_cache import load_encoded, prepare
 from transformer.encoded_split import EncodedSplit
@@ -902,7 +902,7 @@ def epoch_batches(
 ) -> list[np.ndarray]:
     """An epoch's batches of pair indices: token-bucketed, in an order drawn
     from (seed, epoch)."""
-    return token_batches(
+    return checked_token_batches(
         train.src_lengths + 1,  # + <eos>
         train.tgt_lengths + 1,  # + <bos> (input) or <eos> (output)
         max_tokens=config.max_tokens,
@@ -913,7 +913,7 @@ def epoch_batches(
 
 # %%
 #| export epoch_data
-def check_lengths(
+def check_longest(
     config: TrainConfig,
     data: TrainingData,
     max_len: int,
@@ -1004,7 +1004,7 @@ def prepare_epochs(
     )
     if bpe is not None:
         bpe.check(data.train)
-    check_lengths(config, data, max_len, bpe)
+    check_longest(config, data, max_len, bpe)
     # The batches of the epoch to come, in BPE's own spelling (BPE-dropout
     # changes their number only slightly): an epoch must give at least one
     # update.

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer.__main__ import main
 from transformer.bpe_dropout import BPEDropout
-from transformer.checked_batches import collate, token_batches
+from transformer.checked_batches import checked_collate, checked_token_batches
 from transformer.checkpoint import (
     CheckpointError,
     load_model,
@@ -199,10 +199,10 @@ def assert_same_update(
 
 def test_accumulated_micro_batches_make_the_update_of_one_batch():
     pairs = copy_pairs(10, seed=0)
-    full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    full = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
     parts = [
-        collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
-        collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
     ]
     a = one_update([full], full.n_tgt_tokens)
     b = one_update(parts, full.n_tgt_tokens)
@@ -221,8 +221,8 @@ def test_the_runs_step_makes_the_chapters_update():
     micro-batches accumulated, and the same loss (which trainer_step sums in float32)."""
     pairs = copy_pairs(10, seed=3)
     parts = [
-        collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
-        collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
     ]
     tokens = sum(b.n_tgt_tokens for b in parts)
     criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
@@ -254,7 +254,7 @@ def test_the_runs_step_makes_the_chapters_update():
 def test_the_runs_step_wants_a_summed_loss_and_tokens():
     model = tiny_model()
     optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
-    batch = collate(copy_pairs(2, seed=1), pad_id=0, bos_id=1, eos_id=2)
+    batch = checked_collate(copy_pairs(2, seed=1), pad_id=0, bos_id=1, eos_id=2)
     kwargs = dict(optimizer=optimizer, scheduler=scheduler)
     with pytest.raises(ValueError, match="reduction"):
         trainer_step(
@@ -279,7 +279,7 @@ def test_word_perplexity_divides_the_total_nll_by_the_words():
         TransformerConfig.small(data.tokenizer.vocab_size, **TINY_MODEL)
     )
     tok = data.tokenizer
-    batch = collate(
+    batch = checked_collate(
         [data.val[i] for i in range(len(data.val))],
         pad_id=tok.pad_id,
         bos_id=tok.bos_id,
@@ -303,7 +303,9 @@ def test_the_validation_loss_is_label_smoothed_and_the_nll_is_not():
     model = Transformer(TransformerConfig.small(tok.vocab_size, **TINY_MODEL))
     ids = dict(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
     batches = [
-        collate([data.val[i] for i in range(k, min(k + 5, len(data.val)))], **ids)
+        checked_collate(
+            [data.val[i] for i in range(k, min(k + 5, len(data.val)))], **ids
+        )
         for k in range(0, len(data.val), 5)
     ]
     tokens = sum(b.n_tgt_tokens for b in batches)
@@ -682,8 +684,8 @@ def chapter_run(config: TrainConfig, data: TrainingData) -> tuple[list, float]:
     def epoch_batches(epoch: int):
         lengths = (data.train.src_lengths + 1, data.train.tgt_lengths + 1)
         order = dict(max_tokens=config.max_tokens, seed=config.seed, epoch=epoch)
-        for index in token_batches(*lengths, **order):
-            batch = collate([data.train[i] for i in index], **ids, index=index)
+        for index in checked_token_batches(*lengths, **order):
+            batch = checked_collate([data.train[i] for i in index], **ids, index=index)
             seed_update(config.seed, next(updates), 0)  # the Trainer's dropout masks
             yield batch
 
@@ -760,7 +762,7 @@ def test_every_update_uses_the_learning_rate_of_equation_3(
 
     monkeypatch.setattr(torch.optim.Adam, "step", watched)
     epoch = len(
-        token_batches(
+        checked_token_batches(
             data.train.src_lengths + 1, data.train.tgt_lengths + 1, max_tokens=48
         )
     )
@@ -1138,8 +1140,8 @@ def _ddp_worker(rank: int, world: int, folder: str) -> None:
     try:
         # One update: each process takes half of the batch.
         pairs = copy_pairs(10, seed=0)
-        full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
-        half = collate(pairs[rank::world], pad_id=0, bos_id=1, eos_id=2)
+        full = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+        half = checked_collate(pairs[rank::world], pad_id=0, bos_id=1, eos_id=2)
         model = tiny_model()
         ddp = DistributedDataParallel(model)
         optimizer, scheduler = make_optimizer(ddp, d_model=16, warmup=10)
@@ -1169,7 +1171,7 @@ def test_two_processes_make_the_update_of_one(tmp_path: Path, data):
     mp.spawn(_ddp_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
 
     pairs = copy_pairs(10, seed=0)
-    full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    full = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
     one = one_update([full], full.n_tgt_tokens)
     assert_same_update(one, safetensors.torch.load_file(tmp_path / "step.safetensors"))
 
@@ -1464,7 +1466,7 @@ def test_a_float16_step_scales_its_loss_and_skips_an_overflow():
     scaled gradients overflow is skipped and the scale halved; a taken one gets gradients
     scaled back, those of float32 up to float16's rounding."""
     pairs = copy_pairs(10, seed=3)
-    batch = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    batch = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
     criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
 
     def stepped(**arithmetic) -> Transformer:

@@ -8,7 +8,7 @@ __all__ = [
     "TrainingData",
     "load_training_data",
     "epoch_batches",
-    "check_lengths",
+    "check_longest",
     "updates_per_epoch",
     "dropped_warning",
     "prepare_epochs",
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformer.bpe_dropout import BPEDropout
-from transformer.checked_batches import token_batches
+from transformer.checked_batches import checked_token_batches
 from transformer.distributed import Distributed, barrier
 from transformer.encoded_cache import load_encoded, prepare
 from transformer.encoded_split import EncodedSplit
@@ -79,7 +79,7 @@ def epoch_batches(
 ) -> list[np.ndarray]:
     """An epoch's batches of pair indices: token-bucketed, in an order drawn
     from (seed, epoch)."""
-    return token_batches(
+    return checked_token_batches(
         train.src_lengths + 1,  # + <eos>
         train.tgt_lengths + 1,  # + <bos> (input) or <eos> (output)
         max_tokens=config.max_tokens,
@@ -89,7 +89,7 @@ def epoch_batches(
 
 
 # %% ../chapters/a05_run_setup.ipynb #ac92befc
-def check_lengths(
+def check_longest(
     config: TrainConfig,
     data: TrainingData,
     max_len: int,
@@ -173,7 +173,7 @@ def prepare_epochs(
     )
     if bpe is not None:
         bpe.check(data.train)
-    check_lengths(config, data, max_len, bpe)
+    check_longest(config, data, max_len, bpe)
     # The batches of the epoch to come, in BPE's own spelling (BPE-dropout
     # changes their number only slightly): an epoch must give at least one
     # update.

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
 from transformer.batches import Batch
-from transformer.checked_batches import collate
+from transformer.checked_batches import checked_collate
 from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
 from transformer.distributed import (
@@ -171,7 +171,7 @@ def _collate_share(
     """This process's batches of an update: every world_size-th, from its rank
     on."""
     return [
-        collate(
+        checked_collate(
             [train[i] for i in index],
             pad_id=tokenizer.pad_id,
             bos_id=tokenizer.bos_id,

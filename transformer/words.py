@@ -6,7 +6,7 @@ package."""
 # %% auto #0
 __all__ = [
     "spacy_tokenizer",
-    "pretokenize",
+    "fast_pretokenize",
     "with_fast_words",
     "load_tokenizer",
 ]
@@ -38,7 +38,7 @@ def _french():
     return french_tokenizer()
 
 
-def pretokenize(
+def fast_pretokenize(
     texts: Sequence[str], language: str
 ) -> tuple[tuple[str, ...], ...]:
     """The chapter's `pretokenize`, French built fast."""
