@@ -158,7 +158,7 @@ FOLDER: Check = (
     lambda v: v is None or isinstance(v, str | Path),
     "must be a folder's path or None",
 )
-FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+BOOLEAN: Check = (lambda v: isinstance(v, bool), "must be True or False")
 SHARE: Check = (
     lambda v: _share(v) and not isinstance(v, bool),
     "must be in [0, 1)",
@@ -465,7 +465,7 @@ class TrainConfig:
         choices=PRECISIONS,
     )
     compile: bool = option(
-        False, on_resume="free", help="torch.compile the model", check=FLAG
+        False, on_resume="free", help="torch.compile the model", check=BOOLEAN
     )
     average_last: int = option(
         5,
@@ -979,7 +979,7 @@ def dropped_warning(
 
 
 # %% [markdown]
-# Under BPE-dropout each epoch spells the training words anew, from (seed, epoch). `Spellings`
+# Under BPE-dropout each epoch spells the training words anew, from (seed, epoch). `EpochSplits`
 # hands the loop each epoch's spelling and, on a GPU, has a second process spell the next epoch
 # meanwhile; the checks above count a sentence in its longest possible spelling.
 
@@ -992,7 +992,7 @@ def prepare_epochs(
     max_len: int,
     processes: int,
     epoch: int,
-) -> tuple["Spellings", int]:
+) -> tuple["EpochSplits", int]:
     """The checks made before the first update (every sentence fits a batch and
     the model; epoch `epoch`, the one to come, gives an update), and the
     spellings of the epochs. Returns them and the number of batches of epoch
@@ -1010,10 +1010,10 @@ def prepare_epochs(
     # update.
     first = len(epoch_batches(data.train, epoch, config))
     updates_per_epoch(first, config.accumulation, processes)
-    return Spellings(data.train, bpe, config), first
+    return EpochSplits(data.train, bpe, config), first
 
 
-class Spellings:
+class EpochSplits:
     """The training split as each epoch spells it: BPE's own spelling, or with
     BPE-dropout a new one each epoch, a function of (seed, epoch). With
     `prefetch` a second process spells the next epoch while this one trains."""

@@ -1157,7 +1157,9 @@ class _EpochPairs:
     flops: np.ndarray  # (pairs,)
 
     @classmethod
-    def of(cls, train: EncodedSplit, model: nn.Module, r_drop: float) -> Self:
+    def from_split(
+        cls, train: EncodedSplit, model: nn.Module, r_drop: float
+    ) -> Self:
         """The pairs `train` that `model` trains on, R-Drop if `r_drop`."""
         # a source with its <eos>; a target with its <bos> (input) or <eos>
         src, tgt = train.src_lengths + 1, train.tgt_lengths + 1
@@ -1205,12 +1207,12 @@ class Trainer:
         self.model_config = c.model_config(tokenizer.vocab_size)
         max_len = self.model_config.max_len
         epoch = Progress.read(checkpoint).epoch if checkpoint else 0
-        self.spellings, first = prepare_epochs(
+        self.epoch_splits, first = prepare_epochs(
             c, self.data, max_len, env.world_size, epoch
         )
         # With a GPU a second process spells the next epoch while this one
         # trains; on a CPU the training itself keeps every core busy.
-        self.spellings.prefetch = self.device.type == "cuda"
+        self.epoch_splits.prefetch = self.device.type == "cuda"
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
@@ -1262,7 +1264,7 @@ class Trainer:
                 self._average()
         finally:
             self.log.close()
-            self.spellings.close()
+            self.epoch_splits.close()
         metrics = read_jsonl(self.out / layout.METRICS)
         return TrainResult(self.out, stopped, p.step, metrics)
 
@@ -1271,7 +1273,9 @@ class Trainer:
         reason); returns it, the updates made and the share of the epoch's
         batches used."""
         c, p, env, clock = self.config, self.progress, self.env, self.clock
-        pairs = _EpochPairs.of(self.spellings(p.epoch), self.model, c.r_drop)
+        pairs = _EpochPairs.from_split(
+            self.epoch_splits(p.epoch), self.model, c.r_drop
+        )
         batches = epoch_batches(pairs.train, p.epoch, c)
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)

@@ -873,11 +873,11 @@ def test_bpe_dropout_prefetched_in_a_second_process_trains_the_same(tmp_path: Pa
     config = functools.partial(tiny_config, bpe_dropout=0.3, average_last=0)
     here = train(config(tmp_path / "here"), data=data, echo=False)
     trainer = Trainer(config(tmp_path / "ahead"), data=data, echo=False)
-    assert not trainer.spellings.prefetch  # on a CPU
-    trainer.spellings.prefetch = True
+    assert not trainer.epoch_splits.prefetch  # on a CPU
+    trainer.epoch_splits.prefetch = True
     ahead = trainer.run()
     # used, and nothing left over
-    assert trainer.spellings.pool is not None and not trainer.spellings.ahead
+    assert trainer.epoch_splits.pool is not None and not trainer.epoch_splits.ahead
     assert _comparable(ahead.metrics) == _comparable(here.metrics)
     folder = "checkpoints/epoch-002"
     for name, value in weights_of(tmp_path / "here" / folder).items():

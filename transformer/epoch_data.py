@@ -12,7 +12,7 @@ __all__ = [
     "updates_per_epoch",
     "dropped_warning",
     "prepare_epochs",
-    "Spellings",
+    "EpochSplits",
 ]
 
 # %% ../chapters/a05_run_setup.ipynb #57424a89
@@ -161,7 +161,7 @@ def prepare_epochs(
     max_len: int,
     processes: int,
     epoch: int,
-) -> tuple["Spellings", int]:
+) -> tuple["EpochSplits", int]:
     """The checks made before the first update (every sentence fits a batch and
     the model; epoch `epoch`, the one to come, gives an update), and the
     spellings of the epochs. Returns them and the number of batches of epoch
@@ -179,10 +179,10 @@ def prepare_epochs(
     # update.
     first = len(epoch_batches(data.train, epoch, config))
     updates_per_epoch(first, config.accumulation, processes)
-    return Spellings(data.train, bpe, config), first
+    return EpochSplits(data.train, bpe, config), first
 
 
-class Spellings:
+class EpochSplits:
     """The training split as each epoch spells it: BPE's own spelling, or with
     BPE-dropout a new one each epoch, a function of (seed, epoch). With
     `prefetch` a second process spells the next epoch while this one trains."""
