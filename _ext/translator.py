@@ -152,10 +152,10 @@ def language_name(code: str) -> str:
 
 
 def package_spacy_tokenizer(language: str):
-    """The spaCy tokenizer that the package's `pretokenize` applies to `language`."""
+    """The spaCy tokenizer that the package's `fast_pretokenize` applies to `language`."""
     # The package's own, whatever it is built from (spaCy's blank tokenizer, or a faster
     # build of the same rules).
-    from transformer.fast_words import spacy_tokenizer
+    from transformer.words import spacy_tokenizer
 
     return spacy_tokenizer(language)
 

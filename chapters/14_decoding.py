@@ -210,10 +210,13 @@ def greedy_decode(
         ys, log_prob = torch.tensor([[bos_id]], device=src.device), 0.0
         for _ in range(output_limit(src.size(1), model.config.max_len)):
             if use_cache:  # the newest token; the cache holds the others
-                step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
+                token_log_p = decode_step(
+                    model, ys[:, -1:], memory, src_mask, cache
+                )
             else:  # the whole output so far, under the causal mask
-                step = next_log_probs(model, ys, memory, src_mask)
-            best, token = forbid_specials(step[0], **specials).max(dim=-1)
+                token_log_p = next_log_probs(model, ys, memory, src_mask)
+            token_log_p = forbid_specials(token_log_p[0], **specials)  # (V,)
+            best, token = token_log_p.max(dim=-1)
             ys, log_prob = (
                 torch.cat([ys, token.view(1, 1)], 1),
                 log_prob + best,
@@ -465,13 +468,15 @@ def beam_search(
         ended, length = src.new_zeros(K, dtype=torch.bool), src.new_zeros(K)
         best = Hypothesis([], -torch.inf, -torch.inf, ended=False)
         for t in range(limit):
-            step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
-            step = forbid_specials(step, **ids)  # (K, V): log p(next token)
-            V = step.size(1)
-            step[ended] = -torch.inf  # an ended beam's one extension:
-            step[ended, pad_id] = 0.0  # a padding token, at no cost
+            token_log_p = decode_step(
+                model, ys[:, -1:], memory, src_mask, cache
+            )
+            token_log_p = forbid_specials(token_log_p, **ids)  # (K, V)
+            V = token_log_p.size(1)
+            token_log_p[ended] = -torch.inf  # an ended beam's one extension:
+            token_log_p[ended, pad_id] = 0.0  # a padding token, at no cost
             length = torch.where(ended, length, t + 1)  # (K,): |Y|
-            log_p_next = log_p[:, None] + step  # (K, V)
+            log_p_next = log_p[:, None] + token_log_p  # (K, V)
             lp = length_penalty(length, alpha)  # (K,)
             score, index = (log_p_next / lp[:, None]).flatten().topk(K)
             parent, token = index // V, index % V  # (K,) each
@@ -494,23 +499,23 @@ def beam_search(
 #   it has `ended` (output EOS), and its `length` $|Y|$. Only the first beam starts open, at
 #   $\log p = 0$, the others at $-\infty$, so that the beams are not $K$ copies of BOS. `best` is
 #   the best ended output so far.
-# - **Lines 29–30.** Each beam's next-token log-probabilities, $(K, V)$: one cached decoder step.
-# - **Lines 32–33.** An ended beam's one extension is itself plus padding, at log-probability 0:
+# - **Lines 29–32.** Each beam's next-token log-probabilities, $(K, V)$: one cached decoder step.
+# - **Lines 34–35.** An ended beam's one extension is itself plus padding, at log-probability 0:
 #   its $\log p$ stays, and it competes with the open beams until $K$ of their extensions score
 #   higher. So $K = 1$ is exactly greedy decoding.
-# - **Line 34.** `length` becomes the $|Y|$ of each beam's extensions: $t + 1$ for an open beam,
+# - **Line 36.** `length` becomes the $|Y|$ of each beam's extensions: $t + 1$ for an open beam,
 #   unchanged for an ended one, whose $lp$ stops growing.
-# - **Lines 35–37.** Every extension's $\log p$ over its beam's $lp$ (`lp[:, None]` spreads it
+# - **Lines 37–39.** Every extension's $\log p$ over its beam's $lp$ (`lp[:, None]` spreads it
 #   over the beam's row); `topk` keeps the best $K$ of these $K \cdot V$ scores, best first.
-# - **Line 38.** A kept candidate's `index` into the flattened scores names its `parent` beam and
+# - **Line 40.** A kept candidate's `index` into the flattened scores names its `parent` beam and
 #   its `token`.
-# - **Lines 39–42.** Each kept candidate becomes a beam: its parent's row in `ys` plus the token,
+# - **Lines 41–44.** Each kept candidate becomes a beam: its parent's row in `ys` plus the token,
 #   its parent's cache, its own `log_p`, its parent's `length`. It has ended if its parent had,
 #   if the token is EOS, or at the length limit.
-# - **Lines 44–46. Keep aside.** An open beam's score can *rise* as it grows, since $lp$ grows
+# - **Lines 46–48. Keep aside.** An open beam's score can *rise* as it grows, since $lp$ grows
 #   too, and push an ended beam out of the $K$. So the best ended output is kept outside the
 #   beam, in `best`: the result is never worse than an output the search once held.
-# - **Lines 47–48. Stop.** The paper terminates "early when possible". An open beam's $\log p$
+# - **Lines 49–50. Stop.** The paper terminates "early when possible". An open beam's $\log p$
 #   can only fall, and $lp$ only grow up to the length limit, so it can score at most
 #   $\log p / lp(\text{limit})$, `reachable`. Once `best` scores that much, no later step can
 #   change the result.

@@ -18,8 +18,8 @@
 #
 # On the data chapter's code this appendix builds what makes the text dependable and fast: the
 # loaders with a check of every data file first (`transformer.checked_data`), spaCy's French
-# tokenizer built in a fraction of a second (`transformer.french`, handed to the tokenizer by
-# `transformer.fast_words`), and the tokenizer's file, with the errors a damaged one gives.
+# tokenizer built in a fraction of a second (`transformer.spacy_french`, handed to the tokenizer
+# by `transformer.words`), and the tokenizer's file, with the errors a damaged one gives.
 
 # %% tags=["colab-setup", "hide-input"]
 # Colab set-up: clone and install the book's package when it is not installed.
@@ -41,7 +41,7 @@ if importlib.util.find_spec("transformer") is None:
 
 
 # %% tags=["remove-cell"]
-#| default_exp french
+#| default_exp spacy_french
 
 # %% [markdown]
 # ## Where the data and the models are
@@ -246,15 +246,15 @@ for case, attempt in attempts.items():
 # are 482 copies of the same few Unicode letter classes, and `re` case-folds every letter of
 # every copy.
 #
-# `transformer.french` builds the same tokenizer from the same rules without that compile. Its
-# `regroup` rewrites an alternation so that each big character class is written once per group
+# `transformer.spacy_french` builds the same tokenizer from the same rules without that compile.
+# Its `regroup` rewrites an alternation so that each big character class is written once per group
 # of alternatives that share it: `^anti-[L]+$|^auto-[L]+$` becomes `(?:^anti-|^auto-)[L]+$`, which
 # accepts the same strings. It merges only where that is sure to be so: the differing text lies
 # outside every parenthesis (so under no quantifier), is balanced, has no `|` of its own and starts
 # with no quantifier, and the pattern refers to no group by number or name.
 
 # %%
-#| export french
+#| export spacy_french
 """spaCy's French tokenizer, built in a fraction of a second: the same rules
 as `spacy.blank("fr")`, whose one slow regular expression is rewritten to
 match the same words."""
@@ -348,7 +348,7 @@ def _depth_after(pattern: str) -> int:
 
 
 # %%
-#| export french
+#| export spacy_french
 def _mergeable(fragment: str) -> bool:
     """Whether `fragment`, found outside all parentheses of its alternative
     (so under no quantifier), means the same as one option of
@@ -448,7 +448,7 @@ def regroup(pattern: str) -> str:
 
 
 # %%
-#| export french
+#| export spacy_french
 class SourceChanged(Exception):
     """spaCy's French files no longer have the shape this module reads."""
 
@@ -519,7 +519,7 @@ def _run_french_file(
 
 
 # %%
-#| export french
+#| export spacy_french
 @cache
 def _french_settings() -> dict[str, Any]:
     """The keyword arguments with which `spacy.blank("fr")` makes its
@@ -580,8 +580,8 @@ def french_tokenizer() -> Tokenizer:
 # %%
 import spacy
 
-from transformer.french import french_tokenizer, regroup
 from transformer.multi30k import load_split
+from transformer.spacy_french import french_tokenizer, regroup
 
 letters = "[" + "a-zà-ÿ" * 60 + "]"  # a class big enough to be regrouped
 toy = f"^anti-{letters}+$|^auto-{letters}+$"
@@ -604,16 +604,17 @@ print(
 # ## The package's words
 #
 # The chapter's `pretokenize` asks `splitter(language)` for the spaCy tokenizer of a language,
-# and a `Tokenizer` keeps that function as its `splitter`. `transformer.fast_words` gives the
+# and a `Tokenizer` keeps that function as its `splitter`. `transformer.words` gives the
 # package's: the fast build for French, spaCy's own for the other languages. Its
 # `load_tokenizer` reads a tokenizer's file with the chapter's `Tokenizer.load` and plugs it in;
 # the encoded cache, the shipped models and the command line read their tokenizers so, which
 # keeps `translate --pair fr-en` from waiting seconds for spaCy's slow compile.
 
 # %%
-#| export fast_words
+#| export words
 """The package's words: the chapter's tokenizer with spaCy's French rules
-built fast (transformer.french), for every reader of text in the package."""
+built fast (transformer.spacy_french), for every reader of text in the
+package."""
 
 import importlib.util
 from collections.abc import Sequence
@@ -635,12 +636,12 @@ def spacy_tokenizer(language: str):
 def _french():
     if importlib.util.find_spec("spacy") is None:
         return chapter.spacy_tokenizer("fr")  # its one-line error
-    from transformer.french import french_tokenizer  # imports spaCy
+    from transformer.spacy_french import french_tokenizer  # imports spaCy
 
     return french_tokenizer()
 
 
-def pretokenize(
+def fast_pretokenize(
     texts: Sequence[str], language: str
 ) -> tuple[tuple[str, ...], ...]:
     """The chapter's `pretokenize`, French built fast."""
@@ -667,22 +668,22 @@ def load_tokenizer(path: Path) -> Tokenizer:
 import tempfile
 from pathlib import Path
 
-from transformer import fast_words
+from transformer import words
 from transformer.multi30k import PAIRS, SPLITS, load_pairs, load_split
 from transformer.tokenizer import VOCAB_SIZE, pretokenize, train_bpe
 
 french = {split: load_split(split, "fr") for split in SPLITS}
 for sentences in french.values():
-    fast = fast_words.pretokenize(sentences, "fr")
+    fast = words.fast_pretokenize(sentences, "fr")
     assert fast == pretokenize(sentences, "fr")
 sources, targets = zip(*load_pairs("train", "fr-en"), strict=True)
-words = fast_words.pretokenize(sources, "fr")
-words += fast_words.pretokenize(targets, "en")
-chapters_tokenizer = train_bpe(words, VOCAB_SIZE, languages=PAIRS["fr-en"])
+cut = words.fast_pretokenize(sources, "fr")
+cut += words.fast_pretokenize(targets, "en")
+chapters_tokenizer = train_bpe(cut, VOCAB_SIZE, languages=PAIRS["fr-en"])
 folder = Path(tempfile.mkdtemp())
 chapters_tokenizer.save(folder / "tokenizer.json")
-loaded = fast_words.load_tokenizer(folder / "tokenizer.json")
-assert loaded.splitter is fast_words.spacy_tokenizer
+loaded = words.load_tokenizer(folder / "tokenizer.json")
+assert loaded.splitter is words.spacy_tokenizer
 val = french["val"]
 assert loaded.encode_batch(val, "fr") == chapters_tokenizer.encode_batch(
     val, "fr"

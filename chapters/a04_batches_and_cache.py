@@ -121,7 +121,7 @@ def check_lengths(
 
 # %% [markdown]
 # `transformer.checked_batches` puts the checks in front of the chapter's two functions; its
-# `collate` also takes `max_len`, the model's positions.
+# `checked_collate` also takes `max_len`, the model's positions.
 
 # %%
 #| export checked_batches
@@ -129,7 +129,7 @@ import transformer.batches as chapter
 from transformer.batches import MAX_TOKENS, Batch
 
 
-def collate(
+def checked_collate(
     examples: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     pad_id: int,
@@ -149,7 +149,7 @@ def collate(
     return chapter.collate(examples, **ids, index=index)
 
 
-def token_batches(
+def checked_token_batches(
     src_lengths: Sequence[int],
     tgt_lengths: Sequence[int],
     *,
@@ -168,15 +168,17 @@ def token_batches(
 # Each check at work:
 
 # %%
-from transformer.checked_batches import collate, token_batches
+from transformer.checked_batches import checked_collate, checked_token_batches
 
 ids = dict(pad_id=0, bos_id=2, eos_id=3)
 for attempt in (
-    lambda: collate([], **ids),
-    lambda: collate([([5], [6]), ([7], [8])], **ids, index=[9]),
-    lambda: collate([([5] * 600, [6])], **ids, index=[41], max_len=512),
-    lambda: token_batches([3, 4], [3], max_tokens=100),
-    lambda: token_batches([3, 400], [3, 5], max_tokens=100),
+    lambda: checked_collate([], **ids),
+    lambda: checked_collate([([5], [6]), ([7], [8])], **ids, index=[9]),
+    lambda: checked_collate(
+        [([5] * 600, [6])], **ids, index=[41], max_len=512
+    ),
+    lambda: checked_token_batches([3, 4], [3], max_tokens=100),
+    lambda: checked_token_batches([3, 400], [3, 5], max_tokens=100),
 ):
     try:
         attempt()
@@ -354,16 +356,18 @@ class EncodedSplit:
 import numpy as np
 
 from transformer.encoded_split import EncodedSplit
-from transformer.fast_words import load_tokenizer, pretokenize
 from transformer.multi30k import DataError, load_split
 from transformer.paths import CHECKPOINTS_DIR
+from transformer.words import fast_pretokenize, load_tokenizer
 
 # the shipped de-en model's tokenizer, learned as the cache below learns it
 tokenizer = load_tokenizer(CHECKPOINTS_DIR / "de-en" / "tokenizer.json")
 
 german, english = load_split("val", "de"), load_split("val", "en")
-words = pretokenize(german, "de")
-split = EncodedSplit.from_words(tokenizer, words, pretokenize(english, "en"))
+words = fast_pretokenize(german, "de")
+split = EncodedSplit.from_words(
+    tokenizer, words, fast_pretokenize(english, "en")
+)
 # the first sentence with a word of several pieces
 i = next(i for i in range(len(split)) if len(split[i][0]) > len(words[i]))
 starts = split.src_starts[split.src_offsets[i] : split.src_offsets[i + 1]]
@@ -398,7 +402,7 @@ except DataError as err:
 
 
 # %%
-#| export files
+#| export records
 """Atomic folders and the JSON Lines records of a run."""
 
 import contextlib
@@ -503,7 +507,7 @@ import tempfile
 from pathlib import Path
 
 from transformer.atomic import atomic_write
-from transformer.files import atomic_folder
+from transformer.records import atomic_folder
 
 scratch = Path(tempfile.mkdtemp())
 with atomic_folder(scratch / "run") as tmp:
@@ -556,11 +560,11 @@ from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.checked_data import expected_checksums, load_pairs
 from transformer.encoded_split import EncodedSplit
-from transformer.fast_words import pretokenize, with_fast_words
 from transformer.multi30k import SPLITS, DataError, check_split, parse_pair
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, train_bpe
 from transformer.vocabulary import TokenizerError
+from transformer.words import fast_pretokenize, with_fast_words
 
 CACHE_FORMAT = "transformer-book encoded multi30k 2"
 
@@ -575,9 +579,9 @@ def train_tokenizer(
     its (source, target) sentence pairs: give it the training split, and
     validation and test text never reach the vocabulary."""
     src_lang, tgt_lang = languages
-    sentences = pretokenize([s for s, _ in pairs], src_lang) + pretokenize(
-        [t for _, t in pairs], tgt_lang
-    )
+    sentences = fast_pretokenize(
+        [s for s, _ in pairs], src_lang
+    ) + fast_pretokenize([t for _, t in pairs], tgt_lang)
     tokenizer = train_bpe(sentences, vocab_size, languages=languages)
     return with_fast_words(tokenizer)
 
@@ -720,8 +724,8 @@ def _build_cache(
     for split, pairs in texts.items():
         data = EncodedSplit.from_words(
             tokenizer,
-            pretokenize([s for s, _ in pairs], src_lang),
-            pretokenize([t for _, t in pairs], tgt_lang),
+            fast_pretokenize([s for s, _ in pairs], src_lang),
+            fast_pretokenize([t for _, t in pairs], tgt_lang),
         )
         blob = data.to_bytes()
         atomic_write(folder / f"{split}.safetensors", blob)
@@ -1053,7 +1057,7 @@ for pair, (src_lang, tgt_lang) in PAIRS.items():
         word
         for split in SPLITS
         for lang in (src_lang, tgt_lang)
-        for words in pretokenize(load_split(split, lang), lang)
+        for words in fast_pretokenize(load_split(split, lang), lang)
         for word in words
     }
     assert all(
@@ -1074,7 +1078,9 @@ from collections import Counter
 
 dropout = BPEDropout(cached["de-en"], 0.1)
 train_words = Counter(
-    w for words in pretokenize(load_split("train", "de"), "de") for w in words
+    w
+    for words in fast_pretokenize(load_split("train", "de"), "de")
+    for w in words
 )
 draws = Random(0)
 spellings, left = [], {}  # left: the share of draws that leave BPE's spelling
@@ -1162,7 +1168,7 @@ print(
 from collections.abc import Iterator
 
 from transformer.batches import MAX_TOKENS, Batch
-from transformer.checked_batches import collate, token_batches
+from transformer.checked_batches import checked_collate, checked_token_batches
 from transformer.tokenizer import Tokenizer
 
 
@@ -1176,13 +1182,13 @@ def iterate_batches(
     shuffle: bool = True,
     max_len: int | None = None,
 ) -> Iterator[Batch]:
-    """The batches of one epoch over an encoded split (see token_batches and
-    collate)."""
+    """The batches of one epoch over an encoded split (see
+    checked_token_batches and checked_collate)."""
     lengths = (
         data.src_lengths + 1,
         data.tgt_lengths + 1,
     )  # with <eos>; <bos> or <eos>
-    groups = token_batches(
+    groups = checked_token_batches(
         *lengths,
         max_tokens=max_tokens,
         seed=seed,
@@ -1194,7 +1200,7 @@ def iterate_batches(
         for name in ("pad_id", "bos_id", "eos_id")
     }
     for index in groups:
-        yield collate(
+        yield checked_collate(
             [data[i] for i in index], **ids, index=index, max_len=max_len
         )
 
@@ -1208,7 +1214,7 @@ from transformer.encoded_split import iterate_batches
 
 train = load_encoded("de-en", "train")
 batches = list(iterate_batches(train, cached["de-en"], seed=0, epoch=3))
-groups = token_batches(
+groups = checked_token_batches(
     train.src_lengths + 1, train.tgt_lengths + 1, seed=0, epoch=3
 )
 assert [b.index.tolist() for b in batches] == [g.tolist() for g in groups]

@@ -158,7 +158,7 @@ FOLDER: Check = (
     lambda v: v is None or isinstance(v, str | Path),
     "must be a folder's path or None",
 )
-FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+BOOLEAN: Check = (lambda v: isinstance(v, bool), "must be True or False")
 SHARE: Check = (
     lambda v: _share(v) and not isinstance(v, bool),
     "must be in [0, 1)",
@@ -465,7 +465,7 @@ class TrainConfig:
         choices=PRECISIONS,
     )
     compile: bool = option(
-        False, on_resume="free", help="torch.compile the model", check=FLAG
+        False, on_resume="free", help="torch.compile the model", check=BOOLEAN
     )
     average_last: int = option(
         5,
@@ -848,7 +848,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformer.bpe_dropout import BPEDropout
-from transformer.checked_batches import token_batches
+from transformer.checked_batches import checked_token_batches
 from transformer.distributed import Distributed, barrier
 from transformer.encoded_cache import load_encoded, prepare
 from transformer.encoded_split import EncodedSplit
@@ -902,7 +902,7 @@ def epoch_batches(
 ) -> list[np.ndarray]:
     """An epoch's batches of pair indices: token-bucketed, in an order drawn
     from (seed, epoch)."""
-    return token_batches(
+    return checked_token_batches(
         train.src_lengths + 1,  # + <eos>
         train.tgt_lengths + 1,  # + <bos> (input) or <eos> (output)
         max_tokens=config.max_tokens,
@@ -913,7 +913,7 @@ def epoch_batches(
 
 # %%
 #| export epoch_data
-def check_lengths(
+def check_longest(
     config: TrainConfig,
     data: TrainingData,
     max_len: int,
@@ -979,7 +979,7 @@ def dropped_warning(
 
 
 # %% [markdown]
-# Under BPE-dropout each epoch spells the training words anew, from (seed, epoch). `Spellings`
+# Under BPE-dropout each epoch spells the training words anew, from (seed, epoch). `EpochSplits`
 # hands the loop each epoch's spelling and, on a GPU, has a second process spell the next epoch
 # meanwhile; the checks above count a sentence in its longest possible spelling.
 
@@ -992,7 +992,7 @@ def prepare_epochs(
     max_len: int,
     processes: int,
     epoch: int,
-) -> tuple["Spellings", int]:
+) -> tuple["EpochSplits", int]:
     """The checks made before the first update (every sentence fits a batch and
     the model; epoch `epoch`, the one to come, gives an update), and the
     spellings of the epochs. Returns them and the number of batches of epoch
@@ -1004,16 +1004,16 @@ def prepare_epochs(
     )
     if bpe is not None:
         bpe.check(data.train)
-    check_lengths(config, data, max_len, bpe)
+    check_longest(config, data, max_len, bpe)
     # The batches of the epoch to come, in BPE's own spelling (BPE-dropout
     # changes their number only slightly): an epoch must give at least one
     # update.
     first = len(epoch_batches(data.train, epoch, config))
     updates_per_epoch(first, config.accumulation, processes)
-    return Spellings(data.train, bpe, config), first
+    return EpochSplits(data.train, bpe, config), first
 
 
-class Spellings:
+class EpochSplits:
     """The training split as each epoch spells it: BPE's own spelling, or with
     BPE-dropout a new one each epoch, a function of (seed, epoch). With
     `prefetch` a second process spells the next epoch while this one trains."""

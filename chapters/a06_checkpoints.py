@@ -99,10 +99,10 @@ from transformer import layout
 from transformer.config import TransformerConfig
 from transformer.config_checks import config_from_dict
 from transformer.distributed import unwrap
-from transformer.fast_words import load_tokenizer
-from transformer.files import atomic_folder
 from transformer.model import Transformer
+from transformer.records import atomic_folder
 from transformer.tokenizer import Tokenizer, TokenizerError
+from transformer.words import load_tokenizer
 
 CHECKPOINT_FORMAT = "transformer-book checkpoint 1"
 # and the form `export_model` writes (the section "Exporting and loading a
@@ -306,7 +306,7 @@ print(json.dumps(back["param_groups"][0], default=str)[:150], "…")
 # from their files and sums in float64, so their order does not matter.
 
 # %%
-#| export run_checkpoints
+#| export training_checkpoints
 """A training run's checkpoints: averaging them, writing and pruning them,
 what they record of the run, and the checks and chores of resuming from one."""
 
@@ -341,14 +341,14 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.distributed import Distributed, barrier, device_for
-from transformer.files import (
+from transformer.model import Transformer
+from transformer.precision import default_precision, stored_precision
+from transformer.records import (
     append_jsonl,
     atomic_folder,
     remove_stale,
     truncate_jsonl,
 )
-from transformer.model import Transformer
-from transformer.precision import default_precision, stored_precision
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import (
     TrainConfig,
@@ -399,7 +399,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Tensor]:
 # %%
 from safetensors.torch import save_file
 
-from transformer.run_checkpoints import average_checkpoints
+from transformer.training_checkpoints import average_checkpoints
 
 for i, (w, b) in enumerate(
     [([1.0, 2.0], [0.0]), ([3.0, 4.0], [1.0]), ([5.0, 9.0], [2.0])]
@@ -526,7 +526,7 @@ def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
 
 
 # %%
-#| export run_checkpoints
+#| export training_checkpoints
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint folder of the run in `out`, or None."""
     found = list_checkpoints(out)
@@ -598,7 +598,7 @@ print(textwrap.fill(", ".join(RESUME_FIXED), 79))
 # before anything is loaded.
 
 # %%
-#| export run_checkpoints
+#| export training_checkpoints
 def run_record(
     config: TrainConfig, model_config: TransformerConfig, tokenizer: Tokenizer
 ) -> dict[str, Any]:
@@ -697,7 +697,7 @@ def resume_point(
 
 
 # %%
-#| export run_checkpoints
+#| export training_checkpoints
 def resume_from(
     checkpoint: Path,
     model: nn.Module,
@@ -1095,9 +1095,9 @@ def load_model(
 
 # %%
 from transformer.checkpoint import Progress, export_model, load_model
-from transformer.run_checkpoints import run_record, write_checkpoint
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train_config import TrainConfig
+from transformer.training_checkpoints import run_record, write_checkpoint
 
 words = [MARK + w for w in "zwei hunde spielen im schnee".split()]
 tokenizer = train_bpe([words], 40, languages=("de", "en"))

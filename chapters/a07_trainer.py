@@ -75,10 +75,10 @@ scratch = Path(tempfile.mkdtemp())  # the runs of this appendix
 # - **Copies that overlap.** Batches go to the device with `non_blocking=True`, and the summed loss
 #   stays there: reading a GPU value waits for the GPU.
 #
-# `run_step` also refuses a loss that is not summed and an update without tokens.
+# `trainer_step` also refuses a loss that is not summed and an update without tokens.
 
 # %%
-#| export run_step
+#| export trainer_step
 """The update of a training run: the training chapter's `train_step` on
 several processes (DistributedDataParallel) and under 16-bit autocast, with a
 float16 run's loss scaling."""
@@ -94,7 +94,7 @@ from transformer.loss import LabelSmoothingLoss
 from transformer.training_loop import batch_log_probs
 
 
-def run_step(
+def trainer_step(
     model: nn.Module,
     batches: Sequence[Batch],
     *,
@@ -145,12 +145,12 @@ def run_step(
 
 
 # %% [markdown]
-# In one process and in float32, `run_step` makes the chapter's update exactly: three updates of
-# a tiny model over two micro-batches each end with the same weights, bit for bit.
+# In one process and in float32, `trainer_step` makes the chapter's update exactly: three updates
+# of a tiny model over two micro-batches each end with the same weights, bit for bit.
 
 # %%
-from transformer.run_step import run_step
 from transformer.schedule import make_optimizer
+from transformer.trainer_step import trainer_step
 from transformer.training_loop import train_step
 
 tiny = TransformerConfig(
@@ -162,7 +162,7 @@ ids = dict(pad_id=0, bos_id=1, eos_id=2)  # then ten symbols, 3 to 12
 parts = [collate(pairs[:3], **ids), collate(pairs[3:], **ids)]
 tokens = sum(batch.n_tgt_tokens for batch in parts)
 weights, losses = [], []
-for step in (train_step, run_step):
+for step in (train_step, trainer_step):
     torch.manual_seed(0)
     model = Transformer(tiny)
     optimizer, scheduler = make_optimizer(model, d_model=32, warmup=10)
@@ -199,7 +199,7 @@ fp16 = dict(autocast=torch.float16, scaler=scaler)
 taken = []  # whether each update changed the weights
 while not any(taken) and len(taken) < 24:
     before = [p.detach().clone() for p in model.parameters()]
-    run_step(model, parts, tokens=tokens, **fp16, **step)
+    trainer_step(model, parts, tokens=tokens, **fp16, **step)
     after = model.parameters()
     changed = (
         not torch.equal(a, b) for a, b in zip(before, after, strict=True)
@@ -219,7 +219,7 @@ assert skipped > 0 and scaler.get_scale() == 2.0**24 / 2**skipped
 # Adam, one kernel per update.
 
 # %%
-#| export run_optimizer
+#| export trainer_optimizer
 """The optimiser of a training run: the schedule chapter's Adam and learning
 rate over a model, its parameters or parameter groups, checked, and fused on a
 GPU."""
@@ -254,7 +254,7 @@ def _param_groups(params: nn.Module | Iterable) -> list:
     ]
 
 
-def run_optimizer(
+def trainer_optimizer(
     model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
     *,
     d_model: int,
@@ -267,7 +267,9 @@ def run_optimizer(
     params = _param_groups(model_or_params)
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
     if not groups or not all(groups):
-        raise ValueError("run_optimizer got no parameters (or an empty group)")
+        raise ValueError(
+            "trainer_optimizer got no parameters (or an empty group)"
+        )
     if any(isinstance(p, dict) and "lr" in p for p in params):
         # LambdaLR would multiply a group's own lr by the schedule.
         raise ValueError(
@@ -291,15 +293,17 @@ def run_optimizer(
 # %%
 from torch import nn
 
-from transformer.run_optimizer import run_optimizer
+from transformer.trainer_optimizer import trainer_optimizer
 
 layers = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
 groups = [{"params": layer.parameters()} for layer in layers]
-optimizer, scheduler = run_optimizer(groups, d_model=64, warmup=10)
+optimizer, scheduler = trainer_optimizer(groups, d_model=64, warmup=10)
 for group in optimizer.param_groups:
     print(f"{len(group['params'])} tensors, lr {group['lr']:.2e}")
 try:
-    run_optimizer([{"params": layers.parameters(), "lr": 1e-3}], d_model=64)
+    trainer_optimizer(
+        [{"params": layers.parameters(), "lr": 1e-3}], d_model=64
+    )
 except ValueError as err:
     print("ValueError:", err)
 
@@ -615,7 +619,7 @@ for dropout in (False, True):
 # `training_flops` computes; the Trainer sums it over each update's pairs.
 
 # %%
-#| export counts
+#| export flops
 """Parameter and FLOP counts of the Transformer: the cost of a training step,
 for MFU."""
 
@@ -711,10 +715,9 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from transformer import layout
 from transformer.batches import Batch
-from transformer.checked_batches import collate
+from transformer.checked_batches import checked_collate
 from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
-from transformer.counts import training_flops
 from transformer.distributed import (
     Distributed,
     all_sum,
@@ -730,7 +733,7 @@ from transformer.epoch_data import (
     prepare_epochs,
     updates_per_epoch,
 )
-from transformer.files import read_jsonl
+from transformer.flops import training_flops
 from transformer.logs import (
     Log,
     StepLog,
@@ -747,7 +750,12 @@ from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
-from transformer.run_checkpoints import (
+from transformer.records import read_jsonl
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import TrainConfig
+from transformer.trainer_optimizer import trainer_optimizer
+from transformer.trainer_step import trainer_step
+from transformer.training_checkpoints import (
     RunFolder,
     averaged_model,
     last_epochs,
@@ -756,10 +764,6 @@ from transformer.run_checkpoints import (
     run_record,
     trainer_state,
 )
-from transformer.run_optimizer import run_optimizer
-from transformer.run_step import run_step
-from transformer.tokenizer import Tokenizer
-from transformer.train_config import TrainConfig
 from transformer.validation import Validation, count_words, validate
 
 
@@ -792,7 +796,7 @@ def _build(
     the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
-    optimizer, scheduler = run_optimizer(
+    optimizer, scheduler = trainer_optimizer(
         model,
         d_model=model_config.d_model,
         warmup=config.warmup,
@@ -857,7 +861,7 @@ def _collate_share(
     """This process's batches of an update: every world_size-th, from its rank
     on."""
     return [
-        collate(
+        checked_collate(
             [train[i] for i in index],
             pad_id=tokenizer.pad_id,
             bos_id=tokenizer.bos_id,
@@ -943,7 +947,7 @@ from tqdm import tqdm
 
 from transformer.checkpoint import Progress
 from transformer.distributed import Distributed, all_sum
-from transformer.files import append_jsonl
+from transformer.records import append_jsonl
 from transformer.train_config import TrainConfig
 from transformer.validation import Validation
 
@@ -1153,7 +1157,9 @@ class _EpochPairs:
     flops: np.ndarray  # (pairs,)
 
     @classmethod
-    def of(cls, train: EncodedSplit, model: nn.Module, r_drop: float) -> Self:
+    def from_split(
+        cls, train: EncodedSplit, model: nn.Module, r_drop: float
+    ) -> Self:
         """The pairs `train` that `model` trains on, R-Drop if `r_drop`."""
         # a source with its <eos>; a target with its <bos> (input) or <eos>
         src, tgt = train.src_lengths + 1, train.tgt_lengths + 1
@@ -1201,12 +1207,12 @@ class Trainer:
         self.model_config = c.model_config(tokenizer.vocab_size)
         max_len = self.model_config.max_len
         epoch = Progress.read(checkpoint).epoch if checkpoint else 0
-        self.spellings, first = prepare_epochs(
+        self.epoch_splits, first = prepare_epochs(
             c, self.data, max_len, env.world_size, epoch
         )
         # With a GPU a second process spells the next epoch while this one
         # trains; on a CPU the training itself keeps every core busy.
-        self.spellings.prefetch = self.device.type == "cuda"
+        self.epoch_splits.prefetch = self.device.type == "cuda"
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
@@ -1258,7 +1264,7 @@ class Trainer:
                 self._average()
         finally:
             self.log.close()
-            self.spellings.close()
+            self.epoch_splits.close()
         metrics = read_jsonl(self.out / layout.METRICS)
         return TrainResult(self.out, stopped, p.step, metrics)
 
@@ -1267,7 +1273,9 @@ class Trainer:
         reason); returns it, the updates made and the share of the epoch's
         batches used."""
         c, p, env, clock = self.config, self.progress, self.env, self.clock
-        pairs = _EpochPairs.of(self.spellings(p.epoch), self.model, c.r_drop)
+        pairs = _EpochPairs.from_split(
+            self.epoch_splits(p.epoch), self.model, c.r_drop
+        )
         batches = epoch_batches(pairs.train, p.epoch, c)
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
@@ -1306,7 +1314,7 @@ class Trainer:
         tokens = int(pairs.tgt_tokens[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
-        loss = run_step(
+        loss = trainer_step(
             self.step_model,
             mine,
             criterion=self.criterion,
@@ -1530,7 +1538,7 @@ import json
 
 import pandas as pd
 
-from transformer.counts import training_flops
+from transformer.flops import training_flops
 from transformer.multi30k import load_pairs
 from transformer.paths import CHECKPOINTS_DIR
 from transformer.precision import precision_for

@@ -158,9 +158,9 @@ except OptionError as err:
 #   be masked entirely), a `pad_id` equal to BOS or EOS (an ended sentence is recognised by its
 #   padding), or a forced prefix of the wrong shape; and an $\alpha$ whose $lp$ overflows
 #   32-bit floats within the model's positions, which would turn $-\infty$ scores into NaN.
-# - **`output_limits`** gives each sentence the decoding chapter's `output_limit`: its source
-#   length + 50 tokens, EOS included (or `max_len` if given), never more than the positions of
-#   the model's positional encoding (`config.max_len`).
+# - **`sentence_output_limits`** gives each sentence the decoding chapter's `output_limit`: its
+#   source length + 50 tokens, EOS included (or `max_len` if given), never more than the
+#   positions of the model's positional encoding (`config.max_len`).
 # - **`inference`** turns off gradients and dropout for the search, and puts the model back in
 #   the mode it was in afterwards.
 
@@ -179,7 +179,7 @@ from transformer.decode import output_limit
 from transformer.model import Transformer
 
 
-def output_limits(
+def sentence_output_limits(
     model: Transformer, src: Tensor, *, pad_id: int, max_len: int | None = None
 ) -> Tensor:
     """The most tokens each sentence may output, EOS included: (B, S) -> (B,).
@@ -270,7 +270,7 @@ import torch
 
 from transformer.config import TransformerConfig
 from transformer.model import Transformer
-from transformer.search_setup import check_search, output_limits
+from transformer.search_setup import check_search, sentence_output_limits
 
 tiny = Transformer(
     TransformerConfig(
@@ -283,8 +283,8 @@ tiny = Transformer(
     )
 )
 src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])  # (B, S)
-print(output_limits(tiny, src, pad_id=0).tolist())
-print(output_limits(tiny, src, pad_id=0, max_len=99).tolist())
+print(sentence_output_limits(tiny, src, pad_id=0).tolist())
+print(sentence_output_limits(tiny, src, pad_id=0, max_len=99).tolist())
 try:
     check_search(tiny, src[0], bos_id=1, eos_id=2, pad_id=0)
 except ValueError as err:
@@ -653,21 +653,28 @@ from transformer.decode import (
 from transformer.decode_options import DecodeOptions
 from transformer.masking import padding_mask
 from transformer.model import Transformer
-from transformer.search_setup import check_search, inference, output_limits
+from transformer.search_setup import (
+    check_search,
+    inference,
+    sentence_output_limits,
+)
 
 
 def force_prefix(
-    step: Tensor, prefix: Tensor | None, t: int, pad_id
+    token_log_p: Tensor, prefix: Tensor | None, t: int, pad_id
 ) -> Tensor:
-    """At step t, only the prefix's token where a row has one: step (n, ...,
-    V) log-probabilities, prefix (n, P) ids for the n sentences going."""
+    """At step t, only the prefix's token where a row has one: token_log_p
+    (n, ..., V) log-probabilities, prefix (n, P) ids for the n sentences
+    going."""
     if prefix is None or t >= prefix.size(1):
-        return step
+        return token_log_p
     forced = prefix[:, t]  # (n,)
-    rows = (forced != pad_id).view(-1, *[1] * (step.dim() - 1))  # (n, 1...)
-    vocab = torch.arange(step.size(-1), device=step.device)
+    rows = (forced != pad_id).view(
+        -1, *[1] * (token_log_p.dim() - 1)
+    )  # (n, 1...)
+    vocab = torch.arange(token_log_p.size(-1), device=token_log_p.device)
     chosen = vocab == forced.view(rows.shape)  # (n, ..., V)
-    return torch.where(rows & ~chosen, -torch.inf, step)
+    return torch.where(rows & ~chosen, -torch.inf, token_log_p)
 
 
 # %%
@@ -695,7 +702,9 @@ def batched_greedy_decode(
     with inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
+        limits = sentence_output_limits(
+            model, src, pad_id=pad_id, max_len=max_len
+        )
         L = int(limits.max())
         cache = BatchCache(model, memory, src_mask, beams=1, length=L)
         # Row b: BOS, then sentence b's output, then padding once it has ended.
@@ -705,10 +714,12 @@ def batched_greedy_decode(
         going = torch.arange(B, device=device)  # the sentences still going
         token = ys[:, :1]  # (n, 1): each sentence's newest
         for t in range(L):
-            step = forbid_specials(cache.step(token), **specials)
+            token_log_p = forbid_specials(cache.step(token), **specials)
             if prefix is not None:
-                step = force_prefix(step, prefix[going], t, pad_id)
-            best, token = step.max(dim=-1)
+                token_log_p = force_prefix(
+                    token_log_p, prefix[going], t, pad_id
+                )
+            best, token = token_log_p.max(dim=-1)
             ys[going, t + 1] = token  # (n,): the n sentences still going
             log_prob[going] += best
             stays = (token != eos_id) & (t + 1 < limits)  # (n,)
@@ -767,12 +778,12 @@ class BeamStep:
         return BeamStep(self.step, *kept)
 
 
-def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
-    """Step t: the K best extensions of each sentence's K beams, given step
-    (n, K, V), the log p of each beam's next token."""
-    n, K, V = step.shape
+def _extend(token_log_p, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
+    """Step t: the K best extensions of each sentence's K beams, given
+    token_log_p (n, K, V), the log p of each beam's next token."""
+    n, K, V = token_log_p.shape
     C = min(K, V)  # a beam's K most probable tokens are its K best candidates
-    top, top_tokens = step.topk(C, dim=-1)  # (n, K, C)
+    top, top_tokens = token_log_p.topk(C, dim=-1)  # (n, K, C)
     # An ended beam has one continuation, padding, which leaves its log p.
     ended = beams.ended[..., None]  # (n, K, 1)
     top[..., 0].masked_fill_(beams.ended, 0.0)
@@ -799,14 +810,14 @@ def _extend(step, beams, t, limits, alpha, eos_id, pad_id) -> BeamStep:
 
 
 # %% [markdown]
-# `Kept` is each sentence's best ended hypothesis, kept aside, and `_finished` the test for a
+# `BestEnded` is each sentence's best ended hypothesis, kept aside, and `_finished` the test for a
 # sentence that no open beam can change.
 
 
 # %%
 #| export batched_search
 @dataclass
-class Kept:
+class BestEnded:
     """Each sentence's best ended hypothesis so far, kept outside the beam:
     its score and log_prob (B,), and its row ys (B, L): BOS, its tokens, then
     padding."""
@@ -816,10 +827,12 @@ class Kept:
     ys: Tensor
 
     @staticmethod
-    def empty(B: int, L: int, pad_id: int, device: torch.device) -> "Kept":
+    def empty(
+        B: int, L: int, pad_id: int, device: torch.device
+    ) -> "BestEnded":
         nothing = torch.full((B,), -torch.inf, device=device)
         ys = torch.full((B, L), pad_id, dtype=torch.long, device=device)
-        return Kept(nothing, nothing.clone(), ys)
+        return BestEnded(nothing, nothing.clone(), ys)
 
     def update(self, beams: BeamStep, ys: Tensor) -> None:
         """Keep each sentence's best ended beam if it scores higher than the
@@ -886,20 +899,26 @@ def batched_beam_search(
     with inference(model):
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         memory = model.encode(src, src_mask)  # (B, S, d_model)
-        limits = output_limits(model, src, pad_id=pad_id, max_len=max_len)
+        limits = sentence_output_limits(
+            model, src, pad_id=pad_id, max_len=max_len
+        )
         L = int(limits.max())
         # The K beams of sentence b are rows b*K ... b*K + K - 1.
         cache = BatchCache(model, memory, src_mask, beams=K, length=L)
         ys = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
         beams = BeamStep.first(B, K, device)
-        kept = Kept.empty(B, L + 1, pad_id, device)
+        kept = BestEnded.empty(B, L + 1, pad_id, device)
         first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1)
         for t in range(L):
-            step = cache.step(ys[:, -1:]).view(len(limits), K, -1)
-            step = forbid_specials(step, **specials)  # (n, K, V)
+            token_log_p = cache.step(ys[:, -1:]).view(len(limits), K, -1)
+            token_log_p = forbid_specials(token_log_p, **specials)  # (n, K, V)
             if prefix is not None:
-                step = force_prefix(step, prefix[beams.sentences], t, pad_id)
-            beams = _extend(step, beams, t, limits, alpha, eos_id, pad_id)
+                token_log_p = force_prefix(
+                    token_log_p, prefix[beams.sentences], t, pad_id
+                )
+            beams = _extend(
+                token_log_p, beams, t, limits, alpha, eos_id, pad_id
+            )
             # Every beam continues the row of its parent: reorder, then append.
             rows = (first_row[: len(limits)] + beams.parents).view(-1)
             ys = torch.cat([ys[rows], beams.tokens.view(-1, 1)], dim=1)

@@ -86,11 +86,11 @@ from transformer.checkpoint import CheckpointError
 from transformer.decode import Hypothesis, output_limit
 from transformer.decode_options import DecodeOptions, with_changes
 from transformer.embedding import sinusoidal_encoding
-from transformer.fast_words import load_tokenizer
-from transformer.files import atomic_folder
 from transformer.model import Transformer
+from transformer.records import atomic_folder
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate_batches
+from transformer.words import load_tokenizer
 
 QUANTIZATIONS = ("float32", "int8")
 INSTALL = (  # the package's [ctranslate2] extra
@@ -247,7 +247,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
 
 
 # %% [markdown]
-# The folder is written whole or not at all (`files.atomic_folder`), with the package's tokenizer
+# The folder is written whole or not at all (`records.atomic_folder`), with the package's tokenizer
 # beside the engine's files: one folder is all a deployment needs. `quantization="int8"` stores
 # 8-bit integer weights with a scale per row, which change the translations slightly (the results
 # chapter measures how much).

@@ -151,7 +151,7 @@ for T in (crossover // 2, 2 * crossover):
 # pair of 25 source and 27 target tokens:
 
 # %%
-from transformer.counts import (
+from transformer.flops import (
     cross_attention_kv_parameters,
     non_embedding_parameters,
     training_flops,

@@ -36,10 +36,10 @@ from transformer.encoded_cache import load_encoded
 from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.multi30k import DataError
 from transformer.precision import autocast_type, stored_precision
-from transformer.run_checkpoints import average_checkpoints
 from transformer.split_translation import write_lines
 from transformer.tokenizer import Tokenizer, TokenizerError
 from transformer.train_config import TrainConfig
+from transformer.training_checkpoints import average_checkpoints
 from transformer.validation import count_words, validate
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from transformer import layout
 from transformer.config import TransformerConfig
-from transformer.files import read_jsonl
 from transformer.precision import stored_precision
+from transformer.records import read_jsonl
 from transformer.train_config import TrainConfig, fixed_on_resume
 from transformer.translation import CHECKPOINTS_DIR
 

@@ -5,7 +5,7 @@
 Each variant trains alone on the GPU for two epochs of real Multi30k batches (German→English)
 with `transformer.trainer.train`; the numbers are those of the second epoch (the first holds
 CUDA's start-up and, with `--compile`, the compilation): target tokens per second (padding
-excluded) and MFU, the model FLOPs of `transformer.counts.training_flops` (the appendix
+excluded) and MFU, the model FLOPs of `transformer.flops.training_flops` (the appendix
 "Derivations and counts") over the epoch's time and the H100's measured bf16 matrix-multiply
 rate (PEAK_BF16_FLOPS). Variants: the book's Multi30k
 recipe (3,000-token batches) and the paper's base model on the paper's 25,000-token batches,

@@ -40,8 +40,8 @@ from pathlib import Path
 from transformer import layout
 from transformer.atomic import atomic_write
 from transformer.config import TransformerConfig
-from transformer.files import read_jsonl
 from transformer.multi30k import PAIRS
+from transformer.records import read_jsonl
 from transformer.split_translation import write_lines
 
 RECIPE = ["--config", "multi30k"]

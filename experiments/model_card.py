@@ -24,8 +24,8 @@ from transformer.checked_data import load_pairs
 from transformer.checkpoint import CheckpointError, load_model
 from transformer.cli.evaluate import model_digest
 from transformer.evaluate import STORED_SCORES, Scores, search_label
-from transformer.files import read_jsonl
 from transformer.multi30k import DataError
+from transformer.records import read_jsonl
 from transformer.train_config import multi30k_recipe
 from transformer.translation import CHECKPOINTS_DIR
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from transformer.checked_batches import collate
+from transformer.checked_batches import checked_collate
 from transformer.checked_data import load_split
 from transformer.paths import DATA_DIR
 from transformer.tokenizer import Tokenizer, normalize, pretokenize
@@ -139,7 +139,7 @@ def word_level_evaluation(
                 sources[start : start + batch_size], segments, strict=True
             )
         ]
-        batch = collate(
+        batch = checked_collate(
             examples,
             pad_id=tokenizer.pad_id,
             bos_id=tokenizer.bos_id,

@@ -13,9 +13,9 @@ from torch import nn
 from transformer.checkpoint import export_model, save_weights
 from transformer.config import TransformerConfig
 from transformer.model import Transformer
-from transformer.run_checkpoints import run_record
 from transformer.tokenizer import Tokenizer, pretokenize, train_bpe
 from transformer.train_config import TrainConfig
+from transformer.training_checkpoints import run_record
 
 GERMAN = [
     "Ein Hund läuft über eine Wiese.",

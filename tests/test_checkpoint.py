@@ -16,7 +16,7 @@ import torch
 from test_train import copy_pairs, tiny_config, tiny_data, tiny_model, weights_of
 
 from transformer.atomic import atomic_write
-from transformer.checked_batches import collate
+from transformer.checked_batches import checked_collate
 from transformer.checkpoint import (
     CheckpointError,
     export_model,
@@ -29,15 +29,15 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.epoch_data import TrainingData
-from transformer.files import atomic_folder
 from transformer.loss import LabelSmoothingLoss
 from transformer.masking import padding_mask, target_mask
 from transformer.model import Transformer
 from transformer.multi30k import PAIRS, load_pairs
 from transformer.paths import CHECKPOINTS_DIR
-from transformer.run_checkpoints import average_checkpoints, latest_checkpoint
+from transformer.records import atomic_folder
 from transformer.schedule import make_optimizer
 from transformer.trainer import train
+from transformer.training_checkpoints import average_checkpoints, latest_checkpoint
 from transformer.training_loop import load_trained, train_step
 
 # The module: `transformer.trainer` as an attribute of the package is the function train.
@@ -142,7 +142,7 @@ def test_atomic_folder_syncs_its_files_before_the_rename_and_the_rename_after(
 def test_state_round_trip_is_exact(tmp_path: Path):
     model = tiny_model()
     optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
-    batch = collate(copy_pairs(4, seed=2), pad_id=0, bos_id=1, eos_id=2)
+    batch = checked_collate(copy_pairs(4, seed=2), pad_id=0, bos_id=1, eos_id=2)
     criterion = LabelSmoothingLoss(pad_id=0, reduction="sum")
     for _ in range(2):
         train_step(

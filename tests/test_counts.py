@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from transformer.config import TransformerConfig
-from transformer.counts import (
+from transformer.flops import (
     cross_attention_kv_parameters,
     non_embedding_parameters,
     training_flops,

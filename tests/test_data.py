@@ -30,7 +30,7 @@ import transformer.encoded_cache as cache_module
 from transformer.atomic import atomic_write
 from transformer.batches import Batch
 from transformer.bpe_dropout import BPEDropout
-from transformer.checked_batches import collate, token_batches
+from transformer.checked_batches import checked_collate, checked_token_batches
 from transformer.checked_data import load_pairs, load_split
 from transformer.encoded_cache import (
     cache_problems,
@@ -104,7 +104,7 @@ def test_an_empty_sentence_becomes_eos_and_bos(tokenizer):
     specials = dict(
         pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
     )
-    batch = collate([([], [])], **specials)
+    batch = checked_collate([([], [])], **specials)
     assert batch.src.tolist() == [[tokenizer.eos_id]]
     assert batch.tgt_in.tolist() == [[tokenizer.bos_id]]
     assert batch.tgt_out.tolist() == [[tokenizer.eos_id]]
@@ -117,13 +117,13 @@ def test_an_overlong_sentence_is_refused_by_collate_and_token_batches(tokenizer)
     specials = dict(
         pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
     )
-    assert collate([(ids, [5])], **specials).src.shape == (1, len(ids) + 1)
+    assert checked_collate([(ids, [5])], **specials).src.shape == (1, len(ids) + 1)
     with pytest.raises(
         ValueError, match=r"pair 7 has \d+ source .* more than max_len=512"
     ):
-        collate([([5], [5]), (ids, [5])], **specials, index=[3, 7], max_len=512)
+        checked_collate([([5], [5]), (ids, [5])], **specials, index=[3, 7], max_len=512)
     with pytest.raises(ValueError, match="more than max_tokens=1000"):
-        token_batches([3, len(ids) + 1], [3, 2], max_tokens=1_000)
+        checked_token_batches([3, len(ids) + 1], [3, 2], max_tokens=1_000)
 
 
 def test_collate_refuses_an_overlong_target_as_well():
@@ -133,8 +133,8 @@ def test_collate_refuses_an_overlong_target_as_well():
         ValueError,
         match=r"pair 7 has 2 source and 9 target tokens, more than max_len=8",
     ):
-        collate([([5], [6]), ([5], [6] * 8)], **ids, index=[3, 7], max_len=8)
-    batch = collate([([5], [6]), ([5], [6] * 7)], **ids, max_len=8)
+        checked_collate([([5], [6]), ([5], [6] * 8)], **ids, index=[3, 7], max_len=8)
+    batch = checked_collate([([5], [6]), ([5], [6] * 7)], **ids, max_len=8)
     assert batch.tgt_in.shape == batch.tgt_out.shape == (2, 8)
 
 
@@ -163,14 +163,14 @@ def lengths(n: int = 3_000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
 def test_every_pair_appears_exactly_once_per_epoch():
     src, tgt = lengths()
     for epoch in range(3):
-        groups = token_batches(src, tgt, max_tokens=2_000, seed=0, epoch=epoch)
+        groups = checked_token_batches(src, tgt, max_tokens=2_000, seed=0, epoch=epoch)
         assert np.array_equal(np.sort(np.concatenate(groups)), np.arange(len(src)))
 
 
 @pytest.mark.parametrize("max_tokens", [70, 500, 4_000])
 def test_no_batch_exceeds_the_token_budget_on_either_side(max_tokens):
     src, tgt = lengths()
-    for group in token_batches(src, tgt, max_tokens=max_tokens):
+    for group in checked_token_batches(src, tgt, max_tokens=max_tokens):
         assert len(group) * src[group].max() <= max_tokens
         assert len(group) * tgt[group].max() <= max_tokens
 
@@ -183,7 +183,7 @@ def test_batches_are_full_one_more_pair_would_break_the_budget(max_tokens):
     else."""
     src, tgt = lengths()
     longest = np.maximum(src, tgt)
-    batches = token_batches(src, tgt, max_tokens=max_tokens, shuffle=False)
+    batches = checked_token_batches(src, tgt, max_tokens=max_tokens, shuffle=False)
     order = np.concatenate(batches)
     keys = list(zip(longest[order].tolist(), (src + tgt)[order].tolist(), strict=True))
     assert keys == sorted(keys)
@@ -198,7 +198,7 @@ def test_batches_are_full_one_more_pair_would_break_the_budget(max_tokens):
             for g in groups
         )
 
-    shuffled = token_batches(src, tgt, max_tokens=max_tokens, seed=3, epoch=5)
+    shuffled = checked_token_batches(src, tgt, max_tokens=max_tokens, seed=3, epoch=5)
     assert shapes(shuffled) == shapes(batches)
 
 
@@ -209,7 +209,7 @@ def test_the_batches_of_an_epoch_come_in_a_random_order():
     longest = np.maximum(src, tgt)
 
     def widths(epoch: int) -> list[int]:
-        groups = token_batches(src, tgt, max_tokens=2_000, seed=3, epoch=epoch)
+        groups = checked_token_batches(src, tgt, max_tokens=2_000, seed=3, epoch=epoch)
         return [int(longest[g].max()) for g in groups]
 
     first, second = widths(5), widths(6)
@@ -221,7 +221,9 @@ def test_batches_are_reproducible_from_seed_and_epoch_and_change_between_epochs(
     src, tgt = lengths()
 
     def run(**kw):
-        return [g.tolist() for g in token_batches(src, tgt, max_tokens=2_000, **kw)]
+        return [
+            g.tolist() for g in checked_token_batches(src, tgt, max_tokens=2_000, **kw)
+        ]
 
     assert run(seed=3, epoch=5) == run(seed=3, epoch=5)
     assert run(seed=3, epoch=5) != run(seed=3, epoch=6)
@@ -238,7 +240,7 @@ def test_batches_are_reproducible_from_seed_and_epoch_and_change_between_epochs(
 
 def test_length_batches_pad_far_less_than_random_ones():
     src, tgt = lengths(10_000)
-    groups = token_batches(src, tgt, max_tokens=4_000)
+    groups = checked_token_batches(src, tgt, max_tokens=4_000)
     size = round(len(src) / len(groups))
     order = np.random.default_rng(0).permutation(len(src))
     random = [order[i : i + size] for i in range(0, len(src), size)]
@@ -250,15 +252,15 @@ def test_length_batches_pad_far_less_than_random_ones():
 
 
 def test_token_batches_edge_cases():
-    assert token_batches([], [], max_tokens=10) == []
+    assert checked_token_batches([], [], max_tokens=10) == []
     with pytest.raises(ValueError, match="one source and one target length"):
-        token_batches([1, 2], [1], max_tokens=10)
+        checked_token_batches([1, 2], [1], max_tokens=10)
     with pytest.raises(ValueError, match="max_tokens must be positive"):
-        token_batches([1], [1], max_tokens=0)
+        checked_token_batches([1], [1], max_tokens=0)
 
 
 def test_collate_shifts_the_target_and_pads():
-    batch = collate(
+    batch = checked_collate(
         [([11, 12, 13], [21, 22]), ([14], [23, 24, 25, 26])],
         pad_id=0,
         bos_id=2,
@@ -274,23 +276,25 @@ def test_collate_shifts_the_target_and_pads():
     moved = batch.to("cpu")
     assert isinstance(moved, Batch) and torch.equal(moved.tgt_out, batch.tgt_out)
     with pytest.raises(ValueError, match="empty batch"):
-        collate([], pad_id=0, bos_id=2, eos_id=3)
+        checked_collate([], pad_id=0, bos_id=2, eos_id=3)
     with pytest.raises(ValueError, match="one entry for each of the 2 pairs"):
-        collate([([5], [6]), ([7], [8])], pad_id=0, bos_id=2, eos_id=3, index=[9])
+        checked_collate(
+            [([5], [6]), ([7], [8])], pad_id=0, bos_id=2, eos_id=3, index=[9]
+        )
 
 
 def test_the_checked_batching_is_the_chapters_on_good_input():
-    """transformer.checked_batches only checks: on arguments that make batches, its collate and
-    token_batches give exactly what the chapter's give."""
+    """transformer.checked_batches only checks: on arguments that make batches, its
+    checked_collate and checked_token_batches give exactly what the chapter's give."""
     src, tgt = lengths()
     for options in ({}, {"seed": 3, "epoch": 5}, {"shuffle": False}):
-        checked = token_batches(src, tgt, max_tokens=2_000, **options)
+        checked = checked_token_batches(src, tgt, max_tokens=2_000, **options)
         plain = chapter_batches.token_batches(src, tgt, max_tokens=2_000, **options)
         assert [g.tolist() for g in checked] == [g.tolist() for g in plain]
     pairs = [([11, 12, 13], [21, 22]), ([14], [23, 24, 25, 26]), ([], [])]
     ids = dict(pad_id=0, bos_id=2, eos_id=3)
     for index in (None, [7, 3, 9]):
-        checked = collate(pairs, **ids, index=index, max_len=6)
+        checked = checked_collate(pairs, **ids, index=index, max_len=6)
         plain = chapter_batches.collate(pairs, **ids, index=index)
         for name in ("src", "tgt_in", "tgt_out", "index"):
             assert torch.equal(getattr(checked, name), getattr(plain, name)), name

@@ -25,7 +25,7 @@ from transformer.decode_options import MAX_ALPHA, DecodeOptions
 from transformer.masking import causal_mask, padding_mask
 from transformer.model import Transformer
 from transformer.multi30k import PAIRS
-from transformer.search_setup import output_limits
+from transformer.search_setup import sentence_output_limits
 
 PAD, BOS, EOS = 0, 1, 2
 IDS = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD}
@@ -428,8 +428,14 @@ def test_the_output_length_limit_is_the_source_length_plus_50():
     model = tiny_model(seed=8)
     lengths = [3, 9, 1]
     src = sources(lengths, seed=8)
-    assert output_limits(model, src, pad_id=PAD).tolist() == [n + 50 for n in lengths]
-    assert output_limits(model, src, pad_id=PAD, max_len=5).tolist() == [5, 5, 5]
+    assert sentence_output_limits(model, src, pad_id=PAD).tolist() == [
+        n + 50 for n in lengths
+    ]
+    assert sentence_output_limits(model, src, pad_id=PAD, max_len=5).tolist() == [
+        5,
+        5,
+        5,
+    ]
     # Without EOS, every output runs to its own limit, and not one token further.
     with (
         mock.patch.object(batched, "forbid_specials", forbid_eos_too),
@@ -447,7 +453,7 @@ def test_the_output_length_limit_is_the_source_length_plus_50():
 def test_the_limit_never_exceeds_the_models_positions():
     model = tiny_model(seed=8, max_len=20)
     src = sources([3, 15], seed=8)
-    assert output_limits(model, src, pad_id=PAD).tolist() == [20, 20]
+    assert sentence_output_limits(model, src, pad_id=PAD).tolist() == [20, 20]
     outputs = batched_beam_search(model, src, **IDS)
     assert all(len(h.tokens) + h.ended <= 20 for h in outputs)
     assert_same(outputs, one_by_one("beam", model, src))

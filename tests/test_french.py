@@ -1,4 +1,4 @@
-"""`transformer.french.french_tokenizer` cuts the same words as
+"""`transformer.spacy_french.french_tokenizer` cuts the same words as
 `spacy.blank("fr")`, and builds without compiling spaCy's 1.45 MB
 pattern."""
 
@@ -18,8 +18,8 @@ import spacy
 from spacy.tokenizer import Tokenizer
 from spacy.vocab import Vocab
 
-from transformer import french
-from transformer.french import french_tokenizer, regroup
+from transformer import spacy_french
+from transformer.spacy_french import french_tokenizer, regroup
 from transformer.tokenizer import normalize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,8 +285,8 @@ def spy(pattern, flags=0):
     return compile(pattern, flags)
 re.compile = spy
 warnings.simplefilter("error")
-from transformer import french
-tokenizer = french.french_tokenizer()
+from transformer import spacy_french
+tokenizer = spacy_french.french_tokenizer()
 print(json.dumps({
     "largest": max(compiled),
     "token_match": len(tokenizer.token_match.__self__.pattern),
@@ -313,7 +313,7 @@ def test_regrouped_pattern_is_small() -> None:
     shorter = regroup(pattern)
     assert len(pattern) > 1_000_000
     assert len(shorter) < 25_000
-    big = re.compile(rf"\[[^\]]{{{french.BIG_CLASS},}}\]")
+    big = re.compile(rf"\[[^\]]{{{spacy_french.BIG_CLASS},}}\]")
     assert len(big.findall(pattern)) > 400
     assert len(big.findall(shorter)) <= 8
 
@@ -344,7 +344,7 @@ def test_regroup_same_language(
     # "[xyz]" counts as big here; the patterns are compared on every
     # string of up to 5 characters (and 6 of a, b, x), alone and as spaCy
     # writes them
-    monkeypatch.setattr(french, "BIG_CLASS", 5)
+    monkeypatch.setattr(spacy_french, "BIG_CLASS", 5)
     strings = {
         "".join(letters)
         for alphabet, longest in (("abcxA]\n", 5), ("abx", 6))
@@ -390,12 +390,12 @@ def test_falls_back_to_spacy_when_its_files_change(
             "TOKEN_MATCH = (lambda p: re.compile('a^'))(",
         )
         (tmp_path / name).write_text(source, encoding="utf-8")
-    monkeypatch.setattr(french, "_FRENCH", tmp_path)
-    french._french_settings.cache_clear()
+    monkeypatch.setattr(spacy_french, "_FRENCH", tmp_path)
+    spacy_french._french_settings.cache_clear()
     try:
         with pytest.warns(UserWarning, match="cannot read spaCy's rules"):
             fallback = french_tokenizer()
     finally:
-        french._french_settings.cache_clear()
+        spacy_french._french_settings.cache_clear()
     text = "Qu'est-ce que l'anti-inflammatoire ?"
     assert words(fallback, text) == words(spacy_fr, text)

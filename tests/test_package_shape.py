@@ -21,14 +21,14 @@ LAYERS = [
         "schedule", "plots", "config_checks", "knockout",
     },
     {
-        "paths", "atomic", "files", "layout", "multi30k", "checked_data", "vocabulary",
+        "paths", "atomic", "records", "layout", "multi30k", "checked_data", "vocabulary",
         "tokenizer",
         "checked_batches", "batches", "encoded_split", "encoded_cache", "bpe_dropout",
-        "checkpoint", "distributed", "french", "fast_words", "counts",
+        "checkpoint", "distributed", "spacy_french", "words", "flops",
     },
     {
         "train_config", "training_loop", "validation", "epoch_data", "logs",
-        "run_checkpoints", "rdrop", "trainer", "run_optimizer", "run_step",
+        "training_checkpoints", "rdrop", "trainer", "trainer_optimizer", "trainer_step",
         "precision",
     },
     {

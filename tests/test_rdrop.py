@@ -17,14 +17,14 @@ from test_train import (
     train_module,
 )
 
-from transformer.checked_batches import collate
+from transformer.checked_batches import checked_collate
 from transformer.checkpoint import CheckpointError, Progress, load_model
 from transformer.cli.train import config_from_args, train_parser
 from transformer.loss import LabelSmoothingLoss
 from transformer.rdrop import RDropLoss, doubled
-from transformer.run_step import run_step
 from transformer.train_config import TrainConfig
 from transformer.trainer import train
+from transformer.trainer_step import trainer_step
 from transformer.training_loop import batch_log_probs
 from transformer.validation import validate
 
@@ -34,7 +34,7 @@ def base_loss() -> LabelSmoothingLoss:
 
 
 def test_doubled_stacks_every_tensor_and_doubles_every_count():
-    batch = collate(
+    batch = checked_collate(
         copy_pairs(3, seed=0), pad_id=0, bos_id=1, eos_id=2, index=[7, 8, 9]
     )
     twice = doubled(batch)
@@ -51,7 +51,7 @@ def test_doubled_stacks_every_tensor_and_doubles_every_count():
 def test_with_equal_halves_the_loss_is_one_copys_base_loss(alpha):
     model = tiny_model()
     model.train()  # dropout 0: the two passes agree
-    batch = collate(copy_pairs(4, seed=1), pad_id=0, bos_id=1, eos_id=2)
+    batch = checked_collate(copy_pairs(4, seed=1), pad_id=0, bos_id=1, eos_id=2)
     with torch.no_grad():
         one = base_loss()(batch_log_probs(model, batch, pad_id=0), batch.tgt_out)
         twice = doubled(batch)
@@ -111,7 +111,7 @@ def test_bad_inputs_are_refused():
 
 def test_without_dropout_an_r_drop_update_is_the_plain_update():
     """Same tokens, same gradient: the loss on the doubled batch keeps the scale of one copy."""
-    batch = collate(copy_pairs(6, seed=2), pad_id=0, bos_id=1, eos_id=2)
+    batch = checked_collate(copy_pairs(6, seed=2), pad_id=0, bos_id=1, eos_id=2)
 
     tokens = batch.n_tgt_tokens
     plain = one_update([batch], tokens, base_loss())
@@ -141,11 +141,13 @@ def test_a_run_with_r_drop_trains_counts_two_passes_and_keeps_its_alpha(
 
     def spy(model, batches, *, criterion, **kwargs):
         seen.append((criterion, batches))
-        return run_step(model, batches, criterion=criterion, **kwargs)
+        return trainer_step(model, batches, criterion=criterion, **kwargs)
 
     runs = {}
     for r_drop in (0.0, 1.0):
-        monkeypatch.setattr(train_module, "run_step", spy if r_drop else run_step)
+        monkeypatch.setattr(
+            train_module, "trainer_step", spy if r_drop else trainer_step
+        )
         out = tmp_path / f"r_drop-{r_drop}"
         config = tiny_config(out, epochs=2, max_steps=3, r_drop=r_drop)
         runs[r_drop] = out, train(config, data=data, echo=False)
@@ -171,7 +173,7 @@ def test_a_run_with_r_drop_trains_counts_two_passes_and_keeps_its_alpha(
     # Validation is the plain label-smoothed loss of the checkpoint: no KL term enters it.
     model, tok = load_model(out / "checkpoints" / "step-0000003")
     ids = dict(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    batches = [collate([data.val[i]], **ids) for i in range(len(data.val))]
+    batches = [checked_collate([data.val[i]], **ids) for i in range(len(data.val))]
     plain = validate(model, batches, pad_id=tok.pad_id, smoothing=0.1)
     assert result.metrics[0]["kind"] == "partial"
     assert result.metrics[0]["val_loss"] == pytest.approx(plain.loss, rel=1e-5)

@@ -1,5 +1,5 @@
 """The learning-rate schedule of equation (3) and the paper's Adam: the schedule chapter's
-`make_optimizer`, and the run's `run_optimizer`, which the Trainer uses."""
+`make_optimizer`, and the run's `trainer_optimizer`, which the Trainer uses."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.run_optimizer import run_optimizer
 from transformer.schedule import ADAM_BETAS, ADAM_EPS, make_optimizer, noam_lr
+from transformer.trainer_optimizer import trainer_optimizer
 
 
 @pytest.mark.parametrize(
@@ -122,10 +122,10 @@ def test_lr_drives_the_update_size_of_the_first_step():
 
 def test_accepts_parameters_and_parameter_groups():
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
-    optimizer, _ = run_optimizer(model.parameters(), d_model=64, warmup=10)
+    optimizer, _ = trainer_optimizer(model.parameters(), d_model=64, warmup=10)
     assert len(optimizer.param_groups[0]["params"]) == 4
     groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
-    optimizer, scheduler = run_optimizer(groups, d_model=64, warmup=10)
+    optimizer, scheduler = trainer_optimizer(groups, d_model=64, warmup=10)
     # generators in the groups are read once, by Adam, not used up before
     assert [len(g["params"]) for g in optimizer.param_groups] == [2, 2]
     before = [p.detach().clone() for p in model.parameters()]
@@ -137,23 +137,23 @@ def test_accepts_parameters_and_parameter_groups():
     )
     # A group may hold one tensor, as torch.optim allows: not cut into its rows.
     weight = model[0].weight
-    optimizer, _ = run_optimizer([{"params": weight}], d_model=64, warmup=10)
+    optimizer, _ = trainer_optimizer([{"params": weight}], d_model=64, warmup=10)
     (group,) = optimizer.param_groups
     assert len(group["params"]) == 1 and group["params"][0] is weight
 
 
 def test_no_parameters_raise():
     with pytest.raises(ValueError, match="no parameters"):
-        run_optimizer([], d_model=64)
+        trainer_optimizer([], d_model=64)
     with pytest.raises(ValueError, match="empty group"):
-        run_optimizer([{"params": []}], d_model=64)
+        trainer_optimizer([{"params": []}], d_model=64)
 
 
 def test_a_group_with_its_own_lr_is_refused():
     # LambdaLR would multiply the group's lr by the schedule: 1e-3 * noam_lr(n), silently
     model = nn.Linear(3, 3)
     with pytest.raises(ValueError, match="sets its own lr"):
-        run_optimizer([{"params": model.parameters(), "lr": 1e-3}], d_model=64)
+        trainer_optimizer([{"params": model.parameters(), "lr": 1e-3}], d_model=64)
 
 
 @pytest.mark.parametrize("factor", [0.0, -1.0, float("nan")])
@@ -163,7 +163,7 @@ def test_bad_factor_raises(factor):
     with pytest.raises(ValueError, match="factor must be positive"):
         make_optimizer(nn.Linear(2, 2), d_model=64, warmup=10, factor=factor)
     with pytest.raises(ValueError, match="factor must be positive"):
-        run_optimizer(nn.Linear(2, 2), d_model=64, warmup=10, factor=factor)
+        trainer_optimizer(nn.Linear(2, 2), d_model=64, warmup=10, factor=factor)
 
 
 def test_bad_schedule_arguments_raise_at_construction():
@@ -194,7 +194,7 @@ def test_resuming_from_state_dicts_continues_the_curve():
 
 
 def test_fused_is_off_on_the_cpu():
-    optimizer, _ = run_optimizer(nn.Linear(3, 3), d_model=64)
+    optimizer, _ = trainer_optimizer(nn.Linear(3, 3), d_model=64)
     assert not optimizer.param_groups[0]["fused"]
 
 
@@ -202,7 +202,7 @@ def test_fused_is_off_on_the_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fused_is_on_when_every_parameter_is_on_cuda():
     model = nn.Linear(3, 3).cuda()
-    optimizer, scheduler = run_optimizer(model, d_model=64, warmup=10)
+    optimizer, scheduler = trainer_optimizer(model, d_model=64, warmup=10)
     assert optimizer.param_groups[0]["fused"]
     x = torch.randn(5, 3, device="cuda")
     for k in range(12):
@@ -215,20 +215,20 @@ def test_fused_is_on_when_every_parameter_is_on_cuda():
         scheduler.step()
     # A model split across devices falls back to the unfused implementation.
     mixed = nn.Sequential(nn.Linear(3, 3).cuda(), nn.Linear(3, 3))
-    optimizer, _ = run_optimizer(mixed, d_model=64)
+    optimizer, _ = trainer_optimizer(mixed, d_model=64)
     assert not optimizer.param_groups[0]["fused"]
 
 
 @pytest.mark.parametrize("factor", [1.0, 2.5])
 def test_the_runs_optimizer_is_the_chapters(factor: float):
-    """On a model, run_optimizer's Adam and schedule are make_optimizer's: the same settings
+    """On a model, trainer_optimizer's Adam and schedule are make_optimizer's: the same settings
     and, update after update, the same weights and rates."""
     torch.manual_seed(0)
     ours, theirs = nn.Linear(3, 3), nn.Linear(3, 3)
     theirs.load_state_dict(ours.state_dict())
     schedule = dict(d_model=64, warmup=10, factor=factor)
     chapter = make_optimizer(ours, **schedule)
-    run = run_optimizer(theirs, **schedule)
+    run = trainer_optimizer(theirs, **schedule)
     settings = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
     for a, b in zip(chapter[0].param_groups, run[0].param_groups, strict=True):
         assert {k: a[k] for k in settings} == {k: b[k] for k in settings}

@@ -1,5 +1,5 @@
 """Normalisation, spaCy's words and the joint BPE tokenizer: transformer.tokenizer,
-transformer.vocabulary and transformer.fast_words (the package's words)."""
+transformer.vocabulary and transformer.words (the package's words)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import tokenizers
 import torch
 
-from transformer import fast_words
+from transformer import words
 from transformer.encoded_cache import prepare, train_tokenizer
 from transformer.multi30k import PAIRS, SPLITS, load_pairs, load_split
 from transformer.tokenizer import (
@@ -267,22 +267,22 @@ def test_segmentation_cache_is_bounded_and_changes_no_output(trained):
 
 @needs_spacy
 def test_the_packages_words_are_the_chapters(trained, tmp_path):
-    """The package cuts French with a faster build of spaCy's rules (transformer.fast_words):
+    """The package cuts French with a faster build of spaCy's rules (transformer.words):
     the words, and so the ids, are those of the chapter's spacy.blank tokenizer. Every
     tokenizer that the package learns or reads uses it; the chapter's Tokenizer.load does
     not."""
     for split in ("val", "test_2016_flickr"):
         french = load_split(split, "fr")
-        assert fast_words.pretokenize(french, "fr") == pretokenize(french, "fr")
-    assert fast_words.spacy_tokenizer("de") is spacy_tokenizer("de")
+        assert words.fast_pretokenize(french, "fr") == pretokenize(french, "fr")
+    assert words.spacy_tokenizer("de") is spacy_tokenizer("de")
     learned = trained["fr-en"]
-    assert learned.splitter is fast_words.spacy_tokenizer
+    assert learned.splitter is words.spacy_tokenizer
     path = tmp_path / "tokenizer.json"
     learned.save(path)
     chapters = Tokenizer.load(path)
     assert chapters.splitter is None
-    loaded = fast_words.load_tokenizer(path)
-    assert loaded.splitter is fast_words.spacy_tokenizer
+    loaded = words.load_tokenizer(path)
+    assert loaded.splitter is words.spacy_tokenizer
     assert loaded.to_json() == chapters.to_json()
     sentences = load_split("val", "fr")
     assert loaded.encode_batch(sentences, "fr") == chapters.encode_batch(
@@ -293,7 +293,7 @@ def test_the_packages_words_are_the_chapters(trained, tmp_path):
 @needs_spacy
 def test_a_prepared_cache_gives_the_packages_words(tmp_path):
     tokenizer = prepare("fr-en", tmp_path, vocab_size=300)
-    assert tokenizer.splitter is fast_words.spacy_tokenizer
+    assert tokenizer.splitter is words.spacy_tokenizer
 
 
 @needs_spacy

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer.__main__ import main
 from transformer.bpe_dropout import BPEDropout
-from transformer.checked_batches import collate, token_batches
+from transformer.checked_batches import checked_collate, checked_token_batches
 from transformer.checkpoint import (
     CheckpointError,
     load_model,
@@ -41,18 +41,12 @@ from transformer.config_checks import config_from_dict
 from transformer.distributed import seed_update
 from transformer.encoded_split import EncodedSplit, iterate_batches
 from transformer.epoch_data import TrainingData
-from transformer.files import read_jsonl
 from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.multi30k import PAIRS, DataError
 from transformer.paths import CACHE_DIR, CHECKPOINTS_DIR, DATA_DIR
 from transformer.precision import default_precision, precision_for
-from transformer.run_checkpoints import (
-    average_checkpoints,
-    check_recipe,
-    latest_checkpoint,
-)
-from transformer.run_step import run_step
+from transformer.records import read_jsonl
 from transformer.schedule import make_optimizer, noam_lr
 from transformer.tokenizer import MARK, train_bpe
 from transformer.train_config import (
@@ -68,6 +62,12 @@ from transformer.train_config import (
     quick_config,
 )
 from transformer.trainer import Trainer, TrainResult, train
+from transformer.trainer_step import trainer_step
+from transformer.training_checkpoints import (
+    average_checkpoints,
+    check_recipe,
+    latest_checkpoint,
+)
 from transformer.training_loop import batch_log_probs, train_loop, train_step
 from transformer.validation import count_words, validate
 
@@ -199,10 +199,10 @@ def assert_same_update(
 
 def test_accumulated_micro_batches_make_the_update_of_one_batch():
     pairs = copy_pairs(10, seed=0)
-    full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    full = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
     parts = [
-        collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
-        collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
     ]
     a = one_update([full], full.n_tgt_tokens)
     b = one_update(parts, full.n_tgt_tokens)
@@ -216,20 +216,20 @@ def test_accumulated_micro_batches_make_the_update_of_one_batch():
 
 
 def test_the_runs_step_makes_the_chapters_update():
-    """In one process and in float32, run_step (the Trainer's update) is the training
+    """In one process and in float32, trainer_step (the Trainer's update) is the training
     chapter's train_step: the same gradients and weights, bit for bit, update after update,
-    micro-batches accumulated, and the same loss (which run_step sums in float32)."""
+    micro-batches accumulated, and the same loss (which trainer_step sums in float32)."""
     pairs = copy_pairs(10, seed=3)
     parts = [
-        collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
-        collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[:4], pad_id=0, bos_id=1, eos_id=2),
+        checked_collate(pairs[4:], pad_id=0, bos_id=1, eos_id=2),
     ]
     tokens = sum(b.n_tgt_tokens for b in parts)
     criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
     chapter, run = tiny_model(), tiny_model()
     steps = [
         (train_step, chapter, *make_optimizer(chapter, d_model=16, warmup=10)),
-        (run_step, run, *make_optimizer(run, d_model=16, warmup=10)),
+        (trainer_step, run, *make_optimizer(run, d_model=16, warmup=10)),
     ]
     for _ in range(4):
         ours, theirs = (
@@ -254,17 +254,17 @@ def test_the_runs_step_makes_the_chapters_update():
 def test_the_runs_step_wants_a_summed_loss_and_tokens():
     model = tiny_model()
     optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
-    batch = collate(copy_pairs(2, seed=1), pad_id=0, bos_id=1, eos_id=2)
+    batch = checked_collate(copy_pairs(2, seed=1), pad_id=0, bos_id=1, eos_id=2)
     kwargs = dict(optimizer=optimizer, scheduler=scheduler)
     with pytest.raises(ValueError, match="reduction"):
-        run_step(
+        trainer_step(
             model, [batch], criterion=LabelSmoothingLoss(pad_id=0), tokens=5, **kwargs
         )
     summed = LabelSmoothingLoss(pad_id=0, reduction="sum")
     with pytest.raises(ValueError, match="no batches or no tokens"):
-        run_step(model, [], criterion=summed, tokens=5, **kwargs)
+        trainer_step(model, [], criterion=summed, tokens=5, **kwargs)
     with pytest.raises(ValueError, match="no batches or no tokens"):
-        run_step(model, [batch], criterion=summed, tokens=0, **kwargs)
+        trainer_step(model, [batch], criterion=summed, tokens=0, **kwargs)
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def test_word_perplexity_divides_the_total_nll_by_the_words():
         TransformerConfig.small(data.tokenizer.vocab_size, **TINY_MODEL)
     )
     tok = data.tokenizer
-    batch = collate(
+    batch = checked_collate(
         [data.val[i] for i in range(len(data.val))],
         pad_id=tok.pad_id,
         bos_id=tok.bos_id,
@@ -303,7 +303,9 @@ def test_the_validation_loss_is_label_smoothed_and_the_nll_is_not():
     model = Transformer(TransformerConfig.small(tok.vocab_size, **TINY_MODEL))
     ids = dict(pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
     batches = [
-        collate([data.val[i] for i in range(k, min(k + 5, len(data.val)))], **ids)
+        checked_collate(
+            [data.val[i] for i in range(k, min(k + 5, len(data.val)))], **ids
+        )
         for k in range(0, len(data.val), 5)
     ]
     tokens = sum(b.n_tgt_tokens for b in batches)
@@ -682,8 +684,8 @@ def chapter_run(config: TrainConfig, data: TrainingData) -> tuple[list, float]:
     def epoch_batches(epoch: int):
         lengths = (data.train.src_lengths + 1, data.train.tgt_lengths + 1)
         order = dict(max_tokens=config.max_tokens, seed=config.seed, epoch=epoch)
-        for index in token_batches(*lengths, **order):
-            batch = collate([data.train[i] for i in index], **ids, index=index)
+        for index in checked_token_batches(*lengths, **order):
+            batch = checked_collate([data.train[i] for i in index], **ids, index=index)
             seed_update(config.seed, next(updates), 0)  # the Trainer's dropout masks
             yield batch
 
@@ -760,7 +762,7 @@ def test_every_update_uses_the_learning_rate_of_equation_3(
 
     monkeypatch.setattr(torch.optim.Adam, "step", watched)
     epoch = len(
-        token_batches(
+        checked_token_batches(
             data.train.src_lengths + 1, data.train.tgt_lengths + 1, max_tokens=48
         )
     )
@@ -871,11 +873,11 @@ def test_bpe_dropout_prefetched_in_a_second_process_trains_the_same(tmp_path: Pa
     config = functools.partial(tiny_config, bpe_dropout=0.3, average_last=0)
     here = train(config(tmp_path / "here"), data=data, echo=False)
     trainer = Trainer(config(tmp_path / "ahead"), data=data, echo=False)
-    assert not trainer.spellings.prefetch  # on a CPU
-    trainer.spellings.prefetch = True
+    assert not trainer.epoch_splits.prefetch  # on a CPU
+    trainer.epoch_splits.prefetch = True
     ahead = trainer.run()
     # used, and nothing left over
-    assert trainer.spellings.pool is not None and not trainer.spellings.ahead
+    assert trainer.epoch_splits.pool is not None and not trainer.epoch_splits.ahead
     assert _comparable(ahead.metrics) == _comparable(here.metrics)
     folder = "checkpoints/epoch-002"
     for name, value in weights_of(tmp_path / "here" / folder).items():
@@ -1105,14 +1107,14 @@ def test_the_time_limit_reserves_the_longest_stretch_between_two_checks(
     the limit (66 s)."""
     data = tiny_data(n_train=200)  # 28 batches an epoch
     clock = [0.0]
-    step = train_module.run_step
+    step = train_module.trainer_step
 
     def timed_step(*args, **kwargs):
         clock[0] += 1.0
         return step(*args, **kwargs)
 
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(train_module, "run_step", timed_step)
+    monkeypatch.setattr(train_module, "trainer_step", timed_step)
     config = tiny_config(tmp_path / "run", epochs=10, time_limit=1.0, average_last=0)
     trainer = Trainer(config, data=data, echo=False)
     trainer.clock.check_every = 10
@@ -1138,13 +1140,13 @@ def _ddp_worker(rank: int, world: int, folder: str) -> None:
     try:
         # One update: each process takes half of the batch.
         pairs = copy_pairs(10, seed=0)
-        full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
-        half = collate(pairs[rank::world], pad_id=0, bos_id=1, eos_id=2)
+        full = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+        half = checked_collate(pairs[rank::world], pad_id=0, bos_id=1, eos_id=2)
         model = tiny_model()
         ddp = DistributedDataParallel(model)
         optimizer, scheduler = make_optimizer(ddp, d_model=16, warmup=10)
         criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
-        run_step(
+        trainer_step(
             ddp,
             [half],
             criterion=criterion,
@@ -1169,7 +1171,7 @@ def test_two_processes_make_the_update_of_one(tmp_path: Path, data):
     mp.spawn(_ddp_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
 
     pairs = copy_pairs(10, seed=0)
-    full = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    full = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
     one = one_update([full], full.n_tgt_tokens)
     assert_same_update(one, safetensors.torch.load_file(tmp_path / "step.safetensors"))
 
@@ -1460,17 +1462,17 @@ def test_a_run_records_and_prints_its_precision(tmp_path: Path, data, monkeypatc
 
 
 def test_a_float16_step_scales_its_loss_and_skips_an_overflow():
-    """Under float16 autocast (on the CPU too) run_step scales the loss: an update whose
+    """Under float16 autocast (on the CPU too) trainer_step scales the loss: an update whose
     scaled gradients overflow is skipped and the scale halved; a taken one gets gradients
     scaled back, those of float32 up to float16's rounding."""
     pairs = copy_pairs(10, seed=3)
-    batch = collate(pairs, pad_id=0, bos_id=1, eos_id=2)
+    batch = checked_collate(pairs, pad_id=0, bos_id=1, eos_id=2)
     criterion = LabelSmoothingLoss(pad_id=0, smoothing=0.1, reduction="sum")
 
     def stepped(**arithmetic) -> Transformer:
         model = tiny_model()
         optimizer, scheduler = make_optimizer(model, d_model=16, warmup=10)
-        run_step(
+        trainer_step(
             model,
             [batch],
             criterion=criterion,

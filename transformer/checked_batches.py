@@ -7,8 +7,8 @@ __all__ = [
     "check_index",
     "check_fit",
     "check_lengths",
-    "collate",
-    "token_batches",
+    "checked_collate",
+    "checked_token_batches",
 ]
 
 # %% ../chapters/a04_batches_and_cache.ipynb #1e03c580
@@ -80,7 +80,7 @@ import transformer.batches as chapter
 from transformer.batches import MAX_TOKENS, Batch
 
 
-def collate(
+def checked_collate(
     examples: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     pad_id: int,
@@ -100,7 +100,7 @@ def collate(
     return chapter.collate(examples, **ids, index=index)
 
 
-def token_batches(
+def checked_token_batches(
     src_lengths: Sequence[int],
     tgt_lengths: Sequence[int],
     *,

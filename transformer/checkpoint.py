@@ -44,10 +44,10 @@ from torch import Tensor, nn
 from transformer.config import TransformerConfig
 from transformer.config_checks import config_from_dict
 from transformer.distributed import unwrap
-from transformer.fast_words import load_tokenizer
-from transformer.files import atomic_folder
 from transformer.model import Transformer
+from transformer.records import atomic_folder
 from transformer.tokenizer import Tokenizer, TokenizerError
+from transformer.words import load_tokenizer
 
 from . import layout
 

@@ -30,11 +30,11 @@ from transformer.checkpoint import CheckpointError
 from transformer.decode import Hypothesis, output_limit
 from transformer.decode_options import DecodeOptions, with_changes
 from transformer.embedding import sinusoidal_encoding
-from transformer.fast_words import load_tokenizer
-from transformer.files import atomic_folder
 from transformer.model import Transformer
+from transformer.records import atomic_folder
 from transformer.tokenizer import Tokenizer
 from transformer.translation import translate_batches
+from transformer.words import load_tokenizer
 
 from . import layout
 

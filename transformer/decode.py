@@ -95,10 +95,13 @@ def greedy_decode(
         ys, log_prob = torch.tensor([[bos_id]], device=src.device), 0.0
         for _ in range(output_limit(src.size(1), model.config.max_len)):
             if use_cache:  # the newest token; the cache holds the others
-                step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
+                token_log_p = decode_step(
+                    model, ys[:, -1:], memory, src_mask, cache
+                )
             else:  # the whole output so far, under the causal mask
-                step = next_log_probs(model, ys, memory, src_mask)
-            best, token = forbid_specials(step[0], **specials).max(dim=-1)
+                token_log_p = next_log_probs(model, ys, memory, src_mask)
+            token_log_p = forbid_specials(token_log_p[0], **specials)  # (V,)
+            best, token = token_log_p.max(dim=-1)
             ys, log_prob = (
                 torch.cat([ys, token.view(1, 1)], 1),
                 log_prob + best,
@@ -143,13 +146,15 @@ def beam_search(
         ended, length = src.new_zeros(K, dtype=torch.bool), src.new_zeros(K)
         best = Hypothesis([], -torch.inf, -torch.inf, ended=False)
         for t in range(limit):
-            step = decode_step(model, ys[:, -1:], memory, src_mask, cache)
-            step = forbid_specials(step, **ids)  # (K, V): log p(next token)
-            V = step.size(1)
-            step[ended] = -torch.inf  # an ended beam's one extension:
-            step[ended, pad_id] = 0.0  # a padding token, at no cost
+            token_log_p = decode_step(
+                model, ys[:, -1:], memory, src_mask, cache
+            )
+            token_log_p = forbid_specials(token_log_p, **ids)  # (K, V)
+            V = token_log_p.size(1)
+            token_log_p[ended] = -torch.inf  # an ended beam's one extension:
+            token_log_p[ended, pad_id] = 0.0  # a padding token, at no cost
             length = torch.where(ended, length, t + 1)  # (K,): |Y|
-            log_p_next = log_p[:, None] + step  # (K, V)
+            log_p_next = log_p[:, None] + token_log_p  # (K, V)
             lp = length_penalty(length, alpha)  # (K,)
             score, index = (log_p_next / lp[:, None]).flatten().topk(K)
             parent, token = index // V, index % V  # (K,) each

@@ -22,11 +22,11 @@ from pathlib import Path
 from transformer.atomic import atomic_write
 from transformer.checked_data import expected_checksums, load_pairs
 from transformer.encoded_split import EncodedSplit
-from transformer.fast_words import pretokenize, with_fast_words
 from transformer.multi30k import SPLITS, DataError, check_split, parse_pair
 from transformer.paths import CACHE_DIR, DATA_DIR
 from transformer.tokenizer import VOCAB_SIZE, Tokenizer, train_bpe
 from transformer.vocabulary import TokenizerError
+from transformer.words import fast_pretokenize, with_fast_words
 
 from . import layout
 
@@ -43,9 +43,9 @@ def train_tokenizer(
     its (source, target) sentence pairs: give it the training split, and
     validation and test text never reach the vocabulary."""
     src_lang, tgt_lang = languages
-    sentences = pretokenize([s for s, _ in pairs], src_lang) + pretokenize(
-        [t for _, t in pairs], tgt_lang
-    )
+    sentences = fast_pretokenize(
+        [s for s, _ in pairs], src_lang
+    ) + fast_pretokenize([t for _, t in pairs], tgt_lang)
     tokenizer = train_bpe(sentences, vocab_size, languages=languages)
     return with_fast_words(tokenizer)
 
@@ -175,8 +175,8 @@ def _build_cache(
     for split, pairs in texts.items():
         data = EncodedSplit.from_words(
             tokenizer,
-            pretokenize([s for s, _ in pairs], src_lang),
-            pretokenize([t for _, t in pairs], tgt_lang),
+            fast_pretokenize([s for s, _ in pairs], src_lang),
+            fast_pretokenize([t for _, t in pairs], tgt_lang),
         )
         blob = data.to_bytes()
         atomic_write(folder / f"{split}.safetensors", blob)

@@ -156,7 +156,7 @@ class EncodedSplit:
 from collections.abc import Iterator
 
 from transformer.batches import MAX_TOKENS, Batch
-from transformer.checked_batches import collate, token_batches
+from transformer.checked_batches import checked_collate, checked_token_batches
 from transformer.tokenizer import Tokenizer
 
 
@@ -170,13 +170,13 @@ def iterate_batches(
     shuffle: bool = True,
     max_len: int | None = None,
 ) -> Iterator[Batch]:
-    """The batches of one epoch over an encoded split (see token_batches and
-    collate)."""
+    """The batches of one epoch over an encoded split (see
+    checked_token_batches and checked_collate)."""
     lengths = (
         data.src_lengths + 1,
         data.tgt_lengths + 1,
     )  # with <eos>; <bos> or <eos>
-    groups = token_batches(
+    groups = checked_token_batches(
         *lengths,
         max_tokens=max_tokens,
         seed=seed,
@@ -188,6 +188,6 @@ def iterate_batches(
         for name in ("pad_id", "bos_id", "eos_id")
     }
     for index in groups:
-        yield collate(
+        yield checked_collate(
             [data[i] for i in index], **ids, index=index, max_len=max_len
         )

@@ -8,11 +8,11 @@ __all__ = [
     "TrainingData",
     "load_training_data",
     "epoch_batches",
-    "check_lengths",
+    "check_longest",
     "updates_per_epoch",
     "dropped_warning",
     "prepare_epochs",
-    "Spellings",
+    "EpochSplits",
 ]
 
 # %% ../chapters/a05_run_setup.ipynb #57424a89
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformer.bpe_dropout import BPEDropout
-from transformer.checked_batches import token_batches
+from transformer.checked_batches import checked_token_batches
 from transformer.distributed import Distributed, barrier
 from transformer.encoded_cache import load_encoded, prepare
 from transformer.encoded_split import EncodedSplit
@@ -79,7 +79,7 @@ def epoch_batches(
 ) -> list[np.ndarray]:
     """An epoch's batches of pair indices: token-bucketed, in an order drawn
     from (seed, epoch)."""
-    return token_batches(
+    return checked_token_batches(
         train.src_lengths + 1,  # + <eos>
         train.tgt_lengths + 1,  # + <bos> (input) or <eos> (output)
         max_tokens=config.max_tokens,
@@ -89,7 +89,7 @@ def epoch_batches(
 
 
 # %% ../chapters/a05_run_setup.ipynb #ac92befc
-def check_lengths(
+def check_longest(
     config: TrainConfig,
     data: TrainingData,
     max_len: int,
@@ -161,7 +161,7 @@ def prepare_epochs(
     max_len: int,
     processes: int,
     epoch: int,
-) -> tuple["Spellings", int]:
+) -> tuple["EpochSplits", int]:
     """The checks made before the first update (every sentence fits a batch and
     the model; epoch `epoch`, the one to come, gives an update), and the
     spellings of the epochs. Returns them and the number of batches of epoch
@@ -173,16 +173,16 @@ def prepare_epochs(
     )
     if bpe is not None:
         bpe.check(data.train)
-    check_lengths(config, data, max_len, bpe)
+    check_longest(config, data, max_len, bpe)
     # The batches of the epoch to come, in BPE's own spelling (BPE-dropout
     # changes their number only slightly): an epoch must give at least one
     # update.
     first = len(epoch_batches(data.train, epoch, config))
     updates_per_epoch(first, config.accumulation, processes)
-    return Spellings(data.train, bpe, config), first
+    return EpochSplits(data.train, bpe, config), first
 
 
-class Spellings:
+class EpochSplits:
     """The training split as each epoch spells it: BPE's own spelling, or with
     BPE-dropout a new one each epoch, a function of (seed, epoch). With
     `prefetch` a second process spells the next epoch while this one trains."""

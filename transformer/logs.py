@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from transformer.checkpoint import Progress
 from transformer.distributed import Distributed, all_sum
-from transformer.files import append_jsonl
+from transformer.records import append_jsonl
 from transformer.train_config import TrainConfig
 from transformer.validation import Validation
 

@@ -3,7 +3,12 @@
 sentence's output length limit (Section 6.1), and inference mode."""
 
 # %% auto #0
-__all__ = ["output_limits", "check_search", "check_prefix", "inference"]
+__all__ = [
+    "sentence_output_limits",
+    "check_search",
+    "check_prefix",
+    "inference",
+]
 
 # %% ../chapters/a08_translating.ipynb #50c85587
 
@@ -17,7 +22,7 @@ from transformer.decode import output_limit
 from transformer.model import Transformer
 
 
-def output_limits(
+def sentence_output_limits(
     model: Transformer, src: Tensor, *, pad_id: int, max_len: int | None = None
 ) -> Tensor:
     """The most tokens each sentence may output, EOS included: (B, S) -> (B,).

@@ -18,7 +18,7 @@ __all__ = [
     "RATE",
     "NON_NEGATIVE",
     "FOLDER",
-    "FLAG",
+    "BOOLEAN",
     "SHARE",
     "RESUME_FIXED",
     "RECIPES",
@@ -126,7 +126,7 @@ FOLDER: Check = (
     lambda v: v is None or isinstance(v, str | Path),
     "must be a folder's path or None",
 )
-FLAG: Check = (lambda v: isinstance(v, bool), "must be True or False")
+BOOLEAN: Check = (lambda v: isinstance(v, bool), "must be True or False")
 SHARE: Check = (
     lambda v: _share(v) and not isinstance(v, bool),
     "must be in [0, 1)",
@@ -351,7 +351,7 @@ class TrainConfig:
         choices=PRECISIONS,
     )
     compile: bool = option(
-        False, on_resume="free", help="torch.compile the model", check=FLAG
+        False, on_resume="free", help="torch.compile the model", check=BOOLEAN
     )
     average_last: int = option(
         5,

@@ -29,10 +29,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 
 from transformer.batches import Batch
-from transformer.checked_batches import collate
+from transformer.checked_batches import checked_collate
 from transformer.checkpoint import Progress
 from transformer.config import TransformerConfig
-from transformer.counts import training_flops
 from transformer.distributed import (
     Distributed,
     all_sum,
@@ -48,7 +47,7 @@ from transformer.epoch_data import (
     prepare_epochs,
     updates_per_epoch,
 )
-from transformer.files import read_jsonl
+from transformer.flops import training_flops
 from transformer.logs import (
     Log,
     StepLog,
@@ -65,7 +64,12 @@ from transformer.loss import LabelSmoothingLoss
 from transformer.model import Transformer
 from transformer.precision import autocast_type
 from transformer.rdrop import RDropLoss, doubled
-from transformer.run_checkpoints import (
+from transformer.records import read_jsonl
+from transformer.tokenizer import Tokenizer
+from transformer.train_config import TrainConfig
+from transformer.trainer_optimizer import trainer_optimizer
+from transformer.trainer_step import trainer_step
+from transformer.training_checkpoints import (
     RunFolder,
     averaged_model,
     last_epochs,
@@ -74,10 +78,6 @@ from transformer.run_checkpoints import (
     run_record,
     trainer_state,
 )
-from transformer.run_optimizer import run_optimizer
-from transformer.run_step import run_step
-from transformer.tokenizer import Tokenizer
-from transformer.train_config import TrainConfig
 from transformer.validation import Validation, count_words, validate
 
 from . import layout
@@ -106,7 +106,7 @@ def _build(
     the training loss (validation makes its own, without R-Drop)."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
-    optimizer, scheduler = run_optimizer(
+    optimizer, scheduler = trainer_optimizer(
         model,
         d_model=model_config.d_model,
         warmup=config.warmup,
@@ -171,7 +171,7 @@ def _collate_share(
     """This process's batches of an update: every world_size-th, from its rank
     on."""
     return [
-        collate(
+        checked_collate(
             [train[i] for i in index],
             pad_id=tokenizer.pad_id,
             bos_id=tokenizer.bos_id,
@@ -234,7 +234,9 @@ class _EpochPairs:
     flops: np.ndarray  # (pairs,)
 
     @classmethod
-    def of(cls, train: EncodedSplit, model: nn.Module, r_drop: float) -> Self:
+    def from_split(
+        cls, train: EncodedSplit, model: nn.Module, r_drop: float
+    ) -> Self:
         """The pairs `train` that `model` trains on, R-Drop if `r_drop`."""
         # a source with its <eos>; a target with its <bos> (input) or <eos>
         src, tgt = train.src_lengths + 1, train.tgt_lengths + 1
@@ -277,12 +279,12 @@ class Trainer:
         self.model_config = c.model_config(tokenizer.vocab_size)
         max_len = self.model_config.max_len
         epoch = Progress.read(checkpoint).epoch if checkpoint else 0
-        self.spellings, first = prepare_epochs(
+        self.epoch_splits, first = prepare_epochs(
             c, self.data, max_len, env.world_size, epoch
         )
         # With a GPU a second process spells the next epoch while this one
         # trains; on a CPU the training itself keeps every core busy.
-        self.spellings.prefetch = self.device.type == "cuda"
+        self.epoch_splits.prefetch = self.device.type == "cuda"
         self.model, self.optimizer, self.scheduler, self.criterion = _build(
             c, self.model_config, self.device, tokenizer.pad_id
         )
@@ -334,7 +336,7 @@ class Trainer:
                 self._average()
         finally:
             self.log.close()
-            self.spellings.close()
+            self.epoch_splits.close()
         metrics = read_jsonl(self.out / layout.METRICS)
         return TrainResult(self.out, stopped, p.step, metrics)
 
@@ -343,7 +345,9 @@ class Trainer:
         reason); returns it, the updates made and the share of the epoch's
         batches used."""
         c, p, env, clock = self.config, self.progress, self.env, self.clock
-        pairs = _EpochPairs.of(self.spellings(p.epoch), self.model, c.r_drop)
+        pairs = _EpochPairs.from_split(
+            self.epoch_splits(p.epoch), self.model, c.r_drop
+        )
         batches = epoch_batches(pairs.train, p.epoch, c)
         group = c.accumulation * env.world_size
         total = updates_per_epoch(len(batches), c.accumulation, env.world_size)
@@ -382,7 +386,7 @@ class Trainer:
         tokens = int(pairs.tgt_tokens[every].sum())  # of one copy
         seed_update(c.seed, p.step, env.rank)
         self.lr = self.scheduler.get_last_lr()[0]  # this update's (equation 3)
-        loss = run_step(
+        loss = trainer_step(
             self.step_model,
             mine,
             criterion=self.criterion,

@@ -18,7 +18,7 @@ from experiments.words import (
     frequency_group,
     word_level_evaluation,
 )
-from transformer.checked_batches import collate
+from transformer.checked_batches import checked_collate
 from transformer.config import TransformerConfig
 from transformer.loss import LABEL_SMOOTHING
 from transformer.model import Transformer
@@ -142,7 +142,7 @@ def test_word_level_evaluation_agrees_with_the_training_loop():
     )
     loop = validate(
         model,
-        [collate(list(zip(src, tgt, strict=True)), **ids)],
+        [checked_collate(list(zip(src, tgt, strict=True)), **ids)],
         pad_id=tokenizer.pad_id,
         smoothing=LABEL_SMOOTHING,
         words=w.words,

@@ -1,11 +1,12 @@
 # Generated from chapters/a03_text_and_tokenizer.ipynb: edit it, not this file.
 """The package's words: the chapter's tokenizer with spaCy's French rules
-built fast (transformer.french), for every reader of text in the package."""
+built fast (transformer.spacy_french), for every reader of text in the
+package."""
 
 # %% auto #0
 __all__ = [
     "spacy_tokenizer",
-    "pretokenize",
+    "fast_pretokenize",
     "with_fast_words",
     "load_tokenizer",
 ]
@@ -32,12 +33,12 @@ def spacy_tokenizer(language: str):
 def _french():
     if importlib.util.find_spec("spacy") is None:
         return chapter.spacy_tokenizer("fr")  # its one-line error
-    from transformer.french import french_tokenizer  # imports spaCy
+    from transformer.spacy_french import french_tokenizer  # imports spaCy
 
     return french_tokenizer()
 
 
-def pretokenize(
+def fast_pretokenize(
     texts: Sequence[str], language: str
 ) -> tuple[tuple[str, ...], ...]:
     """The chapter's `pretokenize`, French built fast."""

@@ -53,14 +53,14 @@ from transformer.checkpoint import (
 )
 from transformer.config import TransformerConfig
 from transformer.distributed import Distributed, barrier, device_for
-from transformer.files import (
+from transformer.model import Transformer
+from transformer.precision import default_precision, stored_precision
+from transformer.records import (
     append_jsonl,
     atomic_folder,
     remove_stale,
     truncate_jsonl,
 )
-from transformer.model import Transformer
-from transformer.precision import default_precision, stored_precision
 from transformer.tokenizer import Tokenizer
 from transformer.train_config import (
     TrainConfig,

@@ -4,7 +4,7 @@ rate over a model, its parameters or parameter groups, checked, and fused on a
 GPU."""
 
 # %% auto #0
-__all__ = ["run_optimizer"]
+__all__ = ["trainer_optimizer"]
 
 # %% ../chapters/a07_trainer.ipynb #a6a37e29
 
@@ -38,7 +38,7 @@ def _param_groups(params: nn.Module | Iterable) -> list:
     ]
 
 
-def run_optimizer(
+def trainer_optimizer(
     model_or_params: nn.Module | Iterable[torch.Tensor] | Iterable[dict],
     *,
     d_model: int,
@@ -51,7 +51,9 @@ def run_optimizer(
     params = _param_groups(model_or_params)
     groups = [p["params"] if isinstance(p, dict) else [p] for p in params]
     if not groups or not all(groups):
-        raise ValueError("run_optimizer got no parameters (or an empty group)")
+        raise ValueError(
+            "trainer_optimizer got no parameters (or an empty group)"
+        )
     if any(isinstance(p, dict) and "lr" in p for p in params):
         # LambdaLR would multiply a group's own lr by the schedule.
         raise ValueError(

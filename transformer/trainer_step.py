@@ -4,7 +4,7 @@ several processes (DistributedDataParallel) and under 16-bit autocast, with a
 float16 run's loss scaling."""
 
 # %% auto #0
-__all__ = ["run_step"]
+__all__ = ["trainer_step"]
 
 # %% ../chapters/a07_trainer.ipynb #82a1202a
 
@@ -19,7 +19,7 @@ from transformer.loss import LabelSmoothingLoss
 from transformer.training_loop import batch_log_probs
 
 
-def run_step(
+def trainer_step(
     model: nn.Module,
     batches: Sequence[Batch],
     *,
