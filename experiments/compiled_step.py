@@ -31,7 +31,7 @@ from transformer.batched_search import batched_greedy_decode
 from transformer.batched_step import attend_rows, linear, step_weights
 from transformer.decode import forbid_specials
 from transformer.masking import padding_mask
-from transformer.search_setup import output_limits
+from transformer.search_setup import sentence_output_limits
 from transformer.translation import length_sorted_batches, load_pair_model
 
 
@@ -78,7 +78,9 @@ def fixed_greedy(model, step, src: Tensor, L: int, specials: dict) -> list[list[
     with torch.inference_mode():
         src_mask = padding_mask(src, specials["pad_id"])
         memory = model.encode(src, src_mask)
-        limits = output_limits(model, src, pad_id=specials["pad_id"], max_len=None)
+        limits = sentence_output_limits(
+            model, src, pad_id=specials["pad_id"], max_len=None
+        )
         N = src.size(0)
         state = _state(model, memory, src_mask, L)
         token = torch.full((N,), specials["bos_id"])
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     for row, ids in enumerate(sources):
         src[row, : len(ids)] = torch.tensor(ids)
     # and the keys and values have room for the longest output limit of all.
-    L = int(output_limits(model, src, pad_id=tok.pad_id).max())
+    L = int(sentence_output_limits(model, src, pad_id=tok.pad_id).max())
     batches = length_sorted_batches([len(s) for s in sources], 32)
     compiled = torch.compile(fixed_step, dynamic=False)
 

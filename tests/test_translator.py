@@ -273,8 +273,8 @@ def tiny_model(folder: Path, shipped: bool = True, **options) -> Path:
     (float16), or as a training run leaves it (float32)."""
     from helpers import tiny_tokenizer
 
-    from transformer.run_checkpoints import run_record
     from transformer.train_config import TrainConfig
+    from transformer.training_checkpoints import run_record
 
     torch.manual_seed(0)
     tokenizer = tiny_tokenizer()
