@@ -38,11 +38,11 @@ from transformer.translation import length_sorted_batches, load_pair_model
 def fixed_step(model, weights, token: Tensor, t: Tensor, state) -> Tensor:
     """log p(next token) of N rows, given their newest token (N,) at position t (a
     0-dimensional tensor): the package's step (BatchCache.step, post-norm) with every
-    shape fixed. state: the keys and values (n_layers, 2, N·H, L, d_k), written at t,
-    the memory's keys and values per layer, and the memory's bias."""
+    shape fixed. state: each layer's keys and values (N·H, L, d_k), written at t, the
+    memory's keys and values per layer, and the memory's bias."""
     kv, memory_kv, memory_bias = state
-    N, H = token.size(0), kv.size(2) // token.size(0)
-    L = kv.size(3)
+    N, H = token.size(0), kv[0][0].size(0) // token.size(0)
+    L = kv[0][0].size(1)
     x = model.tgt_embed(token) + model.tgt_pos.pe.index_select(0, t.view(1))
     # 0 up to position t, -inf after: the positions not yet written.
     future = torch.arange(L, device=t.device) > t
@@ -50,9 +50,11 @@ def fixed_step(model, weights, token: Tensor, t: Tensor, state) -> Tensor:
     for i, w in enumerate(weights.layers):
         qkv = linear(x, w.qkv).unflatten(1, (3, H, -1))  # (N, 3, H, d_k)
         q = qkv[:, 0].reshape(N * H, 1, -1)
-        new = qkv[:, 1:].reshape(N, 2, H, -1).transpose(0, 1).flatten(1, 2)
-        kv[i].index_copy_(2, t.view(1), new.unsqueeze(2))  # position t
-        out = attend_rows(q, kv[i, 0], kv[i, 1], bias).view(N, -1)
+        keys, values = kv[i]
+        at = (slice(None), t.view(1))  # position t, written in place
+        keys[at] = qkv[:, 1].reshape(N * H, 1, -1)
+        values[at] = qkv[:, 2].reshape(N * H, 1, -1)
+        out = attend_rows(q, keys, values, bias).view(N, -1)
         x = _norm(x + linear(out, w.self_out), w.norms[0])
         q = linear(x, w.cross_q).view(N * H, 1, -1)
         k, v = memory_kv[i]
@@ -107,7 +109,13 @@ def _state(model, memory, src_mask, L: int):
     layers = model.decoder.layers
     n, S, d_model = memory.shape
     H = layers[0].self_attn.n_heads
-    kv = memory.new_zeros(len(layers), 2, n * H, L, d_model // H)
+    kv = [
+        (
+            memory.new_zeros(n * H, L, d_model // H),
+            memory.new_zeros(n * H, L, d_model // H),
+        )
+        for _ in layers
+    ]
     memory_kv = []
     for layer in layers:
         attn = layer.cross_attn
