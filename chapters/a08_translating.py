@@ -988,7 +988,7 @@ profile.round(0).astype(int)
 
 
 # %% [markdown]
-# What to see: no group dominates, before or after; the largest holds a quarter to a third of
+# What to see: no group dominates, before or after; the largest holds a fifth to a third of
 # the time, so what is left is many small products and copies per step, each with its call's cost.
 # The two runs met different loads on a shared machine: trust the shares here, and the speed
 # against CTranslate2 in the appendix [Deploying with CTranslate2](a09_ctranslate2.ipynb),
