@@ -1195,3 +1195,12 @@ def test_the_grid_takes_each_heads_importance_from_the_stored_table(static: Path
         assert table["changes"][worst["part"]] == pytest.approx(
             worst["bleu"] - stored["baseline_bleu"], abs=0.005
         )
+
+
+def test_the_translator_chapter_loads_no_mathjax():
+    """A page with math loads MathJax, whose typesetting was this page's longest task
+    while loading: 120 ms, against 80 ms without it (experiments.translator_bench
+    --only-loading, on the 2-core AMD EPYC), over the goal of 100. So the chapter writes
+    W<sup>O</sup>, not TeX."""
+    text = (ROOT / "chapters" / "16_translate.md").read_text(encoding="utf-8")
+    assert not re.search(r"\$[^$\n]+\$|\{math\}", text)
