@@ -6,31 +6,16 @@ from unittest import mock
 
 import pytest
 import torch
+from helpers import VARIANTS, tiny_model
 
 import transformer.kv_cache as kv_cache
 from transformer.attention_config import AttentionConfig
-from transformer.config import TransformerConfig
 from transformer.kv_cache import DecoderCache, KVCache, cached_attention, decode_step
 from transformer.masking import causal_mask, padding_mask
-from transformer.model import Transformer
 from transformer.multihead import MultiHeadAttention
 
 PAD = 0
 B, T, S, D_MODEL, H = 3, 6, 5, 16, 4
-
-VARIANTS = [
-    pytest.param({}, id="post-norm"),
-    pytest.param({"norm_first": True}, id="pre-norm"),
-    pytest.param({"positional": "learned"}, id="learned-positions"),
-]
-
-
-def tiny_model(**overrides) -> Transformer:
-    torch.manual_seed(0)
-    fields = dict(d_model=D_MODEL, n_heads=H, n_layers=2, d_ff=32, max_len=64)
-    return Transformer(
-        TransformerConfig(src_vocab_size=23, **(fields | overrides))
-    ).eval()
 
 
 def sources() -> torch.Tensor:
