@@ -1,6 +1,6 @@
 "use strict";
 /* global $, element, Problem, Cancelled, parseKnockOut, knockOutText, partText, checkKnockOut,
-   translateInTeam, duration */
+   testSetAndTeam, translateInTeam, duration */
 /* exported createKnockOutView */
 
 // Parts of the model switched off by the reader: heads clicked in the grid, whole sublayers
@@ -224,10 +224,7 @@ function createKnockOutView({ onChange, loader, pair: chosenPair, name }) {
     $("knock-score-result").hidden = true;
     setScoreState("running", `Loading the ${name(pair)} model and the test set…`);
     try {
-      const [test, team] = await Promise.all([
-        loader.testSet(pair),
-        loader.team(pair, Math.max(1, navigator.hardwareConcurrency || 2)),
-      ]);
+      const [test, team] = await testSetAndTeam(loader, pair);
       run.team = team;
       const sources = test.sources.slice(0, SAMPLE_SIZE);
       const references = test.references.slice(0, SAMPLE_SIZE);

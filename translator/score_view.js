@@ -1,6 +1,6 @@
 "use strict";
 /* global $, element, Cancelled */
-/* exported createScoreView, translateInTeam, duration */
+/* exported createScoreView, testSetAndTeam, translateInTeam, duration */
 
 // The score of the test set: its sentences translated here by one worker per core, with
 // the paper's search, then sacreBLEU's BLEU and chrF, set beside the results chapter's.
@@ -10,6 +10,14 @@ const SCORE_CHUNK = 8; // sentences a worker translates per message
 function duration(seconds) {
   const s = Math.round(seconds);
   return s >= 60 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${s} s`;
+}
+
+/** The pair's test split and a team of workers, one per core (loader is createLoader's). */
+function testSetAndTeam(loader, pair) {
+  return Promise.all([
+    loader.testSet(pair),
+    loader.team(pair, Math.max(1, navigator.hardwareConcurrency || 2)),
+  ]);
 }
 
 /**
@@ -63,10 +71,7 @@ function createScoreView({ loader, pair: chosenPair, name, onOpen }) {
     $("score-result").hidden = true;
     setState("running", `Loading the ${name(pair)} model and the test set…`);
     try {
-      const [test, team] = await Promise.all([
-        loader.testSet(pair),
-        loader.team(pair, Math.max(1, navigator.hardwareConcurrency || 2)),
-      ]);
+      const [test, team] = await testSetAndTeam(loader, pair);
       run.team = team;
       if (run.cancelled) {
         return;
