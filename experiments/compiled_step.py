@@ -28,7 +28,7 @@ from torch import Tensor
 from experiments.decode_bench import machine, test_set
 from transformer.atomic import atomic_write
 from transformer.batched_search import batched_greedy_decode
-from transformer.batched_step import attend_rows, linear, step_weights
+from transformer.batched_step import BatchCache, attend_rows, linear, step_weights
 from transformer.decode import forbid_specials
 from transformer.masking import padding_mask
 from transformer.search_setup import sentence_output_limits
@@ -106,24 +106,16 @@ def fixed_greedy(model, step, src: Tensor, L: int, specials: dict) -> list[list[
 
 
 def _state(model, memory, src_mask, L: int):
-    layers = model.decoder.layers
-    n, S, d_model = memory.shape
-    H = layers[0].self_attn.n_heads
+    """The keys and values of L positions per layer, and the memory's keys, values and
+    bias as the package's BatchCache projects them."""
+    n, _, d_model = memory.shape
+    H = model.decoder.layers[0].self_attn.n_heads
+    shape = (n * H, L, d_model // H)
     kv = [
-        (
-            memory.new_zeros(n * H, L, d_model // H),
-            memory.new_zeros(n * H, L, d_model // H),
-        )
-        for _ in layers
+        (memory.new_zeros(shape), memory.new_zeros(shape)) for _ in model.decoder.layers
     ]
-    memory_kv = []
-    for layer in layers:
-        attn = layer.cross_attn
-        k = attn.w_k(memory).view(n, S, H, -1).transpose(1, 2).flatten(0, 1)
-        v = attn.w_v(memory).view(n, S, H, -1).transpose(1, 2).flatten(0, 1)
-        memory_kv.append((k, v))
-    bias = torch.zeros(src_mask.shape).masked_fill(~src_mask, -torch.inf)
-    return kv, memory_kv, bias.expand(n, H, 1, S).flatten(0, 1)
+    cache = BatchCache(model, memory, src_mask, beams=1, length=1)
+    return kv, cache.memory_kv, cache.memory_bias
 
 
 def main(argv=None) -> int:
